@@ -1,0 +1,36 @@
+# Entry points a person types. Every target installs what it needs first (uv, then the
+# locked Python environment), so a fresh clone needs nothing but the tools the README names.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+UV_VERSION := 0.9.30
+TOOLS := $(CURDIR)/.tools
+UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/uv/bin/uv)
+RUN := $(UV) run --frozen --all-packages
+PACKAGES := contracts packages/pin-runtime packages/pin-testkit $(wildcard services/*)
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(TOOLS)/uv/bin/uv:
+	python3 -m venv $(TOOLS)/uv
+	$(TOOLS)/uv/bin/pip install --quiet "uv==$(UV_VERSION)"
+
+.venv/.synced: uv.lock pyproject.toml $(UV)
+	$(UV) sync --frozen --all-packages
+	@touch $@
+
+.PHONY: sync
+sync: .venv/.synced ## install uv and the locked Python environment
+
+.PHONY: lint
+lint: sync ## ruff (lint + format check) and mypy --strict on every member
+	$(RUN) ruff check .
+	$(RUN) ruff format --check .
+	@set -e; for p in $(PACKAGES) tests-e2e; do echo "mypy $$p"; (cd $$p && $(RUN) mypy .); done
+
+.PHONY: fmt
+fmt: sync ## apply ruff's fixes and formatting
+	$(RUN) ruff check --fix .
+	$(RUN) ruff format .

@@ -1,0 +1,1 @@
+"""Shared runtime of the PIN workers."""

@@ -1,0 +1,1 @@
+"""Real services for PIN tests."""
