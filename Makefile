@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-UV_VERSION := 0.9.30
+UV_VERSION := 0.13.9
 TOOLS := $(CURDIR)/.tools
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/uv/bin/uv)
 RUN := $(UV) run --frozen --all-packages
