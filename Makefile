@@ -34,3 +34,22 @@ lint: sync ## ruff (lint + format check) and mypy --strict on every member
 fmt: sync ## apply ruff's fixes and formatting
 	$(RUN) ruff check --fix .
 	$(RUN) ruff format .
+
+.PHONY: up
+up: sync ## start real PostgreSQL and Kafka on loopback (idempotent)
+	$(RUN) pin-local up
+
+.PHONY: down
+down: sync ## stop what `make up` started
+	$(RUN) pin-local down
+
+# Unit tests of every member, their integration tests on the real services, then end to end.
+TEST_PATHS := contracts/tests $(wildcard packages/*/tests) $(wildcard services/*/tests) tests-e2e
+
+.PHONY: test
+test: lint up ## lint, then every test on real PostgreSQL and Kafka
+	eval "$$($(RUN) pin-local env)" && $(RUN) pytest $(TEST_PATHS)
+
+.PHONY: demo
+demo: up ## bring the system up and show what runs
+	$(RUN) python infra/local/demo.py

@@ -1,1 +1,1 @@
-"""Real services for PIN tests."""
+"""Real PostgreSQL and Kafka for the PIN test suites (a pytest plugin)."""

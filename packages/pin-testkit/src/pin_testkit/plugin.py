@@ -1,1 +1,82 @@
-"""pytest plugin."""
+"""pytest plugin: real PostgreSQL and Kafka for every package's integration tests.
+
+Loaded through the ``pytest11`` entry point, so a test only names a fixture. Services are
+found lazily: a run of pure unit tests starts nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from pin_testkit.databases import DatabaseFactory
+from pin_testkit.discovery import ServiceUnavailableError, Services, discover
+from pin_testkit.topics import TopicFactory
+
+
+@pytest.fixture(scope="session")
+def pin_services() -> Iterator[Services]:
+    """Both services, or a failed test that says how to get them (never a skip)."""
+    cleanups: list[Callable[[], Any]] = []
+    try:
+        services = discover(os.environ, cleanups)
+    except ServiceUnavailableError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield services
+    finally:
+        for cleanup in reversed(cleanups):
+            cleanup()
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_dsn(pin_services: Services) -> str:
+    """A superuser DSN to the server's maintenance database."""
+    return pin_services.postgres_dsn
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(pin_services: Services) -> str:
+    """``host:port`` of the real Kafka broker."""
+    return pin_services.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def database_factory(postgres_admin_dsn: str) -> Iterator[DatabaseFactory]:
+    factory = DatabaseFactory(postgres_admin_dsn)
+    yield factory
+    factory.drop_templates()
+
+
+@pytest.fixture
+def fresh_database(database_factory: DatabaseFactory) -> Iterator[str]:
+    """DSN of a new, empty database, dropped after the test."""
+    dsn = database_factory.create()
+    yield dsn
+    database_factory.drop(dsn)
+
+
+@pytest.fixture
+def make_database(database_factory: DatabaseFactory) -> Iterator[Callable[..., str]]:
+    """``make_database(key, build)``: a clone of the template ``key`` built once by ``build``."""
+    created: list[str] = []
+
+    def make(key: str, build: Callable[[str], object]) -> str:
+        dsn = database_factory.from_template(key, build)
+        created.append(dsn)
+        return dsn
+
+    yield make
+    for dsn in created:
+        database_factory.drop(dsn)
+
+
+@pytest.fixture
+def kafka_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
+    """``kafka_topic(partitions=3)``: a topic no other test uses, deleted after the test."""
+    factory = TopicFactory(kafka_bootstrap)
+    yield factory.create
+    factory.delete_all()

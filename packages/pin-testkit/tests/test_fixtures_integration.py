@@ -1,0 +1,100 @@
+"""The fixtures every package's integration tests stand on, against the real services."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from pin_testkit.databases import DatabaseFactory, dsn_dbname
+
+pytestmark = pytest.mark.integration
+
+
+def _database_exists(admin_dsn: str, name: str) -> bool:
+    with psycopg.connect(admin_dsn) as conn:
+        row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+    return row is not None
+
+
+def test_fresh_databases_are_distinct_and_writable(
+    fresh_database: str, database_factory: DatabaseFactory
+) -> None:
+    other = database_factory.create()
+    try:
+        assert dsn_dbname(other) != dsn_dbname(fresh_database)
+        with psycopg.connect(fresh_database) as conn:
+            conn.execute("CREATE TABLE t (x int)")
+            conn.execute("INSERT INTO t VALUES (1)")
+        with psycopg.connect(other) as conn:
+            row = conn.execute("SELECT to_regclass('public.t')").fetchone()
+        assert row == (None,)
+    finally:
+        database_factory.drop(other)
+
+
+def test_template_is_built_once_and_cloned(
+    make_database: Callable[[str, Callable[[str], object]], str],
+) -> None:
+    builds: list[str] = []
+    key = f"tmpl-{uuid.uuid4().hex}"
+
+    def build(dsn: str) -> None:
+        builds.append(dsn)
+        with psycopg.connect(dsn) as conn:
+            conn.execute("CREATE TABLE seeded (x int)")
+            conn.execute("INSERT INTO seeded VALUES (42)")
+
+    first = make_database(key, build)
+    second = make_database(key, build)
+    assert len(builds) == 1
+    assert first != second
+    for dsn in (first, second):
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT x FROM seeded").fetchall() == [(42,)]
+    # A clone is its own database: a write to one is invisible in the other.
+    with psycopg.connect(first) as conn:
+        conn.execute("INSERT INTO seeded VALUES (7)")
+    with psycopg.connect(second) as conn:
+        assert conn.execute("SELECT count(*) FROM seeded").fetchone() == (1,)
+
+
+def test_dropped_database_is_gone(database_factory: DatabaseFactory, postgres_admin_dsn: str) -> None:
+    dsn = database_factory.create()
+    with psycopg.connect(dsn):
+        pass
+    database_factory.drop(dsn)
+    assert not _database_exists(postgres_admin_dsn, dsn_dbname(dsn))
+
+
+def test_topic_round_trip(kafka_bootstrap: str, kafka_topic: Callable[..., str]) -> None:
+    topic = kafka_topic(partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topic, key=b"k", value=b"hello", headers=[("h", b"v")])
+    assert producer.flush(30) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        message = None
+        for _ in range(60):
+            message = consumer.poll(1.0)
+            if message is not None and message.error() is None:
+                break
+        assert message is not None
+        assert message.error() is None
+        assert (message.key(), message.value(), message.headers()) == (
+            b"k",
+            b"hello",
+            [("h", b"v")],
+        )
+    finally:
+        consumer.close()
