@@ -1,0 +1,117 @@
+"""PostgreSQL connection pool and the one place psycopg errors are classified.
+
+`is_retriable` splits failures into infrastructure (wait, back off, retry the unit of work)
+and bugs (stop, or dead-letter the input): retrying a bug loops forever, giving up on an
+outage loses work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout, TooManyRequests
+
+__all__ = [
+    "RETRIABLE_SQLSTATES",
+    "RETRIABLE_SQLSTATE_CLASSES",
+    "Pool",
+    "create_pool",
+    "is_retriable",
+]
+
+Pool = ConnectionPool[psycopg.Connection[TupleRow]]
+
+# Whole SQLSTATE classes that mean "the server or the path to it is in trouble".
+RETRIABLE_SQLSTATE_CLASSES: Final = {
+    "08": "connection exception (refused, lost, protocol)",
+    "53": "insufficient resources (too many connections 53300, disk full, out of memory)",
+    "57": "operator intervention (admin/crash shutdown 57P01-57P03, query canceled 57014)",
+    "58": "system error (I/O error)",
+}
+# Single states outside those classes: a retry of the same transaction can succeed.
+RETRIABLE_SQLSTATES: Final = {
+    "40001": "serialization failure",
+    "40P01": "deadlock detected",
+    "55P03": "lock not available (lock_timeout / NOWAIT)",
+    "25P03": "idle-in-transaction session timeout (the server closed the session)",
+}
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """True when `exc` (or an exception it was raised `from`) is an infrastructure failure."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        verdict = _classify(current)
+        if verdict is not None:
+            return verdict
+        current = current.__cause__  # follow explicit `raise X from psycopg_error` wrappers
+    return False
+
+
+def _classify(exc: BaseException) -> bool | None:
+    if isinstance(exc, PoolClosed):
+        return False  # using a closed pool is a lifecycle bug (or shutdown), not an outage
+    if isinstance(exc, PoolTimeout | TooManyRequests):
+        return True  # every connection busy or the server unreachable for `timeout`
+    if isinstance(exc, psycopg.Error):
+        sqlstate = exc.sqlstate
+        if sqlstate is None:
+            # Client-side: connection refused/lost/timeout are OperationalError; the rest
+            # (closed cursor, wrong parameter count) are misuse.
+            return isinstance(exc, psycopg.OperationalError)
+        return sqlstate in RETRIABLE_SQLSTATES or sqlstate[:2] in RETRIABLE_SQLSTATE_CLASSES
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    return None
+
+
+def create_pool(
+    dsn: str,
+    *,
+    name: str,
+    min_size: int = 1,
+    max_size: int = 4,
+    timeout: float = 30.0,
+    application_name: str | None = None,
+    connect_timeout: int = 5,
+    max_idle: float = 600.0,
+    max_lifetime: float = 3600.0,
+    reconnect_timeout: float = 300.0,
+    configure: Callable[[psycopg.Connection[TupleRow]], None] | None = None,
+    connect_kwargs: Mapping[str, Any] | None = None,
+) -> Pool:
+    """A closed pool: the caller opens it (`pool.open(wait=True, timeout=...)`) and closes it.
+
+    Leaving it closed keeps construction free of I/O, so a service builds its world first and
+    decides itself whether to wait for the database or start degraded.
+    """
+    if min_size < 0 or max_size < max(min_size, 1):
+        raise ValueError(f"need 0 <= min_size <= max_size >= 1, got {min_size}, {max_size}")
+    if timeout <= 0 or connect_timeout <= 0:
+        raise ValueError("timeout and connect_timeout must be > 0")
+    kwargs: dict[str, Any] = {
+        "application_name": application_name or name,
+        # libpq waits forever on an unreachable host by default; bound it.
+        "connect_timeout": connect_timeout,
+        **(connect_kwargs or {}),
+    }
+    return ConnectionPool(
+        dsn,
+        kwargs=kwargs,
+        min_size=min_size,
+        max_size=max_size,
+        name=name,
+        timeout=timeout,
+        max_idle=max_idle,
+        max_lifetime=max_lifetime,
+        reconnect_timeout=reconnect_timeout,
+        configure=configure,
+        # A connection the server dropped while idle in the pool is replaced, not handed out.
+        check=ConnectionPool.check_connection,
+        open=False,
+    )

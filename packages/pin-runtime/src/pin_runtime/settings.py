@@ -1,0 +1,251 @@
+"""Typed settings from environment variables, converted and validated by msgspec.
+
+A service declares one `msgspec.Struct` with snake_case fields and their defaults; field
+`batch_size` is read from `<PREFIX>BATCH_SIZE`. Every bad value raises `SettingsError`
+naming the exact variable, so an operator knows which line of the manifest to fix.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any, Final, TypeVar
+
+import msgspec
+from msgspec import inspect as mi
+
+from pin_runtime.errors import SettingsError
+
+__all__ = [
+    "CONFIG_ERROR_EXIT_CODE",
+    "Secret",
+    "load_settings",
+    "parse_duration",
+    "redact_dsn",
+    "settings_for_log",
+    "settings_or_exit",
+    "unknown_variables",
+]
+
+# EX_USAGE-like and what the spec asks for: "a bad value stops the process with exit code 2".
+CONFIG_ERROR_EXIT_CODE: Final = 2
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+_PREFIX = re.compile(r"[A-Z][A-Z0-9_]*_")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_BARE_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_COLLECTIONS = (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)
+_JSON_SHAPED = (mi.DictType, mi.StructType, mi.DataclassType, mi.TypedDictType, mi.TupleType)
+
+
+class Secret:
+    """A string that never shows itself in `repr`, `str` or logs; `reveal()` to use it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    def __str__(self) -> str:
+        return "***"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+def parse_duration(text: str) -> datetime.timedelta:
+    """Parse `250ms`, `5s`, `5m`, `1h`, `1d`, compounds like `1m30s`, or bare seconds."""
+    value = text.strip().lower()
+    if _BARE_NUMBER.fullmatch(value):
+        return datetime.timedelta(seconds=float(value))
+    parts = _DURATION_PART.findall(value)
+    if not parts or "".join(number + unit for number, unit in parts) != value:
+        raise ValueError(f"not a duration: {text!r}")
+    return datetime.timedelta(
+        seconds=sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+    )
+
+
+def load_settings(cls: type[S], prefix: str, environ: Mapping[str, str] | None = None) -> S:
+    """Build `cls` from `environ` (default `os.environ`); raise `SettingsError` on bad values."""
+    if not _PREFIX.fullmatch(prefix):
+        raise ValueError(f"prefix must be UPPER_SNAKE and end with '_', got {prefix!r}")
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for field in msgspec.structs.fields(cls):
+        variable = prefix + field.name.upper()
+        raw = env.get(variable)
+        if raw is None:
+            if field.required:
+                raise SettingsError(variable, "required but not set")
+            continue
+        values[field.name] = _convert(variable, raw, field.type)
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:  # raised by the struct's own __post_init__ checks
+        raise SettingsError(f"{prefix}*", str(exc)) from exc
+
+
+def settings_or_exit(cls: type[S], prefix: str, environ: Mapping[str, str] | None = None) -> S:
+    """`load_settings` for CLIs: one `config error: VAR: reason` line on stderr, exit code 2."""
+    try:
+        return load_settings(cls, prefix, environ)
+    except SettingsError as exc:
+        line = f"config error: {exc.variable}: {exc.reason}".replace("\n", " ")
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
+
+
+def unknown_variables(
+    cls: type[msgspec.Struct], prefix: str, environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """Variables carrying `prefix` that no field reads (likely typos), for a startup warning.
+
+    Not an error: Kubernetes service links inject `<SERVICE>_SERVICE_HOST`-style variables
+    that share the prefix of a service named like the application.
+    """
+    env = os.environ if environ is None else environ
+    known = {prefix + field.name.upper() for field in msgspec.structs.fields(cls)}
+    return sorted(name for name in env if name.startswith(prefix) and name not in known)
+
+
+def redact_dsn(dsn: str | Secret) -> str:
+    """Hide the password of a libpq URL or key=value DSN so the rest can be logged."""
+    text = dsn.reveal() if isinstance(dsn, Secret) else dsn
+    if "://" in text:
+        text = re.sub(r"(://[^:/@?#]*:)[^/?#]*(@)", r"\1***\2", text)
+        return re.sub(r"([?&]password=)[^&#]*", r"\1***", text, flags=re.IGNORECASE)
+    return re.sub(
+        r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", text, flags=re.IGNORECASE
+    )
+
+
+def settings_for_log(settings: msgspec.Struct) -> dict[str, Any]:
+    """The settings as plain data with secrets masked and DSN passwords redacted."""
+
+    def hide(value: object) -> object:
+        if isinstance(value, Secret):
+            return "***"
+        raise NotImplementedError(type(value))
+
+    plain: dict[str, Any] = msgspec.to_builtins(settings, enc_hook=hide)
+    return {k: redact_dsn(v) if isinstance(v, str) else v for k, v in plain.items()}
+
+
+def _convert(variable: str, raw: str, annotation: Any) -> Any:
+    info = mi.type_info(annotation)
+    try:
+        return _to_value(raw, annotation, info)
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+        raise SettingsError(variable, f"expected {_describe(info)}, got {raw!r}") from exc
+
+
+def _to_value(raw: str, annotation: Any, info: mi.Type) -> Any:
+    if raw == "" and _is_optional(info):
+        return None  # an empty optional variable reads as "not set"
+    kind = _non_none(info)
+    value: Any = raw
+    if isinstance(kind, mi.TimeDeltaType):
+        return _to_duration(raw, annotation)
+    if isinstance(kind, _COLLECTIONS):
+        value = [item.strip() for item in raw.split(",")] if raw.strip() else []
+    elif isinstance(kind, _JSON_SHAPED):
+        return msgspec.json.decode(raw, type=annotation, strict=False, dec_hook=_dec_hook)
+    return msgspec.convert(value, annotation, strict=False, dec_hook=_dec_hook)
+
+
+def _to_duration(raw: str, annotation: Any) -> Any:
+    value: datetime.timedelta | str
+    try:
+        value = parse_duration(raw)
+    except ValueError:
+        value = raw  # maybe ISO 8601 (`PT5S`) or signed seconds; msgspec decides
+    delta = msgspec.convert(value, annotation, strict=False)
+    if isinstance(delta, datetime.timedelta) and delta < datetime.timedelta(0):
+        raise ValueError("negative duration")
+    return delta
+
+
+def _dec_hook(target: type, value: object) -> object:
+    if target is Secret and isinstance(value, str):
+        return Secret(value)
+    raise NotImplementedError(f"unsupported settings type {target!r}")
+
+
+def _is_optional(info: mi.Type) -> bool:
+    return isinstance(info, mi.UnionType) and any(isinstance(t, mi.NoneType) for t in info.types)
+
+
+def _non_none(info: mi.Type) -> mi.Type:
+    if isinstance(info, mi.UnionType):
+        rest = [t for t in info.types if not isinstance(t, mi.NoneType)]
+        if len(rest) == 1:
+            return rest[0]
+    return info
+
+
+def _describe(info: mi.Type) -> str:  # noqa: PLR0911 - one branch per msgspec type kind
+    if isinstance(info, mi.UnionType):
+        parts = [_describe(t) for t in info.types if not isinstance(t, mi.NoneType)]
+        suffix = " (or empty)" if _is_optional(info) else ""
+        return " or ".join(parts) + suffix
+    if isinstance(info, mi.BoolType):
+        return "a boolean (true/false/1/0)"
+    if isinstance(info, mi.IntType):
+        return "an integer" + _bounds(info.ge, info.gt, info.le, info.lt, info.multiple_of)
+    if isinstance(info, mi.FloatType):
+        return "a number" + _bounds(info.ge, info.gt, info.le, info.lt, info.multiple_of)
+    if isinstance(info, mi.StrType):
+        return "a string" + _str_bounds(info)
+    if isinstance(info, mi.TimeDeltaType):
+        return "a non-negative duration like 250ms, 5s, 5m, 1h or a number of seconds"
+    if isinstance(info, mi.LiteralType):
+        return "one of " + ", ".join(repr(v) for v in info.values)
+    if isinstance(info, mi.EnumType):
+        return "one of " + ", ".join(repr(m.value) for m in info.cls)
+    if isinstance(info, _COLLECTIONS):
+        return f"a comma-separated list of {_describe(info.item_type)}"
+    if isinstance(info, mi.CustomType) and info.cls is Secret:
+        return "a string"
+    if isinstance(info, _JSON_SHAPED):
+        return "a JSON value of the declared shape"
+    return type(info).__name__
+
+
+def _bounds(
+    ge: float | None, gt: float | None, le: float | None, lt: float | None, step: float | None
+) -> str:
+    words = [
+        f"{op} {bound}"
+        for op, bound in ((">=", ge), (">", gt), ("<=", le), ("<", lt))
+        if bound is not None
+    ]
+    if step is not None:
+        words.append(f"multiple of {step}")
+    return (" " + " and ".join(words)) if words else ""
+
+
+def _str_bounds(info: mi.StrType) -> str:
+    words = []
+    if info.min_length is not None:
+        words.append(f"at least {info.min_length} characters")
+    if info.max_length is not None:
+        words.append(f"at most {info.max_length} characters")
+    if info.pattern is not None:
+        words.append(f"matching {info.pattern!r}")
+    return f" ({', '.join(words)})" if words else ""

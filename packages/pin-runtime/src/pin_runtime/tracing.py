@@ -1,0 +1,170 @@
+"""OpenTelemetry set-up from the standard `OTEL_*` variables, and trace context in Kafka headers.
+
+Nothing is exported unless an operator asks for it: no endpoint and no `OTEL_TRACES_EXPORTER`
+means spans are created (ids for the logs) but go nowhere, so a laptop run never tries to
+reach a collector.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final
+from urllib.parse import unquote
+
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.propagators.textmap import Getter, Setter
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+)
+from opentelemetry.util.re import parse_env_headers
+
+from pin_runtime.errors import SettingsError
+
+__all__ = [
+    "Headers",
+    "configure_tracing",
+    "extract_context",
+    "inject_headers",
+    "shutdown_tracing",
+]
+
+# confluent-kafka's header shapes: produce() takes this list (values may be None for null
+# headers); Message.headers() is typed as the list or a mapping.
+Headers = list[tuple[str, str | bytes | None]]
+ReadHeaders = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None]
+
+_EXPORTERS: Final = frozenset({"otlp", "console", "none"})
+_HTTP_PROTOBUF: Final = "http/protobuf"
+
+
+def configure_tracing(
+    service_name: str,
+    environ: Mapping[str, str] | None = None,
+    *,
+    set_global: bool = True,
+) -> trace.TracerProvider:
+    """Build the tracer provider the `OTEL_*` variables describe (and make it global).
+
+    Raises `SettingsError` for values this runtime cannot honour (unknown exporter, gRPC).
+    """
+    env = os.environ if environ is None else environ
+    provider: trace.TracerProvider
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        provider = trace.NoOpTracerProvider()
+    else:
+        sdk = TracerProvider(resource=_resource(service_name, env))
+        for name in _exporter_names(env):
+            if name == "otlp":
+                sdk.add_span_processor(BatchSpanProcessor(_otlp_exporter(env)))
+            elif name == "console":
+                # stderr: stdout carries one JSON log object per line and must stay parseable.
+                sdk.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+        provider = sdk
+    if set_global:
+        trace.set_tracer_provider(provider)
+    return provider
+
+
+def shutdown_tracing(provider: trace.TracerProvider, timeout_millis: int = 5000) -> None:
+    """Flush pending spans and stop exporters (no-op for a disabled provider)."""
+    if isinstance(provider, TracerProvider):
+        provider.force_flush(timeout_millis)
+        provider.shutdown()
+
+
+def _exporter_names(env: Mapping[str, str]) -> list[str]:
+    raw = env.get("OTEL_TRACES_EXPORTER", "").strip()
+    if not raw:
+        has_endpoint = bool(
+            env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        )
+        return ["otlp"] if has_endpoint else []
+    names = [n.strip().lower() for n in raw.split(",") if n.strip()]
+    unknown = sorted(set(names) - _EXPORTERS)
+    if unknown:
+        raise SettingsError(
+            "OTEL_TRACES_EXPORTER", f"expected otlp, console or none, got {', '.join(unknown)}"
+        )
+    return [n for n in names if n != "none"]
+
+
+def _otlp_exporter(env: Mapping[str, str]) -> OTLPSpanExporter:
+    for variable in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = env.get(variable, "").strip()
+        if protocol and protocol != _HTTP_PROTOBUF:
+            raise SettingsError(variable, f"only {_HTTP_PROTOBUF} is supported, got {protocol!r}")
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if not endpoint:
+        # The signal-less endpoint is a base URL; the traces path is appended (OTLP spec).
+        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or "http://localhost:4318"
+        endpoint = base.rstrip("/") + "/v1/traces"
+    headers = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS")
+    return OTLPSpanExporter(
+        endpoint=endpoint,
+        headers=dict(parse_env_headers(headers, liberal=True)) if headers else None,
+    )
+
+
+def _resource(service_name: str, env: Mapping[str, str]) -> Resource:
+    # Resource.create reads os.environ itself; the attributes are parsed from `env` too so a
+    # passed mapping wins, with the spec's precedence: OTEL_SERVICE_NAME over
+    # OTEL_RESOURCE_ATTRIBUTES' service.name over the code's default.
+    attributes: dict[str, str] = {SERVICE_NAME: service_name}
+    for item in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            attributes[key.strip()] = unquote(value.strip())
+    if env.get("OTEL_SERVICE_NAME", "").strip():
+        attributes[SERVICE_NAME] = env["OTEL_SERVICE_NAME"].strip()
+    return Resource.create(attributes)
+
+
+class _HeaderSetter(Setter[Headers]):
+    def set(self, carrier: Headers, key: str, value: str) -> None:
+        carrier.append((key, value.encode()))
+
+
+class _HeaderGetter(Getter[ReadHeaders]):
+    def get(self, carrier: ReadHeaders, key: str) -> list[str] | None:
+        wanted = key.lower()
+        values = [_text(v) for k, v in _pairs(carrier) if k.lower() == wanted and v is not None]
+        return values or None
+
+    def keys(self, carrier: ReadHeaders) -> list[str]:
+        return [k for k, _ in _pairs(carrier)]
+
+
+def _pairs(carrier: ReadHeaders) -> Iterable[tuple[str, str | bytes | None]]:
+    return carrier.items() if isinstance(carrier, Mapping) else carrier
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+
+
+_SETTER: Final = _HeaderSetter()
+_GETTER: Final = _HeaderGetter()
+
+
+def inject_headers(headers: Headers, context: Context | None = None) -> None:
+    """Write W3C `traceparent`/`tracestate` (and baggage) of `context` into `headers`.
+
+    Old propagation headers are dropped first: a message republished with its original
+    headers (DLQ) must carry one `traceparent`, the current one.
+    """
+    fields = {f.lower() for f in propagate.get_global_textmap().fields}
+    headers[:] = [(k, v) for k, v in headers if k.lower() not in fields]
+    propagate.inject(headers, context=context, setter=_SETTER)
+
+
+def extract_context(headers: ReadHeaders | None, context: Context | None = None) -> Context:
+    """The trace context carried by a consumed message's headers (empty when absent)."""
+    return propagate.extract(headers or [], context=context, getter=_GETTER)

@@ -1,0 +1,197 @@
+from __future__ import annotations
+
+import datetime
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from pin_runtime.http import (
+    CheckResult,
+    ComponentState,
+    Heartbeat,
+    OpsServer,
+    degraded,
+    ok,
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    Counter("access_fanout_events_emitted", "Events written to the outbox", registry=registry).inc(
+        3
+    )
+    return registry
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def server(registry: CollectorRegistry, clock: FakeClock) -> Iterator[OpsServer]:
+    ops = OpsServer(registry=registry, heartbeat=Heartbeat(stale_after=30, clock=clock))
+    ops.start("127.0.0.1", 0)
+    yield ops
+    ops.stop()
+
+
+def get(ops: OpsServer, path: str, accept: str = "") -> tuple[int, str, bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{ops.port}{path}")
+    if accept:
+        request.add_header("Accept", accept)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - loopback
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers["Content-Type"], error.read()
+
+
+def body(raw: bytes) -> Any:
+    return msgspec.json.decode(raw)
+
+
+def test_metrics_exposition(server: OpsServer) -> None:
+    status, content_type, raw = get(server, "/metrics")
+    assert status == 200
+    assert content_type.startswith("text/plain; version=0.0.4")
+    assert b"access_fanout_events_emitted_total 3.0" in raw
+
+
+def test_metrics_openmetrics_negotiated(server: OpsServer) -> None:
+    status, content_type, raw = get(server, "/metrics", accept="application/openmetrics-text")
+    assert status == 200
+    assert content_type.startswith("application/openmetrics-text")
+    assert raw.endswith(b"# EOF\n")
+
+
+def test_healthz_follows_heartbeat(server: OpsServer, clock: FakeClock) -> None:
+    status, content_type, raw = get(server, "/healthz")
+    assert (status, content_type) == (200, "application/json")
+    assert body(raw)["status"] == "ok"
+
+    clock.now += 31
+    status, _, raw = get(server, "/healthz")
+    assert status == 503
+    assert body(raw)["status"] == "stale"
+    assert "31.0s old" in body(raw)["reason"]
+
+    assert server.heartbeat is not None
+    server.heartbeat.beat()
+    assert get(server, "/healthz")[0] == 200
+
+
+def test_readyz_runs_checks(server: OpsServer) -> None:
+    assert get(server, "/readyz")[0] == 200  # no checks: ready
+    postgres = ComponentState(initial=None)
+    server.add_check("postgres", postgres)
+    server.add_check("kafka", lambda: ok("assigned 3 partitions"))
+
+    status, _, raw = get(server, "/readyz")
+    assert status == 200
+    assert body(raw) == {
+        "status": "ok",
+        "checks": {
+            "postgres": {"status": "ok", "detail": ""},
+            "kafka": {"status": "ok", "detail": "assigned 3 partitions"},
+        },
+    }
+
+    postgres.degraded("connection refused, retrying")
+    status, _, raw = get(server, "/readyz")
+    assert status == 503
+    assert body(raw)["status"] == "degraded"
+    detail = body(raw)["checks"]["postgres"]["detail"]
+    assert detail.startswith("degraded since ")
+    assert detail.endswith(": connection refused, retrying")
+
+
+def test_raising_check_is_degraded_not_500(server: OpsServer) -> None:
+    def broken() -> CheckResult:
+        raise RuntimeError("oops")
+
+    server.add_check("broken", broken)
+    status, _, raw = get(server, "/readyz")
+    assert status == 503
+    assert body(raw)["checks"]["broken"] == {
+        "status": "degraded",
+        "detail": "check raised RuntimeError: oops",
+    }
+
+
+def test_duplicate_check_name_rejected(server: OpsServer) -> None:
+    server.add_check("x", ok)
+    with pytest.raises(ValueError, match="already registered"):
+        server.add_check("x", ok)
+
+
+def test_unknown_path_is_404(server: OpsServer) -> None:
+    assert get(server, "/")[0] == 404
+    assert get(server, "/metricsx")[0] == 404
+
+
+def test_query_string_ignored(server: OpsServer) -> None:
+    assert get(server, "/healthz?verbose=1")[0] == 200
+
+
+def test_no_heartbeat_means_alive(registry: CollectorRegistry) -> None:
+    ops = OpsServer(registry=registry).start("127.0.0.1", 0)
+    try:
+        assert get(ops, "/healthz")[0] == 200
+    finally:
+        ops.stop()
+
+
+def test_stop_releases_port_and_is_idempotent(registry: CollectorRegistry) -> None:
+    ops = OpsServer(registry=registry).start("127.0.0.1", 0)
+    port = ops.port
+    ops.stop()
+    ops.stop()
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = ops.port
+    again = OpsServer(registry=registry).start("127.0.0.1", port)
+    again.stop()
+
+
+def test_start_twice_rejected(server: OpsServer) -> None:
+    with pytest.raises(RuntimeError, match="already started"):
+        server.start("127.0.0.1", 0)
+
+
+def test_component_state_keeps_first_since() -> None:
+    state = ComponentState()
+    first = state()
+    assert first.status == "degraded"
+    assert first.detail.endswith(": starting")
+    state.degraded("a")
+    state.degraded("b")
+    assert state().detail.endswith(": b")
+    since = datetime.datetime.fromisoformat(state().detail.split(" ")[2].rstrip(":"))
+    assert since.tzinfo is not None
+    state.ok()
+    assert state() == ok()
+    assert degraded("x") == CheckResult("degraded", "x")
+
+
+def test_heartbeat_validation(clock: FakeClock) -> None:
+    with pytest.raises(ValueError, match="stale_after"):
+        Heartbeat(stale_after=0)
+    beat = Heartbeat(stale_after=1, clock=clock)
+    assert not beat.stale()
+    clock.now += 2
+    assert beat.stale()
+    assert beat.age() == 2

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import socket
+
+import psycopg
+import pytest
+from psycopg_pool import PoolTimeout
+
+from pin_runtime.postgres import create_pool, is_retriable
+
+pytestmark = pytest.mark.integration
+
+
+def test_terminated_backend_is_retriable_and_pool_recovers(
+    fresh_database: str, postgres_admin_dsn: str
+) -> None:
+    pool = create_pool(fresh_database, name="rt-test", min_size=2, max_size=2, timeout=10)
+    pool.open(wait=True, timeout=10)
+    try:
+        # Killed while borrowed: the running unit of work sees a retriable error.
+        with pool.connection() as conn:
+            row = conn.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+            ).fetchone()
+            assert row == ("rt-test",)
+            terminate(postgres_admin_dsn, conn.info.backend_pid)
+            with pytest.raises(psycopg.OperationalError) as info:
+                conn.execute("SELECT 1")
+        assert is_retriable(info.value)
+
+        # Killed while idle in the pool: the checkout check replaces it, unnoticed by callers.
+        with pool.connection() as conn:
+            idle_pid = conn.info.backend_pid
+        terminate(postgres_admin_dsn, idle_pid)
+        for _ in range(2):
+            with pool.connection() as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+                assert conn.info.backend_pid != idle_pid
+    finally:
+        pool.close()
+
+
+def terminate(admin_dsn: str, pid: int) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+
+
+def test_terminated_connection_raises_retriable_error(
+    fresh_database: str, postgres_admin_dsn: str
+) -> None:
+    with psycopg.connect(fresh_database) as conn:
+        terminate(postgres_admin_dsn, conn.info.backend_pid)
+        with pytest.raises(psycopg.OperationalError) as info:
+            conn.execute("SELECT 1")
+    assert is_retriable(info.value)
+
+
+def test_lock_timeout_is_retriable(fresh_database: str) -> None:
+    with psycopg.connect(fresh_database, autocommit=True) as setup:
+        setup.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        setup.execute("INSERT INTO t VALUES (1)")
+    with psycopg.connect(fresh_database) as holder, psycopg.connect(fresh_database) as waiter:
+        holder.execute("SELECT * FROM t WHERE id = 1 FOR UPDATE")
+        waiter.execute("SET lock_timeout = '50ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable) as info:
+            waiter.execute("SELECT * FROM t WHERE id = 1 FOR UPDATE")
+    assert is_retriable(info.value)
+
+
+def test_serialization_failure_is_retriable(fresh_database: str) -> None:
+    with psycopg.connect(fresh_database, autocommit=True) as setup:
+        setup.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+        setup.execute("INSERT INTO t VALUES (1, 0)")
+    with psycopg.connect(fresh_database) as a, psycopg.connect(fresh_database) as b:
+        for conn in (a, b):
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            conn.execute("SELECT n FROM t WHERE id = 1")  # both take their snapshot
+        a.execute("UPDATE t SET n = n + 1 WHERE id = 1")
+        a.commit()
+        with pytest.raises(psycopg.errors.SerializationFailure) as info:
+            b.execute("UPDATE t SET n = n + 1 WHERE id = 1")
+    assert is_retriable(info.value)
+
+
+def test_bugs_are_not_retriable(fresh_database: str) -> None:
+    with psycopg.connect(fresh_database) as conn:
+        with pytest.raises(psycopg.errors.UndefinedTable) as missing:
+            conn.execute("SELECT * FROM nowhere")
+        conn.rollback()
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation) as bad_input:
+            conn.execute("SELECT 'abc'::int")
+    assert not is_retriable(missing.value)
+    assert not is_retriable(bad_input.value)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_refused_connection_is_retriable() -> None:
+    dsn = f"postgresql://pin@127.0.0.1:{_closed_port()}/pin"
+    with pytest.raises(psycopg.OperationalError) as refused:
+        psycopg.connect(dsn, connect_timeout=2)
+    assert is_retriable(refused.value)
+
+    pool = create_pool(dsn, name="rt-refused", timeout=0.5, reconnect_timeout=1)
+    pool.open(wait=False)
+    try:
+        with pytest.raises(PoolTimeout) as timeout, pool.connection():
+            pass
+        assert is_retriable(timeout.value)
+    finally:
+        pool.close()

@@ -1,0 +1,225 @@
+from __future__ import annotations
+
+import datetime
+import enum
+from typing import Annotated, Literal
+
+import msgspec
+import pytest
+
+from pin_runtime.errors import PinRuntimeError, SettingsError
+from pin_runtime.settings import (
+    Secret,
+    load_settings,
+    parse_duration,
+    redact_dsn,
+    settings_for_log,
+    settings_or_exit,
+    unknown_variables,
+)
+
+P = "IDENTITY_FANOUT_"
+
+
+class Mode(enum.Enum):
+    FAST = "fast"
+    SAFE = "safe"
+
+
+class Example(msgspec.Struct, frozen=True):
+    database_dsn: Secret
+    polling_interval: datetime.timedelta = datetime.timedelta(seconds=5)
+    batch_size: Annotated[int, msgspec.Meta(ge=1)] = 500
+    ratio: float = 0.5
+    enabled: bool = False
+    log_level: Literal["DEBUG", "INFO", "WARNING"] = "INFO"
+    mode: Mode = Mode.SAFE
+    max_attempts: int | None = None
+    topics: tuple[str, ...] = ()
+    name: str = "fanout"
+
+
+def env(**values: str) -> dict[str, str]:
+    return {"IDENTITY_FANOUT_DATABASE_DSN": "postgresql://u:pw@h/db"} | {
+        P + k.upper(): v for k, v in values.items()
+    }
+
+
+def test_defaults_when_only_required_set() -> None:
+    s = load_settings(Example, P, env())
+    assert s.batch_size == 500
+    assert s.polling_interval == datetime.timedelta(seconds=5)
+    assert s.database_dsn.reveal() == "postgresql://u:pw@h/db"
+    assert s.max_attempts is None
+
+
+def test_converts_every_supported_type() -> None:
+    s = load_settings(
+        Example,
+        P,
+        env(
+            polling_interval="250ms",
+            batch_size="42",
+            ratio="1.5",
+            enabled="true",
+            log_level="DEBUG",
+            mode="fast",
+            max_attempts="7",
+            topics="a, b",
+            name="",
+        ),
+    )
+    assert s.polling_interval == datetime.timedelta(milliseconds=250)
+    assert (s.batch_size, s.ratio, s.enabled) == (42, 1.5, True)
+    assert (s.log_level, s.mode, s.max_attempts) == ("DEBUG", Mode.FAST, 7)
+    assert s.topics == ("a", "b")
+    assert s.name == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("5s", datetime.timedelta(seconds=5)),
+        ("250ms", datetime.timedelta(milliseconds=250)),
+        ("5m", datetime.timedelta(minutes=5)),
+        ("1h", datetime.timedelta(hours=1)),
+        ("1d", datetime.timedelta(days=1)),
+        ("1m30s", datetime.timedelta(seconds=90)),
+        ("1.5s", datetime.timedelta(seconds=1.5)),
+        ("30", datetime.timedelta(seconds=30)),
+        (" 2S ", datetime.timedelta(seconds=2)),
+    ],
+)
+def test_parse_duration(text: str, expected: datetime.timedelta) -> None:
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "s", "5x", "5 s 3", "-1s", "1s5", "ms"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)
+
+
+def test_iso8601_duration_still_accepted() -> None:
+    s = load_settings(Example, P, env(polling_interval="PT2M"))
+    assert s.polling_interval == datetime.timedelta(minutes=2)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("batch_size", "abc", "expected an integer >= 1, got 'abc'"),
+        ("batch_size", "0", "expected an integer >= 1, got '0'"),
+        ("ratio", "x", "expected a number, got 'x'"),
+        ("enabled", "maybe", "expected a boolean (true/false/1/0), got 'maybe'"),
+        ("log_level", "TRACE", "expected one of 'DEBUG', 'INFO', 'WARNING', got 'TRACE'"),
+        ("mode", "turbo", "expected one of 'fast', 'safe', got 'turbo'"),
+        ("polling_interval", "soon", "got 'soon'"),
+        ("polling_interval", "-5", "expected a non-negative duration"),
+        ("max_attempts", "many", "expected an integer (or empty), got 'many'"),
+    ],
+)
+def test_bad_value_names_the_variable(field: str, value: str, reason: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(Example, P, env(**{field: value}))
+    assert info.value.variable == P + field.upper()
+    assert reason in info.value.reason
+    assert isinstance(info.value, PinRuntimeError)
+
+
+def test_missing_required() -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(Example, P, {})
+    assert info.value.variable == "IDENTITY_FANOUT_DATABASE_DSN"
+    assert info.value.reason == "required but not set"
+
+
+def test_empty_optional_reads_as_none() -> None:
+    assert load_settings(Example, P, env(max_attempts="")).max_attempts is None
+
+
+def test_post_init_checks_become_settings_errors() -> None:
+    class Window(msgspec.Struct):
+        low: int = 1
+        high: int = 2
+
+        def __post_init__(self) -> None:
+            if self.low > self.high:
+                raise ValueError("low must be <= high")
+
+    with pytest.raises(SettingsError, match="low must be <= high") as info:
+        load_settings(Window, "W_", {"W_LOW": "5"})
+    assert info.value.variable == "W_*"
+
+
+def test_json_for_structured_fields() -> None:
+    class Limits(msgspec.Struct):
+        per_topic: dict[str, int] = {}
+
+    s = load_settings(Limits, "L_", {"L_PER_TOPIC": '{"a": "3"}'})
+    assert s.per_topic == {"a": 3}
+
+
+def test_prefix_is_validated() -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        load_settings(Example, "identity", {})
+
+
+def test_settings_or_exit_prints_one_line_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        settings_or_exit(Example, P, env(batch_size="abc"))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "config error: IDENTITY_FANOUT_BATCH_SIZE: expected an integer >= 1, got 'abc'\n"
+    )
+
+
+def test_settings_or_exit_returns_settings() -> None:
+    assert settings_or_exit(Example, P, env()).batch_size == 500
+
+
+def test_unknown_variables() -> None:
+    environ = env(batch_siz="10") | {"OTHER": "1"}
+    assert unknown_variables(Example, P, environ) == ["IDENTITY_FANOUT_BATCH_SIZ"]
+
+
+def test_secret_never_shows_itself() -> None:
+    s = load_settings(Example, P, env())
+    assert "pw" not in repr(s)
+    assert str(s.database_dsn) == "***"
+    assert Secret("a") == Secret("a")
+    assert hash(Secret("a")) == hash(Secret("a"))
+    assert Secret("a") != "a"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgresql://pin:s3cr3t@db:5432/pin", "postgresql://pin:***@db:5432/pin"),
+        ("postgresql://pin@db/pin", "postgresql://pin@db/pin"),
+        ("postgresql://pin:p@ss@db/pin", "postgresql://pin:***@db/pin"),
+        (
+            "postgresql://db/pin?user=a&password=x&sslmode=require",
+            "postgresql://db/pin?user=a&password=***&sslmode=require",
+        ),
+        ("host=db user=pin password=s3cr3t dbname=pin", "host=db user=pin password=*** dbname=pin"),
+        ("host=db password = 'a b\\' c' dbname=pin", "host=db password = *** dbname=pin"),
+    ],
+)
+def test_redact_dsn(dsn: str, expected: str) -> None:
+    assert redact_dsn(dsn) == expected
+    assert redact_dsn(Secret(dsn)) == expected
+
+
+def test_settings_for_log_masks_secrets_and_dsns() -> None:
+    class WithDsn(msgspec.Struct):
+        token: Secret = Secret("t0k3n")
+        dsn: str = "postgresql://u:pw@h/db"
+        interval: datetime.timedelta = datetime.timedelta(seconds=5)
+
+    assert settings_for_log(WithDsn()) == {
+        "token": "***",
+        "dsn": "postgresql://u:***@h/db",
+        "interval": "PT5S",
+    }

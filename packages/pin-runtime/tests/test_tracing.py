@@ -1,0 +1,184 @@
+from __future__ import annotations
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from pin_runtime.errors import SettingsError
+from pin_runtime.tracing import (
+    Headers,
+    configure_tracing,
+    extract_context,
+    inject_headers,
+    shutdown_tracing,
+)
+
+
+def exporters(provider: trace.TracerProvider) -> list[SpanExporter]:
+    assert isinstance(provider, TracerProvider)
+    # The SDK keeps processors on its multi-processor; there is no public accessor.
+    processors = provider._active_span_processor._span_processors
+    found: list[SpanExporter] = []
+    for processor in processors:
+        assert isinstance(processor, BatchSpanProcessor | SimpleSpanProcessor)
+        found.append(processor.span_exporter)
+    return found
+
+
+def configure(environ: dict[str, str]) -> trace.TracerProvider:
+    return configure_tracing("identity-fanout", environ, set_global=False)
+
+
+def test_nothing_configured_means_no_exporter() -> None:
+    provider = configure({})
+    assert exporters(provider) == []
+    assert provider.get_tracer("t").start_span("s").get_span_context().is_valid
+    shutdown_tracing(provider)
+
+
+def test_none_exporter() -> None:
+    provider = configure({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "x"})
+    assert exporters(provider) == []
+
+
+@pytest.mark.parametrize(
+    ("environ", "endpoint"),
+    [
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/"},
+            "http://collector:4318/v1/traces",
+        ),
+        (
+            {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/custom"},
+            "http://c:4318/custom",
+        ),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, "http://localhost:4318/v1/traces"),
+    ],
+)
+def test_otlp_http_exporter_when_endpoint_configured(
+    environ: dict[str, str], endpoint: str
+) -> None:
+    provider = configure(environ | {"OTEL_EXPORTER_OTLP_HEADERS": "api-key=abc"})
+    [exporter] = exporters(provider)
+    assert isinstance(exporter, OTLPSpanExporter)
+    assert exporter._endpoint == endpoint
+    assert exporter._client._headers["api-key"] == "abc"  # private, but no accessor exists
+    assert isinstance(provider, TracerProvider)
+    assert isinstance(provider._active_span_processor._span_processors[0], BatchSpanProcessor)
+    provider.shutdown()
+
+
+def test_console_exporter() -> None:
+    [exporter] = exporters(configure({"OTEL_TRACES_EXPORTER": "console"}))
+    assert isinstance(exporter, ConsoleSpanExporter)
+
+
+def test_unknown_exporter_is_a_settings_error() -> None:
+    with pytest.raises(SettingsError) as info:
+        configure({"OTEL_TRACES_EXPORTER": "jaeger"})
+    assert info.value.variable == "OTEL_TRACES_EXPORTER"
+
+
+def test_grpc_protocol_is_a_settings_error() -> None:
+    with pytest.raises(SettingsError) as info:
+        configure(
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+        )
+    assert info.value.variable == "OTEL_EXPORTER_OTLP_PROTOCOL"
+
+
+def test_sdk_disabled_is_noop() -> None:
+    provider = configure({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "console"})
+    assert isinstance(provider, trace.NoOpTracerProvider)
+    assert not provider.get_tracer("t").start_span("s").get_span_context().is_valid
+    shutdown_tracing(provider)
+
+
+def test_resource_from_environment() -> None:
+    provider = configure({"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,team=a%20b"})
+    assert isinstance(provider, TracerProvider)
+    attributes = provider.resource.attributes
+    assert attributes["service.name"] == "identity-fanout"
+    assert attributes["deployment.environment"] == "prod"
+    assert attributes["team"] == "a b"
+
+
+def test_otel_service_name_wins() -> None:
+    provider = configure(
+        {"OTEL_SERVICE_NAME": "fanout-canary", "OTEL_RESOURCE_ATTRIBUTES": "service.name=x"}
+    )
+    assert isinstance(provider, TracerProvider)
+    assert provider.resource.attributes["service.name"] == "fanout-canary"
+
+
+def test_spans_reach_an_exporter() -> None:
+    provider = configure({})
+    assert isinstance(provider, TracerProvider)
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    with provider.get_tracer("t").start_as_current_span("publish"):
+        pass
+    assert [s.name for s in memory.get_finished_spans()] == ["publish"]
+
+
+def test_headers_round_trip_parent_child() -> None:
+    provider = TracerProvider()
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("t")
+
+    headers: Headers = [("content-type", b"application/json")]
+    with tracer.start_as_current_span("produce") as producer_span:
+        inject_headers(headers)
+    names = [k for k, _ in headers]
+    assert names[0] == "content-type"
+    assert "traceparent" in names
+
+    consumed: Headers = [*headers, ("null-header", None)]
+    with tracer.start_as_current_span("consume", context=extract_context(consumed)):
+        pass
+
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    consume = spans["consume"]
+    assert consume.parent is not None
+    assert consume.parent.span_id == producer_span.get_span_context().span_id
+    assert consume.context.trace_id == producer_span.get_span_context().trace_id
+
+
+def test_inject_replaces_old_traceparent() -> None:
+    tracer = TracerProvider().get_tracer("t")
+    headers: Headers = [("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")]
+    with tracer.start_as_current_span("republish") as span:
+        inject_headers(headers)
+    [value] = [v for k, v in headers if k == "traceparent"]
+    assert isinstance(value, bytes)
+    assert format(span.get_span_context().trace_id, "032x").encode() in value
+
+
+def test_extract_without_headers_is_empty() -> None:
+    assert not trace.get_current_span(extract_context(None)).get_span_context().is_valid
+    assert not trace.get_current_span(extract_context([])).get_span_context().is_valid
+
+
+def test_extract_accepts_a_mapping() -> None:
+    parent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    span_context = trace.get_current_span(
+        extract_context({"traceparent": parent.encode()})
+    ).get_span_context()
+    assert span_context.span_id == int("b" * 16, 16)
+
+
+def test_extract_accepts_str_values() -> None:
+    parent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    context = extract_context([("TraceParent", parent)])
+    span_context = trace.get_current_span(context).get_span_context()
+    assert span_context.trace_id == int("a" * 32, 16)
+    assert span_context.is_remote
