@@ -1,1 +1,115 @@
-"""PIN wire contracts."""
+"""Wire contracts of the PIN identity events: Structs, codec, Kafka record layout, topics.
+
+JSON Schema tooling lives in ``pin_contracts.schemas`` (not imported here: it is a CLI).
+"""
+
+from pin_contracts.access import ActiveRoleAssignmentSnapshot, UserAccessChangedKafkaEvent
+from pin_contracts.codec import decode, decode_access_changed, decode_membership_changed, encode
+from pin_contracts.dlq import (
+    DLT_EXCEPTION_FQCN_HEADER,
+    DLT_EXCEPTION_MESSAGE_HEADER,
+    DLT_ORIGINAL_CONSUMER_GROUP_HEADER,
+    DLT_ORIGINAL_OFFSET_HEADER,
+    DLT_ORIGINAL_PARTITION_HEADER,
+    DLT_ORIGINAL_TIMESTAMP_HEADER,
+    DLT_ORIGINAL_TIMESTAMP_TYPE_HEADER,
+    DLT_ORIGINAL_TOPIC_HEADER,
+    ERROR_CODE_HEADER,
+    ERROR_PATH_HEADER,
+    REWARDS_MEMBERSHIP_EVENT_INVALID,
+    DeadLetterInfo,
+)
+from pin_contracts.enums import (
+    AccessChangeReason,
+    AgentMembershipStatus,
+    FanOutTaskStatus,
+    LeaveReason,
+    ScopeType,
+    UnknownEnumValue,
+    parse_enum,
+)
+from pin_contracts.envelope import Envelope, EventPayload, envelope_for
+from pin_contracts.errors import (
+    ContractError,
+    ContractViolation,
+    InvalidEventError,
+    UnknownEnumValueError,
+)
+from pin_contracts.kafka import (
+    CONTRACT_VERSION_HEADER,
+    EVENT_TYPE_HEADER,
+    MESSAGE_ID_HEADER,
+    TRACEPARENT_HEADER,
+    TRACESTATE_HEADER,
+    Headers,
+    ReceivedHeaders,
+    header_text,
+    headers_for,
+    kafka_key,
+    trace_context,
+)
+from pin_contracts.membership import AgentMembershipChanged
+from pin_contracts.topics import (
+    AGENT_MEMBERSHIP_CHANGED,
+    CATALOGUE,
+    IDENTITY_MEMBERSHIP_DLQ,
+    REWARDS_MEMBERSHIP_CONSUMER_GROUP,
+    USER_ACCESS_CHANGED,
+    Topic,
+)
+from pin_contracts.wire import EMPTY_GUID, is_empty_guid
+
+__all__ = [
+    "AGENT_MEMBERSHIP_CHANGED",
+    "CATALOGUE",
+    "CONTRACT_VERSION_HEADER",
+    "DLT_EXCEPTION_FQCN_HEADER",
+    "DLT_EXCEPTION_MESSAGE_HEADER",
+    "DLT_ORIGINAL_CONSUMER_GROUP_HEADER",
+    "DLT_ORIGINAL_OFFSET_HEADER",
+    "DLT_ORIGINAL_PARTITION_HEADER",
+    "DLT_ORIGINAL_TIMESTAMP_HEADER",
+    "DLT_ORIGINAL_TIMESTAMP_TYPE_HEADER",
+    "DLT_ORIGINAL_TOPIC_HEADER",
+    "EMPTY_GUID",
+    "ERROR_CODE_HEADER",
+    "ERROR_PATH_HEADER",
+    "EVENT_TYPE_HEADER",
+    "IDENTITY_MEMBERSHIP_DLQ",
+    "MESSAGE_ID_HEADER",
+    "REWARDS_MEMBERSHIP_CONSUMER_GROUP",
+    "REWARDS_MEMBERSHIP_EVENT_INVALID",
+    "TRACEPARENT_HEADER",
+    "TRACESTATE_HEADER",
+    "USER_ACCESS_CHANGED",
+    "AccessChangeReason",
+    "ActiveRoleAssignmentSnapshot",
+    "AgentMembershipChanged",
+    "AgentMembershipStatus",
+    "ContractError",
+    "ContractViolation",
+    "DeadLetterInfo",
+    "Envelope",
+    "EventPayload",
+    "FanOutTaskStatus",
+    "Headers",
+    "InvalidEventError",
+    "LeaveReason",
+    "ReceivedHeaders",
+    "ScopeType",
+    "Topic",
+    "UnknownEnumValue",
+    "UnknownEnumValueError",
+    "UserAccessChangedKafkaEvent",
+    "decode",
+    "decode_access_changed",
+    "decode_membership_changed",
+    "encode",
+    "envelope_for",
+    "header_text",
+    "headers_for",
+    "is_empty_guid",
+    "kafka_key",
+    "parse_enum",
+    "trace_context",
+]

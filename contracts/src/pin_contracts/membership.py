@@ -1,0 +1,58 @@
+"""AgentMembershipChanged: an agent joined (Active) or left (Left) an agency."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+from uuid import UUID
+
+from pin_contracts.enums import (
+    AgentMembershipStatus,
+    AgentMembershipStatusWire,
+    LeaveReason,
+    LeaveReasonWire,
+    UnknownEnumValue,
+    parse_enum,
+)
+from pin_contracts.wire import AwareDatetime, VersionInt, WireStruct
+
+__all__ = ["AgentMembershipChanged"]
+
+
+class AgentMembershipChanged(WireStruct, frozen=True, kw_only=True):
+    """Payload of pin.identity.agent-membership-changed.v1 (key AgentUserId).
+
+    CompanyId is the agency. Guid.Empty decodes; consumers decide (see is_empty_guid).
+    """
+
+    EVENT_TYPE: ClassVar[str] = "AgentMembershipChanged"
+    CONTRACT_VERSION: ClassVar[int] = 1
+    AGGREGATE_TYPE: ClassVar[str] = "AgentMembership"
+
+    membership_id: UUID
+    agent_user_id: UUID
+    company_id: UUID
+    status: AgentMembershipStatusWire
+    # Reason and EffectiveAt were added without a ContractVersion bump (ADR-0072), so older
+    # producers omit them: they need defaults. Both are null when Status is Active.
+    reason: LeaveReasonWire | None = None
+    effective_at: AwareDatetime | None = None
+    version: VersionInt
+    left_at: AwareDatetime | None = None
+    joined_at: AwareDatetime
+    invitation_id: UUID | None = None
+
+    @property
+    def parsed_status(self) -> AgentMembershipStatus | UnknownEnumValue:
+        return parse_enum(AgentMembershipStatus, self.status)
+
+    @property
+    def parsed_reason(self) -> LeaveReason | UnknownEnumValue | None:
+        return None if self.reason is None else parse_enum(LeaveReason, self.reason)
+
+    @property
+    def aggregate_id(self) -> str:
+        return str(self.membership_id)
+
+    @property
+    def record_key(self) -> UUID:
+        return self.agent_user_id

@@ -1,0 +1,65 @@
+"""The topics the identity events travel on, and who reads them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pin_contracts.access import UserAccessChangedKafkaEvent
+from pin_contracts.membership import AgentMembershipChanged
+
+__all__ = [
+    "AGENT_MEMBERSHIP_CHANGED",
+    "CATALOGUE",
+    "IDENTITY_MEMBERSHIP_DLQ",
+    "REWARDS_MEMBERSHIP_CONSUMER_GROUP",
+    "USER_ACCESS_CHANGED",
+    "Topic",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Topic:
+    """One topic: partitions are fixed because the key decides per-aggregate order."""
+
+    name: str
+    partitions: int
+    key_field: str
+    """Wire name of the payload field whose canonical UUID text is the record key."""
+    event_type: str
+    contract_version: int
+    dead_letter_of: str | None = None
+    """For a DLQ: the topic whose records it keeps (same key, value and headers)."""
+
+
+USER_ACCESS_CHANGED = Topic(
+    name="pin.identity.access.v1",
+    partitions=3,
+    key_field="UserId",
+    event_type=UserAccessChangedKafkaEvent.EVENT_TYPE,
+    contract_version=UserAccessChangedKafkaEvent.CONTRACT_VERSION,
+)
+
+AGENT_MEMBERSHIP_CHANGED = Topic(
+    name="pin.identity.agent-membership-changed.v1",
+    partitions=3,
+    key_field="AgentUserId",
+    event_type=AgentMembershipChanged.EVENT_TYPE,
+    contract_version=AgentMembershipChanged.CONTRACT_VERSION,
+)
+
+IDENTITY_MEMBERSHIP_DLQ = Topic(
+    name="pin.rewards.identity-membership-dlq.v1",
+    partitions=3,
+    key_field="AgentUserId",
+    event_type=AgentMembershipChanged.EVENT_TYPE,
+    contract_version=AgentMembershipChanged.CONTRACT_VERSION,
+    dead_letter_of=AGENT_MEMBERSHIP_CHANGED.name,
+)
+
+CATALOGUE: tuple[Topic, ...] = (
+    USER_ACCESS_CHANGED,
+    AGENT_MEMBERSHIP_CHANGED,
+    IDENTITY_MEMBERSHIP_DLQ,
+)
+
+REWARDS_MEMBERSHIP_CONSUMER_GROUP = "pin-rewards-identity-membership"

@@ -1,0 +1,71 @@
+"""Facts of the topic catalogue that other services and infra rely on."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pin_contracts import (
+    AGENT_MEMBERSHIP_CHANGED,
+    CATALOGUE,
+    IDENTITY_MEMBERSHIP_DLQ,
+    REWARDS_MEMBERSHIP_CONSUMER_GROUP,
+    USER_ACCESS_CHANGED,
+    AgentMembershipChanged,
+    Envelope,
+    UserAccessChangedKafkaEvent,
+    encode,
+    kafka_key,
+)
+
+
+def test_user_access_changed_topic() -> None:
+    assert USER_ACCESS_CHANGED.name == "pin.identity.access.v1"
+    assert USER_ACCESS_CHANGED.partitions == 3
+    assert USER_ACCESS_CHANGED.key_field == "UserId"
+    assert USER_ACCESS_CHANGED.event_type == "UserAccessChanged"
+    assert USER_ACCESS_CHANGED.contract_version == 1
+    assert USER_ACCESS_CHANGED.dead_letter_of is None
+
+
+def test_agent_membership_changed_topic() -> None:
+    assert AGENT_MEMBERSHIP_CHANGED.name == "pin.identity.agent-membership-changed.v1"
+    assert AGENT_MEMBERSHIP_CHANGED.partitions == 3
+    assert AGENT_MEMBERSHIP_CHANGED.key_field == "AgentUserId"
+    assert AGENT_MEMBERSHIP_CHANGED.event_type == "AgentMembershipChanged"
+    assert AGENT_MEMBERSHIP_CHANGED.contract_version == 1
+
+
+def test_membership_dlq_keeps_the_original_key() -> None:
+    assert IDENTITY_MEMBERSHIP_DLQ.name == "pin.rewards.identity-membership-dlq.v1"
+    assert IDENTITY_MEMBERSHIP_DLQ.partitions == 3
+    assert IDENTITY_MEMBERSHIP_DLQ.dead_letter_of == AGENT_MEMBERSHIP_CHANGED.name
+    assert IDENTITY_MEMBERSHIP_DLQ.key_field == AGENT_MEMBERSHIP_CHANGED.key_field
+
+
+def test_catalogue() -> None:
+    assert CATALOGUE == (USER_ACCESS_CHANGED, AGENT_MEMBERSHIP_CHANGED, IDENTITY_MEMBERSHIP_DLQ)
+    assert len({topic.name for topic in CATALOGUE}) == len(CATALOGUE)
+    assert REWARDS_MEMBERSHIP_CONSUMER_GROUP == "pin-rewards-identity-membership"
+
+
+def test_key_field_is_what_kafka_key_uses(
+    access_envelope: Envelope[UserAccessChangedKafkaEvent],
+    membership_envelope: Envelope[AgentMembershipChanged],
+) -> None:
+    pairs: list[tuple[Any, Envelope[Any]]] = [
+        (USER_ACCESS_CHANGED, access_envelope),
+        (AGENT_MEMBERSHIP_CHANGED, membership_envelope),
+    ]
+    for topic, envelope in pairs:
+        payload = json.loads(encode(envelope))["Payload"]
+        assert kafka_key(envelope) == payload[topic.key_field].encode()
+
+
+def test_aggregate_ids_are_the_specs(
+    access_envelope: Envelope[UserAccessChangedKafkaEvent],
+    membership_envelope: Envelope[AgentMembershipChanged],
+) -> None:
+    assert access_envelope.aggregate_id == str(access_envelope.payload.user_id)
+    assert membership_envelope.aggregate_id == str(membership_envelope.payload.membership_id)
+    assert membership_envelope.aggregate_type == "AgentMembership"
