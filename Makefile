@@ -28,6 +28,7 @@ sync: .venv/.synced ## install uv and the locked Python environment
 lint: sync ## ruff (lint + format check) and mypy --strict on every member
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
+	$(RUN) python -m pin_contracts.schemas check
 	@set -e; for p in $(PACKAGES) tests-e2e; do echo "mypy $$p"; (cd $$p && $(RUN) mypy .); done
 
 .PHONY: fmt

@@ -62,7 +62,9 @@ def test_template_is_built_once_and_cloned(
         assert conn.execute("SELECT count(*) FROM seeded").fetchone() == (1,)
 
 
-def test_dropped_database_is_gone(database_factory: DatabaseFactory, postgres_admin_dsn: str) -> None:
+def test_dropped_database_is_gone(
+    database_factory: DatabaseFactory, postgres_admin_dsn: str
+) -> None:
     dsn = database_factory.create()
     with psycopg.connect(dsn):
         pass

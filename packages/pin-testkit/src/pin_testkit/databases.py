@@ -34,7 +34,7 @@ class DatabaseFactory:
         self._prefix = prefix
         self._templates: dict[str, str] = {}
 
-    def _execute(self, statement: sql.Composable) -> None:
+    def _execute(self, statement: sql.Composed) -> None:
         # CREATE/DROP DATABASE cannot run inside a transaction block.
         with psycopg.connect(self._admin_dsn, autocommit=True) as conn:
             conn.execute(statement)

@@ -19,7 +19,7 @@ KAFKA_BOOTSTRAP_VAR = "PIN_KAFKA_BOOTSTRAP"
 
 # Images used only where a Docker engine answers; the versions match infra/compose.
 POSTGRES_IMAGE = "postgres:15"
-KAFKA_IMAGE = "apache/kafka:4.1.1"
+KAFKA_IMAGE = "apache/kafka:4.2.0"
 
 
 class ServiceUnavailableError(RuntimeError):
@@ -38,14 +38,14 @@ class Services:
 def docker_engine_answers() -> bool:
     """True when a Docker engine answers a ping within a second or two."""
     try:
-        import docker  # noqa: PLC0415 - only where testcontainers may be used
+        import docker  # type: ignore[import-untyped]  # noqa: PLC0415 - testcontainers only
 
         client = docker.from_env(timeout=2)
         try:
             return bool(client.ping())
         finally:
             client.close()
-    except Exception:  # noqa: BLE001 - any failure means "no engine here"
+    except Exception:
         return False
 
 
@@ -53,7 +53,7 @@ def _from_containers(cleanups: list[Callable[[], Any]]) -> Services:
     from testcontainers.community.kafka import KafkaContainer  # noqa: PLC0415
     from testcontainers.community.postgres import PostgresContainer  # noqa: PLC0415
 
-    pg = PostgresContainer(POSTGRES_IMAGE, username="pin", password="pin", dbname="postgres")
+    pg = PostgresContainer(POSTGRES_IMAGE, username="pin", password="pin", dbname="postgres")  # noqa: S106 - throwaway container
     pg.start()
     cleanups.append(pg.stop)
     kafka = KafkaContainer(KAFKA_IMAGE).with_kraft()
@@ -96,11 +96,11 @@ def discover(
     if docker_engine_answers():
         try:
             return _from_containers(cleanups)
-        except Exception as exc:  # noqa: BLE001 - fall through to the launcher, keep the reason
+        except Exception as exc:
             errors.append(f"testcontainers: {exc}")
     try:
         return _from_launcher()
-    except Exception as exc:  # noqa: BLE001 - reported below with every reason
+    except Exception as exc:
         errors.append(f"pin-local: {exc}")
     raise ServiceUnavailableError(
         "no PostgreSQL/Kafka for the integration tests ("

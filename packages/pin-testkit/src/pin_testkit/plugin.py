@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pin_testkit.databases import DatabaseFactory
-from pin_testkit.discovery import ServiceUnavailableError, Services, discover
+from pin_testkit.discovery import Services, ServiceUnavailableError, discover
 from pin_testkit.topics import TopicFactory
 
 

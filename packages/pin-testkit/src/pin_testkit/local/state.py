@@ -1,0 +1,163 @@
+"""The JSON state file: ports and the Kafka cluster id, chosen once and kept."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import socket
+import uuid
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from pin_testkit.local.errors import LocalInfraError
+from pin_testkit.local.procs import write_atomic
+
+STATE_VERSION = 1
+PG_PORT_ENV = "PIN_LOCAL_PG_PORT"
+KAFKA_PORT_ENV = "PIN_LOCAL_KAFKA_PORT"
+KAFKA_CONTROLLER_PORT_ENV = "PIN_LOCAL_KAFKA_CONTROLLER_PORT"
+# Picked ports stay below the usual Linux ephemeral range (32768-60999) so that an outgoing
+# connection cannot take them between two runs.
+PORT_RANGE = (20000, 32767)
+_MAX_PORT = 65535
+
+
+@dataclass(frozen=True, slots=True)
+class LocalState:
+    pg_port: int
+    kafka_port: int
+    kafka_controller_port: int
+    kafka_cluster_id: str
+    version: int = STATE_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> LocalState:
+        raw = json.loads(text)
+        if not isinstance(raw, dict) or raw.get("version") != STATE_VERSION:
+            raise LocalInfraError(f"unsupported state file (version {raw.get('version')!r})")
+        try:
+            return cls(
+                pg_port=_port(raw["pg_port"]),
+                kafka_port=_port(raw["kafka_port"]),
+                kafka_controller_port=_port(raw["kafka_controller_port"]),
+                kafka_cluster_id=str(raw["kafka_cluster_id"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LocalInfraError(f"corrupt state file: {exc}") from exc
+
+
+def _port(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"not a port: {value!r}")
+    port = int(value)
+    if not 0 < port <= _MAX_PORT:
+        raise ValueError(f"not a port: {value!r}")
+    return port
+
+
+def load_state(path: Path) -> LocalState | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    return LocalState.from_json(text)
+
+
+def save_state(path: Path, state: LocalState) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, state.to_json())
+
+
+def new_cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (as Uuid.toString)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not text.startswith("-"):  # Kafka's own generator rejects these too
+            return text
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a listening socket can be bound to 127.0.0.1:``port`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port(
+    taken: Collection[int],
+    is_free: Callable[[int], bool] = port_is_free,
+    port_range: tuple[int, int] = PORT_RANGE,
+    attempts: int = 200,
+) -> int:
+    """A random free loopback port in ``port_range`` that is not in ``taken``."""
+    low, high = port_range
+    for _ in range(attempts):
+        port = low + secrets.randbelow(high - low + 1)
+        if port not in taken and is_free(port):
+            return port
+    raise LocalInfraError(f"no free loopback port in {low}-{high} after {attempts} attempts")
+
+
+def env_port(name: str, environ: Mapping[str, str]) -> int | None:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return _port(raw)
+    except ValueError:
+        raise LocalInfraError(f"{name}={raw!r} is not a TCP port") from None
+
+
+def plan_state(
+    previous: LocalState | None,
+    environ: Mapping[str, str] | None = None,
+    is_free: Callable[[int], bool] = port_is_free,
+) -> LocalState:
+    """The state to run with: environment overrides, else the previous ports, else fresh ones.
+
+    The controller port is part of the KRaft voter set written when the storage is formatted,
+    so it cannot change once chosen; the other two may.
+    """
+    env = os.environ if environ is None else environ
+    pg = env_port(PG_PORT_ENV, env)
+    kafka = env_port(KAFKA_PORT_ENV, env)
+    controller = env_port(KAFKA_CONTROLLER_PORT_ENV, env)
+    if previous is not None:
+        if controller is not None and controller != previous.kafka_controller_port:
+            raise LocalInfraError(
+                f"{KAFKA_CONTROLLER_PORT_ENV}={controller} but the Kafka storage was formatted "
+                f"with controller port {previous.kafka_controller_port}: unset it, or run "
+                "`pin-local down` and delete the state directory"
+            )
+        return replace(
+            previous,
+            pg_port=pg or previous.pg_port,
+            kafka_port=kafka or previous.kafka_port,
+        )
+    taken: set[int] = {p for p in (pg, kafka, controller) if p is not None}
+    if pg is None:
+        pg = pick_port(taken, is_free)
+        taken.add(pg)
+    if kafka is None:
+        kafka = pick_port(taken, is_free)
+        taken.add(kafka)
+    if controller is None:
+        controller = pick_port(taken, is_free)
+    if len({pg, kafka, controller}) != 3:  # noqa: PLR2004 - three distinct ports
+        raise LocalInfraError(f"ports must differ: pg={pg} kafka={kafka} controller={controller}")
+    return LocalState(
+        pg_port=pg,
+        kafka_port=kafka,
+        kafka_controller_port=controller,
+        kafka_cluster_id=new_cluster_id(),
+    )

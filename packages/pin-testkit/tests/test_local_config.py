@@ -1,0 +1,131 @@
+"""Pure parts of the local launcher: rendered configuration, layout, catalogue adaptation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pin_testkit.local.cli import env_lines
+from pin_testkit.local.kafka import (
+    KafkaConfig,
+    parse_java_major,
+    render_log4j2,
+    render_server_properties,
+)
+from pin_testkit.local.launcher import LocalServices
+from pin_testkit.local.layout import POM_RELATIVE, STATE_DIR_ENV, find_repo_root, resolve_layout
+from pin_testkit.local.postgres import dsn, render_conf, socket_dir_for
+from pin_testkit.local.topics import catalogue_topics
+
+
+def _properties(text: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    return dict(pairs)
+
+
+def test_server_properties_are_single_node_kraft_on_loopback() -> None:
+    props = _properties(
+        render_server_properties(
+            KafkaConfig(port=29092, controller_port=29093, log_dir=Path("/s/kafka/data"))
+        )
+    )
+    assert props["process.roles"] == "broker,controller"
+    assert props["node.id"] == "1"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:29092,CONTROLLER://127.0.0.1:29093"
+    assert props["controller.quorum.bootstrap.servers"] == "127.0.0.1:29093"
+    assert props["log.dirs"] == "/s/kafka/data"
+    assert props["auto.create.topics.enable"] == "false"
+    assert props["num.partitions"] == "3"
+    assert props["min.insync.replicas"] == "1"
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+    assert props["offsets.topic.replication.factor"] == "1"
+    assert props["transaction.state.log.replication.factor"] == "1"
+
+
+def test_backslashes_in_paths_are_escaped_for_java_properties() -> None:
+    text = render_server_properties(
+        KafkaConfig(port=1, controller_port=2, log_dir=Path("/odd\\dir"))
+    )
+    assert "log.dirs=/odd\\\\dir\n" in text
+
+
+def test_log4j_configuration_logs_to_a_file_only() -> None:
+    xml = render_log4j2()
+    assert "${sys:kafka.logs.dir}/server.log" in xml
+    assert "Console" not in xml
+
+
+def test_postgres_settings() -> None:
+    conf = render_conf(25432, Path("/s/pg/run"))
+    assert "listen_addresses = '127.0.0.1'" in conf
+    assert "port = 25432" in conf
+    assert "unix_socket_directories = '/s/pg/run'" in conf
+    assert "fsync = off" in conf
+    assert "max_connections = 200" in conf
+    assert "unix_socket_directories = ''" in render_conf(1, None)
+    assert "'it''s'" in render_conf(1, Path("it's"))
+
+
+def test_long_state_paths_disable_the_unix_socket(tmp_path: Path) -> None:
+    short = resolve_layout(tmp_path)
+    assert socket_dir_for(short, 25432) == short.pg_socket_dir
+    deep = resolve_layout(tmp_path / ("d" * 120))
+    assert socket_dir_for(deep, 25432) is None
+
+
+@pytest.mark.parametrize(
+    ("output", "major"),
+    [
+        ('openjdk version "17.0.15" 2025-04-15', 17),
+        ('openjdk version "25" 2025-09-16', 25),
+        ('java version "1.8.0_412"', 8),
+        ("no version here", None),
+    ],
+)
+def test_java_major_version(output: str, major: int | None) -> None:
+    assert parse_java_major(output) == major
+
+
+def test_repo_root_is_found_above_a_start_directory(tmp_path: Path) -> None:
+    (tmp_path / POM_RELATIVE).parent.mkdir(parents=True)
+    (tmp_path / POM_RELATIVE).write_text("<project/>", encoding="utf-8")
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    assert find_repo_root(deep) == tmp_path
+    assert find_repo_root(Path("/")) is None
+
+
+def test_state_dir_variable_overrides_the_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path / "elsewhere"))
+    layout = resolve_layout()
+    assert layout.state_dir == tmp_path / "elsewhere"
+    assert layout.pom.is_file()  # this checkout's pom, found from the module file
+    monkeypatch.delenv(STATE_DIR_ENV)
+    assert resolve_layout().state_dir == layout.pom.parents[1] / ".state"
+
+
+def test_catalogue_topics_are_the_contract_catalogue() -> None:
+    assert dict(catalogue_topics()) == {
+        "pin.identity.access.v1": 3,
+        "pin.identity.agent-membership-changed.v1": 3,
+        "pin.rewards.identity-membership-dlq.v1": 3,
+    }
+
+
+def test_env_lines_are_shell_exports() -> None:
+    services = LocalServices(
+        postgres_dsn=dsn(25432),
+        identity_dsn=dsn(25432, "pin_identity"),
+        rewards_dsn=dsn(25432, "pin_rewards"),
+        kafka_bootstrap="127.0.0.1:29092",
+        pg_port=25432,
+        kafka_port=29092,
+        state_dir=Path("/s"),
+    )
+    lines = env_lines(services)
+    assert "export PIN_POSTGRES_DSN=postgresql://pin@127.0.0.1:25432/postgres" in lines
+    assert "export PIN_KAFKA_BOOTSTRAP=127.0.0.1:29092" in lines
+    assert services.dsn("other") == "postgresql://pin@127.0.0.1:25432/other"

@@ -1,0 +1,1 @@
+"""PIN identity access fan-out: worker, outbox relay, enqueue side."""
