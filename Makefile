@@ -8,6 +8,7 @@ TOOLS := $(CURDIR)/.tools
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/uv/bin/uv)
 RUN := $(UV) run --frozen --all-packages
 PACKAGES := contracts packages/pin-runtime packages/pin-testkit $(wildcard services/*)
+MYPY_DIRS := $(PACKAGES) infra $(if $(wildcard tests-e2e/*.py),tests-e2e)
 
 .PHONY: help
 help: ## list the targets
@@ -29,7 +30,7 @@ lint: sync ## ruff (lint + format check) and mypy --strict on every member
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
 	$(RUN) python -m pin_contracts.schemas check
-	@set -e; for p in $(PACKAGES) tests-e2e; do echo "mypy $$p"; (cd $$p && $(RUN) mypy .); done
+	@set -e; for p in $(MYPY_DIRS); do echo "mypy $$p"; (cd $$p && $(RUN) mypy .); done
 
 .PHONY: fmt
 fmt: sync ## apply ruff's fixes and formatting
@@ -45,7 +46,7 @@ down: sync ## stop what `make up` started
 	$(RUN) pin-local down
 
 # Unit tests of every member, their integration tests on the real services, then end to end.
-TEST_PATHS := contracts/tests $(wildcard packages/*/tests) $(wildcard services/*/tests) tests-e2e
+TEST_PATHS := contracts/tests $(wildcard packages/*/tests) $(wildcard services/*/tests) $(wildcard tests-e2e)
 
 .PHONY: test
 test: lint up ## lint, then every test on real PostgreSQL and Kafka

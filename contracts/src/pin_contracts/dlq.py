@@ -92,7 +92,10 @@ class DeadLetterInfo:
     def from_headers(cls, headers: ReceivedHeaders) -> DeadLetterInfo:
         """Read the DLQ headers of a dead-lettered record (the last of each name wins)."""
         # Last wins: a record dead-lettered again after a replay carries both sets.
-        latest: dict[str, bytes | None] = dict(headers or ())
+        latest: dict[str, bytes | None] = {
+            name: value.encode() if isinstance(value, str) else value
+            for name, value in headers or ()
+        }
 
         def raw(name: str) -> bytes:
             value = latest.get(name)

@@ -31,10 +31,10 @@ EVENT_TYPE_HEADER = "pin-event-type"
 CONTRACT_VERSION_HEADER = "pin-contract-version"
 MESSAGE_ID_HEADER = "pin-message-id"
 
-Headers = list[tuple[str, bytes]]
-"""Headers as confluent-kafka's ``produce(headers=...)`` takes them."""
+Headers = list[tuple[str, str | bytes | None]]
+"""Headers as confluent-kafka's ``produce(headers=...)`` takes them (this module writes bytes)."""
 
-ReceivedHeaders = Sequence[tuple[str, bytes | None]] | None
+ReceivedHeaders = Sequence[tuple[str, str | bytes | None]] | None
 """Headers as confluent-kafka's ``Message.headers()`` returns them."""
 
 P = TypeVar("P", bound=EventPayload)
@@ -73,8 +73,8 @@ def header_text(headers: ReceivedHeaders, name: str) -> str | None:
     """The last value of header ``name`` as text; None when absent, null or not UTF-8."""
     for key, value in reversed(headers or ()):
         if key == name:
-            if value is None:
-                return None
+            if value is None or isinstance(value, str):
+                return value
             try:
                 return value.decode()
             except UnicodeDecodeError:

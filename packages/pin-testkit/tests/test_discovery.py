@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pin_testkit.discovery import ServiceUnavailableError, discover
+from pin_testkit.discovery import ServiceUnavailableError, discover, docker_engine_answers
 
 
 def test_environment_variables_win() -> None:
@@ -33,3 +34,9 @@ def test_half_configured_environment_is_an_error(environ: dict[str, str], missin
     # Falling back to another source here would test against a server nobody asked for.
     with pytest.raises(ServiceUnavailableError, match=missing):
         discover(environ, [])
+
+
+def test_no_docker_engine_is_a_plain_no(tmp_path: Path) -> None:
+    missing_socket = tmp_path / "docker.sock"
+    assert not docker_engine_answers({"DOCKER_HOST": f"unix://{missing_socket}"})
+    assert not docker_engine_answers({"DOCKER_HOST": "tcp://127.0.0.1:1"})

@@ -1,0 +1,76 @@
+"""A contract message through the real broker: encoded, keyed and traced as the producers
+will do it, consumed and decoded as the consumers will."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from pin_contracts import (
+    AgentMembershipChanged,
+    AgentMembershipStatus,
+    LeaveReason,
+    decode_membership_changed,
+    encode,
+    envelope_for,
+    headers_for,
+    kafka_key,
+)
+from pin_runtime.kafka import create_consumer, create_producer, flush_or_raise
+from pin_runtime.tracing import extract_context, inject_headers
+
+pytestmark = pytest.mark.integration
+
+
+def test_membership_event_survives_the_broker(
+    kafka_bootstrap: str, kafka_topic: Callable[..., str]
+) -> None:
+    topic = kafka_topic(partitions=3)
+    payload = AgentMembershipChanged(
+        membership_id=uuid.uuid4(),
+        agent_user_id=uuid.uuid4(),
+        company_id=uuid.uuid4(),
+        status=AgentMembershipStatus.LEFT,
+        reason=LeaveReason.SELF_LEAVE,
+        effective_at=datetime(2026, 12, 1, tzinfo=UTC),
+        version=3,
+        left_at=datetime(2026, 11, 30, 9, 0, tzinfo=UTC),
+        joined_at=datetime(2026, 1, 10, tzinfo=UTC),
+        invitation_id=None,
+    )
+    envelope = envelope_for(payload, correlation_id="run-1")
+    tracer = TracerProvider().get_tracer("test")
+    headers = headers_for(envelope)
+    with tracer.start_as_current_span("publish") as span:
+        inject_headers(headers)
+        sent_trace_id = span.get_span_context().trace_id
+
+    producer = create_producer(kafka_bootstrap, client_id="contract-path")
+    producer.produce(topic, key=kafka_key(envelope), value=encode(envelope), headers=headers)
+    flush_or_raise(producer, 30)
+
+    consumer = create_consumer(
+        kafka_bootstrap, group_id=f"contract-path-{uuid.uuid4().hex}", client_id="contract-path"
+    )
+    try:
+        consumer.subscribe([topic])
+        message = None
+        for _ in range(60):  # bounded: one poll second each, until the record arrives
+            message = consumer.poll(1.0)
+            if message is not None and message.error() is None:
+                break
+        assert message is not None
+        assert message.error() is None
+    finally:
+        consumer.close()
+
+    assert message.key() == str(payload.agent_user_id).encode()
+    decoded = decode_membership_changed(message.value())
+    assert decoded == envelope
+    carried = trace.get_current_span(extract_context(message.headers())).get_span_context()
+    assert carried.trace_id == sent_trace_id
