@@ -16,6 +16,7 @@ from pin_runtime.kafka import (
     create_producer,
     flush_or_raise,
     producer_config,
+    security_config,
 )
 
 
@@ -137,3 +138,25 @@ def test_flush_or_raise_reports_failed_deliveries() -> None:
     with pytest.raises(DeliveryError, match="not delivered"):
         flush_or_raise(producer, 10.0, tracker)
     assert tracker.failed[0][0].code() == KafkaError._MSG_TIMED_OUT
+
+
+def test_security_config_plaintext_by_default() -> None:
+    assert security_config() == {"security.protocol": "PLAINTEXT"}
+
+
+def test_security_config_sasl_needs_credentials() -> None:
+    with pytest.raises(ValueError, match="SASL"):
+        security_config(protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512")
+    assert security_config(
+        protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="u",
+        sasl_password="p",
+        ssl_ca_location="/etc/ca.pem",
+    ) == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "u",
+        "sasl.password": "p",
+        "ssl.ca.location": "/etc/ca.pem",
+    }

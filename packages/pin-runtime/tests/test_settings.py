@@ -152,6 +152,19 @@ def test_post_init_checks_become_settings_errors() -> None:
     assert info.value.variable == "W_*"
 
 
+def test_post_init_check_naming_its_variable_is_reported_under_it() -> None:
+    class Interval(msgspec.Struct):
+        seconds: float = 1.0
+
+        def __post_init__(self) -> None:
+            if self.seconds <= 0:
+                raise ValueError("I_SECONDS: must be positive")
+
+    with pytest.raises(SettingsError) as info:
+        load_settings(Interval, "I_", {"I_SECONDS": "-1"})
+    assert (info.value.variable, info.value.reason) == ("I_SECONDS", "must be positive")
+
+
 def test_json_for_structured_fields() -> None:
     class Limits(msgspec.Struct):
         per_topic: dict[str, int] = {}

@@ -30,6 +30,7 @@ __all__ = [
     "ensure_topics",
     "flush_or_raise",
     "producer_config",
+    "security_config",
 ]
 
 ConfigValue = str | int | float | bool
@@ -112,6 +113,33 @@ def admin_config(
     bootstrap: str, *, client_id: str, extra: Mapping[str, ConfigValue] | None = None
 ) -> KafkaConfig:
     return _base(bootstrap, client_id) | dict(extra or {})
+
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+def security_config(
+    *,
+    protocol: SecurityProtocol = "PLAINTEXT",
+    sasl_mechanism: SaslMechanism | None = None,
+    sasl_username: str | None = None,
+    sasl_password: str | None = None,
+    ssl_ca_location: str | None = None,
+) -> KafkaConfig:
+    """librdkafka settings for how a client authenticates, from the services' settings."""
+    config: KafkaConfig = {"security.protocol": protocol}
+    if protocol.startswith("SASL"):
+        if not (sasl_mechanism and sasl_username and sasl_password):
+            raise ValueError(f"{protocol} needs a SASL mechanism, username and password")
+        config |= {
+            "sasl.mechanism": sasl_mechanism,
+            "sasl.username": sasl_username,
+            "sasl.password": sasl_password,
+        }
+    if ssl_ca_location:
+        config["ssl.ca.location"] = ssl_ca_location
+    return config
 
 
 def _error_callback(client_id: str, on_error: ErrorCallback | None) -> ErrorCallback:

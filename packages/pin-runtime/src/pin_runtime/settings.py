@@ -97,6 +97,10 @@ def load_settings(cls: type[S], prefix: str, environ: Mapping[str, str] | None =
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:  # raised by the struct's own __post_init__ checks
+        # A check that names its variable ("PREFIX_NAME: reason") is reported under it.
+        variable, sep, reason = str(exc).partition(": ")
+        if sep and variable.startswith(prefix) and variable in _variables(cls, prefix):
+            raise SettingsError(variable, reason) from exc
         raise SettingsError(f"{prefix}*", str(exc)) from exc
 
 
@@ -111,6 +115,10 @@ def settings_or_exit(cls: type[S], prefix: str, environ: Mapping[str, str] | Non
         raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
 
 
+def _variables(cls: type[msgspec.Struct], prefix: str) -> set[str]:
+    return {prefix + field.name.upper() for field in msgspec.structs.fields(cls)}
+
+
 def unknown_variables(
     cls: type[msgspec.Struct], prefix: str, environ: Mapping[str, str] | None = None
 ) -> list[str]:
@@ -120,7 +128,7 @@ def unknown_variables(
     that share the prefix of a service named like the application.
     """
     env = os.environ if environ is None else environ
-    known = {prefix + field.name.upper() for field in msgspec.structs.fields(cls)}
+    known = _variables(cls, prefix)
     return sorted(name for name in env if name.startswith(prefix) and name not in known)
 
 
@@ -141,7 +149,7 @@ def settings_for_log(settings: msgspec.Struct) -> dict[str, Any]:
     def hide(value: object) -> object:
         if isinstance(value, Secret):
             return "***"
-        raise NotImplementedError(type(value))
+        raise TypeError(f"cannot log a {type(value).__name__}")
 
     plain: dict[str, Any] = msgspec.to_builtins(settings, enc_hook=hide)
     return {k: redact_dsn(v) if isinstance(v, str) else v for k, v in plain.items()}

@@ -1,0 +1,75 @@
+"""Writing events into the transactional outbox (`identity.outbox`).
+
+A row commits with the change that caused it, or not at all; the relay publishes it after
+commit. Rows go in with one binary COPY per batch: a fan-out batch writes hundreds of rows
+and a per-row INSERT round trip would dominate its cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final, TypeVar
+from uuid import UUID
+
+import msgspec
+from opentelemetry import propagate
+from psycopg import Connection
+from psycopg.types.json import Jsonb
+
+from pin_contracts import Envelope, EventPayload, encode, headers_for, kafka_key
+from pin_contracts.topics import Topic
+
+OUTBOX_CHANNEL: Final = "identity_outbox"
+"""NOTIFY channel the relay listens on; notified in the transaction that writes rows."""
+
+_COPY: Final = (
+    "COPY identity.outbox (topic, message_key, payload, headers, message_id, event_type) "
+    "FROM STDIN (FORMAT BINARY)"
+)
+_COPY_TYPES: Final = ["text", "text", "bytea", "jsonb", "uuid", "text"]
+
+P = TypeVar("P", bound=EventPayload)
+
+
+class OutboxMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """One Kafka record as the relay will publish it, byte for byte."""
+
+    topic: str
+    key: str
+    value: bytes
+    headers: tuple[tuple[str, str], ...]
+    message_id: UUID
+    event_type: str
+
+
+def outbox_message(envelope: Envelope[P], topic: Topic) -> OutboxMessage:
+    """The record for ``envelope``, carrying the trace context active now (W3C headers)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    headers = headers_for(envelope, trace_context=carrier)
+    return OutboxMessage(
+        topic=topic.name,
+        key=kafka_key(envelope).decode(),
+        value=encode(envelope),
+        headers=tuple(
+            (name, value.decode() if isinstance(value, bytes) else value or "")
+            for name, value in headers
+        ),
+        message_id=envelope.message_id,
+        event_type=envelope.event_type,
+    )
+
+
+def write_outbox(conn: Connection[tuple[object, ...]], messages: Sequence[OutboxMessage]) -> int:
+    """Add ``messages`` to the outbox in the caller's transaction; the number written."""
+    if not messages:
+        return 0
+    with conn.cursor() as cur:
+        with cur.copy(_COPY) as copy:
+            copy.set_types(_COPY_TYPES)
+            for m in messages:
+                copy.write_row(
+                    (m.topic, m.key, m.value, Jsonb(m.headers), m.message_id, m.event_type)
+                )
+        cur.execute("SELECT pg_notify(%s, '')", (OUTBOX_CHANNEL,))
+    return len(messages)

@@ -1,0 +1,79 @@
+"""Configuration of identity-fanout, read once from `IDENTITY_FANOUT_*` variables.
+
+Defaults are the spec's (PollingInterval 5 s, BatchSize 500, MaxLeaseDuration 5 min); the
+others are this service's choices, documented in the README.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Final
+
+import msgspec
+from msgspec import Meta
+
+from pin_runtime.kafka import KafkaConfig, SaslMechanism, SecurityProtocol, security_config
+from pin_runtime.logging import LogLevel
+from pin_runtime.settings import Secret
+
+ENV_PREFIX: Final = "IDENTITY_FANOUT_"
+SERVICE_NAME: Final = "identity-fanout"
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+Port = Annotated[int, Meta(ge=0, le=65535)]
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Every setting of the service; field `batch_size` is `IDENTITY_FANOUT_BATCH_SIZE`."""
+
+    database_dsn: Secret
+    """libpq DSN of the `pin_identity` database."""
+    kafka_bootstrap: str = ""
+    """Bootstrap servers; required by `worker` and `relay`, unused by the other commands."""
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: SaslMechanism | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: Secret | None = None
+    kafka_ssl_ca_location: str | None = None
+
+    polling_interval: timedelta = timedelta(seconds=5)
+    """Spec PollingInterval: how often the queue is polled when no NOTIFY woke the worker."""
+    batch_size: Annotated[int, Meta(ge=1, le=10_000)] = 500
+    """Spec BatchSize: users per page, and per transaction."""
+    max_lease_duration: timedelta = timedelta(minutes=5)
+    """Spec MaxLeaseDuration: a claimed task is invisible to others this long."""
+    max_attempts: PositiveInt = 5
+    """A task claimed this many times without completing becomes Failed (poison)."""
+    inline_fanout_threshold: Annotated[int, Meta(ge=0)] = 1000
+    """Roles with at most this many active users are fanned out inside set-role-permissions."""
+
+    relay_batch_size: Annotated[int, Meta(ge=1, le=100_000)] = 2000
+    """Outbox rows the relay publishes per round trip."""
+    relay_poll_interval: timedelta = timedelta(seconds=1)
+    """How often the relay looks at the outbox when no NOTIFY woke it."""
+    relay_delivery_timeout: timedelta = timedelta(seconds=30)
+    """How long the relay waits for the broker's acknowledgements of one round."""
+
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
+    metrics_port: Port = 9108
+    log_level: LogLevel = "INFO"
+    db_pool_size: Annotated[int, Meta(ge=2, le=100)] = 4
+
+    def __post_init__(self) -> None:
+        if self.polling_interval <= timedelta(0):
+            raise ValueError("IDENTITY_FANOUT_POLLING_INTERVAL: must be positive")
+        if self.max_lease_duration < timedelta(seconds=1):
+            raise ValueError("IDENTITY_FANOUT_MAX_LEASE_DURATION: must be at least 1s")
+        if self.relay_poll_interval <= timedelta(0):
+            raise ValueError("IDENTITY_FANOUT_RELAY_POLL_INTERVAL: must be positive")
+
+    def kafka_security(self) -> KafkaConfig:
+        return security_config(
+            protocol=self.kafka_security_protocol,
+            sasl_mechanism=self.kafka_sasl_mechanism,
+            sasl_username=self.kafka_sasl_username,
+            sasl_password=(
+                self.kafka_sasl_password.reveal() if self.kafka_sasl_password else None
+            ),
+            ssl_ca_location=self.kafka_ssl_ca_location,
+        )
