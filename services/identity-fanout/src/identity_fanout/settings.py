@@ -72,8 +72,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             protocol=self.kafka_security_protocol,
             sasl_mechanism=self.kafka_sasl_mechanism,
             sasl_username=self.kafka_sasl_username,
-            sasl_password=(
-                self.kafka_sasl_password.reveal() if self.kafka_sasl_password else None
-            ),
+            sasl_password=(self.kafka_sasl_password.reveal() if self.kafka_sasl_password else None),
             ssl_ca_location=self.kafka_ssl_ca_location,
         )

@@ -31,11 +31,12 @@ CREATE TABLE identity.role_permissions (
 CREATE TABLE identity.role_assignments (
     id                      uuid        PRIMARY KEY,
     role_id                 uuid        NOT NULL REFERENCES identity.role_definitions (id) ON DELETE RESTRICT,
-    user_id                 uuid        NOT NULL,
+    user_id                 uuid        NOT NULL CHECK (user_id <> '00000000-0000-0000-0000-000000000000'),
     company_id              uuid,
     status                  text        NOT NULL DEFAULT 'Active'
                                         CHECK (status IN ('Active', 'Revoked', 'Expired')),
-    scope_type              text        NOT NULL,
+    scope_type              text        NOT NULL
+                                        CHECK (scope_type IN ('Company', 'Organization', 'ProjectGroup', 'Project')),
     scope_organization_id   uuid,
     scope_project_group_id  uuid,
     scope_project_id        uuid,

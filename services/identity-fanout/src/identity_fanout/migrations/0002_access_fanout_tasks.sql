@@ -27,3 +27,8 @@ CREATE INDEX ix_access_fanout_tasks_company_id ON identity.access_fanout_tasks (
 CREATE INDEX ix_access_fanout_tasks_pending
     ON identity.access_fanout_tasks (created_at)
     WHERE status IN ('Pending', 'InProgress');
+
+-- Failed (poison) tasks are few and looked up by the runbook and the alert gauge.
+CREATE INDEX ix_access_fanout_tasks_failed
+    ON identity.access_fanout_tasks (created_at)
+    WHERE status = 'Failed';

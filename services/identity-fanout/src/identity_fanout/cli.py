@@ -1,0 +1,199 @@
+"""`identity-fanout`: the commands an operator types (and the pod's entry points).
+
+Exit codes: 0 done; 1 a typed error (unknown role, task not Failed, ...) with one line on
+stderr; 2 bad usage or configuration (argparse, or `config error: VARIABLE: reason`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from uuid import UUID
+
+import psycopg
+from rich.console import Console
+from rich.table import Table
+
+from identity_fanout.app import run_worker
+from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.errors import IdentityFanoutError
+from identity_fanout.runbook import get_task, list_tasks, replay_task
+from identity_fanout.schema import migrate_database
+from identity_fanout.settings import ENV_PREFIX, Settings
+from identity_fanout.tasks import FanOutTask
+from pin_contracts import FanOutTaskStatus
+from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE, settings_or_exit
+
+_console = Console()
+_errors = Console(stderr=True)
+
+
+def _uuid(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from None
+
+
+def _status(text: str) -> FanOutTaskStatus:
+    try:
+        return FanOutTaskStatus(text)
+    except ValueError:
+        choices = ", ".join(s.value for s in FanOutTaskStatus)
+        raise argparse.ArgumentTypeError(f"unknown status {text!r}; one of {choices}") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="identity-fanout",
+        description="PIN identity access fan-out: worker, outbox relay and runbook commands. "
+        f"Configuration comes from {ENV_PREFIX}* environment variables.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("migrate", help="apply the database migrations of the identity schema")
+    worker = commands.add_parser("worker", help="run the fan-out worker (and the outbox relay)")
+    worker.add_argument(
+        "--no-relay", action="store_true", help="do not run the outbox relay in this process"
+    )
+    commands.add_parser("relay", help="run the outbox relay alone")
+
+    roles = commands.add_parser("roles", help="role commands").add_subparsers(
+        dest="roles_command", required=True, metavar="ROLES_COMMAND"
+    )
+    set_permissions = roles.add_parser(
+        "set-permissions", help="replace a role's permissions and fan the change out"
+    )
+    set_permissions.add_argument("role_id", type=_uuid, metavar="ROLE_ID")
+    set_permissions.add_argument("permissions", nargs="*", metavar="PERMISSION_CODE")
+
+    tasks = commands.add_parser("tasks", help="fan-out queue commands").add_subparsers(
+        dest="tasks_command", required=True, metavar="TASKS_COMMAND"
+    )
+    listing = tasks.add_parser("list", help="list tasks, newest first")
+    listing.add_argument("--status", type=_status, default=None)
+    listing.add_argument("--limit", type=int, default=50)
+    show = tasks.add_parser("show", help="show one task")
+    show.add_argument("task_id", type=_uuid, metavar="TASK_ID")
+    replay = tasks.add_parser("replay", help="put a Failed task back in the queue")
+    replay.add_argument("task_id", type=_uuid, metavar="TASK_ID")
+
+    outbox = commands.add_parser("outbox", help="outbox commands").add_subparsers(
+        dest="outbox_command", required=True, metavar="OUTBOX_COMMAND"
+    )
+    outbox.add_parser("status", help="what waits in the outbox, and whether a relay runs")
+    return parser
+
+
+def _when(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value else "-"
+
+
+def _tasks_table(tasks: Sequence[FanOutTask]) -> Table:
+    table = Table(title="access fan-out tasks", title_justify="left")
+    for column in (
+        "id",
+        "role",
+        "version",
+        "status",
+        "processed",
+        "attempts",
+        "created",
+        "lease until",
+        "last error",
+    ):
+        table.add_column(column, overflow="fold")
+    for t in tasks:
+        table.add_row(
+            str(t.id),
+            str(t.role_id),
+            str(t.role_version),
+            t.status,
+            str(t.processed_count),
+            str(t.attempt_count),
+            _when(t.created_at),
+            _when(t.lease_expires_at),
+            (t.last_error or "")[:80],
+        )
+    return table
+
+
+def _task_detail(task: FanOutTask) -> Table:
+    table = Table(show_header=False, title=f"task {task.id}", title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for name in FanOutTask.__struct_fields__:
+        value = getattr(task, name)
+        table.add_row(name, _when(value) if isinstance(value, datetime) else str(value))
+    return table
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> None:
+    dsn = settings.database_dsn.reveal()
+    if args.command == "migrate":
+        applied = migrate_database(dsn)
+        _console.print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
+    elif args.command == "worker":
+        from identity_fanout.relay import relay_main  # noqa: PLC0415 - Kafka only when needed
+
+        run_worker(settings, with_relay=not args.no_relay, relay=relay_main)
+    elif args.command == "relay":
+        from identity_fanout.relay import run_relay_process  # noqa: PLC0415
+
+        run_relay_process(settings)
+    elif args.command == "roles":
+        with psycopg.connect(dsn) as conn:
+            change = set_role_permissions(
+                conn,
+                args.role_id,
+                args.permissions,
+                inline_threshold=settings.inline_fanout_threshold,
+            )
+        _console.print(
+            f"role {change.role_id}: version {change.version}, {change.mode}"
+            + (f", {change.users} user(s) notified" if change.mode == "inline" else "")
+            + (f", task {change.task_id}" if change.task_id else "")
+        )
+    elif args.command == "tasks":
+        with psycopg.connect(dsn) as conn:
+            if args.tasks_command == "list":
+                _console.print(_tasks_table(list_tasks(conn, status=args.status, limit=args.limit)))
+            elif args.tasks_command == "show":
+                _console.print(_task_detail(get_task(conn, args.task_id)))
+            else:
+                task = replay_task(conn, args.task_id)
+                _console.print(f"task {task.id} is {task.status} again (attempts reset)")
+    elif args.command == "outbox":
+        from identity_fanout.relay import outbox_status, status_table  # noqa: PLC0415
+
+        with psycopg.connect(dsn) as conn:
+            _console.print(status_table(outbox_status(conn)))
+
+
+def _needs_kafka(args: argparse.Namespace) -> bool:
+    return args.command == "relay" or (args.command == "worker" and not args.no_relay)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    settings = settings_or_exit(Settings, ENV_PREFIX)
+    if _needs_kafka(args) and not settings.kafka_bootstrap.strip():
+        sys.stderr.write(
+            f"config error: {ENV_PREFIX}KAFKA_BOOTSTRAP: required by `{args.command}`\n"
+        )
+        return CONFIG_ERROR_EXIT_CODE
+    try:
+        _run(args, settings)
+    except IdentityFanoutError as exc:
+        _errors.print(f"error: {exc}", markup=False, highlight=False)
+        return 1
+    except psycopg.OperationalError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        _errors.print(f"error: database unavailable: {first_line}", markup=False, highlight=False)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Errors of identity-fanout. Each names what an operator or caller must fix."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+
+class IdentityFanoutError(Exception):
+    """Root of the service's own errors."""
+
+
+class RoleNotFoundError(IdentityFanoutError):
+    def __init__(self, role_id: UUID) -> None:
+        super().__init__(f"role {role_id} does not exist")
+        self.role_id = role_id
+
+
+class RoleArchivedError(IdentityFanoutError):
+    def __init__(self, role_id: UUID) -> None:
+        super().__init__(f"role {role_id} is archived; its permissions cannot change")
+        self.role_id = role_id
+
+
+class UnknownPermissionError(IdentityFanoutError):
+    def __init__(self, codes: list[str]) -> None:
+        super().__init__(f"unknown permission code(s): {', '.join(codes)}")
+        self.codes = codes
+
+
+class TaskNotFoundError(IdentityFanoutError):
+    def __init__(self, task_id: UUID) -> None:
+        super().__init__(f"fan-out task {task_id} does not exist")
+        self.task_id = task_id
+
+
+class TaskNotFailedError(IdentityFanoutError):
+    def __init__(self, task_id: UUID, status: str) -> None:
+        super().__init__(f"fan-out task {task_id} is {status}; only Failed tasks are replayed")
+        self.task_id = task_id
+        self.status = status
+
+
+class LeaseLostError(IdentityFanoutError):
+    """The task was claimed by another worker after this one's lease ran out.
+
+    The batch in hand was rolled back; this worker must drop the task.
+    """
+
+    def __init__(self, task_id: UUID, attempt: int) -> None:
+        super().__init__(f"lease of task {task_id} (attempt {attempt}) was lost")
+        self.task_id = task_id
+        self.attempt = attempt

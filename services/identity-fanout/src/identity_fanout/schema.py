@@ -1,0 +1,19 @@
+"""The `identity` schema of the `pin_identity` database, migrated by `identity-fanout migrate`."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from typing import Final
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from pin_runtime.migrations import migrate
+
+SCHEMA: Final = "identity"
+MIGRATIONS: Final = files("identity_fanout") / "migrations"
+
+
+def migrate_database(target: str | psycopg.Connection[TupleRow]) -> list[str]:
+    """Apply the service's pending migrations; the names applied (none on a second run)."""
+    return migrate(target, schema=SCHEMA, migrations=MIGRATIONS)

@@ -1,0 +1,87 @@
+"""Building each user's UserAccessChanged event from the snapshot rows of a page. Pure."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import NamedTuple
+from uuid import UUID
+
+from pin_contracts import (
+    AccessChangeReason,
+    ActiveRoleAssignmentSnapshot,
+    UserAccessChangedKafkaEvent,
+)
+
+
+class AssignmentRow(NamedTuple):
+    """A row of queries.SNAPSHOT_ROWS, in its column order."""
+
+    user_id: UUID
+    assignment_id: UUID
+    role_id: UUID
+    role_code: str
+    company_id: UUID | None
+    scope_type: str
+    scope_organization_id: UUID | None
+    scope_project_group_id: UUID | None
+    scope_project_id: UUID | None
+    expires_at: datetime | None
+
+
+def _snapshot(row: AssignmentRow) -> ActiveRoleAssignmentSnapshot:
+    return ActiveRoleAssignmentSnapshot(
+        assignment_id=row.assignment_id,
+        role_id=row.role_id,
+        role_code=row.role_code,
+        scope_type=row.scope_type,
+        scope_organization_id=row.scope_organization_id,
+        scope_project_group_id=row.scope_project_group_id,
+        scope_project_id=row.scope_project_id,
+        expires_at=row.expires_at,
+    )
+
+
+def _company(
+    rows: Sequence[AssignmentRow], role_id: UUID, role_company: UUID | None
+) -> UUID | None:
+    # The tenant in which the role changed: the user's assignment of that role carries it.
+    # Without one (it lapsed between page and snapshot) the role's own tenant stands in.
+    for row in rows:
+        if row.role_id == role_id and row.company_id is not None:
+            return row.company_id
+    return role_company
+
+
+def build_events(
+    user_ids: Sequence[UUID],
+    rows: Iterable[AssignmentRow],
+    *,
+    role_id: UUID,
+    role_company_id: UUID | None,
+    version: int,
+    reason: AccessChangeReason = AccessChangeReason.ROLE_PERMISSIONS_CHANGED,
+) -> list[UserAccessChangedKafkaEvent]:
+    """One event per user of the page, in page order, each with the user's full snapshot.
+
+    Within a user, ``rows`` keep their order (the query sorts by assignment id). A user of the page
+    without rows left (every assignment revoked or lapsed meanwhile) still gets an event,
+    with an empty snapshot: that is exactly the news that the user lost the access.
+    """
+    by_user: defaultdict[UUID, list[AssignmentRow]] = defaultdict(list)
+    for row in rows:
+        by_user[row.user_id].append(row)
+    events = []
+    for user_id in user_ids:
+        user_rows = by_user.get(user_id, [])
+        events.append(
+            UserAccessChangedKafkaEvent(
+                user_id=user_id,
+                company_id=_company(user_rows, role_id, role_company_id),
+                change_reason=reason,
+                active_assignments=tuple(_snapshot(row) for row in user_rows),
+                version=version,
+            )
+        )
+    return events
