@@ -26,7 +26,8 @@ from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE, settings_or_exit
 
-_console = Console()
+# Plain messages never wrap (scripts parse them); tables take the terminal's width.
+_console = Console(soft_wrap=True)
 _errors = Console(stderr=True)
 
 

@@ -40,7 +40,6 @@ from pin_runtime.logging import log_event
 from pin_runtime.postgres import is_retriable
 
 _log = logging.getLogger(__name__)
-_tracer = trace.get_tracer("identity_fanout.worker")
 
 
 class WorkerConfig:
@@ -73,6 +72,7 @@ class FanoutWorker:
         heartbeat: Heartbeat | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_batch: Callable[[FanOutTask, BatchResult], None] | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self._pool = pool
         self._listen_dsn = listen_dsn
@@ -83,6 +83,7 @@ class FanoutWorker:
         self._heartbeat = heartbeat
         self._clock = clock
         self._on_batch = on_batch
+        self._tracer = tracer or trace.get_tracer("identity_fanout.worker")
         self._listener: psycopg.Connection[TupleRow] | None = None
 
     # -- the loop -------------------------------------------------------------------------
@@ -158,7 +159,7 @@ class FanoutWorker:
             roleId=str(task.role_id),
             attempt=task.attempt_count,
         )
-        with _tracer.start_as_current_span(
+        with self._tracer.start_as_current_span(
             "access-fanout task",
             attributes={
                 "jobRunId": job_run_id,
@@ -175,7 +176,7 @@ class FanoutWorker:
                     self._release(task, job_run_id)
                     break
                 try:
-                    with _tracer.start_as_current_span(
+                    with self._tracer.start_as_current_span(
                         "access-fanout batch", attributes={"batchSize": self._config.batch_size}
                     ) as batch_span:
                         with self._pool.connection() as conn:

@@ -1,0 +1,122 @@
+"""The `identity-fanout` command as an operator runs it: exit codes and messages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.rows import TupleRow
+
+from identity_fanout.seed import add_permissions, seed_role_with_users
+
+CLI = str(Path(sys.executable).with_name("identity-fanout"))
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
+    base["COLUMNS"] = "250"  # rich tables take the width a terminal would give them
+    return subprocess.run(
+        [CLI, *args],
+        env=base | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_missing_dsn_is_a_config_error_naming_the_variable() -> None:
+    result = run("tasks", "list")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "config error: IDENTITY_FANOUT_DATABASE_DSN: required but not set"
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("IDENTITY_FANOUT_BATCH_SIZE", "lots"),
+        ("IDENTITY_FANOUT_BATCH_SIZE", "0"),
+        ("IDENTITY_FANOUT_POLLING_INTERVAL", "soon"),
+        ("IDENTITY_FANOUT_MAX_LEASE_DURATION", "0s"),
+        ("IDENTITY_FANOUT_LOG_LEVEL", "LOUD"),
+        ("IDENTITY_FANOUT_METRICS_PORT", "70000"),
+    ],
+)
+def test_bad_values_stop_with_exit_2_and_one_line(variable: str, value: str) -> None:
+    result = run("tasks", "list", env={"IDENTITY_FANOUT_DATABASE_DSN": "x", variable: value})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"config error: {variable}: ")
+
+
+def test_worker_needs_a_kafka_bootstrap() -> None:
+    result = run("worker", env={"IDENTITY_FANOUT_DATABASE_DSN": "x"})
+    assert result.returncode == 2
+    assert "IDENTITY_FANOUT_KAFKA_BOOTSTRAP" in result.stderr
+
+
+def test_malformed_ids_are_usage_errors() -> None:
+    result = run("tasks", "show", "not-a-uuid", env={"IDENTITY_FANOUT_DATABASE_DSN": "x"})
+    assert result.returncode == 2
+    assert "not a UUID: 'not-a-uuid'" in result.stderr
+
+
+@pytest.mark.integration
+def test_operator_session(identity_dsn: str) -> None:
+    env = {
+        "IDENTITY_FANOUT_DATABASE_DSN": identity_dsn,
+        "IDENTITY_FANOUT_INLINE_FANOUT_THRESHOLD": "2",
+    }
+    with psycopg.connect(identity_dsn, autocommit=True) as db:
+        db: psycopg.Connection[TupleRow]
+        role, _ = seed_role_with_users(db, users=3, other_roles=0)
+        add_permissions(db, ["docs.read", "docs.write"])
+
+    assert run("migrate", env=env).stdout.strip() == "schema is up to date"
+
+    changed = run("roles", "set-permissions", str(role), "docs.read", "docs.write", env=env)
+    assert changed.returncode == 0, changed.stderr
+    assert "version 2, queued" in changed.stdout
+    task_id = changed.stdout.strip().rsplit(" ", 1)[-1]
+
+    listed = run("tasks", "list", "--status", "Pending", env=env)
+    assert listed.returncode == 0
+    assert task_id[:8] in listed.stdout
+
+    shown = run("tasks", "show", task_id, env=env)
+    assert "RolePermissionsChanged" in shown.stdout
+
+    refused = run("tasks", "replay", task_id, env=env)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"error: fan-out task {task_id} is Pending; only Failed tasks are replayed"
+    )
+
+    unknown = run("roles", "set-permissions", str(uuid.uuid4()), "docs.read", env=env)
+    assert unknown.returncode == 1
+    assert "does not exist" in unknown.stderr
+
+    bad_code = run("roles", "set-permissions", str(role), "nope", env=env)
+    assert (bad_code.returncode, bad_code.stderr.strip()) == (
+        1,
+        "error: unknown permission code(s): nope",
+    )
+
+
+def test_database_down_is_one_line_not_a_traceback() -> None:
+    result = run(
+        "tasks",
+        "list",
+        env={"IDENTITY_FANOUT_DATABASE_DSN": "postgresql://x@127.0.0.1:1/db?connect_timeout=2"},
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: database unavailable:")
+    assert "Traceback" not in result.stderr

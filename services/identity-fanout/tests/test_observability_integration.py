@@ -1,0 +1,115 @@
+"""What an operator sees of a task run: the spec's log events and spans, with their fields."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import psycopg
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool
+
+from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.metrics import FanoutMetrics
+from identity_fanout.seed import add_permissions, seed_role_with_users
+from identity_fanout.worker import FanoutWorker, WorkerConfig
+from pin_runtime.logging import JsonFormatter
+
+pytestmark = pytest.mark.integration
+
+Conn = psycopg.Connection[TupleRow]
+
+
+@pytest.fixture
+def json_logs() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter(service="identity-fanout"))
+    logger = logging.getLogger("identity_fanout")
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    yield stream
+    logger.removeHandler(handler)
+    logger.setLevel(previous)
+
+
+def test_task_run_logs_and_traces_what_the_spec_names(
+    db: Conn, identity_dsn: str, json_logs: io.StringIO
+) -> None:
+    role, users = seed_role_with_users(db, users=25, other_roles=0)
+    add_permissions(db, ["p.x"])
+    change = set_role_permissions(db, role, ["p.x"], inline_threshold=0)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+
+    with ConnectionPool(identity_dsn, min_size=1, max_size=2, open=True) as pool:
+        worker = FanoutWorker(
+            pool=pool,
+            listen_dsn=identity_dsn,
+            config=WorkerConfig(
+                batch_size=10,
+                polling_interval=timedelta(seconds=5),
+                max_lease_duration=timedelta(minutes=5),
+                max_attempts=3,
+            ),
+            metrics=FanoutMetrics(CollectorRegistry()),
+            stop=threading.Event(),
+            tracer=provider.get_tracer("test"),
+        )
+        assert worker.run_once()
+
+    records = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    by_event: dict[str, list[dict[str, object]]] = {}
+    for record in records:
+        by_event.setdefault(str(record["event"]), []).append(record)
+    [started] = by_event["job started"]
+    run_id = started["jobRunId"]
+    [dequeued] = by_event["task dequeued"]
+    assert (dequeued["taskId"], dequeued["roleId"], dequeued["attempt"]) == (
+        str(change.task_id),
+        str(role),
+        1,
+    )
+    batches = by_event["batch processed"]
+    assert [b["rows"] for b in batches] == [10, 10, 5]
+    assert batches[-1]["cursor"] == str(users[-1])
+    assert {b["roleId"] for b in batches} == {str(role)}
+    [completed] = by_event["task completed"]
+    assert (completed["roleId"], completed["processedCount"]) == (str(role), 25)
+    assert isinstance(completed["durationMs"], float)
+    assert {r["jobRunId"] for r in records if "jobRunId" in r} == {run_id}
+    # No PII: the events carry ids and counts only.
+    assert not any(key.lower() in {"email", "phone", "name"} for r in records for key in r)
+
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    task_span = spans["access-fanout task"]
+    assert task_span.attributes is not None
+    assert task_span.attributes["jobRunId"] == run_id
+    assert task_span.attributes["taskId"] == str(change.task_id)
+    assert task_span.attributes["roleId"] == str(role)
+    assert task_span.attributes["batchSize"] == 10
+    assert task_span.attributes["processedCount"] == 25
+    batch_spans = [s for s in exporter.get_finished_spans() if s.name == "access-fanout batch"]
+    assert len(batch_spans) == 3
+    assert all(
+        s.parent is not None and s.parent.span_id == task_span.context.span_id for s in batch_spans
+    )
+
+    # The events carry the run as correlation id and the batch's trace context.
+    headers = db.execute("SELECT headers FROM identity.outbox ORDER BY id LIMIT 1").fetchone()
+    assert headers is not None
+    traceparent = dict(headers[0])["traceparent"]
+    assert traceparent.split("-")[1] == format(task_span.context.trace_id, "032x")
+    assert uuid.UUID(str(run_id))
