@@ -8,7 +8,7 @@ TOOLS := $(CURDIR)/.tools
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/uv/bin/uv)
 RUN := $(UV) run --frozen --all-packages
 PACKAGES := contracts packages/pin-runtime packages/pin-testkit $(wildcard services/*)
-MYPY_DIRS := $(PACKAGES) infra $(if $(wildcard tests-e2e/*.py),tests-e2e)
+MYPY_DIRS := $(PACKAGES) infra $(wildcard bench/*) $(if $(wildcard tests-e2e/*.py),tests-e2e)
 
 .PHONY: help
 help: ## list the targets
@@ -55,3 +55,8 @@ test: lint up ## lint, then every test on real PostgreSQL and Kafka
 .PHONY: demo
 demo: up ## bring the system up and show what runs
 	$(RUN) python infra/local/demo.py
+
+.PHONY: bench
+bench: up ## benchmarks (not tests): fan-out of a 50k-user role, membership consumer drain
+	@set -e; eval "$$($(RUN) pin-local -q env)"; for b in $(wildcard bench/*/run.py); do \
+		echo "== $$b"; $(RUN) python $$b; done
