@@ -75,8 +75,8 @@ def test_operator_session(identity_dsn: str) -> None:
         "IDENTITY_FANOUT_DATABASE_DSN": identity_dsn,
         "IDENTITY_FANOUT_INLINE_FANOUT_THRESHOLD": "2",
     }
+    db: psycopg.Connection[TupleRow]
     with psycopg.connect(identity_dsn, autocommit=True) as db:
-        db: psycopg.Connection[TupleRow]
         role, _ = seed_role_with_users(db, users=3, other_roles=0)
         add_permissions(db, ["docs.read", "docs.write"])
 

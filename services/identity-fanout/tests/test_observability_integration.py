@@ -112,4 +112,4 @@ def test_task_run_logs_and_traces_what_the_spec_names(
     assert headers is not None
     traceparent = dict(headers[0])["traceparent"]
     assert traceparent.split("-")[1] == format(task_span.context.trace_id, "032x")
-    assert uuid.UUID(str(run_id))
+    assert str(uuid.UUID(str(run_id))) == run_id

@@ -166,7 +166,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
                 task = replay_task(conn, args.task_id)
                 _console.print(f"task {task.id} is {task.status} again (attempts reset)")
     elif args.command == "outbox":
-        from identity_fanout.relay import outbox_status, status_table  # noqa: PLC0415
+        from identity_fanout.outbox_status import outbox_status, status_table  # noqa: PLC0415
 
         with psycopg.connect(dsn) as conn:
             _console.print(status_table(outbox_status(conn)))

@@ -1,0 +1,503 @@
+"""The outbox relay against a real PostgreSQL and a real Kafka broker (no mocks)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Message
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from prometheus_client import CollectorRegistry
+
+from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
+from identity_fanout.outbox_status import outbox_status
+from identity_fanout.relay import RELAY_LOCK_KEY, OutboxRelay
+from pin_contracts import (
+    MESSAGE_ID_HEADER,
+    TRACEPARENT_HEADER,
+    AccessChangeReason,
+    Envelope,
+    Topic,
+    UserAccessChangedKafkaEvent,
+    decode_access_changed,
+    envelope_for,
+    header_text,
+)
+from pin_runtime.http import ComponentState
+from pin_runtime.kafka import create_consumer
+from pin_runtime.migrations import advisory_lock_key
+
+pytestmark = pytest.mark.integration
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def access_topic(name: str) -> Topic:
+    """The access topic's contract under a test's unique name."""
+    return Topic(
+        name=name,
+        partitions=3,
+        key_field="UserId",
+        event_type=UserAccessChangedKafkaEvent.EVENT_TYPE,
+        contract_version=UserAccessChangedKafkaEvent.CONTRACT_VERSION,
+    )
+
+
+def access_event(
+    user_id: uuid.UUID | None = None, version: int = 1
+) -> Envelope[UserAccessChangedKafkaEvent]:
+    return envelope_for(
+        UserAccessChangedKafkaEvent(
+            user_id=user_id or uuid.uuid4(),
+            company_id=uuid.uuid4(),
+            change_reason=AccessChangeReason.ROLE_PERMISSIONS_CHANGED.value,
+            active_assignments=(),
+            version=version,
+        ),
+        correlation_id="relay-test",
+    )
+
+
+def write(dsn: str, messages: list[OutboxMessage]) -> None:
+    with psycopg.connect(dsn) as conn:  # one transaction, committed on exit
+        write_outbox(conn, messages)
+
+
+def outbox_count(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM identity.outbox").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def outbox_ids(dsn: str) -> list[int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [r[0] for r in conn.execute("SELECT id FROM identity.outbox ORDER BY id")]
+
+
+def consume(bootstrap: str, topic: str, count: int, timeout: float = 60.0) -> list[Message]:
+    """The first `count` records of `topic` (fails after `timeout`)."""
+    consumer = create_consumer(
+        bootstrap, group_id=f"relay-test-{uuid.uuid4().hex[:8]}", client_id="relay-test"
+    )
+    received: list[Message] = []
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + timeout
+        while len(received) < count and (remaining := deadline - time.monotonic()) > 0:
+            message = consumer.poll(min(remaining, 1.0))
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            received.append(message)
+    finally:
+        consumer.close()
+    assert len(received) == count, f"{len(received)} of {count} records within {timeout}s"
+    return received
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    """Seconds it took for `condition` to hold; fails after `timeout`."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def headers_of(record: Message) -> list[tuple[str, str | bytes | None]]:
+    headers = record.headers() or []
+    assert isinstance(headers, list)
+    return headers
+
+
+def is_active(relay: OutboxRelay) -> bool:
+    """`relay.active` read anew (keeps mypy from narrowing the property across calls)."""
+    return relay.active
+
+
+def sample(registry: CollectorRegistry, name: str) -> float:
+    value = registry.get_sample_value(name)
+    assert value is not None, name
+    return value
+
+
+@pytest.fixture
+def dsn(identity_dsn: str) -> str:
+    """A migrated identity database of this test alone (conftest's `identity_dsn`)."""
+    return identity_dsn
+
+
+@pytest.fixture
+def topic(kafka_topic: Callable[..., str]) -> Topic:
+    return access_topic(kafka_topic(partitions=3))
+
+
+RelayFactory = Callable[..., OutboxRelay]
+
+
+@pytest.fixture
+def make_relay(dsn: str, kafka_bootstrap: str) -> Iterator[RelayFactory]:
+    relays: list[OutboxRelay] = []
+
+    def make(**overrides: Any) -> OutboxRelay:
+        options: dict[str, Any] = {
+            "dsn": dsn,
+            "bootstrap": kafka_bootstrap,
+            "registry": CollectorRegistry(),
+            "delivery_timeout": 20.0,
+            "lock_retry_interval": 0.2,
+            "backoff_initial": 0.1,
+            "backoff_maximum": 0.5,
+        } | overrides
+        relay = OutboxRelay(**options)
+        relays.append(relay)
+        return relay
+
+    yield make
+    for relay in relays:
+        relay.close()
+
+
+class RelayThread:
+    """`relay.run(stop)` in a thread, as the worker runs it."""
+
+    def __init__(self, relay: OutboxRelay) -> None:
+        self.relay = relay
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=relay.run, args=(self.stop,), name="relay-test")
+
+    def __enter__(self) -> RelayThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "relay did not stop within 30s"
+
+
+# -- tests --------------------------------------------------------------------------------
+
+
+def test_publishes_exact_records_keeps_writer_trace_and_empties_outbox(
+    dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory
+) -> None:
+    writer = TracerProvider().get_tracer("writer")
+    envelopes = [access_event() for _ in range(5)]
+    with writer.start_as_current_span("set-role-permissions") as write_span:
+        messages = [outbox_message(e, topic) for e in envelopes]
+    write(dsn, messages)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    relay = make_relay(tracer_provider=provider)
+
+    assert relay.run_once() == 5
+    assert outbox_count(dsn) == 0
+
+    by_id = {str(m.message_id): m for m in messages}
+    for record in consume(kafka_bootstrap, topic.name, 5):
+        headers = headers_of(record)
+        stored = by_id.pop(header_text(headers, MESSAGE_ID_HEADER) or "")
+        assert record.key() == stored.key.encode()
+        assert record.value() == stored.value
+        assert [(n, v) for n, v in headers] == [(n, v.encode()) for n, v in stored.headers]
+        envelope = decode_access_changed(record.value())
+        assert str(envelope.message_id) == str(stored.message_id)
+        assert record.key() == str(envelope.payload.user_id).encode()
+        # The writer's context, not the relay's: the trace runs from the transaction.
+        traceparent = header_text(headers, TRACEPARENT_HEADER) or ""
+        assert traceparent.split("-")[1] == f"{write_span.get_span_context().trace_id:032x}"
+    assert by_id == {}
+
+    [span] = exporter.get_finished_spans()
+    assert span.kind is SpanKind.PRODUCER
+    assert span.name == f"send {topic.name}"
+    assert span.attributes is not None
+    assert span.attributes["messaging.system"] == "kafka"
+    assert span.attributes["messaging.destination.name"] == topic.name
+    assert span.attributes["messaging.batch.message_count"] == 5
+    assert [link.context.span_id for link in span.links] == [write_span.get_span_context().span_id]
+
+
+def test_rows_of_one_key_arrive_in_outbox_id_order(
+    dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory
+) -> None:
+    user = uuid.uuid4()
+    # Several transactions and several relay rounds (batch 40 < 150 rows).
+    for start in range(1, 151, 50):
+        write(dsn, [outbox_message(access_event(user, v), topic) for v in range(start, start + 50)])
+    other = [outbox_message(access_event(), topic) for _ in range(10)]
+    write(dsn, other)
+    relay = make_relay(batch_size=40)
+
+    rounds = []
+    while (published := relay.run_once()) > 0:
+        rounds.append(published)
+    assert rounds == [40, 40, 40, 40]
+
+    records = consume(kafka_bootstrap, topic.name, 160)
+    mine = [r for r in records if r.key() == str(user).encode()]
+    assert [decode_access_changed(r.value()).payload.version for r in mine] == list(range(1, 151))
+    assert len({r.partition() for r in mine}) == 1
+
+
+def test_unreachable_kafka_keeps_every_row_then_a_live_broker_gets_them_all(
+    dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory
+) -> None:
+    messages = [outbox_message(access_event(), topic) for _ in range(7)]
+    write(dsn, messages)
+    before = outbox_ids(dsn)
+    state = ComponentState()
+    registry = CollectorRegistry()
+    dead = make_relay(
+        bootstrap=f"127.0.0.1:{closed_port()}",
+        delivery_timeout=1.5,
+        registry=registry,
+        state=state,
+    )
+
+    assert dead.run_once() == 0
+    result = dead.last_round
+    assert result is not None
+    assert result.active
+    assert (result.read, result.published, result.failed) == (7, 0, 7)
+    assert result.error is not None
+    assert outbox_ids(dsn) == before  # nothing deleted
+    assert sample(registry, "identity_outbox_delivery_failures_total") == 7
+    assert sample(registry, "identity_outbox_published_total") == 0
+    assert sample(registry, "identity_outbox_backlog") == 7
+    check = state()
+    assert check.status == "degraded"
+    assert "kafka" in check.detail
+
+    dead.close()  # releases the lock for the relay on the live broker
+    live = make_relay()
+    assert live.run_once() == 7
+    assert outbox_count(dsn) == 0
+    received = consume(kafka_bootstrap, topic.name, 7)
+    assert sorted(r.value() or b"" for r in received) == sorted(m.value for m in messages)
+
+
+def test_a_row_the_broker_refuses_blocks_the_rows_behind_it(
+    dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory
+) -> None:
+    good = [outbox_message(access_event(), topic) for _ in range(3)]
+    # Bigger than the broker's message.max.bytes (1 MiB), incompressible; the producer's own
+    # limit is raised so the refusal comes from the broker as a delivery report.
+    too_big = OutboxMessage(
+        topic=topic.name,
+        key=str(uuid.uuid4()),
+        value=os.urandom(2 * 1024 * 1024),
+        headers=(),
+        message_id=uuid.uuid4(),
+        event_type=UserAccessChangedKafkaEvent.EVENT_TYPE,
+    )
+    behind = [outbox_message(access_event(), topic) for _ in range(3)]
+    write(dsn, [*good, too_big, *behind])
+    ids = outbox_ids(dsn)
+    registry = CollectorRegistry()
+    relay = make_relay(kafka_extra={"message.max.bytes": 10_000_000}, registry=registry)
+
+    assert relay.run_once() == 3
+    result = relay.last_round
+    assert result is not None
+    assert result.error is not None
+    assert result.published == 3
+    assert result.failed >= 1
+    assert str(ids[3]) in result.error
+    # The refused row and everything behind it stay, acknowledged or not: no skipping ahead.
+    assert outbox_ids(dsn) == ids[3:]
+
+    # An operator removes the poison row; the rest go out on the next round.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM identity.outbox WHERE id = %s", (ids[3],))
+    assert relay.run_once() == 3
+    assert outbox_count(dsn) == 0
+    # Rows behind the refused one that were acknowledged anyway went out twice.
+    duplicates = len(behind) - (result.failed - 1)
+    received = consume(kafka_bootstrap, topic.name, len(good) + len(behind) + duplicates)
+    assert {r.value() for r in received} == {m.value for m in good + behind}
+
+
+def test_one_active_relay_and_take_over_when_its_connection_dies(
+    dsn: str,
+    topic: Topic,
+    kafka_bootstrap: str,
+    make_relay: RelayFactory,
+    postgres_admin_dsn: str,
+) -> None:
+    write(dsn, [outbox_message(access_event(), topic) for _ in range(3)])
+    first, second = make_relay(), make_relay()
+
+    assert first.run_once() == 3
+    write(dsn, [outbox_message(access_event(), topic) for _ in range(4)])
+    assert second.run_once() == 0
+    assert (first.active, second.active) == (True, False)
+    assert outbox_count(dsn) == 4  # the standby did not touch them
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        status = outbox_status(conn)
+    assert status.relay is not None
+
+    with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (status.relay.pid,))
+    wait_until(lambda: second.run_once() > 0 or second.active, 10, "standby takes over")
+    wait_until(lambda: outbox_count(dsn) == 0, 10, "take-over relay publishes")
+    assert second.active
+
+    # The old holder finds its connection gone, and then stays standby.
+    with pytest.raises(psycopg.OperationalError):
+        first.run_once()
+    assert not first.active
+    assert first.run_once() == 0
+    assert not first.active
+    consume(kafka_bootstrap, topic.name, 7)
+
+
+def test_running_relays_fail_over_within_seconds(
+    dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory
+) -> None:
+    first, second = make_relay(poll_interval=0.2), make_relay(poll_interval=0.2)
+    with RelayThread(first) as a, RelayThread(second) as b:
+        wait_until(lambda: first.active or second.active, 10, "one relay active")
+        (holder, holder_thread), (standby, _) = sorted(
+            [(first, a), (second, b)], key=lambda pair: not pair[0].active
+        )
+        wait_until(lambda: standby.last_round is not None, 10, "standby tried the lock")
+        assert not standby.active
+
+        holder_thread.stop.set()  # graceful stop: the holder releases the lock
+        holder_thread.thread.join(timeout=30)
+        assert not holder.active
+        took = wait_until(lambda: standby.active, 10, "standby takes over")
+        assert took < 5
+        write(dsn, [outbox_message(access_event(), topic) for _ in range(2)])
+        wait_until(lambda: outbox_count(dsn) == 0, 10, "the new holder publishes")
+    consume(kafka_bootstrap, topic.name, 2)
+
+
+def test_notify_wakes_the_running_relay_long_before_the_poll_interval(
+    dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory
+) -> None:
+    relay = make_relay(poll_interval=30.0)
+    with RelayThread(relay):
+        wait_until(lambda: relay.last_round is not None and relay.active, 10, "relay active")
+        write(dsn, [outbox_message(access_event(), topic)])
+        took = wait_until(lambda: outbox_count(dsn) == 0, 10, "row published after NOTIFY")
+    assert took < 5
+    consume(kafka_bootstrap, topic.name, 1)
+
+
+def test_running_relay_survives_losing_its_database_connection(
+    dsn: str,
+    topic: Topic,
+    kafka_bootstrap: str,
+    make_relay: RelayFactory,
+    postgres_admin_dsn: str,
+) -> None:
+    state = ComponentState()
+    relay = make_relay(poll_interval=0.2, state=state)
+    with RelayThread(relay):
+        wait_until(lambda: relay.active, 10, "relay active")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            status = outbox_status(conn)
+        assert status.relay is not None
+        with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (status.relay.pid,))
+        write(dsn, [outbox_message(access_event(), topic) for _ in range(3)])
+        wait_until(lambda: outbox_count(dsn) == 0, 15, "relay reconnects and publishes")
+        assert relay.active
+        assert state().status == "ok"
+    assert not is_active(relay)
+    consume(kafka_bootstrap, topic.name, 3)
+
+
+def test_metrics_follow_the_backlog(
+    dsn: str, topic: Topic, make_relay: RelayFactory, kafka_bootstrap: str
+) -> None:
+    write(dsn, [outbox_message(access_event(), topic) for _ in range(5)])
+    registry, standby_registry = CollectorRegistry(), CollectorRegistry()
+    relay = make_relay(batch_size=2, registry=registry)
+    standby = make_relay(registry=standby_registry)
+
+    assert relay.run_once() == 2
+    assert sample(registry, "identity_outbox_backlog") == 3
+    assert sample(registry, "identity_outbox_published_total") == 2
+    assert sample(registry, "identity_outbox_oldest_age_seconds") > 0
+    assert sample(registry, "identity_outbox_relay_active") == 1
+    assert sample(registry, "identity_outbox_delivery_failures_total") == 0
+    # A standby reports the backlog too: the "events are late" alert works without a holder.
+    assert standby.run_once() == 0
+    assert sample(standby_registry, "identity_outbox_backlog") == 3
+    assert sample(standby_registry, "identity_outbox_relay_active") == 0
+
+    while relay.run_once():
+        pass
+    assert sample(registry, "identity_outbox_backlog") == 0
+    assert sample(registry, "identity_outbox_oldest_age_seconds") == 0
+    assert sample(registry, "identity_outbox_published_total") == 5
+    relay.close()
+    assert sample(registry, "identity_outbox_relay_active") == 0
+    consume(kafka_bootstrap, topic.name, 5)
+
+
+def test_outbox_status_figures(
+    dsn: str, topic: Topic, kafka_topic: Callable[..., str], make_relay: RelayFactory
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        empty = outbox_status(conn)
+    assert (empty.backlog, empty.by_topic, empty.relay_active) == (0, {}, False)
+    assert empty.oldest_created_at is None
+    assert empty.oldest_age_seconds is None
+
+    relay = make_relay()
+    assert relay.run_once() == 0  # an empty round that takes the lock
+    other = access_topic(kafka_topic(partitions=1))
+    write(dsn, [outbox_message(access_event(), topic) for _ in range(3)])
+    write(dsn, [outbox_message(access_event(), other) for _ in range(2)])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        status = outbox_status(conn)
+        head = conn.execute("SELECT created_at FROM identity.outbox ORDER BY id LIMIT 1")
+        [(head_created_at,)] = head.fetchall()
+    assert status.backlog == 5
+    assert status.by_topic == {topic.name: 3, other.name: 2}
+    assert status.oldest_created_at == head_created_at
+    assert status.oldest_age_seconds is not None
+    assert status.oldest_age_seconds >= 0
+    assert status.relay_active
+    assert status.relay is not None
+    assert status.relay.application_name is not None
+    assert status.relay.application_name.startswith("identity-fanout-relay@")
+
+    relay.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert not outbox_status(conn).relay_active
+
+
+def test_lock_key_is_documented_recipe_and_distinct_from_migrations() -> None:
+    digest = hashlib.sha256(b"pin-outbox-relay:identity.outbox").digest()
+    assert int.from_bytes(digest[:8], "big", signed=True) == RELAY_LOCK_KEY
+    assert advisory_lock_key("identity") != RELAY_LOCK_KEY
