@@ -8,7 +8,7 @@ the field for the encoder, which refuses values outside the enum.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, TypeVar
 
@@ -94,10 +94,11 @@ class OpenEnum:
     """``Annotated`` marker: the ``str`` field carries values of ``enum_type``."""
 
     enum_type: type[StrEnum]
+    values: frozenset[str] = field(init=False)
+    """The known wire values, computed once: encode checks every enum field against them."""
 
-    @property
-    def values(self) -> frozenset[str]:
-        return frozenset(member.value for member in self.enum_type)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "values", frozenset(m.value for m in self.enum_type))
 
 
 def _schema(enum_type: type[StrEnum]) -> msgspec.Meta:

@@ -17,7 +17,7 @@ from psycopg.rows import TupleRow
 
 from identity_fanout import queries
 from identity_fanout.errors import LeaseLostError
-from identity_fanout.outbox import outbox_message, write_outbox
+from identity_fanout.outbox import current_trace_context, outbox_message, write_outbox
 from identity_fanout.snapshot import AssignmentRow, build_events
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import USER_ACCESS_CHANGED, UserAccessChangedKafkaEvent, envelope_for
@@ -72,10 +72,15 @@ def write_events(
     correlation_id: str,
 ) -> int:
     """Put the events into the outbox of the caller's transaction."""
+    trace_context = current_trace_context()
     return write_outbox(
         conn,
         [
-            outbox_message(envelope_for(event, correlation_id=correlation_id), USER_ACCESS_CHANGED)
+            outbox_message(
+                envelope_for(event, correlation_id=correlation_id),
+                USER_ACCESS_CHANGED,
+                trace_context=trace_context,
+            )
             for event in events
         ],
     )
