@@ -82,8 +82,8 @@ def seed(dsn: str, users: int) -> UUID:
         seed_role_with_users(db, users=users // 2, other_roles=1, code="bystanders")
         add_permissions(db, ["bench.read", "bench.write"])
         db.commit()
+        db.autocommit = True  # VACUUM refuses to run in a transaction block
         db.execute("VACUUM ANALYZE identity.role_assignments")
-        db.commit()
     return role
 
 

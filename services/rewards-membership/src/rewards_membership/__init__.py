@@ -1,0 +1,1 @@
+"""PIN rewards: the consumer of AgentMembershipChanged and the agent_performance projection."""

@@ -1,0 +1,123 @@
+"""Build the consumer's world from settings in one function (no module-level clients)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.resources import files
+
+from confluent_kafka import KafkaError, Producer
+from opentelemetry import trace
+
+from pin_runtime.http import ComponentState, Heartbeat, OpsServer
+from pin_runtime.kafka import create_consumer, create_producer
+from pin_runtime.logging import log_event
+from pin_runtime.migrations import migrate
+from pin_runtime.settings import settings_for_log
+from rewards_membership.consumer import ConsumerOptions, MembershipConsumer
+from rewards_membership.dlq import DeadLetterWriter
+from rewards_membership.metrics import Metrics
+from rewards_membership.settings import SERVICE_NAME, Settings
+from rewards_membership.store import MembershipStore
+
+__all__ = ["SCHEMA", "build_consumer", "create_dlq_producer", "run_migrations", "serving"]
+
+SCHEMA = "rewards"
+_log = logging.getLogger("rewards_membership")
+
+
+def run_migrations(dsn: str) -> list[str]:
+    return migrate(dsn, schema=SCHEMA, migrations=files("rewards_membership") / "migrations")
+
+
+def create_dlq_producer(settings: Settings, *, client_id: str | None = None) -> Producer:
+    return create_producer(
+        settings.kafka_bootstrap,
+        client_id=client_id or f"{SERVICE_NAME}-dlq-{socket.gethostname()}",
+        extra=settings.kafka_security(),
+    )
+
+
+def build_consumer(
+    settings: Settings,
+    *,
+    metrics: Metrics | None = None,
+    tracer: trace.Tracer | None = None,
+    heartbeat: Heartbeat | None = None,
+    client_id: str | None = None,
+) -> tuple[MembershipConsumer, Producer]:
+    """The consumer and its DLQ producer (the caller flushes the producer on exit)."""
+    metrics = metrics or Metrics()
+    database_state = ComponentState()
+    kafka_state = ComponentState()
+
+    def on_kafka_error(error: KafkaError) -> None:
+        if error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT) or error.fatal():
+            kafka_state.degraded(f"{error.name()}: {error.str()}")
+
+    name = client_id or f"{SERVICE_NAME}-{socket.gethostname()}"
+    consumer = create_consumer(
+        settings.kafka_bootstrap,
+        group_id=settings.group_id,
+        client_id=name,
+        extra={
+            **settings.kafka_security(),
+            # Records of a batch are fetched together; a bigger fetch keeps batches full.
+            "fetch.wait.max.ms": 100,
+        },
+        on_error=on_kafka_error,
+    )
+    producer = create_producer(
+        settings.kafka_bootstrap,
+        client_id=f"{name}-dlq",
+        extra=settings.kafka_security(),
+        on_error=on_kafka_error,
+    )
+    options = ConsumerOptions(
+        topic=settings.topic,
+        group_id=settings.group_id,
+        batch_size=settings.batch_size,
+        poll_timeout=settings.poll_timeout.total_seconds(),
+        retry_initial=settings.retry_initial.total_seconds(),
+        retry_max=settings.retry_max.total_seconds(),
+        lag_interval=settings.lag_interval.total_seconds(),
+    )
+    store = MembershipStore(settings.database_dsn.reveal(), application_name=name)
+    dead_letters = DeadLetterWriter(
+        producer,
+        topic=settings.dlq_topic,
+        group_id=settings.group_id,
+        delivery_timeout=settings.delivery_timeout.total_seconds(),
+    )
+    membership = MembershipConsumer(
+        options=options,
+        consumer=consumer,
+        store=store,
+        dead_letters=dead_letters,
+        metrics=metrics,
+        heartbeat=heartbeat,
+        database_state=database_state,
+        kafka_state=kafka_state,
+        tracer=tracer,
+    )
+    return membership, producer
+
+
+@contextmanager
+def serving(
+    settings: Settings, consumer: MembershipConsumer, metrics: Metrics, heartbeat: Heartbeat
+) -> Iterator[OpsServer]:
+    """/metrics, /healthz and /readyz while the consumer runs."""
+    ops = OpsServer(
+        registry=metrics.registry,
+        heartbeat=heartbeat,
+        checks={"postgresql": consumer.database_state, "kafka": consumer.kafka_state},
+    )
+    ops.start(settings.metrics_host, settings.metrics_port)
+    log_event(_log, "ops server listening", port=ops.port, settings=settings_for_log(settings))
+    try:
+        yield ops
+    finally:
+        ops.stop()

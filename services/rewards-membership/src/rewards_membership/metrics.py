@@ -1,0 +1,92 @@
+"""The consumer's Prometheus metrics, on a registry of its own (never the global one).
+
+Names are the spec's, exactly; the additions (duplicates, offset lag, retries) follow the
+same prefix.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["Metrics"]
+
+# Per-message latency of a batch (poll return -> offsets committed), in milliseconds.
+_DURATION_BUCKETS_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.consume_duration_ms = Histogram(
+            "rewards_membership_consume_duration_ms",
+            "Milliseconds from a batch's poll to its offset commit, observed once per message",
+            buckets=_DURATION_BUCKETS_MS,
+            registry=r,
+        )
+        self.applied = Counter(
+            "rewards_membership_applied_total",
+            "Membership changes applied to their agent_performance row, by stored status",
+            ["status"],
+            registry=r,
+        )
+        self.skipped_stale = Counter(
+            "rewards_membership_skipped_stale_total",
+            "Events at or below the row's LastMembershipVersion (skipped-stale-membership)",
+            registry=r,
+        )
+        self.skipped_duplicate = Counter(
+            "rewards_membership_skipped_duplicate_total",
+            "Redeliveries of an already processed MessageId (skipped-duplicate)",
+            registry=r,
+        )
+        self.unknown_status = Counter(
+            "rewards_membership_unknown_status_total",
+            "Events with a Status outside {Active, Left}, applied fail-closed as Left",
+            registry=r,
+        )
+        self.unknown_reason = Counter(
+            "rewards_membership_unknown_reason_total",
+            "Left events with an unknown Reason, applied as Left without a reason",
+            registry=r,
+        )
+        self.lag_seconds = Gauge(
+            "rewards_identity_membership_lag_seconds",
+            "Seconds between the oldest event of the last batch (OccurredAt) and its processing",
+            registry=r,
+        )
+        self.dlq = Counter(
+            "rewards_identity_membership_dlq_total",
+            "Records dead-lettered (alert when > 0)",
+            ["code"],
+            registry=r,
+        )
+        self.contract_mismatch = Counter(
+            "rewards_contract_mismatch_total",
+            "Events whose ContractVersion differs from the one this consumer was built for",
+            ["contract_version"],
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "rewards_identity_membership_consumer_lag",
+            "Messages between the partition's high watermark and the consumer's position",
+            ["partition"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "rewards_membership_retries_total",
+            "Batches rolled back for an infrastructure failure (partitions paused, retried)",
+            ["dependency"],
+            registry=r,
+        )
+        self.paused_partitions = Gauge(
+            "rewards_membership_paused_partitions",
+            "Partitions paused while a dependency is down",
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "rewards_membership_batch_messages",
+            "Messages per applied batch",
+            buckets=(1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000),
+            registry=r,
+        )

@@ -1,0 +1,83 @@
+"""A whole batch decided in memory: inbox, guard and transitions, in consume order.
+
+Pure: given the inbox keys and rows the database already holds, it says what happens to
+every message and which rows and inbox keys to write. The consumer reads those with one
+query each and writes them with one statement each, so a batch costs a fixed number of
+round trips whatever its size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from uuid import UUID
+
+from rewards_membership.guard import MembershipRow, is_stale, new_row, transition
+from rewards_membership.validation import InvalidEvent, MembershipChange
+
+__all__ = ["BatchPlan", "Outcome", "plan_batch"]
+
+RowKey = tuple[UUID, UUID]
+
+
+class Outcome(StrEnum):
+    """What happened to one message; the values are the spec's log event names."""
+
+    APPLIED = "membership-applied"
+    STALE = "skipped-stale-membership"
+    DUPLICATE = "skipped-duplicate"
+    DEAD_LETTERED = "dead-lettered"
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    outcomes: list[Outcome] = field(default_factory=list)
+    """One per input item, in the same order."""
+    inserts: list[MembershipRow] = field(default_factory=list)
+    """Rows absent from the database, in their state after the batch."""
+    updates: list[MembershipRow] = field(default_factory=list)
+    """Existing rows the batch changed, in their state after the batch."""
+    inbox: list[tuple[str, Outcome]] = field(default_factory=list)
+    """Idempotency keys to record (applied and stale; never duplicates or dead letters)."""
+
+
+def inbox_keys(items: Iterable[MembershipChange | InvalidEvent]) -> list[str]:
+    return [item.key for item in items if isinstance(item, MembershipChange)]
+
+
+def row_keys(items: Iterable[MembershipChange | InvalidEvent]) -> list[RowKey]:
+    return list(dict.fromkeys(i.row_key for i in items if isinstance(i, MembershipChange)))
+
+
+def plan_batch(
+    items: Sequence[MembershipChange | InvalidEvent],
+    seen_keys: set[str] | frozenset[str],
+    rows: Mapping[RowKey, MembershipRow],
+) -> BatchPlan:
+    """Decide every message of a batch; `rows` are the existing rows of the batch's keys."""
+    plan = BatchPlan()
+    seen = set(seen_keys)
+    current: dict[RowKey, MembershipRow] = dict(rows)
+    changed: dict[RowKey, MembershipRow] = {}
+    for item in items:
+        if isinstance(item, InvalidEvent):
+            plan.outcomes.append(Outcome.DEAD_LETTERED)
+            continue
+        key = item.key
+        if key in seen:
+            plan.outcomes.append(Outcome.DUPLICATE)
+            continue
+        seen.add(key)
+        row = current.get(item.row_key)
+        if is_stale(row, item):
+            outcome = Outcome.STALE
+        else:
+            updated = transition(row or new_row(*item.row_key), item)
+            current[item.row_key] = changed[item.row_key] = updated
+            outcome = Outcome.APPLIED
+        plan.outcomes.append(outcome)
+        plan.inbox.append((key, outcome))
+    for row_key, row in changed.items():
+        (plan.updates if row_key in rows else plan.inserts).append(row)
+    return plan

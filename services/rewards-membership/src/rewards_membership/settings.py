@@ -1,0 +1,85 @@
+"""Configuration of rewards-membership, read once from `REWARDS_MEMBERSHIP_*` variables.
+
+Topic and group default to the contract catalogue's; tests and the benchmark point them
+elsewhere. Retry defaults are the spec's (exponential backoff 1 s -> 60 s).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Final
+
+import msgspec
+from msgspec import Meta
+
+from pin_contracts import (
+    AGENT_MEMBERSHIP_CHANGED,
+    IDENTITY_MEMBERSHIP_DLQ,
+    REWARDS_MEMBERSHIP_CONSUMER_GROUP,
+)
+from pin_runtime.kafka import KafkaConfig, SaslMechanism, SecurityProtocol, security_config
+from pin_runtime.logging import LogLevel
+from pin_runtime.settings import Secret
+
+ENV_PREFIX: Final = "REWARDS_MEMBERSHIP_"
+SERVICE_NAME: Final = "rewards-membership"
+
+Port = Annotated[int, Meta(ge=0, le=65535)]
+NonEmpty = Annotated[str, Meta(min_length=1)]
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Every setting of the service; field `batch_size` is `REWARDS_MEMBERSHIP_BATCH_SIZE`."""
+
+    database_dsn: Secret
+    """libpq DSN of the `pin_rewards` database."""
+    kafka_bootstrap: str = ""
+    """Bootstrap servers; required by `consume` and `dlq`, unused by the other commands."""
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: SaslMechanism | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: Secret | None = None
+    kafka_ssl_ca_location: str | None = None
+
+    topic: NonEmpty = AGENT_MEMBERSHIP_CHANGED.name
+    dlq_topic: NonEmpty = IDENTITY_MEMBERSHIP_DLQ.name
+    group_id: NonEmpty = REWARDS_MEMBERSHIP_CONSUMER_GROUP
+
+    batch_size: Annotated[int, Meta(ge=1, le=10_000)] = 1000
+    """Most messages one `consume()` returns, and one database transaction applies."""
+    poll_timeout: timedelta = timedelta(seconds=1)
+    """How long one `consume()` waits for the first message of a batch."""
+    retry_initial: timedelta = timedelta(seconds=1)
+    retry_max: timedelta = timedelta(seconds=60)
+    """Backoff of a paused partition while PostgreSQL / Kafka / the DLQ write fails."""
+    delivery_timeout: timedelta = timedelta(seconds=30)
+    """How long a batch waits for the broker to acknowledge its DLQ records."""
+    lag_interval: timedelta = timedelta(seconds=5)
+    """How often the per-partition offset lag gauge is refreshed from the watermarks."""
+
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
+    metrics_port: Port = 9109
+    log_level: LogLevel = "INFO"
+
+    def __post_init__(self) -> None:
+        if self.poll_timeout <= timedelta(0):
+            raise ValueError("REWARDS_MEMBERSHIP_POLL_TIMEOUT: must be positive")
+        if self.retry_initial <= timedelta(0):
+            raise ValueError("REWARDS_MEMBERSHIP_RETRY_INITIAL: must be positive")
+        if self.retry_max < self.retry_initial:
+            raise ValueError("REWARDS_MEMBERSHIP_RETRY_MAX: must be >= RETRY_INITIAL")
+        if self.delivery_timeout <= timedelta(0):
+            raise ValueError("REWARDS_MEMBERSHIP_DELIVERY_TIMEOUT: must be positive")
+        if self.lag_interval <= timedelta(0):
+            raise ValueError("REWARDS_MEMBERSHIP_LAG_INTERVAL: must be positive")
+        if self.dlq_topic == self.topic:
+            raise ValueError("REWARDS_MEMBERSHIP_DLQ_TOPIC: must differ from the source topic")
+
+    def kafka_security(self) -> KafkaConfig:
+        return security_config(
+            protocol=self.kafka_security_protocol,
+            sasl_mechanism=self.kafka_sasl_mechanism,
+            sasl_username=self.kafka_sasl_username,
+            sasl_password=(self.kafka_sasl_password.reveal() if self.kafka_sasl_password else None),
+            ssl_ca_location=self.kafka_ssl_ca_location,
+        )

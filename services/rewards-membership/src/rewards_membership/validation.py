@@ -1,0 +1,158 @@
+"""Spec steps 1-2 as a pure function: record value -> a typed change or the reason it is invalid.
+
+No I/O: the consumer decides what to do with the outcome (apply, dead-letter, warn).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Final
+from uuid import UUID
+
+from pin_contracts import (
+    REWARDS_MEMBERSHIP_EVENT_INVALID,
+    AgentMembershipChanged,
+    AgentMembershipStatus,
+    ContractViolation,
+    LeaveReason,
+    UnknownEnumValue,
+    decode_membership_changed,
+    is_empty_guid,
+)
+
+__all__ = [
+    "EXPECTED_CONTRACT_VERSION",
+    "IDEMPOTENCY_PREFIX",
+    "InvalidEvent",
+    "MembershipChange",
+    "idempotency_key",
+    "validate",
+]
+
+EXPECTED_CONTRACT_VERSION: Final = AgentMembershipChanged.CONTRACT_VERSION
+IDEMPOTENCY_PREFIX: Final = "rewards:identity-membership:"
+_VIOLATION_FQCN: Final = f"{ContractViolation.__module__}.{ContractViolation.__qualname__}"
+
+
+def idempotency_key(message_id: UUID) -> str:
+    """The spec's inbox key: `rewards:identity-membership:{MessageId}`."""
+    return f"{IDEMPOTENCY_PREFIX}{message_id}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MembershipChange:
+    """A valid event, with Status and Reason already mapped the way the spec says.
+
+    `status` is the effective one: an unknown wire Status fails closed as LEFT. `leave_reason`
+    is None for Active and for an unknown Reason (soft degradation); the raw strings are kept
+    for the logs.
+    """
+
+    message_id: UUID
+    agent_user_id: UUID
+    company_id: UUID
+    membership_id: UUID
+    status: AgentMembershipStatus
+    leave_reason: LeaveReason | None
+    raw_status: str
+    raw_reason: str | None
+    unknown_status: bool
+    unknown_reason: bool
+    contract_version: int
+    occurred_at: datetime
+    version: int
+    joined_at: datetime
+    left_at: datetime | None
+    effective_at: datetime | None
+
+    @property
+    def key(self) -> str:
+        return idempotency_key(self.message_id)
+
+    @property
+    def row_key(self) -> tuple[UUID, UUID]:
+        return (self.agent_user_id, self.company_id)
+
+    @property
+    def contract_mismatch(self) -> bool:
+        return self.contract_version != EXPECTED_CONTRACT_VERSION
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InvalidEvent:
+    """REWARDS_MEMBERSHIP_EVENT_INVALID: the record goes to the DLQ with these details."""
+
+    path: str
+    reason: str
+    error_code: str = REWARDS_MEMBERSHIP_EVENT_INVALID
+    exception_fqcn: str = _VIOLATION_FQCN
+    message_id: UUID | None = None
+    fields: Mapping[str, object] = field(default_factory=dict)
+    """What could be decoded (AgentUserId, CompanyId, Status, Reason, Version) for the log."""
+
+    @property
+    def message(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+def validate(value: bytes | None) -> MembershipChange | InvalidEvent:
+    """Decode and check one record value (spec steps 1-2, without the inbox lookup)."""
+    try:
+        envelope = decode_membership_changed(value)
+    except ContractViolation as exc:
+        return InvalidEvent(path=exc.path, reason=exc.reason)
+    payload = envelope.payload
+    # CompanyId is part of the row key: required whatever the Status (spec step 2).
+    for path, guid in (
+        ("$.Payload.AgentUserId", payload.agent_user_id),
+        ("$.Payload.CompanyId", payload.company_id),
+    ):
+        if is_empty_guid(guid):
+            return InvalidEvent(
+                path=path,
+                reason="must not be Guid.Empty",
+                message_id=envelope.message_id,
+                fields={
+                    "AgentUserId": payload.agent_user_id,
+                    "CompanyId": payload.company_id,
+                    "Status": payload.status,
+                    "Reason": payload.reason,
+                    "Version": payload.version,
+                },
+            )
+
+    parsed_status = payload.parsed_status
+    status: AgentMembershipStatus
+    if isinstance(parsed_status, UnknownEnumValue):
+        # Fail closed: a Status this reader does not know never counts as an active membership.
+        status, unknown_status = AgentMembershipStatus.LEFT, True
+    else:
+        status, unknown_status = parsed_status, False
+    leave_reason: LeaveReason | None = None
+    unknown_reason = False
+    if status is AgentMembershipStatus.LEFT:
+        parsed_reason = payload.parsed_reason
+        if isinstance(parsed_reason, UnknownEnumValue):
+            unknown_reason = True  # the leave happened; only reason-specific logic is skipped
+        else:
+            leave_reason = parsed_reason
+    return MembershipChange(
+        message_id=envelope.message_id,
+        agent_user_id=payload.agent_user_id,
+        company_id=payload.company_id,
+        membership_id=payload.membership_id,
+        status=status,
+        leave_reason=leave_reason,
+        raw_status=payload.status,
+        raw_reason=payload.reason,
+        unknown_status=unknown_status,
+        unknown_reason=unknown_reason,
+        contract_version=envelope.contract_version,
+        occurred_at=envelope.occurred_at,
+        version=payload.version,
+        joined_at=payload.joined_at,
+        left_at=payload.left_at,
+        effective_at=payload.effective_at,
+    )

@@ -1,0 +1,254 @@
+"""Fixtures of the rewards-membership tests: a migrated database, topics, a running consumer."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, LiteralString
+
+import msgspec
+import psycopg
+import pytest
+from confluent_kafka import Producer
+
+from pin_contracts import (
+    AgentMembershipChanged,
+    Envelope,
+    encode,
+    envelope_for,
+    headers_for,
+    kafka_key,
+)
+from pin_runtime.kafka import DeliveryTracker, create_producer, flush_or_raise
+from pin_runtime.settings import Secret
+from pin_runtime.shutdown import GracefulShutdown
+from rewards_membership.app import build_consumer, run_migrations
+from rewards_membership.metrics import Metrics
+from rewards_membership.settings import Settings
+
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+def wait_until(condition: Callable[[], bool], *, timeout: float = 60.0, what: str = "") -> None:
+    """Poll `condition` until true; fail after `timeout` seconds (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout}s: {what}")
+        time.sleep(0.05)
+
+
+def membership(
+    agent: uuid.UUID,
+    company: uuid.UUID,
+    version: int,
+    status: str = "Active",
+    *,
+    reason: str | None = None,
+    joined_at: datetime | None = None,
+    left_at: datetime | None = None,
+    effective_at: datetime | None = None,
+    membership_id: uuid.UUID | None = None,
+) -> AgentMembershipChanged:
+    return AgentMembershipChanged(
+        membership_id=membership_id or uuid.uuid5(agent, str(company)),
+        agent_user_id=agent,
+        company_id=company,
+        status=status,
+        reason=reason,
+        effective_at=effective_at,
+        version=version,
+        left_at=left_at,
+        joined_at=joined_at or T0,
+    )
+
+
+def raw_value(payload: AgentMembershipChanged, **envelope_overrides: Any) -> bytes:
+    """Record value bypassing the encoder's checks (unknown enums, other ContractVersion)."""
+    envelope = envelope_for(payload)
+    data = msgspec.json.decode(msgspec.json.encode(envelope))
+    data.update(envelope_overrides)
+    return msgspec.json.encode(data)
+
+
+@dataclass
+class Kafka:
+    bootstrap: str
+    topic: str
+    dlq_topic: str
+    producer: Producer
+
+    def send(self, *payloads: AgentMembershipChanged) -> list[Envelope[AgentMembershipChanged]]:
+        envelopes = [envelope_for(p) for p in payloads]
+        self.send_envelopes(*envelopes)
+        return envelopes
+
+    def send_envelopes(self, *envelopes: Envelope[AgentMembershipChanged]) -> None:
+        self.send_raw(
+            *((kafka_key(e), encode(e), headers_for(e)) for e in envelopes),
+        )
+
+    def send_raw(self, *records: tuple[bytes | None, bytes | None, list[Any] | None]) -> None:
+        tracker = DeliveryTracker()
+        for key, value, headers in records:
+            self.producer.produce(
+                self.topic, key=key, value=value, headers=headers or [], on_delivery=tracker
+            )
+        flush_or_raise(self.producer, 30.0, tracker)
+
+
+@pytest.fixture
+def wait() -> Callable[..., None]:
+    """`wait(condition, timeout=..., what=...)`: await a condition with a deadline."""
+    return wait_until
+
+
+@pytest.fixture
+def event() -> Callable[..., AgentMembershipChanged]:
+    """`event(agent, company, version, status, reason=..., ...)`: a membership payload."""
+    return membership
+
+
+@pytest.fixture
+def raw() -> Callable[..., bytes]:
+    """`raw(payload, **envelope_overrides)`: a record value the encoder would refuse."""
+    return raw_value
+
+
+@pytest.fixture
+def database(make_database: Callable[..., str]) -> str:
+    return make_database("rewards-membership", run_migrations)
+
+
+@pytest.fixture
+def kafka(kafka_bootstrap: str, kafka_topic: Callable[..., str]) -> Iterator[Kafka]:
+    producer = create_producer(kafka_bootstrap, client_id="rewards-membership-tests", linger_ms=1)
+    yield Kafka(kafka_bootstrap, kafka_topic(partitions=3), kafka_topic(partitions=3), producer)
+    producer.flush(10)
+
+
+@pytest.fixture
+def settings(database: str, kafka: Kafka) -> Settings:
+    return Settings(
+        database_dsn=Secret(database),
+        kafka_bootstrap=kafka.bootstrap,
+        topic=kafka.topic,
+        dlq_topic=kafka.dlq_topic,
+        group_id=f"rewards-membership-test-{uuid.uuid4().hex[:8]}",
+        batch_size=200,
+        poll_timeout=timedelta(milliseconds=200),
+        retry_initial=timedelta(milliseconds=200),
+        retry_max=timedelta(seconds=1),
+        delivery_timeout=timedelta(seconds=20),
+        lag_interval=timedelta(milliseconds=200),
+    )
+
+
+class RunningConsumer:
+    """A MembershipConsumer polling on a background thread until `close()`."""
+
+    def __init__(self, settings: Settings, **kwargs: Any) -> None:
+        self.metrics = Metrics()
+        self.consumer, self.producer = build_consumer(
+            settings,
+            metrics=self.metrics,
+            client_id=f"rm-test-{uuid.uuid4().hex[:6]}",
+            **kwargs,
+        )
+        self.stop = GracefulShutdown()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="membership-consumer")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.consumer.run(self.stop)
+        except BaseException as exc:
+            self.error = exc
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def total(self, name: str) -> float:
+        """Sum of a counter over all its label values."""
+        return sum(
+            sample.value
+            for metric in self.metrics.registry.collect()
+            for sample in metric.samples
+            if sample.name == name
+        )
+
+    @property
+    def handled(self) -> float:
+        return (
+            self.total("rewards_membership_applied_total")
+            + self.total("rewards_membership_skipped_stale_total")
+            + self.total("rewards_membership_skipped_duplicate_total")
+            + self.total("rewards_identity_membership_dlq_total")
+        )
+
+    def wait_handled(self, count: int, *, timeout: float = 60.0) -> None:
+        wait_until(
+            lambda: self.error is not None or self.handled >= count,
+            timeout=timeout,
+            what=f"{count} messages handled (have {self.handled})",
+        )
+        assert self.error is None, self.error
+
+    def close(self) -> None:
+        self.stop.request("test finished")
+        self._thread.join(60)
+        assert not self._thread.is_alive(), "consumer did not stop"
+        self.producer.flush(10)
+        assert self.error is None, self.error
+
+
+@pytest.fixture
+def start_consumer(settings: Settings) -> Iterator[Callable[..., RunningConsumer]]:
+    running: list[RunningConsumer] = []
+
+    def start(*, tracer: Any = None, **overrides: Any) -> RunningConsumer:
+        chosen = msgspec.structs.replace(settings, **overrides) if overrides else settings
+        consumer = RunningConsumer(chosen, tracer=tracer)
+        running.append(consumer)
+        return consumer
+
+    yield start
+    for consumer in running:
+        if consumer._thread.is_alive():
+            consumer.close()
+
+
+Row = dict[str, Any]
+
+
+@pytest.fixture
+def rows(database: str) -> Callable[..., list[Row]]:
+    def fetch(where: LiteralString = "true", params: dict[str, Any] | None = None) -> list[Row]:
+        with psycopg.connect(database) as conn:
+            cursor = conn.execute(
+                "SELECT * FROM rewards.agent_performance WHERE "
+                + where
+                + " ORDER BY agent_user_id, company_id",
+                params or {},
+            )
+            names = [c.name for c in cursor.description or ()]
+            return [dict(zip(names, r, strict=True)) for r in cursor]
+
+    return fetch
+
+
+@pytest.fixture
+def sql(database: str) -> Callable[..., list[tuple[Any, ...]]]:
+    def run(
+        statement: LiteralString, params: dict[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        with psycopg.connect(database) as conn:
+            cursor = conn.execute(statement, params or {})
+            return cursor.fetchall() if cursor.description else []
+
+    return run

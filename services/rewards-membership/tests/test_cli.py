@@ -1,0 +1,179 @@
+"""The `rewards-membership` command line: config errors, migrate, agent show, inbox, dlq."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from pin_contracts import AgentMembershipChanged, envelope_for
+from rewards_membership.cli import main
+from rewards_membership.settings import Settings
+
+Event = Callable[..., AgentMembershipChanged]
+Sql = Callable[..., list[tuple[Any, ...]]]
+
+
+def environment(settings: Settings) -> dict[str, str]:
+    return {
+        "REWARDS_MEMBERSHIP_DATABASE_DSN": settings.database_dsn.reveal(),
+        "REWARDS_MEMBERSHIP_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "REWARDS_MEMBERSHIP_TOPIC": settings.topic,
+        "REWARDS_MEMBERSHIP_DLQ_TOPIC": settings.dlq_topic,
+        "REWARDS_MEMBERSHIP_GROUP_ID": settings.group_id,
+        "REWARDS_MEMBERSHIP_POLL_TIMEOUT": "200ms",
+        "REWARDS_MEMBERSHIP_METRICS_PORT": "0",
+    }
+
+
+def test_bad_setting_exits_2_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("REWARDS_MEMBERSHIP_DATABASE_DSN", "postgresql://x/y")
+    monkeypatch.setenv("REWARDS_MEMBERSHIP_BATCH_SIZE", "lots")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["migrate"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("config error: REWARDS_MEMBERSHIP_BATCH_SIZE:")
+
+
+def test_missing_dsn_and_kafka_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("REWARDS_MEMBERSHIP_DATABASE_DSN", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["migrate"])
+    assert exit_info.value.code == 2
+    assert "REWARDS_MEMBERSHIP_DATABASE_DSN" in capsys.readouterr().err
+    monkeypatch.setenv("REWARDS_MEMBERSHIP_DATABASE_DSN", "postgresql://x/y")
+    monkeypatch.delenv("REWARDS_MEMBERSHIP_KAFKA_BOOTSTRAP", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["consume"])
+    assert exit_info.value.code == 2
+    assert "REWARDS_MEMBERSHIP_KAFKA_BOOTSTRAP" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dlq", "replay"],
+        ["dlq", "replay", "--all", "--offset", "1"],
+        ["inbox", "prune", "--older-than", "soon"],
+        ["agent", "show", "not-a-uuid"],
+        ["frobnicate"],
+    ],
+)
+def test_bad_arguments_exit_2(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+
+
+@pytest.mark.integration
+def test_migrate_is_idempotent(fresh_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REWARDS_MEMBERSHIP_DATABASE_DSN", fresh_database)
+    assert main(["migrate"]) == 0
+    assert main(["migrate"]) == 0
+
+
+@pytest.mark.integration
+def test_agent_show_and_inbox_prune(
+    settings: Settings,
+    sql: Sql,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    agent, agency_a, agency_b = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    for company, status in ((agency_a, "Left"), (agency_b, "Active")):
+        sql(
+            "INSERT INTO rewards.agent_performance (agent_user_id, company_id, membership_status)"
+            " VALUES (%(a)s, %(c)s, %(s)s)",
+            {"a": agent, "c": company, "s": status},
+        )
+    sql(
+        "INSERT INTO rewards.inbox (idempotency_key, outcome, processed_at) VALUES"
+        " ('rewards:identity-membership:old', 'membership-applied', now() - interval '40 days'),"
+        " ('rewards:identity-membership:new', 'membership-applied', now())"
+    )
+    for name, value in environment(settings).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["agent", "show", str(agent)]) == 0
+    out = capsys.readouterr().out
+    assert f"in agency {agency_b}" in out
+    assert str(agency_a) in out
+    assert main(["inbox", "prune", "--older-than", "30d"]) == 0
+    assert sql("SELECT idempotency_key FROM rewards.inbox") == [
+        ("rewards:identity-membership:new",)
+    ]
+
+
+@pytest.mark.integration
+def test_dlq_list_and_replay(
+    *,
+    kafka: Any,
+    start_consumer: Any,
+    event: Event,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    agent = uuid.uuid4()
+    consumer = start_consumer()
+    kafka.send(event(agent, uuid.UUID(int=0), 1, membership_id=uuid.uuid4()))
+    kafka.send_raw((str(agent).encode(), b"garbage", None))
+    consumer.wait_handled(2)
+    for name, value in environment(settings).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["dlq", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "2 record(s)" in out
+    assert "REWARDS_MEMBERSHIP_EVENT_INVALID" in out
+    assert "$.Payload.CompanyId" in out
+    assert str(agent) in out
+
+    # Replay everything back to the source: both are invalid again, so they come back.
+    assert main(["dlq", "replay", "--all"]) == 0
+    consumer.wait_handled(4)
+    assert consumer.total("rewards_identity_membership_dlq_total") == 4
+
+
+@pytest.mark.integration
+def test_consume_stops_gracefully_on_sigterm(
+    settings: Settings, kafka: Any, event: Event, sql: Sql
+) -> None:
+    agent, company = uuid.uuid4(), uuid.uuid4()
+    kafka.send_envelopes(envelope_for(event(agent, company, 1, joined_at=datetime.now(UTC))))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rewards_membership.cli", "consume"],
+        env={**os.environ, **environment(settings)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not sql("SELECT 1 FROM rewards.agent_performance"):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "consumer applied nothing"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    assert '"event":"membership-applied"' in out
+    assert '"event":"consumer closed"' in out
