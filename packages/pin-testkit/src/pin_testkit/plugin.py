@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pin_testkit.databases import DatabaseFactory
 from pin_testkit.discovery import Services, ServiceUnavailableError, discover
 from pin_testkit.topics import TopicFactory
+
+if TYPE_CHECKING:
+    from pin_testkit.private import PrivateKafka
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +83,23 @@ def kafka_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
     factory = TopicFactory(kafka_bootstrap)
     yield factory.create
     factory.delete_all()
+
+
+@pytest.fixture
+def private_kafka() -> Iterator[PrivateKafka]:
+    """A Kafka broker of this test alone, which it may ``stop()`` and ``start()``.
+
+    A single-node KRaft broker from the launcher's jars in its own temporary state directory
+    (own ports, own data), independent of ``kafka_bootstrap``; stopped and deleted afterwards,
+    whatever the outcome of the test.
+    """
+    # Imported here: a run that never asks for one does not load the launcher.
+    from pin_testkit.local.errors import LocalInfraError  # noqa: PLC0415
+    from pin_testkit.private import PrivateKafka  # noqa: PLC0415
+
+    try:
+        broker = PrivateKafka.launch()
+    except LocalInfraError as exc:
+        pytest.fail(f"private Kafka broker: {exc}", pytrace=False)
+    with broker:
+        yield broker

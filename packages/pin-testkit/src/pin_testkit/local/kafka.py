@@ -212,7 +212,19 @@ def ensure_libs(layout: Layout) -> Path:
 
 
 # -- the broker ------------------------------------------------------------------------------
+def class_data_archive(kafka_dir: Path, java: JavaRuntime, libs: Path) -> Path:
+    """Where the class-data archive of this JVM build and these jars lives (or would)."""
+    try:
+        jars = (libs / POM_HASH_FILE).read_text(encoding="ascii").strip()
+    except OSError:
+        jars = "unknown"
+    digest = hashlib.sha256(f"{java.fingerprint}:{jars}".encode()).hexdigest()[:16]
+    return kafka_dir / f"cds-{digest}.jsa"
+
+
 class Kafka:
+    heap: tuple[str, ...] = HEAP  # JVM heap flags; a subclass may run a smaller broker
+
     def __init__(self, layout: Layout, port: int, controller_port: int, cluster_id: str) -> None:
         self.layout = layout
         self.config = KafkaConfig(
@@ -292,12 +304,7 @@ class Kafka:
         The JVM writes it when it exits cleanly (``down``), under a temporary name that ``stop``
         renames once the process has ended by itself.
         """
-        try:
-            jars = (libs / POM_HASH_FILE).read_text(encoding="ascii").strip()
-        except OSError:
-            jars = "unknown"
-        digest = hashlib.sha256(f"{java.fingerprint}:{jars}".encode()).hexdigest()[:16]
-        archive = self.layout.kafka_dir / f"cds-{digest}.jsa"
+        archive = class_data_archive(self.layout.kafka_dir, java, libs)
         if archive.is_file():
             return f"-XX:SharedArchiveFile={archive}"
         for stale in self.layout.kafka_dir.glob("cds-*"):
@@ -316,7 +323,7 @@ class Kafka:
         logs = self.layout.kafka_logs
         args = self._java_args(java, libs, MAIN_CLASS)
         args[1:1] = [
-            *HEAP,
+            *self.heap,
             *GC_FLAGS,
             f"-Xlog:gc*:file={logs}/gc.log:time,tags:filecount=3,filesize=10M",
             f"-XX:ErrorFile={logs}/hs_err_pid%p.log",

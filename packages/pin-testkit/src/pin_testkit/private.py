@@ -1,0 +1,347 @@
+"""A Kafka broker of one test's own, which the test may stop and start (fault injection).
+
+The session broker (``kafka_bootstrap``) is shared by every test of a run; stopping it would
+break them all. :class:`PrivateKafka` runs a second single-node KRaft broker from the same jars
+(``pin_testkit.local``, fetched once by Maven) in a temporary state directory of its own, on
+free loopback ports, with a small heap. ``stop()`` and ``start()`` keep its ports and its data,
+so clients see a broker that went away and came back, as in production.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+from typing import Final, Self
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from pin_runtime.kafka import create_admin, ensure_topics
+from pin_testkit.local.errors import LocalInfraError
+from pin_testkit.local.kafka import (
+    MAIN_CLASS,
+    JavaRuntime,
+    Kafka,
+    class_data_archive,
+    ensure_libs,
+    find_java,
+    libs_current,
+    render_log4j2,
+    render_server_properties,
+)
+from pin_testkit.local.layout import Layout, resolve_layout
+from pin_testkit.local.procs import (
+    POLL_INTERVAL,
+    Deadline,
+    cmdline,
+    file_lock,
+    pid_alive,
+    read_pid,
+    terminate,
+    wait_gone,
+    write_atomic,
+)
+from pin_testkit.local.state import new_cluster_id, pick_port
+
+__all__ = ["PrivateKafka"]
+
+log = logging.getLogger(__name__)
+
+PRIVATE_HEAP: Final = ("-Xms128m", "-Xmx512m")
+STATE_PREFIX: Final = "pin-private-kafka-"
+OWNER_FILE: Final = "owner.pid"
+START_TIMEOUT: Final = 120.0
+STOP_TIMEOUT: Final = 30.0
+LIBS_LOCK_TIMEOUT: Final = 1800.0  # the first Maven copy of the jars may take minutes
+PROBE_TIMEOUT: Final = 2.0
+PRIVATE_SETTINGS: Final = {
+    # After a crash (kill()) the controller refuses the new incarnation of the broker until
+    # the old one's session expires (DUPLICATE_BROKER_REGISTRATION): 9 s by default.
+    "broker.heartbeat.interval.ms": "500",
+    "broker.session.timeout.ms": "3000",
+}
+
+
+class _Broker(Kafka):
+    """The launcher's broker with a smaller heap that only reads the shared class-data archive.
+
+    Writing an archive at every clean stop (as the shared broker's first stop does) would
+    slow each ``stop()`` down by seconds; mapping the shared one shortens the start-up.
+    """
+
+    heap = PRIVATE_HEAP
+
+    def __init__(self, layout: Layout, port: int, controller_port: int, shared_dir: Path) -> None:
+        super().__init__(layout, port, controller_port, new_cluster_id())
+        self._shared_dir = shared_dir
+
+    def write_config(self) -> bool:
+        """The launcher's settings, then this broker's own (later keys win in a properties file)."""
+        self.layout.kafka_logs.mkdir(parents=True, exist_ok=True)
+        own = "".join(f"{key}={value}\n" for key, value in PRIVATE_SETTINGS.items())
+        write_atomic(self.layout.kafka_properties, render_server_properties(self.config) + own)
+        write_atomic(self.layout.kafka_log4j, render_log4j2())
+        return True
+
+    def class_data_flag(self, java: JavaRuntime, libs: Path) -> str:
+        archive = class_data_archive(self._shared_dir, java, libs)
+        return f"-XX:SharedArchiveFile={archive}" if archive.is_file() else "-Xshare:auto"
+
+
+class PrivateKafka:
+    """A single-node KRaft broker of its own: ``bootstrap``, ``stop()``, ``start()``.
+
+    ``PrivateKafka.launch()`` creates and starts one; use it as a context manager (or call
+    ``close()``) so that it is stopped and its state directory removed. Not thread-safe: drive
+    it from the test's thread (clients in other threads only talk to the broker).
+    """
+
+    def __init__(
+        self,
+        *,
+        shared: Layout | None = None,
+        start_timeout: float = START_TIMEOUT,
+        stop_timeout: float = STOP_TIMEOUT,
+    ) -> None:
+        sweep_orphans()
+        self._shared = shared if shared is not None else resolve_layout()
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        port = pick_port(set())
+        controller_port = pick_port({port})
+        self.state_dir = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
+        (self.state_dir / OWNER_FILE).write_text(f"{os.getpid()}\n", encoding="ascii")
+        layout = Layout(repo_root=self._shared.repo_root, state_dir=self.state_dir)
+        self._broker = _Broker(layout, port, controller_port, self._shared.kafka_dir)
+        self._runtime: tuple[JavaRuntime, Path] | None = None
+        self.last_start_seconds: float | None = None
+        self.last_stop_seconds: float | None = None
+
+    @classmethod
+    def launch(
+        cls,
+        *,
+        shared: Layout | None = None,
+        start_timeout: float = START_TIMEOUT,
+        stop_timeout: float = STOP_TIMEOUT,
+    ) -> Self:
+        """A new broker, started and answering; closed again if it cannot start."""
+        broker = cls(shared=shared, start_timeout=start_timeout, stop_timeout=stop_timeout)
+        try:
+            broker.start()
+        except BaseException:
+            broker.close()
+            raise
+        return broker
+
+    # -- addresses ------------------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        """``127.0.0.1:PORT``; the same across ``stop()`` and ``start()``."""
+        return self._broker.bootstrap
+
+    @property
+    def port(self) -> int:
+        return self._broker.config.port
+
+    @property
+    def controller_port(self) -> int:
+        return self._broker.config.controller_port
+
+    @property
+    def cluster_id(self) -> str:
+        return self._broker.cluster_id
+
+    @property
+    def pid(self) -> int | None:
+        """The broker's process id while it runs."""
+        return self._broker.pid()
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+    def answers(self, timeout: float = PROBE_TIMEOUT) -> bool:
+        """Whether the broker answers a metadata request within ``timeout`` seconds."""
+        return self._broker.answers(timeout=timeout)
+
+    def refuses_connections(self) -> bool:
+        """Whether nothing listens on the broker's two ports."""
+        return not any(_listens(p) for p in (self.port, self.controller_port))
+
+    # -- fault injection ------------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> float:
+        """Start the broker on its ports with its data; return once every partition leads.
+
+        A no-op when it already runs. Returns the seconds it took.
+        """
+        started = time.monotonic()
+        deadline = Deadline.after(self.start_timeout if timeout is None else timeout)
+        pid = self._broker.pid()
+        if pid is None:
+            taken = [p for p in (self.port, self.controller_port) if _listens(p)]
+            if taken:
+                raise LocalInfraError(
+                    f"private Kafka cannot restart: port(s) {taken} on 127.0.0.1 were taken "
+                    "by another process while it was stopped"
+                )
+            java, libs = self._java_and_libs()
+            self._broker.write_config()
+            if not self._broker.formatted():
+                self._broker.format(java, libs)
+            log.info("private kafka: starting on %s", self.bootstrap)
+            pid = self._broker.start(java, libs)
+        try:
+            self._broker.wait_answering(pid, deadline)
+            self._wait_for_leaders(deadline)
+        except BaseException:
+            self._broker.stop(grace=5.0)  # never leave a broker that did not come up
+            raise
+        self.last_start_seconds = time.monotonic() - started
+        log.info("private kafka: answering after %.1fs", self.last_start_seconds)
+        return self.last_start_seconds
+
+    def stop(self, timeout: float | None = None) -> float:
+        """SIGTERM (a clean shutdown; SIGKILL after ``timeout``) and wait until the process is
+        gone and both ports refuse connections. A no-op when it is stopped. The seconds taken.
+        """
+        started = time.monotonic()
+        grace = self.stop_timeout if timeout is None else timeout
+        self._broker.stop(grace=grace)
+        self._wait_ports_closed(Deadline.after(10.0))
+        self.last_stop_seconds = time.monotonic() - started
+        return self.last_stop_seconds
+
+    def kill(self) -> float:
+        """SIGKILL: a crash (no clean shutdown; the next ``start()`` recovers the logs)."""
+        started = time.monotonic()
+        pid = self._broker.pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            if not wait_gone(pid, Deadline.after(10.0)):
+                raise LocalInfraError(f"private Kafka (pid {pid}) survived SIGKILL")
+            self._broker.layout.kafka_pid.unlink(missing_ok=True)
+        self._wait_ports_closed(Deadline.after(10.0))
+        self.last_stop_seconds = time.monotonic() - started
+        return self.last_stop_seconds
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def admin(self, client_id: str = "pin-testkit-private") -> AdminClient:
+        return create_admin(self.bootstrap, client_id=client_id)
+
+    def create_topic(
+        self, name: str | None = None, partitions: int = 3, *, timeout: float = 30.0
+    ) -> str:
+        """Create ``name`` (default: a unique name) and wait for its leaders; the name."""
+        topic = name or f"pin-test.{uuid.uuid4().hex[:12]}"
+        ensure_topics(self.admin(), [(topic, partitions)], timeout=timeout)
+        return topic
+
+    def log_tails(self) -> str:
+        """The end of the broker's console and server logs, for failure messages."""
+        return self._broker.log_tails()
+
+    def close(self) -> None:
+        """Stop the broker (SIGKILL after a short grace) and delete its state directory."""
+        try:
+            if self._broker.pid() is not None:
+                self._broker.stop(grace=10.0)
+        finally:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PrivateKafka({self.bootstrap}, pid={self.pid}, state_dir={self.state_dir})"
+
+    def _java_and_libs(self) -> tuple[JavaRuntime, Path]:
+        if self._runtime is None:
+            java = find_java()
+            if libs_current(self._shared):
+                libs = self._shared.kafka_libs
+            else:  # the first run fetches them: serialise with `pin-local up`
+                with file_lock(self._shared.lock_file, LIBS_LOCK_TIMEOUT):
+                    libs = ensure_libs(self._shared)
+            self._runtime = (java, libs)
+        return self._runtime
+
+    def _wait_for_leaders(self, deadline: Deadline) -> None:
+        """After a restart, wait until every partition of every topic has its leader back."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        while True:
+            try:
+                topics = admin.list_topics(timeout=max(0.5, min(3.0, deadline.remaining())))
+                if all(
+                    p.leader >= 0 and p.error is None
+                    for t in topics.topics.values()
+                    for p in t.partitions.values()
+                ):
+                    return
+            except KafkaException:
+                pass
+            if deadline.expired():
+                raise LocalInfraError(
+                    f"private Kafka on {self.bootstrap} has partitions without a leader; "
+                    f"{self.log_tails()}"
+                )
+            time.sleep(POLL_INTERVAL)
+
+    def _wait_ports_closed(self, deadline: Deadline) -> None:
+        while not self.refuses_connections():
+            if deadline.expired():
+                raise LocalInfraError(
+                    f"private Kafka's ports {self.port}/{self.controller_port} still accept "
+                    "connections after it stopped"
+                )
+            time.sleep(POLL_INTERVAL)
+
+
+def _listens(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def sweep_orphans(root: Path | None = None) -> list[Path]:
+    """Stop and delete private brokers whose test process died without cleaning up.
+
+    A broker runs in its own session (it survives its parent), so a test run killed with
+    SIGKILL leaves it behind; the next run that asks for one cleans up. The removed dirs.
+    """
+    removed: list[Path] = []
+    for state_dir in Path(root or tempfile.gettempdir()).glob(f"{STATE_PREFIX}*"):
+        owner = read_pid(state_dir / OWNER_FILE)
+        if owner is None or pid_alive(owner):
+            continue  # being set up, or its owner still runs
+        layout = Layout(repo_root=None, state_dir=state_dir)
+        pid = read_pid(layout.kafka_pid)
+        if pid is not None and pid_alive(pid):
+            argv = cmdline(pid)
+            if MAIN_CLASS in argv and str(layout.kafka_properties) in argv:
+                log.warning("private kafka: stopping orphan pid %d of %s", pid, state_dir)
+                terminate(pid, grace=5.0)
+        shutil.rmtree(state_dir, ignore_errors=True)
+        removed.append(state_dir)
+    return removed

@@ -1,0 +1,248 @@
+"""The outbox relay loses nothing when its broker stops for ~10 s and comes back.
+
+Against a broker of this test alone (``private_kafka``): stopping the session broker would
+break every other test of the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
+from identity_fanout.relay import OutboxRelay
+from pin_contracts import (
+    MESSAGE_ID_HEADER,
+    AccessChangeReason,
+    Envelope,
+    Topic,
+    UserAccessChangedKafkaEvent,
+    decode_access_changed,
+    envelope_for,
+    header_text,
+)
+from pin_runtime.http import ComponentState
+from pin_testkit.private import PrivateKafka
+
+pytestmark = pytest.mark.integration
+
+DOWN_FOR = 10.0  # how long the broker stays stopped: the scenario, not a wait for a condition
+ROWS_PER_TRANSACTION = 20
+HOT_ROWS_PER_TRANSACTION = 4  # rows of one user in every transaction: its order is checked
+
+
+def access_topic(name: str) -> Topic:
+    """The access topic's contract under a test's unique name."""
+    return Topic(
+        name=name,
+        partitions=3,
+        key_field="UserId",
+        event_type=UserAccessChangedKafkaEvent.EVENT_TYPE,
+        contract_version=UserAccessChangedKafkaEvent.CONTRACT_VERSION,
+    )
+
+
+def access_event(user_id: uuid.UUID, version: int) -> Envelope[UserAccessChangedKafkaEvent]:
+    return envelope_for(
+        UserAccessChangedKafkaEvent(
+            user_id=user_id,
+            company_id=uuid.uuid4(),
+            change_reason=AccessChangeReason.ROLE_PERMISSIONS_CHANGED.value,
+            active_assignments=(),
+            version=version,
+        ),
+        correlation_id="relay-broker-restart-test",
+    )
+
+
+def outbox_count(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM identity.outbox").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    """Seconds it took for `condition` to hold; fails after `timeout`."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def sample(registry: CollectorRegistry, name: str) -> float:
+    return registry.get_sample_value(name) or 0.0
+
+
+class Writer:
+    """Writes outbox rows in transactions of ``ROWS_PER_TRANSACTION``; remembers each one."""
+
+    def __init__(self, dsn: str, topic: Topic) -> None:
+        self.dsn = dsn
+        self.topic = topic
+        self.hot_user = uuid.uuid4()
+        self.hot_versions = 0
+        self.written: list[OutboxMessage] = []
+
+    def transactions(self, count: int) -> None:
+        for _ in range(count):
+            messages = []
+            for n in range(ROWS_PER_TRANSACTION):
+                if n % (ROWS_PER_TRANSACTION // HOT_ROWS_PER_TRANSACTION) == 0:
+                    self.hot_versions += 1
+                    event = access_event(self.hot_user, self.hot_versions)
+                else:
+                    event = access_event(uuid.uuid4(), 1)
+                messages.append(outbox_message(event, self.topic))
+            with psycopg.connect(self.dsn) as conn:  # one transaction, committed on exit
+                write_outbox(conn, messages)
+            self.written.extend(messages)
+
+
+class RelayThread:
+    """`relay.run(stop)` in a thread, as the worker runs it."""
+
+    def __init__(self, relay: OutboxRelay) -> None:
+        self.relay = relay
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=relay.run, args=(self.stop,), name="relay-restart")
+
+    def __enter__(self) -> RelayThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "relay did not stop within 30s"
+
+
+def read_topic(bootstrap: str, topic: Topic, timeout: float = 60.0) -> list[tuple[int, str, int]]:
+    """Every record of ``topic``, from the beginning to the end of each partition, as
+    (partition, message id, payload version)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"relay-restart-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    records: list[tuple[int, str, int]] = []
+    try:
+        consumer.assign(
+            [TopicPartition(topic.name, p, -2) for p in range(topic.partitions)]  # -2: beginning
+        )
+        at_end: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while len(at_end) < topic.partitions:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"not at the end of {topic.name} within {timeout}s"
+            message = consumer.poll(min(remaining, 1.0))
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF, error
+                at_end.add(message.partition() or 0)
+                continue
+            headers = message.headers() or []
+            assert isinstance(headers, list)
+            message_id = header_text(headers, MESSAGE_ID_HEADER) or ""
+            version = decode_access_changed(message.value() or b"").payload.version
+            records.append((message.partition() or 0, message_id, version))
+    finally:
+        consumer.close()
+    return records
+
+
+def test_relay_loses_nothing_while_the_broker_is_down(
+    identity_dsn: str, private_kafka: PrivateKafka
+) -> None:
+    topic = access_topic(private_kafka.create_topic(partitions=3))
+    writer = Writer(identity_dsn, topic)
+    registry, state = CollectorRegistry(), ComponentState()
+    relay = OutboxRelay(
+        dsn=identity_dsn,
+        bootstrap=private_kafka.bootstrap,
+        registry=registry,
+        state=state,
+        batch_size=10,  # many rounds: the broker goes down between and during them
+        poll_interval=0.2,
+        delivery_timeout=3.0,
+        lock_retry_interval=0.2,
+        backoff_initial=0.1,
+        backoff_maximum=1.0,
+    )
+    with RelayThread(relay):
+        # Flowing: the first rows go out.
+        writer.transactions(5)
+        wait_until(lambda: outbox_count(identity_dsn) == 0, 30, "the first rows published")
+        assert state().status == "ok"
+
+        # A burst, and the broker goes down while the relay works through it.
+        writer.transactions(5)
+        stopped_at = time.monotonic()
+        private_kafka.stop()
+        assert private_kafka.refuses_connections()
+
+        # While it is down: the relay reports failures and keeps every row it could not send.
+        writer.transactions(2)
+        wait_until(
+            lambda: sample(registry, "identity_outbox_delivery_failures_total") > 0,
+            30,
+            "the relay reports failed deliveries",
+        )
+        wait_until(lambda: state().status == "degraded", 30, "readiness degraded")
+        assert "kafka" in state().detail
+        writer.transactions(3)
+        assert outbox_count(identity_dsn) > 0
+        # Hold the broker down for the rest of the scenario's ten seconds.
+        time.sleep(max(0.0, stopped_at + DOWN_FOR - time.monotonic()))
+        assert outbox_count(identity_dsn) > 0
+
+        private_kafka.start()
+        wait_until(lambda: outbox_count(identity_dsn) == 0, 90, "the backlog published")
+        wait_until(lambda: state().status == "ok", 30, "readiness ok again")
+
+        # New rows go straight through.
+        writer.transactions(1)
+        wait_until(lambda: outbox_count(identity_dsn) == 0, 30, "rows after the restart")
+
+    assert outbox_count(identity_dsn) == 0
+    written = writer.written
+    assert len(written) == 16 * ROWS_PER_TRANSACTION
+    assert sample(registry, "identity_outbox_published_total") >= len(written)
+    assert sample(registry, "identity_outbox_backlog") == 0
+
+    records = read_topic(private_kafka.bootstrap, topic)
+    arrived = {message_id for _, message_id, _ in records}
+    missing = {str(m.message_id) for m in written} - arrived
+    assert not missing, f"{len(missing)} of {len(written)} messages lost"
+    assert len(records) >= len(written)  # duplicates are allowed (at-least-once)
+    assert arrived == {str(m.message_id) for m in written}  # and nothing foreign
+
+    # Per-key order: each version of the hot user first arrives after all lower ones, on a
+    # single partition. Re-sends after a failure may repeat a run, never skip ahead.
+    hot_ids = {
+        str(m.message_id): decode_access_changed(m.value).payload.version
+        for m in written
+        if m.key == str(writer.hot_user)
+    }
+    hot = [(partition, version) for partition, mid, version in records if mid in hot_ids]
+    assert len({partition for partition, _ in hot}) == 1
+    first_seen: list[int] = []
+    for _, version in hot:
+        if version not in first_seen:
+            first_seen.append(version)
+    assert first_seen == list(range(1, writer.hot_versions + 1))
