@@ -48,9 +48,25 @@ down: sync ## stop what `make up` started
 # Unit tests of every member, their integration tests on the real services, then end to end.
 TEST_PATHS := contracts/tests $(wildcard packages/*/tests) $(wildcard services/*/tests) $(wildcard tests-e2e)
 
+# Pact: consumer tests write contracts/pacts/, then the real producers are verified against them.
+PACT_CONSUMER_TESTS := contracts/tests/pact services/rewards-membership/tests/test_pact_consumer.py
+PACT_PROVIDER_TESTS := services/identity-fanout/tests/test_pact_provider.py
+# The pact verifier reports anonymous usage to its vendor unless told not to.
+export PACT_DO_NOT_TRACK := true
+
+.PHONY: pact
+pact: up ## consumer pact tests (write contracts/pacts/), then provider verification
+	eval "$$($(RUN) pin-local -q env)" && $(RUN) pytest $(PACT_CONSUMER_TESTS) \
+		&& $(RUN) pytest $(PACT_PROVIDER_TESTS)
+
+.PHONY: pact-publish
+pact-publish: ## publish contracts/pacts/ to the pact broker named by PACT_BROKER_BASE_URL
+	contracts/pact-publish.sh
+
 .PHONY: test
-test: lint up ## lint, then every test on real PostgreSQL and Kafka
-	eval "$$($(RUN) pin-local env)" && $(RUN) pytest $(TEST_PATHS)
+test: lint up pact ## lint, pact, then every test on real PostgreSQL and Kafka
+	eval "$$($(RUN) pin-local -q env)" && $(RUN) pytest $(TEST_PATHS) \
+		$(addprefix --ignore=,$(PACT_CONSUMER_TESTS) $(PACT_PROVIDER_TESTS))
 
 .PHONY: demo
 demo: up ## bring the system up and show what runs

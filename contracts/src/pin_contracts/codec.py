@@ -163,7 +163,9 @@ def _field_checks(struct_type: type[msgspec.Struct]) -> tuple[_FieldCheck, ...]:
     return tuple(checks)
 
 
-def _unknown_enum_values(value: msgspec.Struct, path: str) -> Iterator[tuple[str, OpenEnum, str]]:
+def _unknown_enum_values(value: object, path: str) -> Iterator[tuple[str, OpenEnum, str]]:
+    if not isinstance(value, msgspec.Struct):
+        return
     for check in _field_checks(type(value)):
         field_value = getattr(value, check.attr)
         field_path = f"{path}.{check.wire_name}"

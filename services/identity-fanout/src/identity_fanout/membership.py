@@ -1,0 +1,396 @@
+"""Agent memberships in agencies, and the AgentMembershipChanged events that announce them.
+
+The producer side of ``pin.identity.agent-membership-changed.v1`` (producer table of the
+rewards consumer spec): accept-invitation / become-agent -> Active; leave-agency /
+become-investor -> Left with Reason and EffectiveAt. One row per (agent, agency): leaving
+keeps it as Left, joining again reactivates it with Version + 1, so every consumer's per-row
+guard (Version > LastMembershipVersion) sees one monotonic sequence per pair.
+
+The row change and its outbox row commit in one transaction, or neither does; the outbox
+relay publishes the event after commit (key AgentUserId, so per-agent order holds).
+Deciding (``parse_request``, ``next_membership``, ``membership_event``) is pure; only
+``record_membership_change`` touches the database.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final
+from uuid import UUID
+
+import msgspec
+from psycopg import Connection
+from psycopg.rows import TupleRow
+
+from identity_fanout.errors import (
+    InvalidMembershipChangeError,
+    MembershipAlreadyActiveError,
+    MembershipNotActiveError,
+)
+from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
+from pin_contracts import (
+    AGENT_MEMBERSHIP_CHANGED,
+    AgentMembershipChanged,
+    AgentMembershipStatus,
+    Envelope,
+    LeaveReason,
+    UnknownEnumValue,
+    envelope_for,
+    is_empty_guid,
+    parse_enum,
+)
+
+__all__ = [
+    "Membership",
+    "MembershipChange",
+    "MembershipRequest",
+    "join_agency",
+    "leave_agency",
+    "membership_event",
+    "membership_message",
+    "next_membership",
+    "parse_request",
+    "record_membership_change",
+]
+
+_COLUMNS: Final = (
+    "id, agent_user_id, company_id, status, reason, effective_at, joined_at, left_at, "
+    "invitation_id, version"
+)
+_LOCK_MEMBERSHIP: Final = f"""
+SELECT {_COLUMNS} FROM identity.agent_memberships
+WHERE agent_user_id = %(agent_user_id)s AND company_id = %(company_id)s
+FOR UPDATE
+"""
+# A concurrent first join of the same pair wins the unique key; the loser sees no row
+# returned, locks the winner's row and decides again (it is then "already Active").
+_INSERT: Final = """
+INSERT INTO identity.agent_memberships
+    (id, agent_user_id, company_id, status, reason, effective_at, joined_at, left_at,
+     invitation_id, version)
+VALUES (%(id)s, %(agent_user_id)s, %(company_id)s, %(status)s, %(reason)s, %(effective_at)s,
+        %(joined_at)s, %(left_at)s, %(invitation_id)s, %(version)s)
+ON CONFLICT (agent_user_id, company_id) DO NOTHING
+RETURNING id
+"""
+# The row is locked above, so the version condition is a guard against a bug, not a race.
+_UPDATE: Final = """
+UPDATE identity.agent_memberships
+   SET status = %(status)s, reason = %(reason)s, effective_at = %(effective_at)s,
+       joined_at = %(joined_at)s, left_at = %(left_at)s, invitation_id = %(invitation_id)s,
+       version = %(version)s, updated_at = now()
+ WHERE id = %(id)s AND version = %(version)s - 1
+"""
+
+
+class Membership(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of ``identity.agent_memberships``: the state the last event announced."""
+
+    id: UUID
+    agent_user_id: UUID
+    company_id: UUID
+    status: AgentMembershipStatus
+    reason: LeaveReason | None
+    effective_at: datetime | None
+    joined_at: datetime
+    left_at: datetime | None
+    invitation_id: UUID | None
+    version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MembershipRequest:
+    """A checked request: enum members, aware datetimes, no Guid.Empty."""
+
+    agent_user_id: UUID
+    company_id: UUID
+    status: AgentMembershipStatus
+    reason: LeaveReason | None
+    effective_at: datetime | None
+    invitation_id: UUID | None
+    occurred_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MembershipChange:
+    """What ``record_membership_change`` committed: the row and the event in the outbox."""
+
+    membership: Membership
+    envelope: Envelope[AgentMembershipChanged]
+    message: OutboxMessage
+
+    @property
+    def membership_id(self) -> UUID:
+        return self.membership.id
+
+    @property
+    def version(self) -> int:
+        return self.membership.version
+
+    @property
+    def message_id(self) -> UUID:
+        return self.envelope.message_id
+
+
+def _aware(name: str, value: datetime | None) -> None:
+    if value is not None and value.utcoffset() is None:
+        raise InvalidMembershipChangeError(name, "datetime must carry a UTC offset")
+
+
+def parse_request(
+    *,
+    agent_user_id: UUID,
+    company_id: UUID,
+    status: AgentMembershipStatus | str,
+    reason: LeaveReason | str | None = None,
+    effective_at: datetime | None = None,
+    invitation_id: UUID | None = None,
+    occurred_at: datetime | None = None,
+) -> MembershipRequest:
+    """Check a request against the producer rules; raise InvalidMembershipChangeError.
+
+    Active carries no Reason or EffectiveAt; Left needs a known Reason (the producer emits
+    only known values) and may carry EffectiveAt (a deferred leave); only a join carries
+    an InvitationId.
+    """
+    for name, guid in (
+        ("AgentUserId", agent_user_id),
+        ("CompanyId", company_id),
+        ("InvitationId", invitation_id),
+    ):
+        if guid is not None and is_empty_guid(guid):
+            raise InvalidMembershipChangeError(name, "must not be Guid.Empty")
+    parsed_status = parse_enum(AgentMembershipStatus, status)
+    if isinstance(parsed_status, UnknownEnumValue):
+        known = ", ".join(s.value for s in AgentMembershipStatus)
+        raise InvalidMembershipChangeError("Status", f"unknown value {status!r} (known: {known})")
+    parsed_reason: LeaveReason | None = None
+    if reason is not None:
+        parsed = parse_enum(LeaveReason, reason)
+        if isinstance(parsed, UnknownEnumValue):
+            known = ", ".join(r.value for r in LeaveReason)
+            raise InvalidMembershipChangeError(
+                "Reason", f"unknown value {reason!r} (known: {known})"
+            )
+        parsed_reason = parsed
+    _aware("EffectiveAt", effective_at)
+    _aware("OccurredAt", occurred_at)
+    if parsed_status is AgentMembershipStatus.ACTIVE:
+        if parsed_reason is not None or effective_at is not None:
+            raise InvalidMembershipChangeError(
+                "Reason", "a join (Active) carries no Reason or EffectiveAt"
+            )
+    else:
+        if parsed_reason is None:
+            raise InvalidMembershipChangeError("Reason", "a leave (Left) needs a Reason")
+        if invitation_id is not None:
+            raise InvalidMembershipChangeError("InvitationId", "only a join carries one")
+    return MembershipRequest(
+        agent_user_id=agent_user_id,
+        company_id=company_id,
+        status=parsed_status,
+        reason=parsed_reason,
+        effective_at=effective_at,
+        invitation_id=invitation_id,
+        occurred_at=datetime.now(UTC) if occurred_at is None else occurred_at,
+    )
+
+
+def next_membership(
+    current: Membership | None, request: MembershipRequest, *, new_id: UUID
+) -> Membership:
+    """The row after ``request``: a first join, a re-join (Version + 1) or a leave.
+
+    Raises MembershipAlreadyActiveError (join while Active) or MembershipNotActiveError
+    (leave while not Active): both are caller mistakes, and neither writes an event.
+    """
+    when = request.occurred_at
+    if request.status is AgentMembershipStatus.ACTIVE:
+        if current is not None and current.status is AgentMembershipStatus.ACTIVE:
+            raise MembershipAlreadyActiveError(request.agent_user_id, request.company_id)
+        return Membership(
+            id=new_id if current is None else current.id,
+            agent_user_id=request.agent_user_id,
+            company_id=request.company_id,
+            status=AgentMembershipStatus.ACTIVE,
+            reason=None,
+            effective_at=None,
+            joined_at=when,
+            left_at=None,
+            invitation_id=request.invitation_id,
+            version=1 if current is None else current.version + 1,
+        )
+    if current is None or current.status is not AgentMembershipStatus.ACTIVE:
+        raise MembershipNotActiveError(
+            request.agent_user_id,
+            request.company_id,
+            None if current is None else current.status.value,
+        )
+    return msgspec.structs.replace(
+        current,
+        status=AgentMembershipStatus.LEFT,
+        reason=request.reason,
+        # Immediate unless a deferred leave says otherwise (spec: EffectiveAt != LeftAt then).
+        effective_at=when if request.effective_at is None else request.effective_at,
+        left_at=when,
+        version=current.version + 1,
+    )
+
+
+def membership_event(membership: Membership) -> AgentMembershipChanged:
+    """The payload announcing ``membership`` as it now is (Version = the row's Version)."""
+    return AgentMembershipChanged(
+        membership_id=membership.id,
+        agent_user_id=membership.agent_user_id,
+        company_id=membership.company_id,
+        status=membership.status,
+        reason=membership.reason,
+        effective_at=membership.effective_at,
+        version=membership.version,
+        left_at=membership.left_at,
+        joined_at=membership.joined_at,
+        invitation_id=membership.invitation_id,
+    )
+
+
+def membership_message(
+    membership: Membership, *, occurred_at: datetime, correlation_id: str | None
+) -> tuple[Envelope[AgentMembershipChanged], OutboxMessage]:
+    """The envelope and the outbox record (topic, key AgentUserId, value, headers)."""
+    envelope = envelope_for(
+        membership_event(membership), correlation_id=correlation_id, occurred_at=occurred_at
+    )
+    return envelope, outbox_message(envelope, AGENT_MEMBERSHIP_CHANGED)
+
+
+def _row(values: tuple[object, ...]) -> Membership:
+    names = (
+        "id",
+        "agent_user_id",
+        "company_id",
+        "status",
+        "reason",
+        "effective_at",
+        "joined_at",
+        "left_at",
+        "invitation_id",
+        "version",
+    )
+    # msgspec.convert turns the stored text back into the enum members (CHECKs keep it valid).
+    return msgspec.convert(dict(zip(names, values, strict=True)), Membership, strict=False)
+
+
+def _params(m: Membership) -> dict[str, object]:
+    return {
+        "id": m.id,
+        "agent_user_id": m.agent_user_id,
+        "company_id": m.company_id,
+        "status": m.status.value,
+        "reason": None if m.reason is None else m.reason.value,
+        "effective_at": m.effective_at,
+        "joined_at": m.joined_at,
+        "left_at": m.left_at,
+        "invitation_id": m.invitation_id,
+        "version": m.version,
+    }
+
+
+def _lock(conn: Connection[TupleRow], request: MembershipRequest) -> Membership | None:
+    found = conn.execute(
+        _LOCK_MEMBERSHIP,
+        {"agent_user_id": request.agent_user_id, "company_id": request.company_id},
+    ).fetchone()
+    return None if found is None else _row(found)
+
+
+def record_membership_change(
+    conn: Connection[TupleRow],
+    *,
+    agent_user_id: UUID,
+    company_id: UUID,
+    status: AgentMembershipStatus | str,
+    reason: LeaveReason | str | None = None,
+    effective_at: datetime | None = None,
+    invitation_id: UUID | None = None,
+    occurred_at: datetime | None = None,
+    correlation_id: str | None = None,
+) -> MembershipChange:
+    """Record a join (Active) or a leave (Left) and put its event into the outbox.
+
+    One transaction (a savepoint when the caller has one open): the row, its Version bump
+    and the outbox row commit together. Typed errors (InvalidMembershipChangeError,
+    MembershipAlreadyActiveError, MembershipNotActiveError) leave nothing written.
+    """
+    request = parse_request(
+        agent_user_id=agent_user_id,
+        company_id=company_id,
+        status=status,
+        reason=reason,
+        effective_at=effective_at,
+        invitation_id=invitation_id,
+        occurred_at=occurred_at,
+    )
+    correlation = correlation_id or str(uuid.uuid4())
+    with conn.transaction():
+        current = _lock(conn, request)
+        updated = next_membership(current, request, new_id=uuid.uuid4())
+        if current is None:
+            inserted = conn.execute(_INSERT, _params(updated)).fetchone()
+            if inserted is None:  # lost a race for the first join of this pair
+                current = _lock(conn, request)
+                updated = next_membership(current, request, new_id=uuid.uuid4())
+        if current is not None:
+            changed = conn.execute(_UPDATE, _params(updated)).rowcount
+            if changed != 1:
+                raise RuntimeError(f"membership {updated.id} changed under its row lock")
+        envelope, message = membership_message(
+            updated, occurred_at=request.occurred_at, correlation_id=correlation
+        )
+        write_outbox(conn, [message])
+    return MembershipChange(membership=updated, envelope=envelope, message=message)
+
+
+def join_agency(
+    conn: Connection[TupleRow],
+    agent_user_id: UUID,
+    company_id: UUID,
+    *,
+    invitation_id: UUID | None = None,
+    occurred_at: datetime | None = None,
+    correlation_id: str | None = None,
+) -> MembershipChange:
+    """accept-invitation / become-agent: the agent becomes Active in the agency."""
+    return record_membership_change(
+        conn,
+        agent_user_id=agent_user_id,
+        company_id=company_id,
+        status=AgentMembershipStatus.ACTIVE,
+        invitation_id=invitation_id,
+        occurred_at=occurred_at,
+        correlation_id=correlation_id,
+    )
+
+
+def leave_agency(
+    conn: Connection[TupleRow],
+    agent_user_id: UUID,
+    company_id: UUID,
+    *,
+    reason: LeaveReason | str,
+    effective_at: datetime | None = None,
+    occurred_at: datetime | None = None,
+    correlation_id: str | None = None,
+) -> MembershipChange:
+    """leave-agency / become-investor: the agent's membership becomes Left."""
+    return record_membership_change(
+        conn,
+        agent_user_id=agent_user_id,
+        company_id=company_id,
+        status=AgentMembershipStatus.LEFT,
+        reason=reason,
+        effective_at=effective_at,
+        occurred_at=occurred_at,
+        correlation_id=correlation_id,
+    )

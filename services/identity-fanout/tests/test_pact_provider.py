@@ -1,0 +1,308 @@
+"""Provider verification: identity's real producers against the consumer pacts.
+
+Every pact in ``contracts/pacts/`` whose provider is ``identity-fanout`` is replayed. For
+each interaction the state handler prepares a real identity database, the message handler
+runs the real producing operation (``set_role_permissions`` fanning out inline through
+``snapshot_events``/``write_events``; ``join_agency``/``leave_agency``) and returns the
+outbox row exactly as the relay turns it into a Kafka record: value bytes, key and headers.
+
+The last tests break a producer on purpose (a field dropped or renamed on the record the
+real code wrote) and show the verification fails and names the field.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from pact import Verifier
+from pact.types import Message
+from psycopg.rows import TupleRow
+
+from identity_fanout import relay_queries
+from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.membership import join_agency, leave_agency
+from identity_fanout.relay import _record
+from identity_fanout.seed import Assignment, add_assignments, add_permissions, add_role
+from pin_contracts import LeaveReason
+
+pytestmark = pytest.mark.integration
+
+PACT_DIR = Path(__file__).resolve().parents[3] / "contracts" / "pacts"
+PROVIDER = "identity-fanout"
+PACTS = sorted(PACT_DIR.glob(f"*-{PROVIDER}.json"))
+
+Conn = psycopg.Connection[TupleRow]
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def outbox_record(conn: Conn, message_id: uuid.UUID | None = None) -> Message:
+    """The outbox row as the relay publishes it (its own row -> record conversion)."""
+    rows = conn.execute(relay_queries.READ_BATCH, {"limit": 10_000}).fetchall()
+    records = [_record(row) for row in rows]
+    if message_id is not None:
+        records = [
+            r for r in records if dict(r.headers).get("pin-message-id") == str(message_id).encode()
+        ]
+    assert records, "the producer wrote no outbox row"
+    record = records[-1]
+    metadata: dict[str, Any] = {"key": record.key.decode()}
+    for name, value in record.headers:  # the relay sends bytes; Pact metadata is text
+        metadata[name] = value.decode() if isinstance(value, bytes) else value
+    return Message(contents=record.value, metadata=metadata, content_type="application/json")
+
+
+@dataclass
+class IdentityProvider:
+    """The provider under verification: the real producers on a real identity database."""
+
+    dsn: str
+    mutate: Mutation | None = None
+    """Breaks the produced record on purpose (the failing-verification tests)."""
+    context: dict[str, Any] = field(default_factory=dict)
+    states: list[tuple[str, str]] = field(default_factory=list)
+
+    # -- provider states ------------------------------------------------------------------
+
+    def state(self, state: str, action: str, parameters: dict[str, Any] | None) -> None:
+        self.states.append((state, action))
+        if action == "teardown":
+            self.context.clear()
+            with psycopg.connect(self.dsn) as conn:
+                conn.execute(
+                    "TRUNCATE identity.outbox, identity.agent_memberships, "
+                    "identity.role_assignments, identity.role_permissions, "
+                    "identity.access_fanout_tasks, identity.role_definitions CASCADE"
+                )
+            return
+        setups: dict[str, Callable[[Conn], None]] = {
+            "an agent accepted an invitation to an agency": self._invited_agent,
+            "an agent is Active in an agency and is excluded with a deferred EffectiveAt": (
+                self._active_agent
+            ),
+            "an agent is Active in an agency and leaves it": self._active_agent,
+            "a user holds two roles and one of them changes its permissions": (
+                self._user_with_two_roles
+            ),
+            "a user's only assignment of a role lapsed and the role changes its permissions": (
+                self._user_with_lapsed_assignment
+            ),
+        }
+        with psycopg.connect(self.dsn) as conn:
+            setups[state](conn)
+
+    def _invited_agent(self, _conn: Conn) -> None:
+        self.context |= {"agent": uuid.uuid4(), "agency": uuid.uuid4(), "invitation": uuid.uuid4()}
+
+    def _active_agent(self, conn: Conn) -> None:
+        self._invited_agent(conn)
+        join_agency(
+            conn,
+            self.context["agent"],
+            self.context["agency"],
+            invitation_id=self.context["invitation"],
+        )
+
+    def _user_with_two_roles(self, conn: Conn) -> None:
+        company, user = uuid.uuid4(), uuid.uuid4()
+        changed = add_role(conn, "project-viewer", company_id=company, permissions=["p.read"])
+        add_permissions(conn, ["p.export"])
+        other = add_role(conn, "company-admin", company_id=company, permissions=["c.admin"])
+        add_assignments(
+            conn,
+            [
+                Assignment(role_id=changed, user_id=user, company_id=company),
+                Assignment(role_id=other, user_id=user, company_id=company),
+            ],
+        )
+        self.context |= {"role": changed, "user": user}
+
+    def _user_with_lapsed_assignment(self, conn: Conn) -> None:
+        company, user = uuid.uuid4(), uuid.uuid4()
+        role = add_role(conn, "project-viewer", company_id=company, permissions=["p.read"])
+        add_permissions(conn, ["p.export"])
+        lapsed = datetime.now(UTC) - timedelta(days=1)  # Active, but past its ExpiresAt
+        add_assignments(
+            conn, [Assignment(role_id=role, user_id=user, company_id=company, expires_at=lapsed)]
+        )
+        self.context |= {"role": role, "user": user}
+
+    # -- messages -------------------------------------------------------------------------
+
+    def message(self, name: str, metadata: dict[str, Any] | None) -> Message:
+        producers: dict[str, Callable[[Conn], uuid.UUID | None]] = {
+            "an AgentMembershipChanged Active: an agent joined an agency": self._join,
+            "an AgentMembershipChanged Left with Reason and EffectiveAt": self._deferred_exclusion,
+            "an AgentMembershipChanged Left without Reason (a producer before ADR-0072)": (
+                self._self_leave
+            ),
+            "a UserAccessChanged after a role's permissions changed: the user's full snapshot": (
+                self._permissions_changed
+            ),
+            "a UserAccessChanged with an empty snapshot: the user holds no active assignment": (
+                self._permissions_changed
+            ),
+        }
+        with psycopg.connect(self.dsn) as conn:
+            message_id = producers[name](conn)
+            conn.commit()
+            record = outbox_record(conn, message_id)
+        if self.mutate is not None:
+            value = json.loads(record["contents"])
+            self.mutate(value)
+            record = Message(
+                contents=json.dumps(value).encode(),
+                metadata=record["metadata"],
+                content_type=record["content_type"],
+            )
+        return record
+
+    def _join(self, conn: Conn) -> uuid.UUID:
+        c = self.context
+        return join_agency(conn, c["agent"], c["agency"], invitation_id=c["invitation"]).message_id
+
+    def _deferred_exclusion(self, conn: Conn) -> uuid.UUID:
+        c = self.context
+        return leave_agency(
+            conn,
+            c["agent"],
+            c["agency"],
+            reason=LeaveReason.EXCLUDED_BY_AGENCY,
+            effective_at=datetime.now(UTC) + timedelta(days=30),
+        ).message_id
+
+    def _self_leave(self, conn: Conn) -> uuid.UUID:
+        c = self.context
+        return leave_agency(conn, c["agent"], c["agency"], reason=LeaveReason.SELF_LEAVE).message_id
+
+    def _permissions_changed(self, conn: Conn) -> None:
+        # One user holds the role: the fan-out writes exactly one outbox row, the record.
+        change = set_role_permissions(
+            conn, self.context["role"], ["p.read", "p.export"], inline_threshold=1000
+        )
+        assert (change.mode, change.users) == ("inline", 1)
+
+
+def close_servers(verifier: Verifier) -> None:
+    """Close the listening sockets of the verifier's local message and state servers.
+
+    pact-python 4.2 shuts them down without ``server_close()``; the leaked sockets would
+    surface as ResourceWarnings, which this suite treats as errors.
+    """
+    for helper in (verifier._message_producer, verifier._state_handler):
+        server = getattr(helper, "_server", None)
+        if server is not None:
+            server.server_close()
+
+
+def run(verifier: Verifier) -> Verifier:
+    try:
+        return verifier.verify()
+    finally:
+        close_servers(verifier)
+
+
+def provider_verifier(provider: IdentityProvider, pacts: list[Path]) -> Verifier:
+    verifier = (
+        Verifier(PROVIDER)
+        .message_handler(provider.message)
+        .state_handler(provider.state, teardown=True)
+        .set_coloured_output(enabled=False)
+    )
+    for pact in pacts:
+        verifier.add_source(pact)
+    return verifier
+
+
+def verify(provider: IdentityProvider) -> Verifier:
+    return run(provider_verifier(provider, PACTS))
+
+
+@pytest.fixture(autouse=True)
+def _no_telemetry(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The verifier reports anonymous usage statistics unless told not to; tests stay offline.
+    monkeypatch.setenv("PACT_DO_NOT_TRACK", "true")
+
+
+@pytest.fixture
+def provider(identity_dsn: str) -> IdentityProvider:
+    return IdentityProvider(dsn=identity_dsn)
+
+
+def test_the_pacts_are_there() -> None:
+    names = {p.name for p in PACTS}
+    assert {
+        "rewards-membership-identity-fanout.json",
+        "pin-access-cache-identity-fanout.json",
+    } <= names
+
+
+def test_real_producers_satisfy_every_consumer_pact(provider: IdentityProvider) -> None:
+    verifier = verify(provider)
+    results = verifier.results
+    assert results["errors"] == []
+    described = {r["description"] for r in results["interactionResults"]}
+    expected = {
+        i["description"] for pact in PACTS for i in json.loads(pact.read_text())["interactions"]
+    }
+    assert described == expected
+    assert all(r["result"] == "OK" for r in results["interactionResults"]), results
+    # Every interaction ran its provider state, set up and torn down.
+    assert {action for _, action in provider.states} == {"setup", "teardown"}
+
+
+def _drop_agent_user_id(value: dict[str, Any]) -> None:
+    value["Payload"].pop("AgentUserId", None)
+
+
+def _rename_status(value: dict[str, Any]) -> None:
+    payload = value["Payload"]
+    if "Status" in payload:
+        payload["MembershipStatus"] = payload.pop("Status")
+
+
+def _rename_role_code(value: dict[str, Any]) -> None:
+    for assignment in value["Payload"].get("ActiveAssignments", []):
+        assignment["Code"] = assignment.pop("RoleCode")
+
+
+@pytest.mark.parametrize(
+    ("mutation", "field_name"),
+    [
+        (_drop_agent_user_id, "AgentUserId"),
+        (_rename_status, "Status"),
+        (_rename_role_code, "RoleCode"),
+    ],
+)
+def test_a_dropped_or_renamed_field_fails_verification(
+    identity_dsn: str, mutation: Mutation, field_name: str
+) -> None:
+    verifier = provider_verifier(IdentityProvider(dsn=identity_dsn, mutate=mutation), PACTS)
+    with pytest.raises(RuntimeError, match="Failed to execute verifier"):
+        run(verifier)
+    failed = [r for r in verifier.results["interactionResults"] if r["result"] != "OK"]
+    assert failed
+    mismatches = [m for e in verifier.results["errors"] for m in e["mismatch"]["mismatches"]]
+    assert mismatches
+    assert all(field_name in m["mismatch"] for m in mismatches), mismatches
+
+
+def test_failure_report_names_the_missing_field(identity_dsn: str) -> None:
+    provider = IdentityProvider(dsn=identity_dsn, mutate=_rename_status)
+    verifier = provider_verifier(provider, [PACT_DIR / f"rewards-membership-{PROVIDER}.json"])
+    with pytest.raises(RuntimeError):
+        run(verifier)
+    mismatches = [
+        m for error in verifier.results["errors"] for m in error["mismatch"]["mismatches"]
+    ]
+    assert len(verifier.results["errors"]) == 3  # every membership interaction reads Status
+    assert all(m["type"] == "BodyMismatch" for m in mismatches)
+    assert all("missing the following keys: Status" in m["mismatch"] for m in mismatches)
+    assert "has a matching body (FAILED)" in verifier.output(strip_ansi=True)
