@@ -1,0 +1,126 @@
+"""The demo's fan-out part: a 20,000-user role changes permissions; every user hears of it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import msgspec
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from demo_support import Service, console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from identity_fanout.seed import add_permissions, seed_role_with_users
+from pin_contracts import Envelope, UserAccessChangedKafkaEvent, decode_access_changed
+from pin_contracts.topics import USER_ACCESS_CHANGED
+
+DEMO_USERS = 20_000
+TOPIC = USER_ACCESS_CHANGED.name
+
+
+def high_watermarks(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"demo-{uuid.uuid4()}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in partitions
+        }
+    finally:
+        consumer.close()
+
+
+def _read_back(
+    bootstrap: str, start: dict[int, int], version: int
+) -> tuple[int, Envelope[UserAccessChangedKafkaEvent] | None]:
+    """Events of this change on the topic (from the offsets before it), and one sample."""
+    end = high_watermarks(bootstrap, TOPIC)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"demo-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(TOPIC, p, o) for p, o in start.items()])
+        remaining = sum(end[p] - start[p] for p in start)
+        matched, sample = 0, None
+        deadline = time.monotonic() + 60
+        while remaining > 0 and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=5000, timeout=1.0):
+                if message.error() is not None:
+                    continue
+                remaining -= 1
+                event = decode_access_changed(message.value())
+                if event.payload.version == version:
+                    matched += 1
+                    sample = sample or event
+        return matched, sample
+    finally:
+        consumer.close()
+
+
+def _follow(dsn: str, task_id: str) -> str:
+    """Progress bars of the task and of the relay until both are done; the final status."""
+    with (
+        psycopg.connect(dsn, autocommit=True) as db,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress,
+    ):
+        fanned = progress.add_task("users fanned out", total=DEMO_USERS)
+        published = progress.add_task("events acknowledged by Kafka", total=DEMO_USERS)
+        while True:
+            row = db.execute(
+                "SELECT status, processed_count, (SELECT count(*) FROM identity.outbox) "
+                "FROM identity.access_fanout_tasks WHERE id = %s",
+                (task_id,),
+            ).fetchone()
+            if row is None:
+                raise RuntimeError(f"task {task_id} vanished")
+            status, processed, waiting = row
+            progress.update(fanned, completed=processed)
+            progress.update(published, completed=max(0, processed - waiting))
+            if status in ("Completed", "Failed") and waiting == 0:
+                return str(status)
+            time.sleep(0.2)  # a person watches: five refreshes a second
+
+
+def fan_out(worker: Service, dsn: str, bootstrap: str) -> None:
+    with console.status(f"seeding a role of {DEMO_USERS:,} users"), psycopg.connect(dsn) as db:
+        role, _ = seed_role_with_users(
+            db, users=DEMO_USERS, other_roles=2, code=f"demo-{uuid.uuid4().hex[:6]}"
+        )
+        add_permissions(db, ["deals.read", "deals.approve"])
+    before = high_watermarks(bootstrap, TOPIC)
+    started = time.monotonic()
+    changed = worker.run("roles", "set-permissions", str(role), "deals.read", "deals.approve")
+    console.print(changed)
+    task_id = changed.rsplit(" ", 1)[-1]
+    status = _follow(dsn, task_id)
+    elapsed = time.monotonic() - started
+    with psycopg.connect(dsn) as db:
+        row = db.execute(
+            "SELECT version FROM identity.role_definitions WHERE id = %s", (role,)
+        ).fetchone()
+    version = row[0] if row else 0
+    events, sample = _read_back(bootstrap, before, version)
+
+    summary = Table(title="Access fan-out", title_justify="left", show_header=False)
+    summary.add_column("what", style="bold")
+    summary.add_column("value")
+    summary.add_row("role", f"{role} (version {version})")
+    summary.add_row("task", f"{task_id}: {status}")
+    summary.add_row(f"events on {TOPIC}", f"{events:,} (one per user)")
+    summary.add_row("commit -> all acknowledged", f"{elapsed:.1f} s")
+    summary.add_row("worker metrics", f"http://127.0.0.1:{worker.port}/metrics")
+    console.print(summary)
+    if sample is not None:
+        console.print("one event, as consumers receive it:")
+        console.print_json(data=msgspec.to_builtins(sample))
