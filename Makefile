@@ -46,7 +46,8 @@ down: sync ## stop what `make up` started
 	$(RUN) pin-local down
 
 # Unit tests of every member, their integration tests on the real services, then end to end.
-TEST_PATHS := contracts/tests $(wildcard packages/*/tests) $(wildcard services/*/tests) $(wildcard tests-e2e)
+TEST_PATHS := contracts/tests $(wildcard packages/*/tests) $(wildcard services/*/tests) infra/tests \
+	$(wildcard tests-e2e)
 
 # Pact: consumer tests write contracts/pacts/, then the real producers are verified against them.
 PACT_CONSUMER_TESTS := contracts/tests/pact services/rewards-membership/tests/test_pact_consumer.py
@@ -63,8 +64,12 @@ pact: up ## consumer pact tests (write contracts/pacts/), then provider verifica
 pact-publish: ## publish contracts/pacts/ to the pact broker named by PACT_BROKER_BASE_URL
 	contracts/pact-publish.sh
 
+.PHONY: infra-check
+infra-check: sync ## images, Helm charts, monitoring rules, pin-contracts release (tools cached per user)
+	UV=$(UV) infra/checks/all.sh
+
 .PHONY: test
-test: lint up pact ## lint, pact, then every test on real PostgreSQL and Kafka
+test: lint infra-check up pact ## lint, infra checks, pact, then every test on real PostgreSQL and Kafka
 	eval "$$($(RUN) pin-local -q env)" && $(RUN) pytest $(TEST_PATHS) \
 		$(addprefix --ignore=,$(PACT_CONSUMER_TESTS) $(PACT_PROVIDER_TESTS))
 

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The Helm charts without a cluster: `helm lint`, `helm template` with the default and the
+# production-like values (ci/production-values.yaml), the rendered manifests validated by
+# kubeconform (strict: unknown fields fail) against the Kubernetes JSON schemas of the oldest
+# and newest supported Kubernetes and the prometheus-operator CRD schemas, and values that
+# values.schema.json (or the chart) must reject.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/tools.sh"
+cd "$ROOT"
+
+HELM="$(ensure_helm)"
+KUBECONFORM="$(ensure_kubeconform)"
+SCHEMAS="$(ensure_schemas)"
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+# helm template renders for this version (kubeVersion of the charts is checked against it).
+RENDER_K8S="${K8S_VERSIONS[-1]}"
+
+# Values each chart must refuse: schema violations, and the checks of the templates.
+declare -A BAD=(
+    [common]="config.batchSize=0|config.batchSize=10001|config.logLevel=LOUD|image.tag=latest|kafka.bootstrap=|kafka.securityProtocol=TLS|kafka.sasl.mechanism=PLAIN|database.existingSecret=|replicaCount=-1|terminationGracePeriodSeconds=5|securityContext.readOnlyRootFilesystem=false|podSecurityContext.runAsNonRoot=false|unknownKey=1"
+    [identity-fanout]="config.pollingInterval=5 minutes|config.dbPoolSize=1|relay.replicaCount=0"
+    [rewards-membership]="replicaCount=4|config.retryMax=forever|config.topic="
+)
+
+status=0
+for chart in infra/helm/*/; do
+    chart="${chart%/}"
+    name="$(basename "$chart")"
+    "$HELM" lint --strict --kube-version "$RENDER_K8S" "$chart" >/dev/null
+    "$HELM" lint --strict --kube-version "$RENDER_K8S" "$chart" -f "$chart/ci/production-values.yaml" >/dev/null
+    "$HELM" template "$name" "$chart" --namespace pin --kube-version "$RENDER_K8S" >"$OUT/$name-default.yaml"
+    "$HELM" template "$name" "$chart" --namespace pin --kube-version "$RENDER_K8S" \
+        -f "$chart/ci/production-values.yaml" >"$OUT/$name-production.yaml"
+    for v in "${K8S_VERSIONS[@]}"; do
+        "$KUBECONFORM" -strict -summary -kubernetes-version "$v" \
+            -schema-location "$SCHEMAS/{{ .NormalizedKubernetesVersion }}-local-strict/{{ .ResourceKind }}{{ .KindSuffix }}.json" \
+            -schema-location "$SCHEMAS/crds/{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json" \
+            "$OUT/$name-default.yaml" "$OUT/$name-production.yaml" | sed "s|^|$name, Kubernetes $v: |"
+    done
+    IFS='|' read -r -a bad <<<"${BAD[common]}|${BAD[$name]}"
+    for setting in "${bad[@]}"; do
+        if "$HELM" template "$name" "$chart" --kube-version "$RENDER_K8S" --set "$setting" >/dev/null 2>&1; then
+            echo "$name: accepted bad value --set '$setting'" >&2
+            status=1
+        fi
+    done
+    echo "$name: helm lint, template (default, production), kubeconform, ${#bad[@]} bad values rejected"
+done
+exit "$status"

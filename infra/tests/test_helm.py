@@ -1,0 +1,182 @@
+"""The charts render what the services read: every setting, secrets only by reference, and a
+configuration the service's own settings loader accepts. No cluster: `helm template` only
+(Helm from infra/checks/tools.sh, built once into the per-user tools cache).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+
+from identity_fanout.settings import ENV_PREFIX as IDENTITY_PREFIX
+from identity_fanout.settings import Settings as IdentitySettings
+from pin_runtime.settings import load_settings
+from rewards_membership.settings import ENV_PREFIX as REWARDS_PREFIX
+from rewards_membership.settings import Settings as RewardsSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+CHARTS = ROOT / "infra" / "helm"
+SETTINGS: dict[str, tuple[type[msgspec.Struct], str]] = {
+    "identity-fanout": (IdentitySettings, IDENTITY_PREFIX),
+    "rewards-membership": (RewardsSettings, REWARDS_PREFIX),
+}
+SECRET_SETTINGS = {"DATABASE_DSN", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"}
+VALUES = ("default", "production")
+KUBE_VERSION = "1.37.0"
+
+pytestmark = pytest.mark.timeout(900)  # a first run builds Helm from the Go module proxy
+
+
+@cache
+def helm() -> str:
+    return subprocess.run(
+        [str(ROOT / "infra" / "checks" / "tools.sh"), "helm"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def render(chart: str, values: str = "default", *sets: str) -> list[dict[str, Any]]:
+    command = [helm(), "template", chart, str(CHARTS / chart), "--namespace", "pin"]
+    command += ["--kube-version", KUBE_VERSION]
+    if values == "production":
+        command += ["-f", str(CHARTS / chart / "ci" / "production-values.yaml")]
+    for setting in sets:
+        command += ["--set", setting]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def containers(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for doc in docs:
+        if doc["kind"] in {"Deployment", "Job"}:
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                yield doc["metadata"]["name"], container
+
+
+@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_configmap_and_secret_refs_cover_every_setting(chart: str, values: str) -> None:
+    settings, prefix = SETTINGS[chart]
+    docs = render(chart, values)
+    (configmap,) = of_kind(docs, "ConfigMap")
+    expected = {prefix + field.name.upper() for field in msgspec.structs.fields(settings)}
+    in_configmap = set(configmap["data"])
+    assert in_configmap == expected - {prefix + name for name in SECRET_SETTINGS}
+    for name, container in containers(docs):
+        if container["args"] == ["migrate"]:
+            continue
+        refs = {
+            env["name"]: env["valueFrom"]["secretKeyRef"]
+            for env in container.get("env", [])
+            if "valueFrom" in env
+        }
+        assert prefix + "DATABASE_DSN" in refs, name
+        if values == "production":  # SASL configured: both credentials from the Secret
+            assert {prefix + "KAFKA_SASL_USERNAME", prefix + "KAFKA_SASL_PASSWORD"} <= set(refs)
+        plain = {env["name"] for env in container.get("env", []) if "value" in env}
+        assert not plain & {prefix + name for name in SECRET_SETTINGS}, name
+
+
+@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_rendered_configuration_is_accepted_by_the_service(chart: str, values: str) -> None:
+    settings, prefix = SETTINGS[chart]
+    (configmap,) = of_kind(render(chart, values), "ConfigMap")
+    environ = {**configmap["data"], prefix + "DATABASE_DSN": "postgresql://u:p@db/x"}
+    loaded = load_settings(settings, prefix, environ)
+    assert loaded.metrics_host == "0.0.0.0"  # type: ignore[attr-defined]  # noqa: S104
+
+
+@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_pods_are_hardened_and_probed(chart: str, values: str) -> None:
+    docs = render(chart, values)
+    (configmap,) = of_kind(docs, "ConfigMap")
+    port = int(next(v for k, v in configmap["data"].items() if k.endswith("METRICS_PORT")))
+    for deployment in of_kind(docs, "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["terminationGracePeriodSeconds"] >= 60  # longer than one batch
+        (container,) = pod["containers"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]  # noqa: S108
+        assert container["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+        assert container["resources"]["requests"]
+        assert container["resources"]["limits"]
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_migration_job_is_a_pre_install_and_pre_upgrade_hook(chart: str) -> None:
+    (job,) = of_kind(render(chart), "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["migrate"]
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_monitoring_objects(chart: str) -> None:
+    docs = render(chart, "production")
+    (service,) = of_kind(docs, "Service")
+    (monitor,) = of_kind(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    (rule,) = of_kind(docs, "PrometheusRule")
+    source = yaml.safe_load((ROOT / "infra/monitoring/rules" / f"{chart}.rules.yml").read_text())
+    rendered = rule["spec"]["groups"]
+    assert [r["alert"] for g in rendered for r in g["rules"]] == [
+        r["alert"] for g in source["groups"] for r in g["rules"]
+    ]
+    for group in rendered:
+        for r in group["rules"]:
+            assert r["annotations"]["runbook_url"].startswith("https://")
+            assert r["annotations"]["runbook_url"].endswith(f"/docs/runbooks/{r['alert']}.md")
+    assert of_kind(docs, "PodDisruptionBudget")
+    off = ("serviceMonitor.enabled=false", "prometheusRule.enabled=false")
+    disabled = render(chart, "default", *off)
+    assert not of_kind(disabled, "ServiceMonitor")
+    assert not of_kind(disabled, "PrometheusRule")
+
+
+def test_relay_as_its_own_deployment() -> None:
+    together = of_kind(render("identity-fanout"), "Deployment")
+    assert [c["args"] for d in together for c in d["spec"]["template"]["spec"]["containers"]] == [
+        ["worker"]
+    ]
+    apart = render("identity-fanout", "default", "relay.separateDeployment=true")
+    args = sorted(c["args"] for _, c in containers(of_kind(apart, "Deployment")))
+    assert args == [["relay"], ["worker", "--no-relay"]]
+    assert len(of_kind(apart, "PodDisruptionBudget")) == 2
+
+
+@pytest.mark.parametrize(
+    ("chart", "setting"),
+    [
+        ("identity-fanout", "config.batchSize=0"),
+        ("identity-fanout", "config.pollingInterval=soon"),
+        ("identity-fanout", "image.tag=latest"),
+        ("identity-fanout", "kafka.sasl.mechanism=PLAIN"),
+        ("identity-fanout", "securityContext.readOnlyRootFilesystem=false"),
+        ("rewards-membership", "replicaCount=4"),
+        ("rewards-membership", "config.logLevel=LOUD"),
+        ("rewards-membership", "database.existingSecret="),
+    ],
+)
+def test_bad_values_are_rejected(chart: str, setting: str) -> None:
+    with pytest.raises(subprocess.CalledProcessError) as failure:
+        render(chart, "default", setting)
+    assert "Error" in failure.value.stderr

@@ -1,0 +1,201 @@
+"""Alerts and dashboards name only metrics the services export, and every alert of the specs
+is there with its severity, summary, description and runbook page.
+
+Exported names come from the services' own metric classes registered on a fresh registry, so
+a renamed metric fails here before a dashboard goes blank in production.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from identity_fanout.metrics import FanoutMetrics
+from identity_fanout.relay import RelayMetrics
+from rewards_membership.metrics import Metrics as MembershipMetrics
+
+ROOT = Path(__file__).resolve().parents[2]
+MONITORING = ROOT / "infra" / "monitoring"
+SERVICES = ("identity-fanout", "rewards-membership")
+
+# The specs' alerts (000: AccessFanOutJob "Alerts"; 004: membership consumer "Alerts").
+SPEC_ALERTS = {
+    "identity-fanout": {
+        "IdentityFanoutQueueBacklogHigh": "identity_access_fanout_queue_backlog",
+        "IdentityFanoutErrorsGrowing": "identity_access_fanout_errors_total",
+        "IdentityFanoutTaskFailed": "identity_access_fanout_failed_tasks",
+        "IdentityOutboxBacklogHigh": "identity_outbox_backlog",
+        "IdentityFanoutNoSuccessfulRun": "identity_access_fanout_last_success_timestamp_seconds",
+    },
+    "rewards-membership": {
+        "RewardsMembershipLagHigh": "rewards_identity_membership_lag_seconds",
+        "RewardsMembershipConsumerStalled": "rewards_identity_membership_consumer_lag",
+        "RewardsMembershipDeadLetters": "rewards_identity_membership_dlq_total",
+    },
+}
+
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("_sum", "_count", "_created"),
+    "gauge": ("",),
+    "info": ("_info",),
+}
+
+
+def exported_names(service: str) -> set[str]:
+    """Every sample name the service can export, including labelled series not yet used."""
+    registry = CollectorRegistry()
+    if service == "identity-fanout":
+        FanoutMetrics(registry)
+        RelayMetrics(registry)
+    else:
+        MembershipMetrics(registry)
+    names: set[str] = set()
+    for family in registry.collect():
+        names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",)))
+        names.update(sample.name for sample in family.samples)
+    return names
+
+
+# PromQL words that are not metric names, and the parts of an expression that hold none.
+_KEYWORDS = frozenset(
+    {"by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool"}
+    | {"and", "or", "unless", "atan2", "inf", "nan"}
+)
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+_MATCHERS = re.compile(r"\{[^{}]*\}")
+_RANGES = re.compile(r"\[[^\]]*\]")
+_GROUPING = re.compile(
+    r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", re.IGNORECASE
+)
+_OFFSET = re.compile(r"\boffset\s+-?[0-9a-z]+", re.IGNORECASE)
+_IDENTIFIER = re.compile(r"(?<![\w$.])([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()")
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names an expression selects (functions, labels, keywords left out)."""
+    text = _STRINGS.sub('""', expr)
+    text = _MATCHERS.sub("", text)
+    text = _RANGES.sub("", text)
+    text = _GROUPING.sub("", text)
+    text = _OFFSET.sub("", text)
+    return {name for name in _IDENTIFIER.findall(text) if name.lower() not in _KEYWORDS}
+
+
+def test_metric_names_parser() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (le) (rate(a_bucket{namespace="$ns", x=~"b|c"}'
+        "[$__rate_interval]))) / on (namespace) group_left (kind) max without (pod) (b_total"
+        ' offset 5m) > bool 3 or absent(c) unless time() - d{k="by"} and label_replace(e, '
+        '"dst", "$1", "src", "(.*)")'
+    )
+    assert metric_names(expr) == {"a_bucket", "b_total", "c", "d", "e"}
+
+
+def rule_files() -> dict[str, dict[str, Any]]:
+    return {
+        service: yaml.safe_load((MONITORING / "rules" / f"{service}.rules.yml").read_text())
+        for service in SERVICES
+    }
+
+
+def alerting_rules(service: str) -> Iterator[dict[str, Any]]:
+    for group in rule_files()[service]["groups"]:
+        yield from (rule for rule in group["rules"] if "alert" in rule)
+
+
+def dashboard_exprs(service: str) -> list[tuple[str, str]]:
+    dashboard = json.loads((MONITORING / "dashboards" / f"{service}.json").read_text())
+    found = [
+        (panel["title"], target["expr"])
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+    ]
+    for variable in dashboard["templating"]["list"]:
+        query = variable.get("query")
+        if isinstance(query, dict) and "label_values(" in query["query"]:
+            inner = query["query"].split("label_values(", 1)[1].rsplit(",", 1)[0]
+            found.append((f"variable {variable['name']}", inner))
+    return found
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_dashboard_exprs_reference_exported_metrics(service: str) -> None:
+    exported = exported_names(service)
+    exprs = dashboard_exprs(service)
+    assert len(exprs) >= 10
+    for title, expr in exprs:
+        names = metric_names(expr)
+        assert names, f"{title}: no metric in {expr!r}"
+        assert names <= exported, f"{title}: {sorted(names - exported)} not exported by {service}"
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_dashboard_shows_every_spec_metric(service: str) -> None:
+    shown = {name for _, expr in dashboard_exprs(service) for name in metric_names(expr)}
+    for metric in SPEC_ALERTS[service].values():
+        assert metric in shown or f"{metric}_bucket" in shown
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_dashboard_is_importable_json(service: str) -> None:
+    dashboard = json.loads((MONITORING / "dashboards" / f"{service}.json").read_text())
+    assert dashboard["uid"] == f"pin-{service}"
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_alert_exprs_reference_exported_metrics(service: str) -> None:
+    exported = exported_names(service)
+    for rule in alerting_rules(service):
+        names = metric_names(rule["expr"])
+        assert names, rule["alert"]
+        assert names <= exported, f"{rule['alert']}: {sorted(names - exported)} not exported"
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_every_spec_alert_is_defined_on_its_metric(service: str) -> None:
+    rules = {rule["alert"]: rule for rule in alerting_rules(service)}
+    assert set(rules) == set(SPEC_ALERTS[service])
+    for alert, metric in SPEC_ALERTS[service].items():
+        assert metric in metric_names(rules[alert]["expr"]), alert
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_alerts_carry_severity_summary_description_and_runbook(service: str) -> None:
+    for rule in alerting_rules(service):
+        alert = rule["alert"]
+        assert rule["labels"]["severity"] in {"warning", "critical"}, alert
+        assert rule["labels"]["service"] == service, alert
+        annotations = rule["annotations"]
+        assert annotations["summary"].strip(), alert
+        assert annotations["description"].strip(), alert
+        assert annotations["runbook_url"] == f"docs/runbooks/{alert}.md"
+        page = ROOT / annotations["runbook_url"]
+        assert page.is_file(), f"{alert}: no runbook page {page}"
+        assert page.read_text().startswith(f"# {alert}\n"), page
+
+
+def test_every_runbook_page_belongs_to_an_alert() -> None:
+    alerts = {alert for by_service in SPEC_ALERTS.values() for alert in by_service}
+    pages = {path.stem for path in (ROOT / "docs" / "runbooks").glob("*.md")}
+    assert pages - {"README"} == alerts
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_chart_embeds_the_same_rules(service: str) -> None:
+    source = MONITORING / "rules" / f"{service}.rules.yml"
+    copy = ROOT / "infra" / "helm" / service / "files" / "prometheus-rules.yml"
+    assert copy.read_bytes() == source.read_bytes(), "run infra/checks/monitoring.sh --fix"
