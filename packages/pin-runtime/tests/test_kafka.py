@@ -6,9 +6,10 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
-from pin_runtime.errors import DeliveryError
+from pin_runtime.errors import DeliveryError, SettingsError
 from pin_runtime.kafka import (
     DeliveryTracker,
+    KafkaClientSettings,
     admin_config,
     consumer_config,
     create_admin,
@@ -18,6 +19,7 @@ from pin_runtime.kafka import (
     producer_config,
     security_config,
 )
+from pin_runtime.settings import load_settings
 
 
 def test_producer_config() -> None:
@@ -160,3 +162,25 @@ def test_security_config_sasl_needs_credentials() -> None:
         "sasl.password": "p",
         "ssl.ca.location": "/etc/ca.pem",
     }
+
+
+def test_kafka_client_settings_are_read_with_the_service_prefix() -> None:
+    class ServiceSettings(KafkaClientSettings, frozen=True, kw_only=True):
+        batch_size: int = 10
+
+    settings = load_settings(
+        ServiceSettings,
+        "SVC_",
+        {
+            "SVC_KAFKA_BOOTSTRAP": "k1:9092",
+            "SVC_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "SVC_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256",
+            "SVC_KAFKA_SASL_USERNAME": "svc",
+            "SVC_KAFKA_SASL_PASSWORD": "secret",
+        },
+    )
+    assert settings.kafka_bootstrap == "k1:9092"
+    assert settings.kafka_security()["sasl.password"] == "secret"
+    assert "secret" not in repr(settings)
+    with pytest.raises(SettingsError, match="SVC_KAFKA_SECURITY_PROTOCOL"):
+        load_settings(ServiceSettings, "SVC_", {"SVC_KAFKA_SECURITY_PROTOCOL": "TLS"})

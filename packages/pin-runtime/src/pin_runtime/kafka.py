@@ -11,16 +11,19 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
+import msgspec
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from pin_runtime.errors import DeliveryError, KafkaSetupError
 from pin_runtime.logging import log_event
+from pin_runtime.settings import Secret
 
 __all__ = [
     "ConfigValue",
     "DeliveryTracker",
+    "KafkaClientSettings",
     "KafkaConfig",
     "admin_config",
     "consumer_config",
@@ -140,6 +143,32 @@ def security_config(
     if ssl_ca_location:
         config["ssl.ca.location"] = ssl_ca_location
     return config
+
+
+class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The Kafka connection settings every service reads, as fields of its own Settings.
+
+    A service's `Settings` inherits them, so `<PREFIX>KAFKA_BOOTSTRAP` and friends mean
+    the same thing in every service.
+    """
+
+    kafka_bootstrap: str = ""
+    """Bootstrap servers; required by the commands that talk to Kafka."""
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: SaslMechanism | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: Secret | None = None
+    kafka_ssl_ca_location: str | None = None
+
+    def kafka_security(self) -> KafkaConfig:
+        """The librdkafka settings of this authentication, for every client's `extra`."""
+        return security_config(
+            protocol=self.kafka_security_protocol,
+            sasl_mechanism=self.kafka_sasl_mechanism,
+            sasl_username=self.kafka_sasl_username,
+            sasl_password=self.kafka_sasl_password.reveal() if self.kafka_sasl_password else None,
+            ssl_ca_location=self.kafka_ssl_ca_location,
+        )
 
 
 def _error_callback(client_id: str, on_error: ErrorCallback | None) -> ErrorCallback:

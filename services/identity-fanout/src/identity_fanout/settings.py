@@ -9,10 +9,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Final
 
-import msgspec
 from msgspec import Meta
 
-from pin_runtime.kafka import KafkaConfig, SaslMechanism, SecurityProtocol, security_config
+from pin_runtime.kafka import KafkaClientSettings
 from pin_runtime.logging import LogLevel
 from pin_runtime.settings import Secret
 
@@ -23,18 +22,11 @@ PositiveInt = Annotated[int, Meta(ge=1)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
 
 
-class Settings(msgspec.Struct, frozen=True, kw_only=True):
+class Settings(KafkaClientSettings, frozen=True, kw_only=True):
     """Every setting of the service; field `batch_size` is `IDENTITY_FANOUT_BATCH_SIZE`."""
 
     database_dsn: Secret
     """libpq DSN of the `pin_identity` database."""
-    kafka_bootstrap: str = ""
-    """Bootstrap servers; required by `worker` and `relay`, unused by the other commands."""
-    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
-    kafka_sasl_mechanism: SaslMechanism | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: Secret | None = None
-    kafka_ssl_ca_location: str | None = None
 
     polling_interval: timedelta = timedelta(seconds=5)
     """Spec PollingInterval: how often the queue is polled when no NOTIFY woke the worker."""
@@ -66,12 +58,3 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("IDENTITY_FANOUT_MAX_LEASE_DURATION: must be at least 1s")
         if self.relay_poll_interval <= timedelta(0):
             raise ValueError("IDENTITY_FANOUT_RELAY_POLL_INTERVAL: must be positive")
-
-    def kafka_security(self) -> KafkaConfig:
-        return security_config(
-            protocol=self.kafka_security_protocol,
-            sasl_mechanism=self.kafka_sasl_mechanism,
-            sasl_username=self.kafka_sasl_username,
-            sasl_password=(self.kafka_sasl_password.reveal() if self.kafka_sasl_password else None),
-            ssl_ca_location=self.kafka_ssl_ca_location,
-        )

@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Final
 
-import msgspec
 from msgspec import Meta
 
 from pin_contracts import (
@@ -17,7 +16,7 @@ from pin_contracts import (
     IDENTITY_MEMBERSHIP_DLQ,
     REWARDS_MEMBERSHIP_CONSUMER_GROUP,
 )
-from pin_runtime.kafka import KafkaConfig, SaslMechanism, SecurityProtocol, security_config
+from pin_runtime.kafka import KafkaClientSettings
 from pin_runtime.logging import LogLevel
 from pin_runtime.settings import Secret
 
@@ -28,18 +27,11 @@ Port = Annotated[int, Meta(ge=0, le=65535)]
 NonEmpty = Annotated[str, Meta(min_length=1)]
 
 
-class Settings(msgspec.Struct, frozen=True, kw_only=True):
+class Settings(KafkaClientSettings, frozen=True, kw_only=True):
     """Every setting of the service; field `batch_size` is `REWARDS_MEMBERSHIP_BATCH_SIZE`."""
 
     database_dsn: Secret
     """libpq DSN of the `pin_rewards` database."""
-    kafka_bootstrap: str = ""
-    """Bootstrap servers; required by `consume` and `dlq`, unused by the other commands."""
-    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
-    kafka_sasl_mechanism: SaslMechanism | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: Secret | None = None
-    kafka_ssl_ca_location: str | None = None
 
     topic: NonEmpty = AGENT_MEMBERSHIP_CHANGED.name
     dlq_topic: NonEmpty = IDENTITY_MEMBERSHIP_DLQ.name
@@ -74,12 +66,3 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("REWARDS_MEMBERSHIP_LAG_INTERVAL: must be positive")
         if self.dlq_topic == self.topic:
             raise ValueError("REWARDS_MEMBERSHIP_DLQ_TOPIC: must differ from the source topic")
-
-    def kafka_security(self) -> KafkaConfig:
-        return security_config(
-            protocol=self.kafka_security_protocol,
-            sasl_mechanism=self.kafka_sasl_mechanism,
-            sasl_username=self.kafka_sasl_username,
-            sasl_password=(self.kafka_sasl_password.reveal() if self.kafka_sasl_password else None),
-            ssl_ca_location=self.kafka_ssl_ca_location,
-        )
