@@ -1,0 +1,1 @@
+"""Helpers of the end-to-end suite: its own servers, service processes, Kafka reads, report."""

@@ -1,0 +1,158 @@
+"""One scenario's system: its two databases, its consumer group, its service processes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from pin_contracts import (
+    AGENT_MEMBERSHIP_CHANGED,
+    IDENTITY_MEMBERSHIP_DLQ,
+    REWARDS_MEMBERSHIP_CONSUMER_GROUP,
+    USER_ACCESS_CHANGED,
+)
+from pin_e2e.infra import OwnServers, clone_database
+from pin_e2e.kafka_io import Offsets, Record, commit_group_offsets, end_offsets, read_topic
+from pin_e2e.procs import (
+    IDENTITY_FANOUT,
+    REWARDS_MEMBERSHIP,
+    CommandResult,
+    ServiceProcess,
+    free_port,
+    run_cli,
+)
+
+__all__ = ["IDENTITY_TEMPLATE", "REWARDS_TEMPLATE", "System"]
+
+IDENTITY_TEMPLATE: Final = "e2e_identity_template"
+REWARDS_TEMPLATE: Final = "e2e_rewards_template"
+
+# Faster than the spec defaults where a scenario would otherwise wait on a timer: the worker
+# polls the queue every second (NOTIFY wakes it anyway), and a crashed worker's lease lapses
+# in seconds instead of 5 minutes. BatchSize 100 makes "mid-task" a point among 25 batches.
+WORKER_DEFAULTS: Final = {
+    "BATCH_SIZE": "100",
+    "POLLING_INTERVAL": "1s",
+    "MAX_LEASE_DURATION": "8s",
+    "INLINE_FANOUT_THRESHOLD": "50",
+    "RELAY_POLL_INTERVAL": "250ms",
+    "LOG_LEVEL": "WARNING",
+}
+CONSUMER_DEFAULTS: Final = {
+    "BATCH_SIZE": "50",
+    "POLL_TIMEOUT": "250ms",
+    "RETRY_INITIAL": "500ms",
+    "RETRY_MAX": "5s",
+    "LAG_INTERVAL": "1s",
+    "LOG_LEVEL": "WARNING",
+}
+
+
+@dataclass
+class System:
+    """Both services of one scenario on the e2e servers, checked from the outside."""
+
+    servers: OwnServers
+    name: str
+    workdir: Path
+    identity_dsn: str = ""
+    rewards_dsn: str = ""
+    group: str = ""
+    access_start: Offsets = field(default_factory=dict)
+    membership_start: Offsets = field(default_factory=dict)
+    dlq_start: Offsets = field(default_factory=dict)
+    processes: list[ServiceProcess] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, servers: OwnServers, name: str, workdir: Path) -> System:
+        admin = servers.services.postgres_dsn
+        system = cls(servers, name, workdir)
+        system.identity_dsn = clone_database(admin, IDENTITY_TEMPLATE, f"e2e_{name}_identity")
+        system.rewards_dsn = clone_database(admin, REWARDS_TEMPLATE, f"e2e_{name}_rewards")
+        # The scenario's own consumer group, starting at the scenario's first record: earlier
+        # scenarios' membership events stay on the shared topic.
+        system.group = f"{REWARDS_MEMBERSHIP_CONSUMER_GROUP}-e2e-{name}"
+        bootstrap = servers.services.kafka_bootstrap
+        system.access_start = end_offsets(bootstrap, USER_ACCESS_CHANGED.name)
+        system.membership_start = end_offsets(bootstrap, AGENT_MEMBERSHIP_CHANGED.name)
+        system.dlq_start = end_offsets(bootstrap, IDENTITY_MEMBERSHIP_DLQ.name)
+        commit_group_offsets(
+            bootstrap, system.group, AGENT_MEMBERSHIP_CHANGED.name, system.membership_start
+        )
+        return system
+
+    @property
+    def bootstrap(self) -> str:
+        return self.servers.services.kafka_bootstrap
+
+    # -- settings -------------------------------------------------------------------------
+
+    def identity_env(self, **settings: str) -> dict[str, str]:
+        values = {
+            **WORKER_DEFAULTS,
+            "DATABASE_DSN": self.identity_dsn,
+            "KAFKA_BOOTSTRAP": self.bootstrap,
+            **settings,
+        }
+        return {f"IDENTITY_FANOUT_{k}": v for k, v in values.items()}
+
+    def rewards_env(self, **settings: str) -> dict[str, str]:
+        values = {
+            **CONSUMER_DEFAULTS,
+            "DATABASE_DSN": self.rewards_dsn,
+            "KAFKA_BOOTSTRAP": self.bootstrap,
+            "GROUP_ID": self.group,
+            **settings,
+        }
+        return {f"REWARDS_MEMBERSHIP_{k}": v for k, v in values.items()}
+
+    # -- processes ------------------------------------------------------------------------
+
+    def _process(
+        self, label: str, program: str, args: Sequence[str], env: Mapping[str, str], port: int
+    ) -> ServiceProcess:
+        process = ServiceProcess(
+            name=label,
+            program=program,
+            args=tuple(args),
+            env=env,
+            metrics_port=port,
+            log_path=self.workdir / f"{label}.log",
+        )
+        self.processes.append(process)
+        return process
+
+    def worker(self, label: str = "worker", *args: str, **settings: str) -> ServiceProcess:
+        """``identity-fanout worker`` (with its relay thread), not started yet."""
+        port = free_port()
+        env = self.identity_env(METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
+        return self._process(label, IDENTITY_FANOUT, ["worker", *args], env, port)
+
+    def consumer(self, label: str = "consumer", **settings: str) -> ServiceProcess:
+        """``rewards-membership consume``, not started yet."""
+        port = free_port()
+        env = self.rewards_env(METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
+        return self._process(label, REWARDS_MEMBERSHIP, ["consume"], env, port)
+
+    def identity_cli(self, *args: str) -> CommandResult:
+        return run_cli(IDENTITY_FANOUT, args, self.identity_env())
+
+    def rewards_cli(self, *args: str) -> CommandResult:
+        return run_cli(REWARDS_MEMBERSHIP, args, self.rewards_env())
+
+    def stop_all(self) -> None:
+        for process in reversed(self.processes):
+            process.cleanup()
+
+    # -- topics ---------------------------------------------------------------------------
+
+    def access_records(self) -> list[Record]:
+        return read_topic(self.bootstrap, USER_ACCESS_CHANGED.name, self.access_start)
+
+    def membership_records(self) -> list[Record]:
+        return read_topic(self.bootstrap, AGENT_MEMBERSHIP_CHANGED.name, self.membership_start)
+
+    def dlq_records(self) -> list[Record]:
+        return read_topic(self.bootstrap, IDENTITY_MEMBERSHIP_DLQ.name, self.dlq_start)

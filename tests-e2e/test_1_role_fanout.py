@@ -1,0 +1,72 @@
+"""Scenario 1: a role of 2,500 users changes permissions; every user gets a full snapshot."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from pin_e2e.checks import analyse_access, expected_snapshots
+from pin_e2e.procs import wait_until
+from pin_e2e.report import Recorder
+from pin_e2e.steps import change_role_permissions, outbox_backlog, seed_role, task_row
+from pin_e2e.system import System
+
+pytestmark = pytest.mark.integration
+
+USERS = 2_500
+BATCH_SIZE = 100
+
+
+def test_role_of_2500_users_changes_permissions(
+    make_system: Callable[[str], System], recorder: Recorder
+) -> None:
+    with recorder.scenario(1, "role of 2,500 users changes permissions") as stats:
+        system = make_system("s1")
+        role, users = seed_role(system, users=USERS, code="s1-role")
+        worker = system.worker(BATCH_SIZE=str(BATCH_SIZE)).start()
+        worker.wait_ready()
+
+        change = change_role_permissions(system, role, "s1-role")
+        assert change.mode == "queued"
+        assert change.task is not None
+        task = change.task
+        wait_until(
+            lambda: task_row(system, task)["status"] == "Completed" and outbox_backlog(system) == 0,
+            timeout=180,
+            what="task Completed and the outbox drained",
+            alive=[worker],
+        )
+
+        delivery = analyse_access(
+            system.access_records(),
+            users=expected_snapshots(system.identity_dsn, users),
+            version=change.version,
+        )
+        stats.events = delivery.distinct_events
+        stats.lost = len(delivery.lost)
+        stats.duplicate("redelivered", delivery.relay_redeliveries)
+        stats.duplicate("re-fanned", delivery.fanout_duplicates)
+        assert delivery.lost == []
+        assert delivery.wrong_snapshots == []
+        assert delivery.wrong_fields == []
+        # No fault: exactly one event per user, all of one fan-out run.
+        assert delivery.duplicates == 0
+        assert len(delivery.correlation_ids) == 1
+
+        row = task_row(system, task)
+        assert (row["processed_count"], row["attempt_count"]) == (USERS, 1)
+        shown = system.identity_cli("tasks", "show", str(task)).stdout
+        assert "Completed" in shown
+        assert str(USERS) in shown
+
+        metrics = worker.metrics()
+        assert metrics["identity_access_fanout_users_total"] == USERS
+        assert metrics['identity_access_fanout_tasks_total{outcome="completed"}'] == 1
+        assert metrics["identity_access_fanout_batches_total"] >= USERS // BATCH_SIZE
+        assert metrics["identity_access_fanout_size_count"] == 1
+        assert metrics["identity_access_fanout_size_sum"] == USERS
+        assert metrics["identity_outbox_published_total"] == USERS
+        assert metrics["identity_outbox_relay_active"] == 1
+        assert metrics["identity_access_fanout_failed_tasks"] == 0
+
+        assert worker.terminate() == 0
