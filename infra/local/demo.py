@@ -1,10 +1,10 @@
 """`make demo`: the system on this machine, shown to a person.
 
 Brings PostgreSQL and Kafka up (or reuses them), shows what runs where, migrates both
-databases, starts both services as their own processes (`identity-fanout worker`,
-`rewards-membership consume`), fans a 20,000-user role change out to Kafka, records agent
-membership changes in identity and follows them into the rewards projection, sends a
-malformed record to the DLQ, and stops what it started.
+databases, starts the services as their own processes (`identity-fanout worker`,
+`identity-fanout relay`, `rewards-membership consume`), fans a 20,000-user role change out
+to Kafka, records agent membership changes in identity and follows them into the rewards
+projection, sends a malformed record to the DLQ, and stops what it started.
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ def main() -> None:
         check=True,
         capture_output=True,
     )
-    worker = Service("identity-fanout", ["worker"], identity_env)
+    # As the chart deploys them: the fan-out worker, the outbox relay, the membership consumer.
+    worker = Service("identity-fanout", ["worker", "--no-relay"], identity_env)
+    relay = Service("identity-fanout", ["relay"], identity_env)
     consumer = Service("rewards-membership", ["consume"], rewards_env)
     try:
         fan_out(worker, services.identity_dsn, services.kafka_bootstrap)
@@ -76,6 +78,7 @@ def main() -> None:
         )
     finally:
         consumer.stop()
+        relay.stop()
         worker.stop()
     console.print(
         "\n[bold]PostgreSQL and Kafka keep running[/bold] for tests and experiments:\n"

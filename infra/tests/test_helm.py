@@ -152,15 +152,17 @@ def test_monitoring_objects(chart: str) -> None:
     assert not of_kind(disabled, "PrometheusRule")
 
 
-def test_relay_as_its_own_deployment() -> None:
-    together = of_kind(render("identity-fanout"), "Deployment")
-    assert [c["args"] for d in together for c in d["spec"]["template"]["spec"]["containers"]] == [
-        ["worker"]
-    ]
-    apart = render("identity-fanout", "default", "relay.separateDeployment=true")
+def test_relay_runs_as_its_own_deployment_unless_told_otherwise() -> None:
+    apart = render("identity-fanout")
     args = sorted(c["args"] for _, c in containers(of_kind(apart, "Deployment")))
     assert args == [["relay"], ["worker", "--no-relay"]]
     assert len(of_kind(apart, "PodDisruptionBudget")) == 2
+    together = of_kind(
+        render("identity-fanout", "default", "relay.separateDeployment=false"), "Deployment"
+    )
+    assert [c["args"] for d in together for c in d["spec"]["template"]["spec"]["containers"]] == [
+        ["worker"]
+    ]
 
 
 @pytest.mark.parametrize(
