@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--agents", type=int, default=100_000)
     parser.add_argument("--agencies", type=int, default=1_000)
-    parser.add_argument("--batch-size", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--load-only", metavar="TOPIC", help=argparse.SUPPRESS)
     args = parser.parse_args()

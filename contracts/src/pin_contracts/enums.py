@@ -8,6 +8,7 @@ the field for the encoder, which refuses values outside the enum.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, TypeVar
@@ -81,12 +82,16 @@ class UnknownEnumValue:
 E = TypeVar("E", bound=StrEnum)
 
 
+@functools.cache
+def _members(enum_type: type[E]) -> dict[str, E]:
+    return {member.value: member for member in enum_type}
+
+
 def parse_enum(enum_type: type[E], raw: str) -> E | UnknownEnumValue:
     """Map a wire string to its member; values are case-sensitive, anything else is unknown."""
-    try:
-        return enum_type(raw)
-    except ValueError:
-        return UnknownEnumValue(enum_type, raw)
+    # A dict lookup, not enum_type(raw): consumers call this for every event they read.
+    member = _members(enum_type).get(raw)
+    return UnknownEnumValue(enum_type, raw) if member is None else member
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,19 +6,21 @@ it never reads or writes, so no code path can change them.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
+
+import msgspec
 
 from pin_contracts import AgentMembershipStatus
 from rewards_membership.validation import MembershipChange
 
 __all__ = ["MembershipRow", "is_stale", "new_row", "transition"]
 
+_ACTIVE = AgentMembershipStatus.ACTIVE.value
+_LEFT = AgentMembershipStatus.LEFT.value
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MembershipRow:
+
+class MembershipRow(msgspec.Struct, frozen=True, kw_only=True):
     """The membership state of one (AgentUserId, CompanyId) row of agent_performance."""
 
     agent_user_id: UUID
@@ -62,10 +64,13 @@ def transition(row: MembershipRow, change: MembershipChange) -> MembershipRow:
     # FirstActivityAt ??= JoinedAt: the mapping table says "for a new row" whatever the
     # Status, step 4 says it for Active; both hold when it is set whenever still empty.
     first_activity_at = row.first_activity_at or change.joined_at
+    # Built directly rather than with dataclasses.replace: this runs once per applied event
+    # and replace() costs several times the constructor.
     if change.status is AgentMembershipStatus.ACTIVE:
-        return dataclasses.replace(
-            row,
-            membership_status=AgentMembershipStatus.ACTIVE.value,
+        return MembershipRow(
+            agent_user_id=row.agent_user_id,
+            company_id=row.company_id,
+            membership_status=_ACTIVE,
             leave_reason=None,
             left_at=None,
             effective_at=None,
@@ -74,9 +79,10 @@ def transition(row: MembershipRow, change: MembershipChange) -> MembershipRow:
             last_membership_version=change.version,
             version=row.version + 1,
         )
-    return dataclasses.replace(
-        row,
-        membership_status=AgentMembershipStatus.LEFT.value,
+    return MembershipRow(
+        agent_user_id=row.agent_user_id,
+        company_id=row.company_id,
+        membership_status=_LEFT,
         leave_reason=None if change.leave_reason is None else change.leave_reason.value,
         left_at=change.left_at,
         effective_at=change.effective_at,

@@ -37,7 +37,7 @@ class Settings(KafkaClientSettings, frozen=True, kw_only=True):
     dlq_topic: NonEmpty = IDENTITY_MEMBERSHIP_DLQ.name
     group_id: NonEmpty = REWARDS_MEMBERSHIP_CONSUMER_GROUP
 
-    batch_size: Annotated[int, Meta(ge=1, le=10_000)] = 1000
+    batch_size: Annotated[int, Meta(ge=1, le=10_000)] = 5000
     """Most messages one `consume()` returns, and one database transaction applies."""
     poll_timeout: timedelta = timedelta(seconds=1)
     """How long one `consume()` waits for the first message of a batch."""

@@ -6,10 +6,11 @@ No I/O: the consumer decides what to do with the outcome (apply, dead-letter, wa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 from uuid import UUID
+
+import msgspec
 
 from pin_contracts import (
     REWARDS_MEMBERSHIP_EVENT_INVALID,
@@ -41,8 +42,7 @@ def idempotency_key(message_id: UUID) -> str:
     return f"{IDEMPOTENCY_PREFIX}{message_id}"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MembershipChange:
+class MembershipChange(msgspec.Struct, frozen=True, kw_only=True):
     """A valid event, with Status and Reason already mapped the way the spec says.
 
     `status` is the effective one: an unknown wire Status fails closed as LEFT. `leave_reason`
@@ -67,21 +67,17 @@ class MembershipChange:
     left_at: datetime | None
     effective_at: datetime | None
 
-    @property
-    def key(self) -> str:
-        return idempotency_key(self.message_id)
-
-    @property
-    def row_key(self) -> tuple[UUID, UUID]:
-        return (self.agent_user_id, self.company_id)
+    key: str
+    """The inbox key, `idempotency_key(message_id)`, computed once: a batch looks it up twice."""
+    row_key: tuple[UUID, UUID]
+    """(AgentUserId, CompanyId): the projection row the change belongs to."""
 
     @property
     def contract_mismatch(self) -> bool:
         return self.contract_version != EXPECTED_CONTRACT_VERSION
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InvalidEvent:
+class InvalidEvent(msgspec.Struct, frozen=True, kw_only=True):
     """REWARDS_MEMBERSHIP_EVENT_INVALID: the record goes to the DLQ with these details."""
 
     path: str
@@ -89,7 +85,7 @@ class InvalidEvent:
     error_code: str = REWARDS_MEMBERSHIP_EVENT_INVALID
     exception_fqcn: str = _VIOLATION_FQCN
     message_id: UUID | None = None
-    fields: Mapping[str, object] = field(default_factory=dict)
+    fields: Mapping[str, object] = msgspec.field(default_factory=dict)
     """What could be decoded (AgentUserId, CompanyId, Status, Reason, Version) for the log."""
 
     @property
@@ -139,6 +135,8 @@ def validate(value: bytes | None) -> MembershipChange | InvalidEvent:
         else:
             leave_reason = parsed_reason
     return MembershipChange(
+        key=idempotency_key(envelope.message_id),
+        row_key=(payload.agent_user_id, payload.company_id),
         message_id=envelope.message_id,
         agent_user_id=payload.agent_user_id,
         company_id=payload.company_id,
