@@ -92,7 +92,7 @@ def test_membership_changes_reach_the_projection(
         record_changes_cli(system, plan.changes[-BY_CLI:])
         stats.mark("2,000 recorded")
         # The same group: its partitions come back once the broker gives up on the killed
-        # member (librdkafka's session.timeout.ms, 45 s by default).
+        # member (REWARDS_MEMBERSHIP_KAFKA_SESSION_TIMEOUT, 8 s in this suite).
         restarted = system.consumer("consumer-2").start()
         wait_until(
             projection_converged(system, plan.agents, plan.final),

@@ -47,6 +47,8 @@ CONSUMER_DEFAULTS: Final = {
     "RETRY_MAX": "5s",
     "LAG_INTERVAL": "1s",
     "LOG_LEVEL": "WARNING",
+    # A killed consumer's partitions move on after this, not after Kafka's default 45 s.
+    "KAFKA_SESSION_TIMEOUT": "8s",
 }
 
 

@@ -66,6 +66,7 @@ def build_consumer(
             **settings.kafka_security(),
             # Records of a batch are fetched together; a bigger fetch keeps batches full.
             "fetch.wait.max.ms": 100,
+            "session.timeout.ms": int(settings.kafka_session_timeout.total_seconds() * 1000),
         },
         on_error=on_kafka_error,
     )

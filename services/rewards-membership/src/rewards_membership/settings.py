@@ -38,6 +38,9 @@ class Settings(KafkaClientSettings, frozen=True, kw_only=True):
     group_id: NonEmpty = REWARDS_MEMBERSHIP_CONSUMER_GROUP
 
     batch_size: Annotated[int, Meta(ge=1, le=10_000)] = 5000
+    kafka_session_timeout: timedelta = timedelta(seconds=45)
+    """librdkafka `session.timeout.ms`: how long a crashed consumer keeps its partitions
+    before the group hands them to another instance (the broker bounds it, 6 s..5 min)."""
     """Most messages one `consume()` returns, and one database transaction applies."""
     poll_timeout: timedelta = timedelta(seconds=1)
     """How long one `consume()` waits for the first message of a batch."""
@@ -54,6 +57,8 @@ class Settings(KafkaClientSettings, frozen=True, kw_only=True):
     log_level: LogLevel = "INFO"
 
     def __post_init__(self) -> None:
+        if not timedelta(seconds=6) <= self.kafka_session_timeout <= timedelta(minutes=5):
+            raise ValueError("REWARDS_MEMBERSHIP_KAFKA_SESSION_TIMEOUT: must be within 6s..5m")
         if self.poll_timeout <= timedelta(0):
             raise ValueError("REWARDS_MEMBERSHIP_POLL_TIMEOUT: must be positive")
         if self.retry_initial <= timedelta(0):
