@@ -74,7 +74,7 @@ test: lint infra-check up pact ## lint, infra checks, pact, then every test on r
 		$(addprefix --ignore=,$(PACT_CONSUMER_TESTS) $(PACT_PROVIDER_TESTS))
 
 .PHONY: demo
-demo: up ## bring the system up and show what runs
+demo: sync ## run the whole system on this machine and show what happens
 	$(RUN) python infra/local/demo.py
 
 .PHONY: bench

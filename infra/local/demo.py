@@ -9,6 +9,7 @@ projection, sends a malformed record to the DLQ, and stops what it started.
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import psycopg
@@ -20,7 +21,7 @@ from rich.table import Table
 from identity_fanout.schema import migrate_database
 from pin_contracts.topics import CATALOGUE
 from pin_runtime.kafka import create_admin
-from pin_testkit.local import LocalServices, ensure_up
+from pin_testkit.local import LocalServices, down, ensure_up, status
 
 
 def show_infrastructure(services: LocalServices) -> None:
@@ -49,8 +50,28 @@ def show_infrastructure(services: LocalServices) -> None:
 
 
 def main() -> None:
+    # PostgreSQL and Kafka already running (`make up`, tests) are reused and left running;
+    # what the demo had to start itself, it stops again at the end.
+    already_up = status().up
     with console.status("starting PostgreSQL and Kafka (first run fetches Kafka from Maven)"):
         services = ensure_up()
+    try:
+        run(services)
+    finally:
+        if not already_up:
+            with console.status("stopping PostgreSQL and Kafka"):
+                down()
+            console.print("stopped PostgreSQL and Kafka (`make up` keeps them running)")
+    if already_up:
+        console.print(
+            "\n[bold]PostgreSQL and Kafka keep running[/bold] (they were up before the demo):\n"
+            f"  export PIN_POSTGRES_DSN='{services.postgres_dsn}'\n"
+            f"  export PIN_KAFKA_BOOTSTRAP='{services.kafka_bootstrap}'\n"
+            "  make down   # stops both"
+        )
+
+
+def run(services: LocalServices) -> None:
     show_infrastructure(services)
     identity_env = {
         "IDENTITY_FANOUT_DATABASE_DSN": services.identity_dsn,
@@ -63,7 +84,7 @@ def main() -> None:
     migrate_database(services.identity_dsn)
     subprocess.run(
         [bin_path("rewards-membership"), "migrate"],
-        env=__import__("os").environ | rewards_env,
+        env=os.environ | rewards_env,
         check=True,
         capture_output=True,
     )
@@ -80,12 +101,6 @@ def main() -> None:
         consumer.stop()
         relay.stop()
         worker.stop()
-    console.print(
-        "\n[bold]PostgreSQL and Kafka keep running[/bold] for tests and experiments:\n"
-        f"  export PIN_POSTGRES_DSN='{services.postgres_dsn}'\n"
-        f"  export PIN_KAFKA_BOOTSTRAP='{services.kafka_bootstrap}'\n"
-        "  make down   # stops both"
-    )
 
 
 if __name__ == "__main__":
