@@ -47,7 +47,8 @@ CONSUMER_DEFAULTS: Final = {
     "RETRY_MAX": "5s",
     "LAG_INTERVAL": "1s",
     "LOG_LEVEL": "WARNING",
-    # A killed consumer's partitions move on after this, not after Kafka's default 45 s.
+    # A killed consumer's partitions move on after this, not after Kafka's default 45 s; it
+    # is also shorter than scenario 5's outage, so the consumer loses its partitions then.
     "KAFKA_SESSION_TIMEOUT": "8s",
 }
 

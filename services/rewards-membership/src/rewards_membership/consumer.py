@@ -382,6 +382,11 @@ class MembershipConsumer:
             consumer.pause(partitions)
             self._paused.update(numbers)
             self._metrics.paused_partitions.set(len(self._paused))
+        elif partitions:
+            # librdkafka keeps a partition's pause flag across a lost and re-assigned
+            # assignment: one paused by a failed batch before the session timed out would
+            # come back paused, with nobody left to resume it. State it explicitly.
+            consumer.resume(partitions)
         self._next_lag_update = 0.0
         log_event(_log, "partitions assigned", partitions=numbers, paused=sorted(self._paused))
 
