@@ -192,6 +192,8 @@ def _to_duration(raw: str, annotation: Any) -> Any:
 def _dec_hook(target: type, value: object) -> object:
     if target is Secret and isinstance(value, str):
         return Secret(value)
+    # msgspec's dec_hook contract: NotImplementedError means "not a type this hook knows",
+    # which msgspec turns into an ordinary validation error naming the expected type.
     raise NotImplementedError(f"unsupported settings type {target!r}")
 
 
