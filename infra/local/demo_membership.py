@@ -17,7 +17,8 @@ from identity_fanout.membership import join_agency, leave_agency
 from pin_contracts import encode, envelope_for
 from pin_contracts.membership import AgentMembershipChanged
 from pin_contracts.topics import AGENT_MEMBERSHIP_CHANGED
-from pin_runtime.kafka import DeliveryTracker, create_producer, flush_or_raise
+from pin_runtime.delivery import DeliveryTracker, flush_or_raise
+from pin_runtime.kafka import create_producer
 
 AGENTS = 60
 AGENCIES = 5
@@ -61,7 +62,7 @@ def _inject_malformed(bootstrap: str) -> uuid.UUID:
         )
     )
     producer = create_producer(bootstrap, client_id="pin-demo")
-    tracker = DeliveryTracker()
+    tracker = DeliveryTracker[int]()
     producer.produce(
         AGENT_MEMBERSHIP_CHANGED.name,
         key=str(agent).encode(),

@@ -27,8 +27,17 @@ class Topic:
     """Wire name of the payload field whose canonical UUID text is the record key."""
     event_type: str
     contract_version: int
+    max_message_bytes: int = 1_048_576
+    """The topic's `max.message.bytes`: the largest record batch the broker accepts, after
+    compression. Set deliberately per topic: the broker's default (about 1 MB) is not a
+    decision. Producers set their `message.max.bytes` (checked on the uncompressed record)
+    from the largest topic they write."""
     dead_letter_of: str | None = None
     """For a DLQ: the topic whose records it keeps (same key, value and headers)."""
+
+    def config(self) -> dict[str, str]:
+        """Topic-level configuration to create the topic with (and to set on a cluster)."""
+        return {"max.message.bytes": str(self.max_message_bytes)}
 
 
 USER_ACCESS_CHANGED = Topic(
@@ -37,6 +46,9 @@ USER_ACCESS_CHANGED = Topic(
     key_field="UserId",
     event_type=UserAccessChangedKafkaEvent.EVENT_TYPE,
     contract_version=UserAccessChangedKafkaEvent.CONTRACT_VERSION,
+    # A full snapshot of a user's active assignments: about 250 bytes each before
+    # compression, so a user with 20,000 assignments needs a few MB.
+    max_message_bytes=8_388_608,
 )
 
 AGENT_MEMBERSHIP_CHANGED = Topic(

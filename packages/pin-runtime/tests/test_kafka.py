@@ -6,16 +6,15 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
+from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.errors import DeliveryError, SettingsError
 from pin_runtime.kafka import (
-    DeliveryTracker,
     KafkaClientSettings,
     admin_config,
     consumer_config,
     create_admin,
     create_consumer,
     create_producer,
-    flush_or_raise,
     producer_config,
     security_config,
 )
@@ -119,14 +118,14 @@ def test_error_callback_logs_and_forwards(caplog: pytest.LogCaptureFixture) -> N
 
 
 def test_delivery_tracker() -> None:
-    tracker = DeliveryTracker()
+    tracker = DeliveryTracker[int]()
     tracker.raise_for_failures()  # nothing failed yet
     assert tracker.delivered == 0
 
 
 def test_flush_or_raise_reports_queued_messages() -> None:
     producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.timeout.ms": 60000})
-    tracker = DeliveryTracker()
+    tracker = DeliveryTracker[int]()
     producer.produce("t", b"v", on_delivery=tracker)
     with pytest.raises(DeliveryError, match="still queued"):
         flush_or_raise(producer, 0.2, tracker)
@@ -135,11 +134,11 @@ def test_flush_or_raise_reports_queued_messages() -> None:
 def test_flush_or_raise_reports_failed_deliveries() -> None:
     # message.timeout.ms expires while the broker is unreachable: a delivery error.
     producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.timeout.ms": 200})
-    tracker = DeliveryTracker()
+    tracker = DeliveryTracker[int]()
     producer.produce("t", b"v", on_delivery=tracker)
     with pytest.raises(DeliveryError, match="not delivered"):
         flush_or_raise(producer, 10.0, tracker)
-    assert tracker.failed[0][0].code() == KafkaError._MSG_TIMED_OUT
+    assert tracker.all_failures()[0].code == "_MSG_TIMED_OUT"
 
 
 def test_security_config_plaintext_by_default() -> None:

@@ -10,14 +10,8 @@ from confluent_kafka.admin import AdminClient
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from pin_runtime.kafka import (
-    DeliveryTracker,
-    create_admin,
-    create_consumer,
-    create_producer,
-    ensure_topics,
-    flush_or_raise,
-)
+from pin_runtime.delivery import DeliveryTracker, flush_or_raise
+from pin_runtime.kafka import create_admin, create_consumer, create_producer, ensure_topics
 from pin_runtime.tracing import Headers, extract_context, inject_headers
 
 pytestmark = pytest.mark.integration
@@ -64,7 +58,7 @@ def test_round_trip_with_headers_and_trace_context(
     ensure_topics(admin, [(new_topic, 3)])
     tracer = TracerProvider().get_tracer("pin-runtime-test")
     producer = create_producer(kafka_bootstrap, client_id="pin-runtime-test-producer")
-    tracker = DeliveryTracker()
+    tracker = DeliveryTracker[int]()
     headers: Headers = [("MessageId", b"m-1"), ("content-type", b"application/json")]
     with tracer.start_as_current_span("publish") as span:
         inject_headers(headers)

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from psycopg_pool import PoolTimeout
 
-from pin_runtime.postgres import create_pool, is_retriable
+from pin_runtime.postgres import SessionLimits, create_pool, is_retriable
 
 pytestmark = pytest.mark.integration
 
@@ -113,3 +113,50 @@ def test_refused_connection_is_retriable() -> None:
         assert is_retriable(timeout.value)
     finally:
         pool.close()
+
+
+def test_session_limits_apply_to_every_pooled_connection(fresh_database: str) -> None:
+    limits = SessionLimits(statement_timeout=1.5, lock_timeout=0.25, idle_in_transaction_timeout=7)
+    pool = create_pool(fresh_database, name="limits", min_size=1, max_size=1, session=limits)
+    pool.open(wait=True, timeout=10)
+    try:
+        with pool.connection() as conn:
+            shown = {
+                name: conn.execute(f"SHOW {name}").fetchone()
+                for name in (
+                    "statement_timeout",
+                    "lock_timeout",
+                    "idle_in_transaction_session_timeout",
+                )
+            }
+    finally:
+        pool.close()
+    assert shown == {
+        "statement_timeout": ("1500ms",),
+        "lock_timeout": ("250ms",),
+        "idle_in_transaction_session_timeout": ("7s",),
+    }
+
+
+def test_statement_blocked_by_a_lock_fails_within_lock_timeout(fresh_database: str) -> None:
+    with psycopg.connect(fresh_database, autocommit=True) as setup:
+        setup.execute("CREATE TABLE hot (id int PRIMARY KEY)")
+        setup.execute("INSERT INTO hot VALUES (1)")
+    limits = SessionLimits(lock_timeout=0.3)
+    with (
+        psycopg.connect(fresh_database) as holder,
+        psycopg.connect(fresh_database, **limits.connect_kwargs()) as blocked,
+    ):
+        holder.execute("SELECT * FROM hot WHERE id = 1 FOR UPDATE")
+        with pytest.raises(psycopg.errors.LockNotAvailable) as raised:
+            blocked.execute("UPDATE hot SET id = 2 WHERE id = 1")
+        assert is_retriable(raised.value)
+
+
+def test_read_only_transaction_after_failover_is_retriable(fresh_database: str) -> None:
+    with psycopg.connect(fresh_database) as conn:
+        conn.execute("SET TRANSACTION READ ONLY")
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction) as raised:
+            conn.execute("CREATE TABLE t (v int)")
+    assert raised.value.sqlstate == "25006"
+    assert is_retriable(raised.value)

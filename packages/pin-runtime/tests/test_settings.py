@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 import pytest
 
+from pin_runtime.clients import ClientSettings
 from pin_runtime.errors import PinRuntimeError, SettingsError
 from pin_runtime.settings import (
     Secret,
@@ -236,3 +237,23 @@ def test_settings_for_log_masks_secrets_and_dsns() -> None:
         "dsn": "postgresql://u:***@h/db",
         "interval": "PT5S",
     }
+
+
+def test_client_settings_give_every_session_its_limits() -> None:
+
+    settings = load_settings(
+        ClientSettings,
+        "SVC_",
+        {"SVC_DB_LOCK_TIMEOUT": "2s", "SVC_DB_STATEMENT_TIMEOUT": "0s"},
+    )
+    limits = settings.database_session()
+    assert (limits.lock_timeout, limits.statement_timeout) == (2.0, 0.0)
+    assert "-c lock_timeout=2000" in limits.options()
+    assert "-c idle_in_transaction_session_timeout=60000" in limits.options()
+
+
+def test_client_settings_name_the_variable_of_a_bad_limit() -> None:
+
+    with pytest.raises(SettingsError) as raised:
+        load_settings(ClientSettings, "SVC_", {"SVC_DB_KEEPALIVES_IDLE": "0s"})
+    assert raised.value.variable == "SVC_DB_KEEPALIVES_IDLE"

@@ -21,7 +21,8 @@ from pin_contracts import (
     headers_for,
     kafka_key,
 )
-from pin_runtime.kafka import create_consumer, create_producer, flush_or_raise
+from pin_runtime.delivery import flush_or_raise
+from pin_runtime.kafka import create_consumer, create_producer
 from pin_runtime.tracing import extract_context, inject_headers
 
 pytestmark = pytest.mark.integration

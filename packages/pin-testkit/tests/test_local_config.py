@@ -108,11 +108,11 @@ def test_state_dir_variable_overrides_the_default(
 
 
 def test_catalogue_topics_are_the_contract_catalogue() -> None:
-    assert dict(catalogue_topics()) == {
-        "pin.identity.access.v1": 3,
-        "pin.identity.agent-membership-changed.v1": 3,
-        "pin.rewards.identity-membership-dlq.v1": 3,
-    }
+    assert catalogue_topics() == [
+        ("pin.identity.access.v1", 3, {"max.message.bytes": "8388608"}),
+        ("pin.identity.agent-membership-changed.v1", 3, {"max.message.bytes": "1048576"}),
+        ("pin.rewards.identity-membership-dlq.v1", 3, {"max.message.bytes": "1048576"}),
+    ]
 
 
 def test_env_lines_are_shell_exports() -> None:

@@ -56,7 +56,7 @@ def test_ensure_up_reuses_restarts_and_stops(state_dir: Path) -> None:
     with psycopg.connect(first.identity_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE kept (v int)")
         conn.execute("INSERT INTO kept VALUES (7)")
-    assert {name for name, _ in catalogue_topics()} <= _topics(first.kafka_bootstrap)
+    assert {spec[0] for spec in catalogue_topics()} <= _topics(first.kafka_bootstrap)
 
     # A broker that died is restarted on the same port with the same data; PostgreSQL is reused.
     before = status(state_dir=state_dir)
@@ -69,7 +69,7 @@ def test_ensure_up_reuses_restarts_and_stops(state_dir: Path) -> None:
     assert after.up
     assert after.kafka.pid != before.kafka.pid
     assert after.postgres.pid == before.postgres.pid
-    assert {name for name, _ in catalogue_topics()} <= _topics(third.kafka_bootstrap)
+    assert {spec[0] for spec in catalogue_topics()} <= _topics(third.kafka_bootstrap)
 
     down(state_dir=state_dir)
     down(state_dir=state_dir)  # idempotent

@@ -23,7 +23,8 @@ from pin_contracts import (
     headers_for,
     kafka_key,
 )
-from pin_runtime.kafka import DeliveryTracker, create_producer, flush_or_raise
+from pin_runtime.delivery import DeliveryTracker, flush_or_raise
+from pin_runtime.kafka import create_producer
 from pin_runtime.settings import Secret
 from pin_runtime.shutdown import GracefulShutdown
 from rewards_membership.app import build_consumer, run_migrations
@@ -93,7 +94,7 @@ class Kafka:
         )
 
     def send_raw(self, *records: tuple[bytes | None, bytes | None, list[Any] | None]) -> None:
-        tracker = DeliveryTracker()
+        tracker = DeliveryTracker[int]()
         for key, value, headers in records:
             self.producer.produce(
                 self.topic, key=key, value=value, headers=headers or [], on_delivery=tracker

@@ -15,14 +15,8 @@ import msgspec
 import pytest
 
 from pin_contracts import encode, envelope_for, headers_for, kafka_key
-from pin_runtime.kafka import (
-    DeliveryTracker,
-    create_admin,
-    create_consumer,
-    create_producer,
-    ensure_topics,
-    flush_or_raise,
-)
+from pin_runtime.delivery import DeliveryTracker, flush_or_raise
+from pin_runtime.kafka import create_admin, create_consumer, create_producer, ensure_topics
 from pin_testkit.private import PrivateKafka
 from rewards_membership.dlq import read_dead_letters
 
@@ -33,7 +27,7 @@ Event = Callable[..., Any]
 
 def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes, Any]]) -> None:
     producer = create_producer(bootstrap, client_id="outage-test", linger_ms=1)
-    tracker = DeliveryTracker()
+    tracker = DeliveryTracker[int]()
     for key, value, headers in records:
         producer.produce(topic, key=key, value=value, headers=headers, on_delivery=tracker)
     flush_or_raise(producer, 30.0, tracker)

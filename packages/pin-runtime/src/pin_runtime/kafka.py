@@ -12,26 +12,25 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 import msgspec
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from pin_runtime.errors import DeliveryError, KafkaSetupError
+from pin_runtime.errors import KafkaSetupError
 from pin_runtime.logging import log_event
 from pin_runtime.settings import Secret
 
 __all__ = [
     "ConfigValue",
-    "DeliveryTracker",
     "KafkaClientSettings",
     "KafkaConfig",
+    "TopicSpec",
     "admin_config",
     "consumer_config",
     "create_admin",
     "create_consumer",
     "create_producer",
     "ensure_topics",
-    "flush_or_raise",
     "producer_config",
     "security_config",
 ]
@@ -234,9 +233,13 @@ def create_admin(
     return AdminClient(config)
 
 
+TopicSpec = tuple[str, int] | tuple[str, int, Mapping[str, str]]
+"""(name, partitions) or (name, partitions, topic config such as max.message.bytes)."""
+
+
 def ensure_topics(
     admin: AdminClient,
-    topics: Sequence[tuple[str, int]],
+    topics: Sequence[TopicSpec],
     *,
     replication_factor: int = 1,
     topic_config: Mapping[str, str] | None = None,
@@ -248,7 +251,8 @@ def ensure_topics(
     have grown it), with a warning when it has fewer partitions than asked.
     """
     deadline = time.monotonic() + timeout
-    wanted = dict(topics)
+    wanted = {spec[0]: spec[1] for spec in topics}
+    configs = {spec[0]: dict(spec[2]) if len(spec) == 3 else {} for spec in topics}  # noqa: PLR2004
     existing = admin.list_topics(timeout=timeout).topics
     for name, partitions in wanted.items():
         if name in existing and len(existing[name].partitions) < partitions:
@@ -265,7 +269,7 @@ def ensure_topics(
             name,
             num_partitions=partitions,
             replication_factor=replication_factor,
-            config=dict(topic_config or {}),
+            config={**(topic_config or {}), **configs[name]},
         )
         for name, partitions in wanted.items()
         if name not in existing
@@ -312,39 +316,3 @@ def _await_leaders(admin: AdminClient, wanted: Mapping[str, int], deadline: floa
         if remaining <= 0:
             raise KafkaSetupError(f"topics without partition leaders in time: {sorted(pending)}")
         time.sleep(min(0.1, remaining))  # metadata has no change notification to wait on
-
-
-class DeliveryTracker:
-    """`on_delivery` callback that counts acknowledgements and keeps failures.
-
-    Use one per batch: produce with `on_delivery=tracker`, then `flush_or_raise`.
-    """
-
-    def __init__(self) -> None:
-        self.delivered = 0
-        self.failed: list[tuple[KafkaError, Message]] = []
-
-    def __call__(self, error: KafkaError | None, message: Message) -> None:
-        if error is None:
-            self.delivered += 1
-        else:
-            self.failed.append((error, message))
-
-    def raise_for_failures(self) -> None:
-        if self.failed:
-            first, message = self.failed[0]
-            raise DeliveryError(
-                f"{len(self.failed)} message(s) not delivered; first: {first.name()} "
-                f"({first.str()}) on {message.topic()}"
-            )
-
-
-def flush_or_raise(
-    producer: Producer, timeout: float, tracker: DeliveryTracker | None = None
-) -> None:
-    """Flush, then raise `DeliveryError` if anything is still queued or was refused."""
-    remaining = producer.flush(timeout)
-    if remaining:
-        raise DeliveryError(f"{remaining} message(s) still queued after {timeout}s flush")
-    if tracker is not None:
-        tracker.raise_for_failures()

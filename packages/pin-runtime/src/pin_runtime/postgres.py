@@ -8,6 +8,7 @@ outage loses work.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
@@ -18,6 +19,7 @@ __all__ = [
     "RETRIABLE_SQLSTATES",
     "RETRIABLE_SQLSTATE_CLASSES",
     "Pool",
+    "SessionLimits",
     "create_pool",
     "is_retriable",
 ]
@@ -37,6 +39,7 @@ RETRIABLE_SQLSTATES: Final = {
     "40P01": "deadlock detected",
     "55P03": "lock not available (lock_timeout / NOWAIT)",
     "25P03": "idle-in-transaction session timeout (the server closed the session)",
+    "25006": "read-only transaction (a standby promoted or demoted under us after failover)",
 }
 
 
@@ -70,6 +73,60 @@ def _classify(exc: BaseException) -> bool | None:
     return None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionLimits:
+    """Bounds on every wait of a database session, set when it connects.
+
+    A statement blocked by a lock or a slow plan fails (SQLSTATE 55P03 / 57014, both
+    retriable) instead of stalling its loop; a transaction left open by a stuck process is
+    ended by the server; TCP keepalives on both ends notice a vanished peer in about
+    idle + interval * count seconds instead of the kernel's two hours (which is also how
+    fast an advisory lock of a dead process is freed). Durations in seconds; 0 disables.
+    """
+
+    statement_timeout: float = 30.0
+    lock_timeout: float = 10.0
+    idle_in_transaction_timeout: float = 60.0
+    keepalives_idle: int = 10
+    keepalives_interval: int = 5
+    keepalives_count: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("statement_timeout", "lock_timeout", "idle_in_transaction_timeout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if min(self.keepalives_idle, self.keepalives_interval, self.keepalives_count) < 1:
+            raise ValueError(
+                "keepalives_idle, keepalives_interval and keepalives_count must be >= 1"
+            )
+
+    def options(self) -> str:
+        """The libpq `options` string: server settings of the session, from its start."""
+        settings = {
+            "statement_timeout": _ms(self.statement_timeout),
+            "lock_timeout": _ms(self.lock_timeout),
+            "idle_in_transaction_session_timeout": _ms(self.idle_in_transaction_timeout),
+            "tcp_keepalives_idle": self.keepalives_idle,
+            "tcp_keepalives_interval": self.keepalives_interval,
+            "tcp_keepalives_count": self.keepalives_count,
+        }
+        return " ".join(f"-c {name}={value}" for name, value in settings.items())
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `psycopg.connect` (or a pool's `kwargs`) for these limits."""
+        return {
+            "options": self.options(),
+            "keepalives": 1,
+            "keepalives_idle": self.keepalives_idle,
+            "keepalives_interval": self.keepalives_interval,
+            "keepalives_count": self.keepalives_count,
+        }
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
 def create_pool(
     dsn: str,
     *,
@@ -84,6 +141,7 @@ def create_pool(
     reconnect_timeout: float = 300.0,
     configure: Callable[[psycopg.Connection[TupleRow]], None] | None = None,
     connect_kwargs: Mapping[str, Any] | None = None,
+    session: SessionLimits | None = None,
 ) -> Pool:
     """A closed pool: the caller opens it (`pool.open(wait=True, timeout=...)`) and closes it.
 
@@ -98,6 +156,7 @@ def create_pool(
         "application_name": application_name or name,
         # libpq waits forever on an unreachable host by default; bound it.
         "connect_timeout": connect_timeout,
+        **(session or SessionLimits()).connect_kwargs(),
         **(connect_kwargs or {}),
     }
     return ConnectionPool(

@@ -98,8 +98,12 @@ def load_settings(cls: type[S], prefix: str, environ: Mapping[str, str] | None =
         return cls(**values)
     except (TypeError, ValueError) as exc:  # raised by the struct's own __post_init__ checks
         # A check that names its variable ("PREFIX_NAME: reason") is reported under it.
+        # A shared base class does not know the prefix: it names the field ("NAME: reason").
         variable, sep, reason = str(exc).partition(": ")
-        if sep and variable.startswith(prefix) and variable in _variables(cls, prefix):
+        known = _variables(cls, prefix)
+        if sep and variable not in known and prefix + variable in known:
+            variable = prefix + variable
+        if sep and variable in known:
             raise SettingsError(variable, reason) from exc
         raise SettingsError(f"{prefix}*", str(exc)) from exc
 

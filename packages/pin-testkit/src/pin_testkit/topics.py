@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 
 from pin_runtime.kafka import create_admin, ensure_topics
 
@@ -15,9 +16,17 @@ class TopicFactory:
         self._prefix = prefix
         self._created: list[str] = []
 
-    def create(self, *, partitions: int = 3, name: str | None = None, timeout: float = 30.0) -> str:
+    def create(
+        self,
+        *,
+        partitions: int = 3,
+        name: str | None = None,
+        timeout: float = 30.0,
+        config: Mapping[str, str] | None = None,
+    ) -> str:
+        """A new topic; `config` is its topic-level configuration (e.g. `Topic.config()`)."""
         topic = name or f"{self._prefix}.{uuid.uuid4().hex[:12]}"
-        ensure_topics(self._admin, [(topic, partitions)], timeout=timeout)
+        ensure_topics(self._admin, [(topic, partitions, dict(config or {}))], timeout=timeout)
         self._created.append(topic)
         return topic
 

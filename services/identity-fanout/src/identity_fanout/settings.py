@@ -11,7 +11,7 @@ from typing import Annotated, Final
 
 from msgspec import Meta
 
-from pin_runtime.kafka import KafkaClientSettings
+from pin_runtime.clients import ClientSettings
 from pin_runtime.logging import LogLevel
 from pin_runtime.settings import Secret
 
@@ -22,7 +22,7 @@ PositiveInt = Annotated[int, Meta(ge=1)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
 
 
-class Settings(KafkaClientSettings, frozen=True, kw_only=True):
+class Settings(ClientSettings, frozen=True, kw_only=True):
     """Every setting of the service; field `batch_size` is `IDENTITY_FANOUT_BATCH_SIZE`."""
 
     database_dsn: Secret
@@ -52,6 +52,7 @@ class Settings(KafkaClientSettings, frozen=True, kw_only=True):
     db_pool_size: Annotated[int, Meta(ge=2, le=100)] = 4
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.polling_interval <= timedelta(0):
             raise ValueError("IDENTITY_FANOUT_POLLING_INTERVAL: must be positive")
         if self.max_lease_duration < timedelta(seconds=1):

@@ -35,7 +35,7 @@ from pin_contracts import (
     DeadLetterInfo,
     Headers,
 )
-from pin_runtime.kafka import DeliveryTracker, flush_or_raise
+from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from rewards_membership.errors import InfrastructureError
 from rewards_membership.records import headers_of, offset_of, partition_of, topic_of
 from rewards_membership.validation import InvalidEvent
@@ -110,7 +110,7 @@ class DeadLetterWriter:
         """Produce and flush; `DeliveryError` (an infrastructure failure) if any is refused."""
         if not records:
             return
-        tracker = DeliveryTracker()
+        tracker = DeliveryTracker[int]()
         for message, invalid in records:
             info = dead_letter_info(message, invalid, self._group_id)
             self._producer.produce(
@@ -196,7 +196,7 @@ def replay(
     on_sent: Callable[[DeadLetterRecord], None] | None = None,
 ) -> int:
     """Republish records to their original topic (key, value, original headers); flush."""
-    tracker = DeliveryTracker()
+    tracker = DeliveryTracker[int]()
     for record in records:
         topic = record.info.original_topic if record.info is not None else default_topic
         producer.produce(

@@ -16,7 +16,7 @@ from pin_contracts import (
     IDENTITY_MEMBERSHIP_DLQ,
     REWARDS_MEMBERSHIP_CONSUMER_GROUP,
 )
-from pin_runtime.kafka import KafkaClientSettings
+from pin_runtime.clients import ClientSettings
 from pin_runtime.logging import LogLevel
 from pin_runtime.settings import Secret
 
@@ -27,7 +27,7 @@ Port = Annotated[int, Meta(ge=0, le=65535)]
 NonEmpty = Annotated[str, Meta(min_length=1)]
 
 
-class Settings(KafkaClientSettings, frozen=True, kw_only=True):
+class Settings(ClientSettings, frozen=True, kw_only=True):
     """Every setting of the service; field `batch_size` is `REWARDS_MEMBERSHIP_BATCH_SIZE`."""
 
     database_dsn: Secret
@@ -57,6 +57,7 @@ class Settings(KafkaClientSettings, frozen=True, kw_only=True):
     log_level: LogLevel = "INFO"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not timedelta(seconds=6) <= self.kafka_session_timeout <= timedelta(minutes=5):
             raise ValueError("REWARDS_MEMBERSHIP_KAFKA_SESSION_TIMEOUT: must be within 6s..5m")
         if self.poll_timeout <= timedelta(0):

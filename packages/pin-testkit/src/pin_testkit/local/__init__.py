@@ -4,6 +4,7 @@ PostgreSQL runs from the installed server binaries, Kafka from jars Maven copies
 Central; both keep their data, logs and ports under ``infra/local/.state/``.
 """
 
+from pin_runtime.kafka import TopicSpec
 from pin_testkit.local.errors import LocalInfraError, MissingPrerequisiteError
 from pin_testkit.local.launcher import (
     LocalServices,
@@ -13,7 +14,7 @@ from pin_testkit.local.launcher import (
     ensure_up,
     status,
 )
-from pin_testkit.local.topics import TopicSpec, catalogue_topics, ensure_topics
+from pin_testkit.local.topics import catalogue_topics, ensure_topics
 
 __all__ = [
     "LocalInfraError",

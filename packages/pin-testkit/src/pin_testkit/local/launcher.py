@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pin_runtime.kafka import TopicSpec
 from pin_testkit.local.errors import LocalInfraError
 from pin_testkit.local.kafka import Kafka, ensure_libs, find_java
 from pin_testkit.local.layout import Layout, resolve_layout
@@ -21,7 +22,7 @@ from pin_testkit.local.postgres import (
 )
 from pin_testkit.local.procs import POLL_INTERVAL, Deadline, file_lock, pid_alive
 from pin_testkit.local.state import LocalState, load_state, plan_state, save_state
-from pin_testkit.local.topics import TopicSpec, catalogue_topics, ensure_topics
+from pin_testkit.local.topics import catalogue_topics, ensure_topics
 
 log = logging.getLogger(__name__)
 

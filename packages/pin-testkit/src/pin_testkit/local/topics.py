@@ -8,16 +8,14 @@ from confluent_kafka import KafkaException
 
 from pin_contracts.topics import CATALOGUE
 from pin_runtime.errors import KafkaSetupError
-from pin_runtime.kafka import create_admin
+from pin_runtime.kafka import TopicSpec, create_admin
 from pin_runtime.kafka import ensure_topics as create_missing_topics
 from pin_testkit.local.errors import LocalInfraError
 
-TopicSpec = tuple[str, int]
-
 
 def catalogue_topics() -> list[TopicSpec]:
-    """The topics of ``pin_contracts.topics.CATALOGUE`` as (name, partitions)."""
-    return [(topic.name, topic.partitions) for topic in CATALOGUE]
+    """The topics of ``pin_contracts.topics.CATALOGUE`` as (name, partitions, config)."""
+    return [(topic.name, topic.partitions, topic.config()) for topic in CATALOGUE]
 
 
 def ensure_topics(bootstrap: str, topics: Sequence[TopicSpec], timeout: float = 60.0) -> list[str]:

@@ -1,0 +1,53 @@
+"""The client settings every service inherits: Kafka connection and database session limits.
+
+A service's `Settings` subclasses `ClientSettings`, so `<PREFIX>KAFKA_BOOTSTRAP`,
+`<PREFIX>DB_STATEMENT_TIMEOUT` and friends mean the same thing in every service.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated
+
+from msgspec import Meta
+
+from pin_runtime.kafka import KafkaClientSettings
+from pin_runtime.postgres import SessionLimits
+
+__all__ = ["ClientSettings"]
+
+KeepaliveCount = Annotated[int, Meta(ge=1, le=100)]
+
+
+class ClientSettings(KafkaClientSettings, frozen=True, kw_only=True):
+    """Kafka settings (inherited) plus the limits of every database session (`SessionLimits`)."""
+
+    db_statement_timeout: timedelta = timedelta(seconds=30)
+    """Longest statement; a statement over it fails (57014) and its unit of work is retried."""
+    db_lock_timeout: timedelta = timedelta(seconds=10)
+    """Longest wait for a row or table lock (55P03, retried)."""
+    db_idle_in_transaction_timeout: timedelta = timedelta(seconds=60)
+    """The server ends a session whose transaction stays idle this long (a stuck process)."""
+    db_keepalives_idle: timedelta = timedelta(seconds=10)
+    """TCP keepalive: idle time before the first probe, on both ends of the connection."""
+    db_keepalives_interval: timedelta = timedelta(seconds=5)
+    db_keepalives_count: KeepaliveCount = 3
+
+    def __post_init__(self) -> None:
+        for name in ("db_statement_timeout", "db_lock_timeout", "db_idle_in_transaction_timeout"):
+            if getattr(self, name) < timedelta(0):
+                raise ValueError(f"{name.upper()}: must not be negative (0 disables it)")
+        for name in ("db_keepalives_idle", "db_keepalives_interval"):
+            if getattr(self, name) < timedelta(seconds=1):
+                raise ValueError(f"{name.upper()}: must be at least 1s")
+
+    def database_session(self) -> SessionLimits:
+        """The `SessionLimits` of every database session the service opens."""
+        return SessionLimits(
+            statement_timeout=self.db_statement_timeout.total_seconds(),
+            lock_timeout=self.db_lock_timeout.total_seconds(),
+            idle_in_transaction_timeout=self.db_idle_in_transaction_timeout.total_seconds(),
+            keepalives_idle=int(self.db_keepalives_idle.total_seconds()),
+            keepalives_interval=int(self.db_keepalives_interval.total_seconds()),
+            keepalives_count=self.db_keepalives_count,
+        )

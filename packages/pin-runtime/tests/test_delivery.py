@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from pin_runtime.delivery import DeliveryTracker, classify, flush_or_raise
+from pin_runtime.errors import DeliveryError
+from pin_runtime.kafka import create_producer
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (KafkaError.MSG_SIZE_TOO_LARGE, "too-large"),
+        (KafkaError.RECORD_LIST_TOO_LARGE, "too-large"),
+        (KafkaError.INVALID_RECORD, "invalid-record"),
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, "topic-authorization"),
+    ],
+)
+def test_errors_about_the_record_are_not_retriable(code: int, reason: str) -> None:
+    failure = classify(KafkaError(code))
+    assert not failure.retriable
+    assert failure.reason == reason
+    assert failure.code == KafkaError(code).name()
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+    ],
+)
+def test_errors_about_the_path_are_retriable(code: int) -> None:
+    failure = classify(KafkaError(code))
+    assert failure.retriable
+    assert failure.reason == "retriable"
+
+
+def test_exceptions_raised_by_produce_are_classified() -> None:
+    assert not classify(KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))).retriable
+    assert classify(BufferError("Local: Queue full")).retriable
+
+
+def test_produce_of_a_record_over_message_max_bytes_is_refused_as_too_large() -> None:
+    # librdkafka checks the uncompressed size in produce(), before any broker is involved.
+    producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.max.bytes": 1000})
+    tracker: DeliveryTracker[int] = DeliveryTracker()
+    on_delivery = tracker.expect(7)
+    with pytest.raises(KafkaException) as raised:
+        producer.produce("t", b"x" * 5000, on_delivery=on_delivery)
+    failure = tracker.refused(7, raised.value)
+    assert (failure.reason, failure.retriable) == ("too-large", False)
+    assert tracker.pending == 0
+    assert tracker.failures == {7: failure}
+    assert not tracker.is_acknowledged(7)
+
+
+def test_tracker_keys_outcomes_by_token_and_bounds_the_wait() -> None:
+    producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.timeout.ms": 300})
+    tracker: DeliveryTracker[str] = DeliveryTracker()
+    producer.produce("t", b"v", on_delivery=tracker.expect("a"))
+    producer.produce("t", b"v", on_delivery=tracker.expect("b"))
+    assert tracker.pending == 2
+    ticks: list[None] = []
+    assert tracker.wait(producer, 10.0, on_tick=lambda: ticks.append(None)) == 0
+    assert ticks
+    assert set(tracker.failures) == {"a", "b"}
+    assert all(f.code == "_MSG_TIMED_OUT" and f.retriable for f in tracker.failures.values())
+    with pytest.raises(DeliveryError, match="2 message"):
+        tracker.raise_for_failures()
+
+
+def test_wait_gives_up_when_told() -> None:
+    producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.timeout.ms": 60000})
+    tracker: DeliveryTracker[int] = DeliveryTracker()
+    producer.produce("t", b"v", on_delivery=tracker.expect(1))
+    assert tracker.wait(producer, 30.0, give_up=lambda: True) == 1
+    with pytest.raises(DeliveryError, match="not acknowledged"):
+        tracker.raise_for_failures()
+    producer.purge()
+    producer.poll(0)
+
+
+def test_flush_or_raise_counts_anonymous_deliveries() -> None:
+    producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.timeout.ms": 200})
+    tracker: DeliveryTracker[int] = DeliveryTracker()
+    producer.produce("t", b"v", on_delivery=tracker)
+    with pytest.raises(DeliveryError, match="not delivered"):
+        flush_or_raise(producer, 10.0, tracker)
+    assert tracker.delivered == 0
+    assert [f.code for f in tracker.all_failures()] == ["_MSG_TIMED_OUT"]
