@@ -135,9 +135,17 @@ def produce(
     records: Sequence[tuple[bytes | None, bytes | None, Headers]],
     *,
     partition: int | None = None,
+    max_message_bytes: int | None = None,
 ) -> list[Delivered]:
-    """Produce raw records (key, value, headers); where the broker stored each, in order."""
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "log_level": 0})
+    """Produce raw records (key, value, headers); where the broker stored each, in order.
+
+    `max_message_bytes` raises the client's limit on a record (librdkafka's default is
+    1,000,000 bytes) to let a record up to the topic's own limit through.
+    """
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "acks": "all", "log_level": 0}
+    if max_message_bytes is not None:
+        config["message.max.bytes"] = max_message_bytes
+    producer = Producer(config)
     failures: list[str] = []
     delivered: dict[int, Delivered] = {}
 

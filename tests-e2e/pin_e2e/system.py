@@ -133,6 +133,12 @@ class System:
         env = self.identity_env(METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
         return self._process(label, IDENTITY_FANOUT, ["worker", *args], env, port)
 
+    def relay(self, label: str = "relay", **settings: str) -> ServiceProcess:
+        """``identity-fanout relay``: the relay as its own process (the chart's topology)."""
+        port = free_port()
+        env = self.identity_env(METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
+        return self._process(label, IDENTITY_FANOUT, ["relay"], env, port)
+
     def consumer(self, label: str = "consumer", **settings: str) -> ServiceProcess:
         """``rewards-membership consume``, not started yet."""
         port = free_port()
