@@ -21,10 +21,12 @@ from pin_runtime.delivery import DeliveryTracker
 from pin_runtime.kafka import Compression, ConfigValue, create_producer
 from pin_runtime.logging import log_event
 
-__all__ = ["FLUSH_MARGIN", "Publisher"]
+__all__ = ["BATCH_SIZE_BYTES", "FLUSH_MARGIN", "Publisher"]
 
 _log = logging.getLogger(__name__)
 
+BATCH_SIZE_BYTES: Final = 1_000_000
+"""librdkafka's `batch.size`, pinned: smaller than every catalogue topic's max.message.bytes."""
 FLUSH_MARGIN: Final = 5.0
 """Added to the delivery timeout: librdkafka reports each message within its timeout, this
 only covers scheduling slack."""
@@ -55,6 +57,10 @@ class Publisher:
             # once (MSG_SIZE_TOO_LARGE, quarantined); the broker compares the compressed batch
             # with the topic's max.message.bytes.
             "message.max.bytes": message_max_bytes,
+            # Several records share a batch only up to this many (uncompressed) bytes, below
+            # the smallest topic limit (1 MiB): the broker's size check never refuses small
+            # records together with a large one, which always travels in a batch of its own.
+            "batch.size": BATCH_SIZE_BYTES,
             **(extra or {}),
             # A dead broker must surface as failed deliveries, not as a wait without end.
             "message.timeout.ms": max(1, int(delivery_timeout * 1000)),
