@@ -32,10 +32,15 @@ DENIED = DeliveryFailure(
 
 
 def run(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`identity-fanout outbox quarantine ARGS`."""
+    return cli(dsn, "outbox", "quarantine", *args)
+
+
+def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
     env |= {"IDENTITY_FANOUT_DATABASE_DSN": dsn, "COLUMNS": "300"}
     return subprocess.run(
-        [CLI, "outbox", "quarantine", *args],
+        [CLI, *args],
         env=env,
         capture_output=True,
         text=True,
@@ -95,6 +100,11 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str) -> None:
         "pin.identity.access.v1",
     ):
         assert text in listed.stdout, text
+
+    status = cli(identity_dsn, "outbox", "status")
+    assert status.returncode == 0, status.stderr
+    assert "quarantined pin.identity.access.v1" in status.stdout
+    assert "2 (outbox quarantine list)" in status.stdout
 
     shown = run(identity_dsn, "show", str(first.id))
     assert shown.returncode == 0, shown.stderr
