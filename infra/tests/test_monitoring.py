@@ -32,6 +32,9 @@ SPEC_ALERTS = {
         "IdentityFanoutErrorsGrowing": "identity_access_fanout_errors_total",
         "IdentityFanoutTaskFailed": "identity_access_fanout_failed_tasks",
         "IdentityOutboxBacklogHigh": "identity_outbox_backlog",
+        "IdentityOutboxStalled": "identity_outbox_oldest_age_seconds",
+        "IdentityOutboxQuarantined": "identity_outbox_quarantine_rows",
+        "IdentityAccessTopicBacklogHigh": "kafka_consumergroup_lag",
         "IdentityFanoutNoSuccessfulRun": "identity_access_fanout_last_success_timestamp_seconds",
     },
     "rewards-membership": {
@@ -40,6 +43,10 @@ SPEC_ALERTS = {
         "RewardsMembershipDeadLetters": "rewards_identity_membership_dlq_total",
     },
 }
+
+# Metrics of other exporters that a service's alerts and dashboard rely on (documented in the
+# rule comment and the runbook): danielqsj/kafka_exporter's consumer-group lag.
+EXTERNAL_METRICS = {"identity-fanout": {"kafka_consumergroup_lag"}}
 
 _SUFFIXES = {
     "counter": ("_total", "_created"),
@@ -62,7 +69,7 @@ def exported_names(service: str) -> set[str]:
     for family in registry.collect():
         names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",)))
         names.update(sample.name for sample in family.samples)
-    return names
+    return names | EXTERNAL_METRICS.get(service, set())
 
 
 # PromQL words that are not metric names, and the parts of an expression that hold none.

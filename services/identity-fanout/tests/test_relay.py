@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import socket
 import threading
 import time
@@ -300,47 +299,6 @@ def test_unreachable_kafka_keeps_every_row_then_a_live_broker_gets_them_all(
     assert outbox_count(dsn) == 0
     received = consume(kafka_bootstrap, topic.name, 7)
     assert sorted(r.value() or b"" for r in received) == sorted(m.value for m in messages)
-
-
-def test_a_row_the_broker_refuses_blocks_the_rows_behind_it(
-    dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory
-) -> None:
-    good = [outbox_message(access_event(), topic) for _ in range(3)]
-    # Bigger than the broker's message.max.bytes (1 MiB), incompressible; the producer's own
-    # limit is raised so the refusal comes from the broker as a delivery report.
-    too_big = OutboxMessage(
-        topic=topic.name,
-        key=str(uuid.uuid4()),
-        value=os.urandom(2 * 1024 * 1024),
-        headers=(),
-        message_id=uuid.uuid4(),
-        event_type=UserAccessChangedKafkaEvent.EVENT_TYPE,
-    )
-    behind = [outbox_message(access_event(), topic) for _ in range(3)]
-    write(dsn, [*good, too_big, *behind])
-    ids = outbox_ids(dsn)
-    registry = CollectorRegistry()
-    relay = make_relay(kafka_extra={"message.max.bytes": 10_000_000}, registry=registry)
-
-    assert relay.run_once() == 3
-    result = relay.last_round
-    assert result is not None
-    assert result.error is not None
-    assert result.published == 3
-    assert result.failed >= 1
-    assert str(ids[3]) in result.error
-    # The refused row and everything behind it stay, acknowledged or not: no skipping ahead.
-    assert outbox_ids(dsn) == ids[3:]
-
-    # An operator removes the poison row; the rest go out on the next round.
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("DELETE FROM identity.outbox WHERE id = %s", (ids[3],))
-    assert relay.run_once() == 3
-    assert outbox_count(dsn) == 0
-    # Rows behind the refused one that were acknowledged anyway went out twice.
-    duplicates = len(behind) - (result.failed - 1)
-    received = consume(kafka_bootstrap, topic.name, len(good) + len(behind) + duplicates)
-    assert {r.value() for r in received} == {m.value for m in good + behind}
 
 
 def test_one_active_relay_and_take_over_when_its_connection_dies(

@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
+from identity_fanout.quarantine import list_quarantined
 from identity_fanout.relay import OutboxRelay
 from pin_contracts import (
     MESSAGE_ID_HEADER,
@@ -220,6 +221,16 @@ def test_relay_loses_nothing_while_the_broker_is_down(
         wait_until(lambda: outbox_count(identity_dsn) == 0, 30, "rows after the restart")
 
     assert outbox_count(identity_dsn) == 0
+    # An outage is never a reason to set a row aside: retriable errors only wait.
+    quarantined = [
+        sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name == "identity_outbox_quarantined_total"
+    ]
+    assert sum(quarantined) == 0
+    with psycopg.connect(identity_dsn, autocommit=True) as conn:
+        assert list_quarantined(conn) == []
     written = writer.written
     assert len(written) == 16 * ROWS_PER_TRANSACTION
     assert sample(registry, "identity_outbox_published_total") >= len(written)

@@ -79,12 +79,14 @@ def run_worker(
             name="identity-fanout-worker",
             min_size=1,
             max_size=settings.db_pool_size,
+            session=settings.database_session(),
         )
         pool.open(wait=False)
         try:
             FanoutWorker(
                 pool=pool,
                 listen_dsn=settings.database_dsn.reveal(),
+                session=settings.database_session(),
                 config=WorkerConfig(
                     batch_size=settings.batch_size,
                     polling_interval=settings.polling_interval,

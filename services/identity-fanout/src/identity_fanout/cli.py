@@ -13,6 +13,7 @@ from datetime import datetime
 from uuid import UUID
 
 import psycopg
+from psycopg.rows import TupleRow
 from rich.console import Console
 from rich.table import Table
 
@@ -37,6 +38,16 @@ def _uuid(text: str) -> UUID:
         return UUID(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
+    return value
 
 
 def _status(text: str) -> FanOutTaskStatus:
@@ -85,6 +96,19 @@ def _parser() -> argparse.ArgumentParser:
         dest="outbox_command", required=True, metavar="OUTBOX_COMMAND"
     )
     outbox.add_parser("status", help="what waits in the outbox, and whether a relay runs")
+    quarantine = outbox.add_parser(
+        "quarantine", help="rows Kafka refused for good (too large, invalid, not authorized)"
+    ).add_subparsers(dest="quarantine_command", required=True, metavar="QUARANTINE_COMMAND")
+    q_list = quarantine.add_parser("list", help="quarantined rows and why, oldest first")
+    q_list.add_argument("--limit", type=_positive, default=100)
+    q_show = quarantine.add_parser("show", help="one quarantined row, every field")
+    q_show.add_argument("row_id", type=_positive, metavar="ID")
+    q_retry = quarantine.add_parser(
+        "retry", help="put a quarantined row (or all) back at the tail of the outbox"
+    )
+    which = q_retry.add_mutually_exclusive_group(required=True)
+    which.add_argument("row_id", type=_positive, nargs="?", metavar="ID")
+    which.add_argument("--all", action="store_true", help="every quarantined row")
 
     memberships = commands.add_parser(
         "memberships", help="agent membership commands (AgentMembershipChanged events)"
@@ -169,6 +193,38 @@ def _task_detail(task: FanOutTask) -> Table:
     return table
 
 
+def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
+    """A connection bounded by the service's session limits (a blocked statement fails)."""
+    return psycopg.connect(
+        settings.database_dsn.reveal(), **settings.database_session().connect_kwargs()
+    )
+
+
+def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> None:
+    from identity_fanout import quarantine as q  # noqa: PLC0415
+    from identity_fanout.outbox_status import outbox_status, status_table  # noqa: PLC0415
+    from identity_fanout.quarantine_view import (  # noqa: PLC0415
+        quarantine_detail,
+        quarantine_table,
+        requeued_line,
+    )
+
+    if args.outbox_command == "status":
+        _console.print(status_table(outbox_status(conn)))
+    elif args.quarantine_command == "list":
+        _console.print(quarantine_table(q.list_quarantined(conn, limit=args.limit)))
+    elif args.quarantine_command == "show":
+        _console.print(quarantine_detail(q.get_quarantined(conn, args.row_id)))
+    elif args.all:
+        requeued = q.retry_all(conn)
+        for row in requeued:
+            _console.print(requeued_line(row), markup=False, highlight=False)
+        _console.print(f"{len(requeued)} row(s) back in the outbox", markup=False)
+    else:
+        row = q.retry_quarantined(conn, args.row_id)
+        _console.print(requeued_line(row), markup=False, highlight=False)
+
+
 def _run(args: argparse.Namespace, settings: Settings) -> None:
     dsn = settings.database_dsn.reveal()
     if args.command == "migrate":
@@ -183,7 +239,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
 
         run_relay_process(settings)
     elif args.command == "roles":
-        with psycopg.connect(dsn) as conn:
+        with _connect(settings) as conn:
             change = set_role_permissions(
                 conn,
                 args.role_id,
@@ -196,7 +252,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
             + (f", task {change.task_id}" if change.task_id else "")
         )
     elif args.command == "tasks":
-        with psycopg.connect(dsn) as conn:
+        with _connect(settings) as conn:
             if args.tasks_command == "list":
                 _console.print(_tasks_table(list_tasks(conn, status=args.status, limit=args.limit)))
             elif args.tasks_command == "show":
@@ -205,12 +261,10 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
                 task = replay_task(conn, args.task_id)
                 _console.print(f"task {task.id} is {task.status} again (attempts reset)")
     elif args.command == "outbox":
-        from identity_fanout.outbox_status import outbox_status, status_table  # noqa: PLC0415
-
-        with psycopg.connect(dsn) as conn:
-            _console.print(status_table(outbox_status(conn)))
+        with _connect(settings) as conn:
+            _outbox(conn, args)
     elif args.command == "memberships":
-        with psycopg.connect(dsn) as conn:
+        with _connect(settings) as conn:
             if args.memberships_command == "join":
                 recorded = join_agency(
                     conn, args.agent_user_id, args.company_id, invitation_id=args.invitation

@@ -84,3 +84,11 @@ class MembershipAlreadyActiveError(IdentityFanoutError):
         super().__init__(f"agent {agent_user_id} is already Active in agency {company_id}")
         self.agent_user_id = agent_user_id
         self.company_id = company_id
+
+
+class QuarantinedRowNotFoundError(IdentityFanoutError):
+    """`outbox quarantine show/retry` of an id that is not (or no longer) quarantined."""
+
+    def __init__(self, row_id: int) -> None:
+        super().__init__(f"no quarantined row {row_id}")
+        self.row_id = row_id

@@ -10,6 +10,7 @@ from psycopg.rows import TupleRow
 from rich.table import Table
 
 from identity_fanout import relay_queries as q
+from identity_fanout.quarantine import quarantine_counts
 from identity_fanout.relay import RELAY_LOCK_KEY
 
 
@@ -32,10 +33,12 @@ class OutboxStatus(msgspec.Struct, frozen=True, kw_only=True):
     by_topic: dict[str, int]
     relay_active: bool
     relay: RelayHolder | None
+    quarantined: dict[str, int] = msgspec.field(default_factory=dict)
+    """Rows Kafka refused for good, by topic (`outbox quarantine list`)."""
 
 
 def outbox_status(conn: psycopg.Connection[TupleRow]) -> OutboxStatus:
-    """Backlog, head age, per-topic counts and the relay lock holder (exact counts)."""
+    """Backlog, head age, per-topic counts, the relay lock holder and the quarantine."""
     by_topic: dict[str, int] = dict(conn.execute(q.STATUS_BY_TOPIC).fetchall())
     head = conn.execute(q.STATUS_HEAD).fetchone()
     high, low = (RELAY_LOCK_KEY >> 32) & 0xFFFFFFFF, RELAY_LOCK_KEY & 0xFFFFFFFF
@@ -57,6 +60,7 @@ def outbox_status(conn: psycopg.Connection[TupleRow]) -> OutboxStatus:
         by_topic=by_topic,
         relay_active=holder is not None,
         relay=holder,
+        quarantined=quarantine_counts(conn),
     )
 
 
@@ -75,6 +79,8 @@ def status_table(status: OutboxStatus) -> Table:
     )
     for topic, count in status.by_topic.items():
         table.add_row(f"topic {topic}", str(count))
+    for topic, count in status.quarantined.items():
+        table.add_row(f"quarantined {topic}", f"{count} (outbox quarantine list)")
     holder = status.relay
     table.add_row(
         "relay",

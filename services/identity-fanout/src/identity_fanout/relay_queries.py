@@ -14,16 +14,6 @@ TRY_LOCK: Final = "SELECT pg_try_advisory_lock(%(key)s)"
 
 UNLOCK: Final = "SELECT pg_advisory_unlock(%(key)s)"
 
-SESSION_SETUP: Final = (
-    # The server notices a vanished relay (and frees the lock for a standby) within about
-    # idle + interval * count seconds instead of the kernel's default two hours. Ignored on
-    # Unix sockets. statement_timeout bounds a query stuck behind something unexpected.
-    "SET tcp_keepalives_idle = 10",
-    "SET tcp_keepalives_interval = 5",
-    "SET tcp_keepalives_count = 3",
-    "SET statement_timeout = '30s'",
-)
-
 READ_BATCH: Final = """
 SELECT id, topic, message_key, payload, headers
   FROM identity.outbox

@@ -11,12 +11,22 @@ from typing import Annotated, Final
 
 from msgspec import Meta
 
+from pin_contracts.topics import AGENT_MEMBERSHIP_CHANGED, USER_ACCESS_CHANGED
 from pin_runtime.clients import ClientSettings
 from pin_runtime.logging import LogLevel
 from pin_runtime.settings import Secret
 
 ENV_PREFIX: Final = "IDENTITY_FANOUT_"
 SERVICE_NAME: Final = "identity-fanout"
+
+RELAY_MESSAGE_MAX_BYTES: Final = 2 * max(
+    USER_ACCESS_CHANGED.max_message_bytes, AGENT_MEMBERSHIP_CHANGED.max_message_bytes
+)
+"""The relay producer's `message.max.bytes` (16 MiB): librdkafka compares it with the
+UNCOMPRESSED record, the broker compares the topic's `max.message.bytes` (8 MiB for the
+access topic) with the zstd-COMPRESSED batch. An access snapshot compresses about 6x
+(README "Sizes"), so anything under this limit fits the access topic with room to spare; a
+record that compresses worse is refused by the broker instead, and quarantined all the same."""
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
@@ -45,6 +55,12 @@ class Settings(ClientSettings, frozen=True, kw_only=True):
     """How often the relay looks at the outbox when no NOTIFY woke it."""
     relay_delivery_timeout: timedelta = timedelta(seconds=30)
     """How long the relay waits for the broker's acknowledgements of one round."""
+    relay_message_max_bytes: Annotated[int, Meta(ge=1000, le=1_000_000_000)] = (
+        RELAY_MESSAGE_MAX_BYTES
+    )
+    """The relay producer's `message.max.bytes`: the largest uncompressed record it sends;
+    a larger row is quarantined at once. Raise it together with the topic's
+    `max.message.bytes` (README "Sizes")."""
 
     metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
     metrics_port: Port = 9108

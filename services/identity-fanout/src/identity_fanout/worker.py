@@ -37,7 +37,7 @@ from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.tasks import FanOutTask
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import is_retriable
+from pin_runtime.postgres import SessionLimits, is_retriable
 
 _log = logging.getLogger(__name__)
 
@@ -73,9 +73,12 @@ class FanoutWorker:
         clock: Callable[[], float] = time.monotonic,
         on_batch: Callable[[FanOutTask, BatchResult], None] | None = None,
         tracer: trace.Tracer | None = None,
+        session: SessionLimits | None = None,
     ) -> None:
         self._pool = pool
         self._listen_dsn = listen_dsn
+        # The LISTEN connection is a session of its own: bounded like the pool's.
+        self._session = session or SessionLimits()
         self._config = config
         self._metrics = metrics
         self._stop = stop
@@ -337,7 +340,12 @@ class FanoutWorker:
         if self._listener is not None and not self._listener.closed:
             return self._listener
         try:
-            self._listener = psycopg.connect(self._listen_dsn, autocommit=True, connect_timeout=5)
+            self._listener = psycopg.connect(
+                self._listen_dsn,
+                autocommit=True,
+                connect_timeout=5,
+                **self._session.connect_kwargs(),
+            )
             self._listener.execute(f"LISTEN {queries.TASKS_CHANNEL}")
         except psycopg.Error as exc:
             log_event(_log, "listen failed; polling only", logging.WARNING, exception=repr(exc))

@@ -1,0 +1,74 @@
+"""`identity-fanout outbox quarantine list/show`: why each row is there, as tables."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from rich.table import Table
+
+from identity_fanout.quarantine import QuarantinedRow, RequeuedRow
+
+__all__ = ["quarantine_detail", "quarantine_table", "requeued_line"]
+
+
+def _when(value: datetime) -> str:
+    return value.isoformat(timespec="seconds")
+
+
+def quarantine_table(rows: Sequence[QuarantinedRow]) -> Table:
+    """One line per quarantined row: what it is, whose, how big, and why it was refused."""
+    table = Table(title="outbox quarantine", title_justify="left")
+    for column in (
+        "id",
+        "outbox id",
+        "topic",
+        "key",
+        "event",
+        "size",
+        "code",
+        "reason",
+        "attempts",
+        "first failed",
+        "last failed",
+        "message",
+    ):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        table.add_row(
+            str(r.id),
+            str(r.outbox_id),
+            r.topic,
+            r.key,
+            r.event_type,
+            str(r.size),
+            r.error_code,
+            r.error_reason,
+            str(r.attempts),
+            _when(r.first_failed_at),
+            _when(r.last_failed_at),
+            r.error_message[:120],
+        )
+    return table
+
+
+def quarantine_detail(row: QuarantinedRow) -> Table:
+    """Every field of one quarantined row (headers included, the payload by size only)."""
+    table = Table(show_header=False, title=f"quarantined row {row.id}", title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for name in QuarantinedRow.__struct_fields__:
+        value = getattr(row, name)
+        if name == "headers":
+            for header, text in value:
+                table.add_row(f"header {header}", text or "")
+            continue
+        table.add_row(name, _when(value) if isinstance(value, datetime) else str(value))
+    return table
+
+
+def requeued_line(row: RequeuedRow) -> str:
+    return (
+        f"quarantined row {row.quarantine_id} is back in the outbox as id {row.outbox_id} "
+        f"(topic {row.topic}, key {row.key}, {row.attempts} refusal(s) so far)"
+    )

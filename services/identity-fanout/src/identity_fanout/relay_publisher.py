@@ -1,0 +1,155 @@
+"""Producing one round of outbox records and learning what became of each.
+
+Every record's outcome is kept by `pin_runtime.delivery.DeliveryTracker`, keyed by its
+outbox id: acknowledged, refused (by `produce()` at once, or by the broker in a delivery
+report, each classified retriable or not), or still without an outcome when the bounded
+wait ended. What to do with each is `relay_settlement.settle`'s decision, not this module's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from identity_fanout.relay_records import OutboxRecord, span_links
+from pin_runtime.delivery import DeliveryTracker
+from pin_runtime.kafka import Compression, ConfigValue, create_producer
+from pin_runtime.logging import log_event
+
+__all__ = ["BATCH_SIZE_BYTES", "FLUSH_MARGIN", "Publisher"]
+
+_log = logging.getLogger(__name__)
+
+BATCH_SIZE_BYTES: Final = 1_000_000
+"""librdkafka's `batch.size`, pinned: smaller than every catalogue topic's max.message.bytes."""
+FLUSH_MARGIN: Final = 5.0
+"""Added to the delivery timeout: librdkafka reports each message within its timeout, this
+only covers scheduling slack."""
+
+
+class Publisher:
+    """The relay's producer: produce a round, wait for it (bounded), purge what is left.
+
+    A producer that hit a fatal error (e.g. the idempotent producer fenced) is replaced
+    before the next round.
+    """
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        client_id: str,
+        message_max_bytes: int,
+        compression: Compression,
+        extra: Mapping[str, ConfigValue] | None,
+        delivery_timeout: float,
+        tracer: trace.Tracer,
+    ) -> None:
+        self._bootstrap = bootstrap
+        self._client_id = client_id
+        self._config: dict[str, ConfigValue] = {
+            # Compared by produce() with the UNCOMPRESSED record: a larger one is refused at
+            # once (MSG_SIZE_TOO_LARGE, quarantined); the broker compares the compressed batch
+            # with the topic's max.message.bytes.
+            "message.max.bytes": message_max_bytes,
+            # Several records share a batch only up to this many (uncompressed) bytes, below
+            # the smallest topic limit (1 MiB): the broker's size check never refuses small
+            # records together with a large one, which always travels in a batch of its own.
+            "batch.size": BATCH_SIZE_BYTES,
+            **(extra or {}),
+            # A dead broker must surface as failed deliveries, not as a wait without end.
+            "message.timeout.ms": max(1, int(delivery_timeout * 1000)),
+        }
+        self._compression: Compression = compression
+        self._delivery_timeout = delivery_timeout
+        self._tracer = tracer
+        self._producer: Producer | None = None
+        self._fatal = False
+
+    def publish(
+        self,
+        records: Sequence[OutboxRecord],
+        *,
+        on_tick: Callable[[], None] | None = None,
+        give_up: Callable[[], bool] | None = None,
+    ) -> DeliveryTracker[int]:
+        """Produce `records` in order; the tracker with every outcome known by the end."""
+        producer = self._current_producer()
+        tracker: DeliveryTracker[int] = DeliveryTracker()
+        topics = sorted({r.topic for r in records})
+        attributes: dict[str, str | int] = {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
+            "messaging.batch.message_count": len(records),
+            "messaging.client.id": self._client_id,
+        }
+        if len(topics) == 1:  # the conventions omit the destination of a mixed batch
+            attributes["messaging.destination.name"] = topics[0]
+        name = f"send {topics[0]}" if len(topics) == 1 else "send"
+        with self._tracer.start_as_current_span(
+            name, kind=SpanKind.PRODUCER, attributes=attributes, links=span_links(records)
+        ) as span:
+            for record in records:
+                on_delivery = tracker.expect(record.id)
+                try:
+                    # Headers go out as stored: their traceparent is the writer's context.
+                    producer.produce(
+                        record.topic,
+                        key=record.key,
+                        value=record.value,
+                        headers=record.headers,
+                        on_delivery=on_delivery,
+                    )
+                except (BufferError, KafkaException) as exc:
+                    # Too large for message.max.bytes: refused for good, the next goes on.
+                    # Queue full or a fatal producer: the rest waits for another round.
+                    if tracker.refused(record.id, exc).retriable:
+                        break
+            timeout = self._delivery_timeout + FLUSH_MARGIN
+            if tracker.wait(producer, timeout, on_tick=on_tick, give_up=give_up) > 0:
+                # Not yet sent: drop from the queue so nothing lingers into the next round
+                # (those rows stay in the outbox). In-flight requests cannot be recalled; a
+                # late ack of one only means a duplicate when its row goes out again.
+                producer.purge(in_queue=True, in_flight=False)
+                producer.poll(0)
+            if tracker.failures or tracker.pending:
+                first = next(iter(tracker.failures.values()), None)
+                span.set_status(
+                    Status(StatusCode.ERROR, str(first) if first else "no acknowledgement")
+                )
+        return tracker
+
+    def close(self, grace: float) -> None:
+        """Give in-flight deliveries `grace` seconds, then drop the rest and close."""
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        if producer.flush(grace) > 0:
+            producer.purge(in_queue=True, in_flight=True)
+            producer.poll(0)
+        producer.close()
+
+    def _current_producer(self) -> Producer:
+        if self._producer is not None and self._fatal:
+            log_event(_log, "kafka producer replaced after fatal error", logging.WARNING)
+            self.close(0.0)
+        if self._producer is None:
+            self._fatal = False
+            self._producer = create_producer(
+                self._bootstrap,
+                client_id=self._client_id,
+                compression=self._compression,
+                extra=self._config,
+                on_error=self._on_error,
+            )
+        return self._producer
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self._fatal = True

@@ -1,0 +1,58 @@
+"""Outbox rows as the Kafka records the relay produces, byte for byte."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from opentelemetry import trace
+from opentelemetry.trace import Link
+from psycopg.rows import TupleRow
+
+from pin_runtime.tracing import Headers, extract_context
+
+__all__ = ["MAX_SPAN_LINKS", "OutboxRecord", "record_from_row", "span_links"]
+
+MAX_SPAN_LINKS: Final = 32
+"""Links from a round's span to the traces that wrote its rows (distinct contexts, first N)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRecord:
+    """One row of `relay_queries.READ_BATCH`: its outbox id and the record it becomes."""
+
+    id: int
+    topic: str
+    key: bytes
+    value: bytes
+    headers: Headers
+
+
+def record_from_row(row: TupleRow) -> OutboxRecord:
+    id_, topic, key, payload, raw_headers = row
+    return OutboxRecord(
+        id=id_, topic=topic, key=key.encode(), value=bytes(payload), headers=_headers(raw_headers)
+    )
+
+
+def _headers(raw: object) -> Headers:
+    """jsonb `[[name, value], ...]` (or an object, the column default) as Kafka headers."""
+    pairs: Any = raw.items() if isinstance(raw, dict) else (raw or [])
+    return [(str(name), None if value is None else str(value).encode()) for name, value in pairs]
+
+
+def span_links(records: Sequence[OutboxRecord]) -> list[Link]:
+    """Links to the transactions that wrote the rows (their stored `traceparent`)."""
+    links: list[Link] = []
+    seen: set[tuple[int, int]] = set()
+    for record in records:
+        if not any(name == "traceparent" for name, _ in record.headers):
+            continue
+        context = trace.get_current_span(extract_context(record.headers)).get_span_context()
+        if context.is_valid and (context.trace_id, context.span_id) not in seen:
+            seen.add((context.trace_id, context.span_id))
+            links.append(Link(context))
+            if len(links) >= MAX_SPAN_LINKS:
+                break
+    return links

@@ -1,0 +1,149 @@
+"""`identity-fanout outbox quarantine list | show | retry ID | retry --all` as an operator
+runs them (a real PostgreSQL; rows are refused through the store the relay uses)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.rows import TupleRow
+
+from identity_fanout.outbox import OutboxMessage, write_outbox
+from identity_fanout.quarantine import list_quarantined, quarantine_rows
+from identity_fanout.relay_records import OutboxRecord
+from identity_fanout.relay_settlement import Refusal
+from pin_runtime.delivery import DeliveryFailure
+
+pytestmark = pytest.mark.integration
+
+CLI = str(Path(sys.executable).with_name("identity-fanout"))
+Conn = psycopg.Connection[TupleRow]
+TOO_LARGE = DeliveryFailure(
+    "MSG_SIZE_TOO_LARGE", "too-large", "Broker: Message size too large", retriable=False
+)
+DENIED = DeliveryFailure(
+    "TOPIC_AUTHORIZATION_FAILED", "topic-authorization", "Broker: Topic authorization failed", False
+)
+
+
+def run(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`identity-fanout outbox quarantine ARGS`."""
+    return cli(dsn, "outbox", "quarantine", *args)
+
+
+def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
+    env |= {"IDENTITY_FANOUT_DATABASE_DSN": dsn, "COLUMNS": "300"}
+    return subprocess.run(
+        [CLI, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def refuse(db: Conn, topic: str, key: uuid.UUID, failure: DeliveryFailure) -> int:
+    """Write one outbox row and quarantine it as the relay would; its outbox id."""
+    with db.transaction():
+        write_outbox(
+            db,
+            [
+                OutboxMessage(
+                    topic=topic,
+                    key=str(key),
+                    value=b"x" * 5000,
+                    headers=(("pin-message-id", "m"),),
+                    message_id=uuid.uuid4(),
+                    event_type="UserAccessChanged",
+                )
+            ],
+        )
+    [(outbox_id,)] = db.execute("SELECT max(id) FROM identity.outbox").fetchall()
+    record = OutboxRecord(id=outbox_id, topic=topic, key=str(key).encode(), value=b"", headers=[])
+    [moved] = quarantine_rows(db, [Refusal(record, failure)])
+    assert moved.outbox_id == outbox_id
+    return int(outbox_id)
+
+
+def outbox_ids(db: Conn) -> list[int]:
+    return [r[0] for r in db.execute("SELECT id FROM identity.outbox ORDER BY id")]
+
+
+def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str) -> None:
+    empty = run(identity_dsn, "list")
+    assert empty.returncode == 0, empty.stderr
+    assert "outbox quarantine" in empty.stdout
+
+    first_user, second_user = uuid.uuid4(), uuid.uuid4()
+    refuse(db, "pin.identity.access.v1", first_user, TOO_LARGE)
+    refuse(db, "pin.identity.access.v1", second_user, DENIED)
+    assert outbox_ids(db) == []
+    first, second = list_quarantined(db)
+
+    listed = run(identity_dsn, "list")
+    assert listed.returncode == 0, listed.stderr
+    for text in (
+        str(first_user),
+        str(second_user),
+        "MSG_SIZE_TOO_LARGE",
+        "too-large",
+        "topic-authorization",
+        "Broker: Message size too large",
+        "5000",  # the size of the value
+        "pin.identity.access.v1",
+    ):
+        assert text in listed.stdout, text
+
+    status = cli(identity_dsn, "outbox", "status")
+    assert status.returncode == 0, status.stderr
+    assert "quarantined pin.identity.access.v1" in status.stdout
+    assert "2 (outbox quarantine list)" in status.stdout
+
+    shown = run(identity_dsn, "show", str(first.id))
+    assert shown.returncode == 0, shown.stderr
+    assert str(first.message_id) in shown.stdout
+    assert "first_failed_at" in shown.stdout
+    assert "header pin-message-id" in shown.stdout
+
+    missing = run(identity_dsn, "show", "999999")
+    assert (missing.returncode, missing.stderr.strip()) == (1, "error: no quarantined row 999999")
+    missing_retry = run(identity_dsn, "retry", "999999")
+    assert (missing_retry.returncode, missing_retry.stderr.strip()) == (
+        1,
+        "error: no quarantined row 999999",
+    )
+    for bad in (["retry"], ["retry", "1", "--all"], ["show", "x"], ["show", "0"]):
+        assert run(identity_dsn, *bad).returncode == 2, bad
+
+    # Listening like the relay: a retry wakes it at once.
+    with psycopg.connect(identity_dsn, autocommit=True) as listener:
+        listener.execute("LISTEN identity_outbox")
+        retried = run(identity_dsn, "retry", str(first.id))
+        assert retried.returncode == 0, retried.stderr
+        assert list(listener.notifies(timeout=5, stop_after=1)), "no NOTIFY for the relay"
+    [requeued] = outbox_ids(db)
+    assert requeued > second.outbox_id  # the tail of the outbox, under a new id
+    assert retried.stdout.strip() == (
+        f"quarantined row {first.id} is back in the outbox as id {requeued} "
+        f"(topic pin.identity.access.v1, key {first_user}, 1 refusal(s) so far)"
+    )
+    [row] = db.execute(
+        "SELECT quarantine_attempts, first_failed_at, payload FROM identity.outbox"
+    ).fetchall()
+    assert (row[0], row[1], bytes(row[2])) == (1, first.first_failed_at, b"x" * 5000)
+    assert [q.id for q in list_quarantined(db)] == [second.id]
+
+    everything = run(identity_dsn, "retry", "--all")
+    assert everything.returncode == 0, everything.stderr
+    assert "1 row(s) back in the outbox" in everything.stdout
+    assert list_quarantined(db) == []
+    assert len(outbox_ids(db)) == 2
+    nothing = run(identity_dsn, "retry", "--all")
+    assert (nothing.returncode, nothing.stdout.strip()) == (0, "0 row(s) back in the outbox")

@@ -1,0 +1,68 @@
+"""The relay's decision on a round's rows, without a broker or a database."""
+
+from __future__ import annotations
+
+from identity_fanout.relay_records import OutboxRecord
+from identity_fanout.relay_settlement import Refusal, settle
+from pin_runtime.delivery import DeliveryFailure
+
+TOO_LARGE = DeliveryFailure("MSG_SIZE_TOO_LARGE", "too-large", "too big", retriable=False)
+DENIED = DeliveryFailure("TOPIC_AUTHORIZATION_FAILED", "topic-authorization", "no", False)
+TIMED_OUT = DeliveryFailure("_MSG_TIMED_OUT", "retriable", "Local: Message timed out", True)
+
+
+def records(*ids: int) -> list[OutboxRecord]:
+    return [OutboxRecord(id=i, topic="t", key=b"k", value=b"v", headers=[]) for i in ids]
+
+
+def test_all_acknowledged_deletes_every_row() -> None:
+    rows = records(1, 2, 3)
+    s = settle(rows, {1, 2, 3}, {})
+    assert s.delete == (1, 2, 3)
+    assert s.quarantine == ()
+    assert not s.stopped
+    assert s.waiting == 0
+    assert s.stop_reason() is None
+
+
+def test_non_retriable_refusals_are_quarantined_and_the_round_goes_on() -> None:
+    rows = records(1, 2, 3, 4)
+    s = settle(rows, {1, 3}, {2: TOO_LARGE, 4: DENIED})
+    assert s.delete == (1, 3)
+    assert s.quarantine == (Refusal(rows[1], TOO_LARGE), Refusal(rows[3], DENIED))
+    assert not s.stopped
+
+
+def test_a_retriable_failure_stops_the_round_there_even_if_later_rows_were_acknowledged() -> None:
+    rows = records(1, 2, 3, 4, 5)
+    s = settle(rows, {1, 4, 5}, {2: TOO_LARGE, 3: TIMED_OUT})
+    assert s.delete == (1,)  # 4 and 5 wait: re-sent later (a duplicate), never reordered
+    assert [r.record.id for r in s.quarantine] == [2]
+    assert s.stopped_at == rows[2]
+    assert s.stop_failure == TIMED_OUT
+    assert s.waiting == 3
+    assert s.stop_reason() == "_MSG_TIMED_OUT: Local: Message timed out (outbox id 3, topic t)"
+
+
+def test_a_row_without_outcome_stops_the_round() -> None:
+    rows = records(7, 8, 9)
+    s = settle(rows, {7}, {9: TOO_LARGE})
+    assert s.delete == (7,)
+    assert s.quarantine == ()  # 9 is behind the stop: decided in a later round
+    assert s.stopped_at == rows[1]
+    assert s.stop_failure is None
+    assert s.waiting == 2
+    assert s.stop_reason() == "no acknowledgement (outbox id 8, topic t)"
+
+
+def test_a_refusal_at_the_head_does_not_hold_up_the_rows_behind_it() -> None:
+    rows = records(10, 11, 12)
+    s = settle(rows, {11, 12}, {10: TOO_LARGE})
+    assert s.delete == (11, 12)
+    assert [r.record.id for r in s.quarantine] == [10]
+    assert not s.stopped
+
+
+def test_nothing_to_settle() -> None:
+    s = settle([], set(), {})
+    assert (s.delete, s.quarantine, s.stopped, s.waiting) == ((), (), False, 0)

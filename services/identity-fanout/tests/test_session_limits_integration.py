@@ -1,0 +1,176 @@
+"""Bounded waits: a statement blocked by a lock fails within the lock timeout, readiness
+degrades, and the relay or the worker carries on once the lock is gone (real PostgreSQL,
+real Kafka for the relay)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import timedelta
+
+import psycopg
+import pytest
+from prometheus_client import CollectorRegistry
+from psycopg.rows import TupleRow
+
+from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.metrics import FanoutMetrics
+from identity_fanout.outbox import outbox_message, write_outbox
+from identity_fanout.relay import OutboxRelay
+from identity_fanout.seed import add_permissions, seed_role_with_users
+from identity_fanout.worker import FanoutWorker, WorkerConfig
+from pin_contracts import (
+    USER_ACCESS_CHANGED,
+    AccessChangeReason,
+    UserAccessChangedKafkaEvent,
+    envelope_for,
+)
+from pin_runtime.http import ComponentState
+from pin_runtime.postgres import SessionLimits, create_pool
+
+pytestmark = pytest.mark.integration
+
+Conn = psycopg.Connection[TupleRow]
+LIMITS = SessionLimits(lock_timeout=0.5, statement_timeout=5.0)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def blocker(identity_dsn: str) -> Iterator[Callable[[str], Conn]]:
+    """`blocker(table)`: another session holds an ACCESS EXCLUSIVE lock on `table` in an
+    open transaction (a migration, a stuck maintenance job) until it rolls back."""
+    held: list[Conn] = []
+
+    def hold(table: str) -> Conn:
+        conn = psycopg.connect(identity_dsn)
+        conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        held.append(conn)
+        return conn
+
+    yield hold
+    for conn in held:
+        conn.close()
+
+
+def test_relay_blocked_by_a_lock_degrades_then_publishes(
+    identity_dsn: str,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    blocker: Callable[[str], Conn],
+) -> None:
+    topic = kafka_topic(partitions=3)
+    access = replace(USER_ACCESS_CHANGED, name=topic)
+    events = [
+        envelope_for(
+            UserAccessChangedKafkaEvent(
+                user_id=uuid.uuid4(),
+                change_reason=AccessChangeReason.ROLE_PERMISSIONS_CHANGED.value,
+                active_assignments=(),
+                version=1,
+            ),
+            correlation_id="lock-test",
+        )
+        for _ in range(3)
+    ]
+    with psycopg.connect(identity_dsn) as conn:
+        write_outbox(conn, [outbox_message(e, access) for e in events])
+    lock = blocker("identity.outbox")
+    state = ComponentState()
+    relay = OutboxRelay(
+        dsn=identity_dsn,
+        bootstrap=kafka_bootstrap,
+        registry=CollectorRegistry(),
+        state=state,
+        session=LIMITS,
+        poll_interval=0.2,
+        lock_retry_interval=0.2,
+        backoff_initial=0.1,
+        backoff_maximum=0.5,
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,))
+    thread.start()
+    try:
+        took = wait_until(
+            lambda: "LockNotAvailable" in state().detail, 10, "readiness degraded by the lock"
+        )
+        assert took < 5  # the lock timeout (0.5 s), not the statement timeout or forever
+        assert state().status == "degraded"
+        [(waiting,)] = lock.execute("SELECT count(*) FROM identity.outbox").fetchall()
+        assert waiting == 3
+
+        lock.rollback()
+        wait_until(
+            lambda: relay.last_round is not None and relay.last_round.published == 3,
+            15,
+            "the relay publishes once the lock is gone",
+        )
+        wait_until(lambda: state().status == "ok", 10, "readiness ok again")
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_worker_blocked_by_a_lock_degrades_then_completes_the_task(
+    db: Conn, identity_dsn: str, blocker: Callable[[str], Conn]
+) -> None:
+    role, users = seed_role_with_users(db, users=30, other_roles=0)
+    add_permissions(db, ["p.lock"])
+    change = set_role_permissions(db, role, ["p.lock"], inline_threshold=0)
+    assert change.task_id is not None
+    lock = blocker("identity.access_fanout_tasks")
+    database, stop = ComponentState(initial=None), threading.Event()
+    pool = create_pool(identity_dsn, name="lock-test", min_size=1, max_size=2, session=LIMITS)
+    pool.open(wait=True, timeout=10)
+    worker = FanoutWorker(
+        pool=pool,
+        listen_dsn=identity_dsn,
+        config=WorkerConfig(
+            batch_size=10,
+            polling_interval=timedelta(milliseconds=200),
+            max_lease_duration=timedelta(minutes=5),
+            max_attempts=5,
+        ),
+        metrics=FanoutMetrics(CollectorRegistry()),
+        stop=stop,
+        database=database,
+        session=LIMITS,
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+
+    def status() -> str:
+        row = db.execute(
+            "SELECT status FROM identity.access_fanout_tasks WHERE id = %s", (change.task_id,)
+        ).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    try:
+        took = wait_until(
+            lambda: "LockNotAvailable" in database().detail, 10, "readiness degraded by the lock"
+        )
+        assert took < 5
+        assert database().status == "degraded"
+        lock.rollback()
+        wait_until(lambda: status() == "Completed", 20, "the task completes after the lock")
+        wait_until(lambda: database().status == "ok", 10, "readiness ok again")
+    finally:
+        stop.set()
+        thread.join(30)
+        pool.close()
+    assert not thread.is_alive()
+    [(events,)] = db.execute("SELECT count(*) FROM identity.outbox").fetchall()
+    assert events == len(users)
