@@ -218,7 +218,11 @@ def _dlq_replay(
 
 
 def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
-    with connect(settings.database_dsn.reveal(), application_name=f"{SERVICE_NAME}-cli") as conn:
+    with connect(
+        settings.database_dsn.reveal(),
+        application_name=f"{SERVICE_NAME}-cli",
+        session=settings.database_session(),
+    ) as conn:
         rows = fetch_agent_rows(conn, agent_user_id)
     console = Console()
     status = display_status((r["company_id"], r["membership_status"]) for r in rows)
@@ -247,7 +251,11 @@ def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
 
 
 def _inbox_prune(settings: Settings, older_than: timedelta) -> int:
-    with connect(settings.database_dsn.reveal(), application_name=f"{SERVICE_NAME}-cli") as conn:
+    with connect(
+        settings.database_dsn.reveal(),
+        application_name=f"{SERVICE_NAME}-cli",
+        session=settings.database_session(),
+    ) as conn:
         deleted = prune_inbox(conn, older_than, now=datetime.now(UTC))
     log_event(_log, "inbox pruned", deleted=deleted, olderThan=str(older_than))
     return 0

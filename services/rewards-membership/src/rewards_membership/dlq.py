@@ -36,14 +36,12 @@ from pin_contracts import (
     Headers,
 )
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
-from rewards_membership.errors import InfrastructureError
 from rewards_membership.records import headers_of, offset_of, partition_of, topic_of
 from rewards_membership.validation import InvalidEvent
 
 __all__ = [
     "DLQ_HEADERS",
     "DeadLetterRecord",
-    "DeadLetterWriter",
     "dead_letter_info",
     "read_dead_letters",
     "replay",
@@ -81,47 +79,6 @@ def dead_letter_info(message: Message, invalid: InvalidEvent, group_id: str) -> 
         original_consumer_group=group_id,
         error_path=invalid.path,
     )
-
-
-class DeadLetterWriter:
-    """Produces a batch's invalid records and returns only once the broker acknowledged all."""
-
-    def __init__(
-        self, producer: Producer, *, topic: str, group_id: str, delivery_timeout: float
-    ) -> None:
-        self._producer = producer
-        self._topic = topic
-        self._group_id = group_id
-        self._delivery_timeout = delivery_timeout
-        self._partitions: int | None = None
-
-    def _partition_for(self, original: int) -> int:
-        if self._partitions is None:
-            metadata = self._producer.list_topics(self._topic, timeout=self._delivery_timeout)
-            topic = metadata.topics.get(self._topic)
-            count = len(topic.partitions) if topic is not None and topic.error is None else 0
-            if count == 0:
-                raise InfrastructureError(f"DLQ topic {self._topic!r} has no partitions")
-            self._partitions = count
-        # Same partition number as the original (both topics have 3), wrapped if fewer.
-        return original % self._partitions
-
-    def send(self, records: Sequence[tuple[Message, InvalidEvent]]) -> None:
-        """Produce and flush; `DeliveryError` (an infrastructure failure) if any is refused."""
-        if not records:
-            return
-        tracker = DeliveryTracker[int]()
-        for message, invalid in records:
-            info = dead_letter_info(message, invalid, self._group_id)
-            self._producer.produce(
-                self._topic,
-                key=message.key(),
-                value=message.value(),
-                partition=self._partition_for(partition_of(message)),
-                headers=headers_of(message) + info.to_headers(),
-                on_delivery=tracker,
-            )
-        flush_or_raise(self._producer, self._delivery_timeout, tracker)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import TupleRow
 
+from pin_runtime.postgres import SessionLimits
 from rewards_membership.errors import ConcurrentApplyError
 from rewards_membership.guard import MembershipRow
 from rewards_membership.plan import BatchPlan, RowKey
@@ -93,6 +94,19 @@ INSERT INTO rewards.inbox (idempotency_key, outcome)
 SELECT * FROM unnest(%(keys)b::text[], %(outcomes)b::text[])
 """
 
+# -- mark_dead_lettered: inbox marks of dead letters whose DLQ copy the broker acknowledged.
+# ON CONFLICT: a mark already there (another instance, an earlier try) is the same fact.
+MARK_DEAD_LETTERED: Final = """
+INSERT INTO rewards.inbox (idempotency_key, outcome)
+SELECT unnest(%(keys)b::text[]), 'dead-lettered'
+ON CONFLICT (idempotency_key) DO NOTHING
+"""
+
+# -- count_unreplayed: dead letters whose mark no replay has cleared yet (partial index)
+COUNT_UNREPLAYED: Final = """
+SELECT count(*) FROM rewards.inbox WHERE outcome = 'dead-lettered'
+"""
+
 # -- agent_rows: every row of one agent, for `agent show`
 AGENT_ROWS: Final = """
 SELECT company_id, membership_status, leave_reason, left_at, effective_at,
@@ -104,22 +118,32 @@ WHERE agent_user_id = %(agent)s
 ORDER BY company_id
 """
 
-# -- prune_inbox: one chunk of marks older than the cut-off (chunks keep transactions short)
+# -- prune_inbox: one chunk of marks older than the cut-off (chunks keep transactions short).
+# Dead-letter marks stay: they are the dead letters not yet replayed (a replay removes them).
 PRUNE_INBOX: Final = """
 DELETE FROM rewards.inbox
 WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM rewards.inbox WHERE processed_at < %(before)s LIMIT %(limit)s))
+    SELECT ctid FROM rewards.inbox
+    WHERE processed_at < %(before)s AND outcome <> 'dead-lettered'
+    LIMIT %(limit)s))
 """
 
 
-def connect(dsn: str, *, application_name: str) -> psycopg.Connection[TupleRow]:
+def connect(
+    dsn: str, *, application_name: str, session: SessionLimits
+) -> psycopg.Connection[TupleRow]:
     """One autocommit connection with a bounded connect (libpq would otherwise wait forever).
 
     Autocommit: every unit of work opens its own `conn.transaction()`, which then is a real
     BEGIN/COMMIT and never a savepoint inside an implicit transaction left open by a probe.
+    `session` bounds every statement and lock wait of it (`settings.database_session()`).
     """
     return psycopg.connect(
-        dsn, application_name=application_name, connect_timeout=5, autocommit=True
+        dsn,
+        application_name=application_name,
+        connect_timeout=5,
+        autocommit=True,
+        **session.connect_kwargs(),
     )
 
 
@@ -145,15 +169,18 @@ class MembershipStore:
     owning the reconnect keeps its timing under the consumer's backoff.
     """
 
-    def __init__(self, dsn: str, *, application_name: str) -> None:
+    def __init__(self, dsn: str, *, application_name: str, session: SessionLimits) -> None:
         self._dsn = dsn
         self._application_name = application_name
+        self._session = session
         self._conn: psycopg.Connection[TupleRow] | None = None
 
     def connection(self) -> psycopg.Connection[TupleRow]:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self.close()
-            self._conn = connect(self._dsn, application_name=self._application_name)
+            self._conn = connect(
+                self._dsn, application_name=self._application_name, session=self._session
+            )
         return self._conn
 
     def close(self) -> None:
@@ -220,6 +247,16 @@ class MembershipStore:
         except psycopg.errors.UniqueViolation as exc:
             # Another instance created the row or recorded the key after our read.
             raise ConcurrentApplyError(str(exc)) from exc
+
+    @staticmethod
+    def mark_dead_lettered(conn: psycopg.Connection[TupleRow], keys: Sequence[str]) -> None:
+        if keys:
+            conn.execute(MARK_DEAD_LETTERED, {"keys": list(keys)})
+
+    @staticmethod
+    def count_unreplayed(conn: psycopg.Connection[TupleRow]) -> int:
+        row = conn.execute(COUNT_UNREPLAYED).fetchone()
+        return int(row[0]) if row is not None else 0
 
 
 AgentRow = dict[str, Any]
