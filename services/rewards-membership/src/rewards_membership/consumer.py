@@ -180,7 +180,7 @@ class MembershipConsumer:
                 with process_span(self._tracer, topic, len(records)):
                     items = [_keyed(m, validate(m.value())) for m in records]
                     plan = self._applier.apply(items)
-                    letters = self._dead_letter(records, items, plan.outcomes)
+                    letters, receipts = self._dead_letter(records, items, plan.outcomes)
                     done = {
                         partition_of(m): offset_of(m) + 1
                         for m in records
@@ -199,9 +199,8 @@ class MembershipConsumer:
                 self._fail({partition: first[partition]}, DeliveryError(str(failure)))
             self._partitions.pauser.succeeded(done)
             self._healthy()
-            finished, receipts = self._finished(records, items, plan.outcomes, done)
             self._reporter.report(
-                finished,
+                self._finished(records, items, plan.outcomes, done, receipts),
                 receipts,
                 elapsed_ms=(self._clock() - started) * 1000.0,
                 batch_context=span.get_span_context(),
@@ -209,8 +208,9 @@ class MembershipConsumer:
 
     def _dead_letter(
         self, records: Sequence[Message], items: Sequence[Item], outcomes: Sequence[Outcome]
-    ) -> DeadLetterResult:
-        """Write the batch's dead letters, then mark the acknowledged ones in the inbox."""
+    ) -> tuple[DeadLetterResult, dict[Position, Receipt]]:
+        """Write the batch's dead letters, mark the acknowledged ones in the inbox; say where
+        every invalid record of the batch is in the DLQ (taken now: a commit forgets it)."""
         dead = [
             (m, item)
             for m, item, outcome in zip(records, items, outcomes, strict=True)
@@ -219,30 +219,32 @@ class MembershipConsumer:
         letters = self._dead_letters.write(dead)
         acknowledged = [item.key for m, item in dead if item.key and _at(m) in letters.acknowledged]
         self._applier.mark_dead_lettered(acknowledged)
-        return letters
+        receipts = {
+            _at(m): receipt
+            for m, item in zip(records, items, strict=True)
+            if isinstance(item, InvalidEvent)
+            and (receipt := self._dead_letters.receipt(_at(m))) is not None
+        }
+        return letters, receipts
 
+    @staticmethod
     def _finished(
-        self,
         records: Sequence[Message],
         items: Sequence[Item],
         outcomes: Sequence[Outcome],
         done: Mapping[int, int],
-    ) -> tuple[list[tuple[Message, Item, Outcome]], dict[Position, Receipt]]:
-        """The committed records with their outcomes, and where their dead letters went."""
+        receipts: Mapping[Position, Receipt],
+    ) -> list[tuple[Message, Item, Outcome]]:
+        """The committed records with the outcomes to report."""
         finished = []
-        receipts: dict[Position, Receipt] = {}
         for m, item, outcome in zip(records, items, outcomes, strict=True):
             if partition_of(m) not in done:
                 continue
-            receipt = self._dead_letters.receipt(_at(m))
-            reported = outcome
-            if receipt is not None:
-                receipts[_at(m)] = receipt
-                # Our own dead letter, marked by an earlier try of this batch that failed
-                # afterwards: it is the dead letter it was, not a duplicate.
-                reported = Outcome.DEAD_LETTERED
+            # A duplicate we dead-lettered ourselves in an earlier try of this batch (marked,
+            # then the batch failed): it is the dead letter it was.
+            reported = Outcome.DEAD_LETTERED if _at(m) in receipts else outcome
             finished.append((m, item, reported))
-        return finished, receipts
+        return finished
 
     def _fail(self, first: dict[int, int], exc: BaseException) -> None:
         dependency = _dependency(exc)

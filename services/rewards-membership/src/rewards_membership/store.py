@@ -23,9 +23,12 @@ from rewards_membership.plan import BatchPlan, RowKey
 __all__ = [
     "AgentRow",
     "MembershipStore",
+    "clear_dead_letter_marks",
     "connect",
     "fetch_agent_rows",
+    "fetch_replays",
     "prune_inbox",
+    "record_replays",
 ]
 
 _log = logging.getLogger(__name__)
@@ -105,6 +108,32 @@ ON CONFLICT (idempotency_key) DO NOTHING
 # -- count_unreplayed: dead letters whose mark no replay has cleared yet (partial index)
 COUNT_UNREPLAYED: Final = """
 SELECT count(*) FROM rewards.inbox WHERE outcome = 'dead-lettered'
+"""
+
+# -- select_replays: which of a page of DLQ records were replayed already, and when
+SELECT_REPLAYS: Final = """
+SELECT r.dlq_partition, r.dlq_offset, r.replayed_at
+FROM rewards.dlq_replays AS r
+JOIN unnest(%(partitions)b::integer[], %(offsets)b::bigint[]) AS k (dlq_partition, dlq_offset)
+  ON r.dlq_partition = k.dlq_partition AND r.dlq_offset = k.dlq_offset
+WHERE r.dlq_topic = %(topic)s
+"""
+
+# -- clear_dead_letter_marks: before a replay, so the consumer processes the copy again
+CLEAR_DEAD_LETTER_MARKS: Final = """
+DELETE FROM rewards.inbox
+WHERE idempotency_key = ANY(%(keys)b::text[]) AND outcome = 'dead-lettered'
+"""
+
+# -- insert_replays: DLQ records whose republished copy the broker acknowledged
+INSERT_REPLAYS: Final = """
+INSERT INTO rewards.dlq_replays (dlq_topic, dlq_partition, dlq_offset, idempotency_key,
+                                 target_topic, target_partition, target_offset, forced)
+SELECT %(topic)s, p, o, k, t, tp, tof, %(forced)s
+FROM unnest(%(partitions)b::integer[], %(offsets)b::bigint[], %(keys)b::text[],
+            %(targets)b::text[], %(target_partitions)b::integer[],
+            %(target_offsets)b::bigint[]) AS r (p, o, k, t, tp, tof)
+ON CONFLICT (dlq_topic, dlq_partition, dlq_offset) DO NOTHING
 """
 
 # -- agent_rows: every row of one agent, for `agent show`
@@ -257,6 +286,56 @@ class MembershipStore:
     def count_unreplayed(conn: psycopg.Connection[TupleRow]) -> int:
         row = conn.execute(COUNT_UNREPLAYED).fetchone()
         return int(row[0]) if row is not None else 0
+
+
+Position = tuple[int, int]
+
+
+def fetch_replays(
+    conn: psycopg.Connection[TupleRow], dlq_topic: str, positions: Sequence[Position]
+) -> dict[Position, datetime]:
+    """(DLQ partition, offset) -> when it was replayed, for those of `positions` replayed."""
+    if not positions:
+        return {}
+    cursor = conn.execute(
+        SELECT_REPLAYS,
+        {
+            "topic": dlq_topic,
+            "partitions": [p for p, _ in positions],
+            "offsets": [o for _, o in positions],
+        },
+    )
+    return {(partition, offset): at for partition, offset, at in cursor}
+
+
+def clear_dead_letter_marks(conn: psycopg.Connection[TupleRow], keys: Sequence[str]) -> None:
+    if keys:
+        conn.execute(CLEAR_DEAD_LETTER_MARKS, {"keys": list(keys)})
+
+
+def record_replays(
+    conn: psycopg.Connection[TupleRow],
+    dlq_topic: str,
+    replays: Sequence[tuple[Position, str | None, str, Position]],
+    *,
+    forced: bool,
+) -> None:
+    """Rows of `((dlq partition, offset), inbox key, target topic, (target partition, offset))`."""
+    if not replays:
+        return
+    conn.execute(
+        INSERT_REPLAYS,
+        {
+            "topic": dlq_topic,
+            "forced": forced,
+            "partitions": [r[0][0] for r in replays],
+            "offsets": [r[0][1] for r in replays],
+            "keys": [r[1] for r in replays],
+            "targets": [r[2] for r in replays],
+            "target_partitions": [r[3][0] for r in replays],
+            "target_offsets": [r[3][1] for r in replays],
+        },
+    )
 
 
 AgentRow = dict[str, Any]

@@ -21,7 +21,7 @@ CREATE TABLE rewards.dlq_replays (
     dlq_topic        text        NOT NULL,
     dlq_partition    integer     NOT NULL,
     dlq_offset       bigint      NOT NULL,
-    idempotency_key  text        NOT NULL COLLATE "C",
+    idempotency_key  text        COLLATE "C",  -- the inbox mark it cleared (null: none known)
     target_topic     text        NOT NULL,
     target_partition integer     NOT NULL,
     target_offset    bigint      NOT NULL,
