@@ -21,6 +21,7 @@ from pin_contracts import (
     DLT_VALUE_REPLACED_HEADER,
     EMPTY_GUID,
     IDENTITY_MEMBERSHIP_DLQ,
+    DeadLetterInfo,
     encode,
     envelope_for,
     headers_for,
@@ -403,3 +404,50 @@ def test_a_row_locked_elsewhere_fails_within_the_lock_timeout_and_recovers(
     assert sql(
         "SELECT membership_status, last_membership_version, version FROM rewards.agent_performance"
     ) == [("Left", 2, 2)]
+
+
+def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(
+    *,
+    kafka: Any,
+    start_consumer: Any,
+    event: Event,
+    sql: Sql,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A record an earlier release refused (now valid), dead-lettered and marked in the inbox.
+    agent, company = uuid.uuid4(), uuid.uuid4()
+    envelope = envelope_for(event(agent, company, 1))
+    info = DeadLetterInfo(
+        error_code="REWARDS_MEMBERSHIP_EVENT_INVALID",
+        exception_message="$.Payload.Reason: missing",
+        exception_fqcn="pin_contracts.errors.ContractViolation",
+        original_topic=kafka.topic,
+        original_partition=0,
+        original_offset=0,
+        original_timestamp_ms=1_700_000_000_000,
+        original_consumer_group=settings.group_id,
+    )
+    produce(
+        kafka.producer,
+        kafka.dlq_topic,
+        [(0, kafka_key(envelope), encode(envelope), headers_for(envelope) + info.to_headers())],
+    )
+    key = f"rewards:identity-membership:{envelope.message_id}"
+    sql("INSERT INTO rewards.inbox (idempotency_key, outcome) VALUES (%s, 'dead-lettered')", [key])
+    consumer = start_consumer()
+    cli_env(monkeypatch, settings)
+    assert main(["dlq", "replay", "--all"]) == 0
+    assert capsys.readouterr().out.startswith("0@0: replayed: to ")
+    consumer.wait_handled(1)
+    assert consumer.value("rewards_membership_applied_total", status="Active") == 1
+    assert sql("SELECT outcome FROM rewards.inbox WHERE idempotency_key = %s", [key]) == [
+        ("membership-applied",)
+    ]
+    [(forced, target)] = sql("SELECT forced, target_topic FROM rewards.dlq_replays")
+    assert (forced, target) == (False, kafka.topic)
+    # Twice: nothing more is produced.
+    assert main(["dlq", "replay", "--all"]) == 0
+    assert "already-replayed" in capsys.readouterr().out
+    assert sum(high_watermarks(kafka.bootstrap, kafka.topic).values()) == 1

@@ -10,6 +10,7 @@ from the source topic while the topic retains it. Pure: building and parsing onl
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Final
 
 import msgspec
@@ -68,7 +69,9 @@ def reference_for(info: DeadLetterInfo, value: bytes | None, error: str) -> byte
     )
 
 
-def reference_headers(original: Headers, info: DeadLetterInfo, reason: str) -> Headers:
+def reference_headers(
+    original: Sequence[tuple[str, str | bytes | None]], info: DeadLetterInfo, reason: str
+) -> Headers:
     """Original headers (when small), the DLQ headers, then the replaced-value marker."""
     size = sum(len(name) + len(value or b"") for name, value in original)
     kept = list(original) if size <= MAX_KEPT_HEADER_BYTES else []
