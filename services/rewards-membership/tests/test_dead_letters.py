@@ -30,9 +30,11 @@ from pin_contracts import (
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_admin, create_consumer, create_producer, ensure_topics
 from rewards_membership.cli import main
+from rewards_membership.deadletter import DeadLetterer
 from rewards_membership.dlq import DeadLetterRecord, read_at, read_dead_letters
 from rewards_membership.reference import decode_reference, sha256_hex
 from rewards_membership.settings import Settings
+from rewards_membership.validation import InvalidEvent, validate
 
 pytestmark = pytest.mark.integration
 
@@ -451,3 +453,49 @@ def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(
     assert main(["dlq", "replay", "--all"]) == 0
     assert "already-replayed" in capsys.readouterr().out
     assert sum(high_watermarks(kafka.bootstrap, kafka.topic).values()) == 1
+
+
+def test_a_dead_letter_write_failing_midway_is_completed_without_second_copies(
+    *,
+    kafka: Any,
+    raw: Callable[..., bytes],
+    event: Event,
+) -> None:
+    # A producer queue of two records: the third produce() of a write is refused with a
+    # retriable error (queue full), so each write gets only part of the batch through.
+    producer = create_producer(
+        kafka.bootstrap,
+        client_id="rm-midway",
+        extra={"queue.buffering.max.messages": 2, "message.timeout.ms": 10_000},
+    )
+    writer = DeadLetterer(producer, topic=kafka.dlq_topic, group_id="g", delivery_timeout=10.0)
+    produce(kafka.producer, kafka.topic, [poison(raw, event, p % 3, 100) for p in range(5)])
+    source = create_consumer(kafka.bootstrap, group_id="midway", client_id="midway")
+    try:
+        source.assign([TopicPartition(kafka.topic, p, 0) for p in range(3)])
+        messages: list[Any] = []
+        while len(messages) < 5:
+            messages += [m for m in source.consume(5, timeout=10) if m.error() is None]
+    finally:
+        source.close()
+    batch = [(m, validate(m.value())) for m in messages]
+    assert all(isinstance(item, InvalidEvent) for _, item in batch)
+    batch_of_invalid = [(m, item) for m, item in batch if isinstance(item, InvalidEvent)]
+
+    first = writer.write(batch_of_invalid)
+    assert len(first.acknowledged) == 2
+    assert first.failed  # the rest of the batch's partitions retry later
+    assert all(f.retriable and f.code == "_QUEUE_FULL" for f in first.failed.values())
+    second = writer.write(batch_of_invalid)
+    assert first.acknowledged.items() <= second.acknowledged.items()
+    assert len(second.acknowledged) == 4
+    third = writer.write(batch_of_invalid)
+    assert len(third.acknowledged) == 5
+    assert third.failed == {}
+    assert writer.write(batch_of_invalid).acknowledged == third.acknowledged
+
+    letters = dead_letters(kafka.bootstrap, kafka.dlq_topic)
+    originals = sorted(
+        (r.info.original_partition, r.info.original_offset) for r in letters if r.info
+    )
+    assert originals == sorted((m.partition(), m.offset()) for m in messages)

@@ -196,11 +196,12 @@ class MembershipConsumer:
                 self._fail(first, exc)
                 return
             for partition, failure in letters.failed.items():
-                self._fail({partition: first[partition]}, DeliveryError(str(failure)))
+                # Only this partition: its dead letter could not be written.
+                self._fail({partition: first[partition]}, DeliveryError(str(failure)), batch=False)
             self._partitions.pauser.succeeded(done)
             self._healthy()
             self._reporter.report(
-                self._finished(records, items, plan.outcomes, done, receipts),
+                _finished(records, items, plan.outcomes, done, receipts),
                 receipts,
                 elapsed_ms=(self._clock() - started) * 1000.0,
                 batch_context=span.get_span_context(),
@@ -227,26 +228,7 @@ class MembershipConsumer:
         }
         return letters, receipts
 
-    @staticmethod
-    def _finished(
-        records: Sequence[Message],
-        items: Sequence[Item],
-        outcomes: Sequence[Outcome],
-        done: Mapping[int, int],
-        receipts: Mapping[Position, Receipt],
-    ) -> list[tuple[Message, Item, Outcome]]:
-        """The committed records with the outcomes to report."""
-        finished = []
-        for m, item, outcome in zip(records, items, outcomes, strict=True):
-            if partition_of(m) not in done:
-                continue
-            # A duplicate we dead-lettered ourselves in an earlier try of this batch (marked,
-            # then the batch failed): it is the dead letter it was.
-            reported = Outcome.DEAD_LETTERED if _at(m) in receipts else outcome
-            finished.append((m, item, reported))
-        return finished
-
-    def _fail(self, first: dict[int, int], exc: BaseException) -> None:
+    def _fail(self, first: dict[int, int], exc: BaseException, *, batch: bool = True) -> None:
         dependency = _dependency(exc)
         reason = f"{type(exc).__name__}: {exc}".strip()[:300]
         if dependency == POSTGRESQL:
@@ -254,17 +236,8 @@ class MembershipConsumer:
             self.database_state.degraded(reason)
         else:
             self.kafka_state.degraded(reason)
-        delay = self._partitions.pause(first, dependency=dependency, reason=reason)
-        log_event(
-            _log,
-            "batch rolled back, partitions paused",
-            logging.WARNING,
-            dependency=dependency,
-            reason=reason,
-            partitions=sorted(first),
-            firstOffsets=first,
-            retryInSeconds=round(delay, 3) if delay is not None else None,
-        )
+        event = "batch rolled back, partitions paused" if batch else "dead letter not written"
+        self._partitions.pause(first, dependency=dependency, reason=reason, event=event)
 
     def _healthy(self) -> None:
         self.database_state.ok()
@@ -288,6 +261,25 @@ class MembershipConsumer:
         for partition in partitions:
             self._dead_letters.forget(partition)
         self._lag.forget(partitions)
+
+
+def _finished(
+    records: Sequence[Message],
+    items: Sequence[Item],
+    outcomes: Sequence[Outcome],
+    done: Mapping[int, int],
+    receipts: Mapping[Position, Receipt],
+) -> list[tuple[Message, Item, Outcome]]:
+    """The committed records with the outcomes to report."""
+    finished = []
+    for m, item, outcome in zip(records, items, outcomes, strict=True):
+        if partition_of(m) not in done:
+            continue
+        # A duplicate we dead-lettered ourselves in an earlier try of this batch (marked,
+        # then the batch failed): it is the dead letter it was.
+        reported = Outcome.DEAD_LETTERED if _at(m) in receipts else outcome
+        finished.append((m, item, reported))
+    return finished
 
 
 def _at(message: Message) -> tuple[int, int]:

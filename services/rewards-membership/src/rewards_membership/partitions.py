@@ -47,10 +47,10 @@ class PartitionControl:
         self._on_forget = on_forget
         self.assigned: set[int] = set()
 
-    def pause(self, first: Mapping[int, int], *, dependency: str, reason: str) -> float | None:
-        """Seek each partition back to `first[p]` and pause it; the longest delay chosen."""
-        delays = []
+    def pause(self, first: Mapping[int, int], *, dependency: str, reason: str, event: str) -> None:
+        """Seek each partition back to `first[p]` and pause it until its backoff ends."""
         now = self._clock()
+        delays = []
         for partition, offset in sorted(first.items()):
             tp = TopicPartition(self._topic, partition, offset)
             try:
@@ -68,10 +68,19 @@ class PartitionControl:
             pause = self.pauser.pause(
                 partition, seek_to=offset, dependency=dependency, reason=reason, now=now
             )
-            delays.append(pause.retry_at - now)
+            delays.append(round(pause.retry_at - now, 3))
         self._metrics.retries.labels(dependency).inc()
         self._metrics.paused_partitions.set(len(self.pauser.paused))
-        return max(delays) if delays else None
+        log_event(
+            _log,
+            event,
+            logging.WARNING,
+            dependency=dependency,
+            reason=reason,
+            partitions=sorted(first),
+            firstOffsets=dict(first),
+            retryInSeconds=max(delays) if delays else None,
+        )
 
     def resume_due(self, probe: Callable[[], bool]) -> None:
         """Resume partitions whose backoff ended (after a probe, when the database failed)."""
