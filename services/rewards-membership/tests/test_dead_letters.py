@@ -6,6 +6,7 @@ Real PostgreSQL and Kafka. Each test creates its own topics with the limits it n
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -110,6 +111,11 @@ def high_watermarks(bootstrap: str, topic: str) -> dict[int, int]:
         reader.close()
 
 
+def said(text: str) -> list[str]:
+    """The replay's own lines, `P@O: state...` (log lines of the consumer left out)."""
+    return [line for line in text.splitlines() if re.match(r"\d+@\d+: ", line)]
+
+
 def cli_env(monkeypatch: pytest.MonkeyPatch, settings: Settings, **overrides: str) -> None:
     values = {
         "DATABASE_DSN": settings.database_dsn.reveal(),
@@ -202,14 +208,14 @@ def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: 
 
     # Still invalid on the same bytes: refused with its reason, in one line, exit 1.
     assert main(["dlq", "replay", "--offset", "0", "--partition", "0"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
+    err = said(capsys.readouterr().err)
     assert len(err) == 1
     assert "still invalid: $.Payload.CompanyId" in err[0]
 
     # --force: the original bytes are read back from the source topic and republished; the
     # consumer processes the copy (not a duplicate) and dead-letters it again, as a reference.
     assert main(["dlq", "replay", "--offset", "0", "--partition", "0", "--force"]) == 0
-    out = capsys.readouterr().out.splitlines()[0]
+    out = said(capsys.readouterr().out)[0]
     assert out.startswith(f"0@0: replayed: to {topic}[")
     target_partition, target_offset = (int(n) for n in out.rsplit("[", 1)[1].split("]@"))
     wait(lambda: len(dead_letters(kafka_bootstrap, dlq)) == 2, what="the copy dead-lettered")
@@ -254,7 +260,7 @@ def test_replay_says_clearly_when_the_original_is_gone(
     cli_env(monkeypatch, msgspec.structs.replace(settings, topic=topic, dlq_topic=dlq))
     capsys.readouterr()
     assert main(["dlq", "replay", "--offset", "0", "--force"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
+    err = said(capsys.readouterr().err)
     assert err == [
         f"1@0: gone: the original {topic}[1]@0 is no longer retained by the source topic"
     ]
@@ -441,7 +447,7 @@ def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(
     consumer = start_consumer()
     cli_env(monkeypatch, settings)
     assert main(["dlq", "replay", "--all"]) == 0
-    assert capsys.readouterr().out.startswith("0@0: replayed: to ")
+    assert said(capsys.readouterr().out)[0].startswith("0@0: replayed: to ")
     consumer.wait_handled(1)
     assert consumer.value("rewards_membership_applied_total", status="Active") == 1
     assert sql("SELECT outcome FROM rewards.inbox WHERE idempotency_key = %s", [key]) == [
