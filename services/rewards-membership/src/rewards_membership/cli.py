@@ -188,7 +188,7 @@ def _text(value: bytes | None) -> str:
 
 
 _PAGE = 200
-_COLUMNS = ("partition", "offset", "replay", "code", "key", "original", "value", "reason")
+_COLUMNS = ("at", "replay", "code", "key", "original", "value", "reason")
 
 
 def _dlq_list(settings: Settings, limit: int) -> int:
@@ -211,7 +211,7 @@ def _dlq_list(settings: Settings, limit: int) -> int:
                 for record in page:
                     at = replays.get((record.partition, record.offset))
                     pending += at is None
-                    table.add_row(*_row(record, at))
+                    table.add_row(*_row(record, at, settings.topic))
                 console.print(table)
                 shown += len(page)
     finally:
@@ -223,7 +223,7 @@ def _dlq_list(settings: Settings, limit: int) -> int:
     return 0
 
 
-def _row(record: DeadLetterRecord, replayed_at: datetime | None) -> list[str]:
+def _row(record: DeadLetterRecord, replayed_at: datetime | None, source: str) -> list[str]:
     info = record.info
     replaced = record.replaced
     if replaced is not None:
@@ -235,13 +235,17 @@ def _row(record: DeadLetterRecord, replayed_at: datetime | None) -> list[str]:
             )
     else:
         value = f"{len(record.value or b'')} bytes"
+    original = ""
+    if info is not None:
+        # The topic only when it is not the consumer's own source topic.
+        place = f"{info.original_partition}@{info.original_offset}"
+        original = place if info.original_topic == source else f"{info.original_topic}[{place}]"
     return [
-        str(record.partition),
-        str(record.offset),
+        f"{record.partition}@{record.offset}",
         f"replayed {replayed_at.isoformat(timespec='seconds')}" if replayed_at else "pending",
         info.error_code if info else "?",
         _text(record.key),
-        f"{info.original_topic}[{info.original_partition}]@{info.original_offset}" if info else "",
+        original,
         value,
         info.exception_message if info else (record.problem or ""),
     ]

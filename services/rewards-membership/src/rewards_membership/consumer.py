@@ -163,9 +163,7 @@ class MembershipConsumer:
         if records:
             self._handle(records)
         self._lag.maybe_report(
-            self._partitions.assigned,
-            pauser.paused_for(self._clock()),
-            self._applier.count_unreplayed,
+            self._partitions.assigned, pauser.paused_for(self._clock()), self._unreplayed
         )
         return len(records)
 
@@ -238,6 +236,12 @@ class MembershipConsumer:
             self.kafka_state.degraded(reason)
         event = "batch rolled back, partitions paused" if batch else "dead letter not written"
         self._partitions.pause(first, dependency=dependency, reason=reason, event=event)
+
+    def _unreplayed(self) -> int | None:
+        # Not while the database is known down: a connect attempt would stall the loop.
+        if self._partitions.pauser.down(POSTGRESQL) is not None:
+            return None
+        return self._applier.count_unreplayed()
 
     def _healthy(self) -> None:
         self.database_state.ok()

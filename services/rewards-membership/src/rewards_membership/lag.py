@@ -100,7 +100,7 @@ class LagReporter:
                     TopicPartition(self._topic, tp.partition), timeout=_REQUEST_TIMEOUT
                 )
             except KafkaException:
-                continue
+                return  # the broker does not answer: the others would wait as long
             lag = offset_lag(low=low, high=high, committed=tp.offset)
             if lag is not None:
                 self._metrics.consumer_lag.labels(str(tp.partition)).set(lag)
