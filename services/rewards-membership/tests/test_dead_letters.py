@@ -347,7 +347,11 @@ def test_dead_letters_acknowledged_before_a_failure_are_not_written_again(
     with psycopg.connect(database) as blocker:
         blocker.execute("LOCK TABLE rewards.inbox IN SHARE MODE")
         producer = big_producer(kafka.bootstrap)
-        produce(producer, kafka.topic, [poison(raw, event, p, 100) for p in (0, 1, 2, 2)])
+        # The last one has no readable MessageId: it is keyed by its position.
+        garbage = (1, b"k", b"\x00\xffnot json", None)
+        produce(
+            producer, kafka.topic, [*(poison(raw, event, p, 100) for p in (0, 1, 2, 2)), garbage]
+        )
         wait(
             lambda: (
                 consumer.value("rewards_membership_retries_total", dependency="postgresql") >= 3
@@ -356,9 +360,9 @@ def test_dead_letters_acknowledged_before_a_failure_are_not_written_again(
         )
         assert consumer.consumer.database_state().status == "degraded"
         assert "LockNotAvailable" in consumer.consumer.database_state().detail
-        assert len(dead_letters(kafka.bootstrap, kafka.dlq_topic)) == 4
+        assert len(dead_letters(kafka.bootstrap, kafka.dlq_topic)) == 5
         blocker.rollback()
-    consumer.wait_handled(4)
+    consumer.wait_handled(5)
     wait(lambda: consumer.consumer.database_state().status == "ok", what="ready again")
     letters = dead_letters(kafka.bootstrap, kafka.dlq_topic)
     assert sorted(
@@ -366,18 +370,20 @@ def test_dead_letters_acknowledged_before_a_failure_are_not_written_again(
     ) == [
         (0, 0),
         (1, 0),
+        (1, 1),
         (2, 0),
         (2, 1),
     ]
-    assert consumer.total("rewards_identity_membership_dlq_total") == 4
-    (marks,) = sql("SELECT count(*) FROM rewards.inbox WHERE outcome = 'dead-lettered'")[0]
-    assert marks == 4
+    assert consumer.total("rewards_identity_membership_dlq_total") == 5
+    marks = sql("SELECT idempotency_key FROM rewards.inbox WHERE outcome = 'dead-lettered'")
+    assert len(marks) == 5
+    assert (f"rewards:identity-membership:at:{kafka.topic}:1:1",) in marks
 
     # A redelivery (a new consumer group reading from offset 0) is a duplicate now.
     again = start_consumer(group_id=settings.group_id + "-again")
-    again.wait_handled(4)
-    assert again.total("rewards_membership_skipped_duplicate_total") == 4
-    assert len(dead_letters(kafka.bootstrap, kafka.dlq_topic)) == 4
+    again.wait_handled(5)
+    assert again.total("rewards_membership_skipped_duplicate_total") == 5
+    assert len(dead_letters(kafka.bootstrap, kafka.dlq_topic)) == 5
 
 
 def test_a_row_locked_elsewhere_fails_within_the_lock_timeout_and_recovers(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.resources import files
 
+import psycopg
 from confluent_kafka import KafkaError, Producer
 from opentelemetry import trace
 
@@ -16,6 +18,7 @@ from pin_runtime.http import ComponentState, Heartbeat, OpsServer
 from pin_runtime.kafka import create_consumer, create_producer
 from pin_runtime.logging import log_event
 from pin_runtime.migrations import migrate
+from pin_runtime.postgres import SessionLimits
 from pin_runtime.settings import settings_for_log
 from rewards_membership.consumer import ConsumerOptions, MembershipConsumer
 from rewards_membership.deadletter import DeadLetterer
@@ -37,8 +40,21 @@ SCHEMA = "rewards"
 _log = logging.getLogger("rewards_membership")
 
 
-def run_migrations(dsn: str) -> list[str]:
-    return migrate(dsn, schema=SCHEMA, migrations=files("rewards_membership") / "migrations")
+def run_migrations(dsn: str, session: SessionLimits | None = None) -> list[str]:
+    """Apply the schema migrations.
+
+    With `session` (the CLI passes `settings.database_session()`): its keepalives and
+    idle-in-transaction timeout, but no statement or lock timeout: a migration may rewrite
+    a large table, and a second runner must wait for the first one's advisory lock.
+    """
+    migrations = files("rewards_membership") / "migrations"
+    if session is None:
+        return migrate(dsn, schema=SCHEMA, migrations=migrations)
+    unbounded = dataclasses.replace(session, statement_timeout=0, lock_timeout=0)
+    with psycopg.connect(
+        dsn, autocommit=True, connect_timeout=5, **unbounded.connect_kwargs()
+    ) as conn:
+        return migrate(conn, schema=SCHEMA, migrations=migrations)
 
 
 # Statements of the longest batch: inbox lookup, row locks, update, insert, inbox insert

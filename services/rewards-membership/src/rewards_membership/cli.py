@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for variable in unknown_variables(Settings, ENV_PREFIX):
         log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
     if args.command == "migrate":
-        applied = run_migrations(settings.database_dsn.reveal())
+        applied = run_migrations(settings.database_dsn.reveal(), settings.database_session())
         log_event(_log, "migrations applied", applied=applied)
         return 0
     if args.command == "consume":
