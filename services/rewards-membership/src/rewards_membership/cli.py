@@ -35,7 +35,13 @@ from pin_runtime.settings import (
 )
 from pin_runtime.shutdown import GracefulShutdown
 from pin_runtime.tracing import configure_tracing, shutdown_tracing
-from rewards_membership.app import build_consumer, create_replay_producer, run_migrations, serving
+from rewards_membership.app import (
+    build_consumer,
+    create_replay_producer,
+    max_poll_interval_ms,
+    run_migrations,
+    serving,
+)
 from rewards_membership.display import display_status
 from rewards_membership.dlq import (
     DeadLetterRecord,
@@ -153,7 +159,10 @@ def _consume(settings: Settings) -> int:
         sys.stderr.write(f"config error: {exc.variable}: {exc.reason}\n")
         return CONFIG_ERROR_EXIT_CODE
     metrics = Metrics()
-    heartbeat = Heartbeat(stale_after=max(60.0, 3 * settings.poll_timeout.total_seconds()))
+    # Stale only after the longest batch the settings allow (the DLQ waits beat, a batch of
+    # slow statements does not): restarting a pod in the middle of a legitimately slow batch
+    # would only repeat it.
+    heartbeat = Heartbeat(stale_after=max_poll_interval_ms(settings) / 1000.0)
     consumer, producer = build_consumer(settings, metrics=metrics, heartbeat=heartbeat)
     try:
         with GracefulShutdown() as stop, serving(settings, consumer, metrics, heartbeat):
