@@ -29,7 +29,6 @@ from rewards_membership.store import MembershipStore
 __all__ = [
     "SCHEMA",
     "build_consumer",
-    "create_dlq_producer",
     "create_replay_producer",
     "max_poll_interval_ms",
     "run_migrations",
@@ -91,14 +90,6 @@ def _dlq_producer_config(settings: Settings) -> dict[str, str | int | float | bo
         # replaced by a reference record at once.
         "message.max.bytes": IDENTITY_MEMBERSHIP_DLQ.max_message_bytes,
     }
-
-
-def create_dlq_producer(settings: Settings, *, client_id: str | None = None) -> Producer:
-    return create_producer(
-        settings.kafka_bootstrap,
-        client_id=client_id or f"{SERVICE_NAME}-dlq-{socket.gethostname()}",
-        extra=_dlq_producer_config(settings),
-    )
 
 
 def create_replay_producer(settings: Settings, *, client_id: str) -> Producer:
