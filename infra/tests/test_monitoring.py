@@ -41,6 +41,7 @@ SPEC_ALERTS = {
         "RewardsMembershipLagHigh": "rewards_identity_membership_lag_seconds",
         "RewardsMembershipConsumerStalled": "rewards_identity_membership_consumer_lag",
         "RewardsMembershipDeadLetters": "rewards_identity_membership_dlq_total",
+        "RewardsMembershipPartitionPaused": "rewards_membership_partition_paused_seconds",
     },
 }
 

@@ -22,6 +22,7 @@ __all__ = [
     "DLT_ORIGINAL_TIMESTAMP_HEADER",
     "DLT_ORIGINAL_TIMESTAMP_TYPE_HEADER",
     "DLT_ORIGINAL_TOPIC_HEADER",
+    "DLT_VALUE_REPLACED_HEADER",
     "ERROR_CODE_HEADER",
     "ERROR_PATH_HEADER",
     "REWARDS_MEMBERSHIP_EVENT_INVALID",
@@ -38,6 +39,11 @@ DLT_ORIGINAL_TIMESTAMP_TYPE_HEADER = "kafka_dlt-original-timestamp-type"
 DLT_ORIGINAL_CONSUMER_GROUP_HEADER = "kafka_dlt-original-consumer-group"
 ERROR_CODE_HEADER = "pin-error-code"
 ERROR_PATH_HEADER = "pin-error-path"
+DLT_VALUE_REPLACED_HEADER = "pin-dlt-value-replaced"
+"""Present on a dead letter whose original value the DLQ refused (too large): the value is
+then a small JSON reference (original topic, partition, offset, size, sha256, error) and the
+header's text is the refusal's reason label (e.g. ``too-large``). The original bytes stay in
+the source topic while it retains them."""
 
 REWARDS_MEMBERSHIP_EVENT_INVALID = "REWARDS_MEMBERSHIP_EVENT_INVALID"
 """``pin-error-code`` of a membership event that violates its contract."""

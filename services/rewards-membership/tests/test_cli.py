@@ -143,10 +143,29 @@ def test_dlq_list_and_replay(
     assert "$.Payload.CompanyId" in out
     assert str(agent) in out
 
-    # Replay everything back to the source: both are invalid again, so they come back.
+    assert "2 not replayed" in out
+
+    # Both would fail validation again on the same bytes: refused, one line each, nothing sent.
     assert main(["dlq", "replay", "--all"]) == 0
+    refused = [line for line in capsys.readouterr().err.splitlines() if ": refused: " in line]
+    assert len(refused) == 2
+    assert all(": refused: still invalid: " in line for line in refused)
+    assert consumer.total("rewards_identity_membership_dlq_total") == 2
+
+    # --force replays them anyway: the consumer processes them (not duplicates) and they
+    # come back to the DLQ. Replayed records are not replayed again.
+    assert main(["dlq", "replay", "--all", "--force"]) == 0
     consumer.wait_handled(4)
     assert consumer.total("rewards_identity_membership_dlq_total") == 4
+    assert consumer.total("rewards_membership_skipped_duplicate_total") == 0
+    capsys.readouterr()
+    assert main(["dlq", "replay", "--all", "--force"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(": already-replayed: at " in line for line in lines) == 2
+    consumer.wait_handled(6)
+    assert consumer.total("rewards_identity_membership_dlq_total") == 6
+    assert main(["dlq", "list"]) == 0
+    assert "6 record(s), 2 not replayed" in capsys.readouterr().out
 
 
 @pytest.mark.integration

@@ -2,41 +2,107 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.resources import files
 
+import psycopg
 from confluent_kafka import KafkaError, Producer
 from opentelemetry import trace
 
+from pin_contracts import CATALOGUE, IDENTITY_MEMBERSHIP_DLQ
 from pin_runtime.http import ComponentState, Heartbeat, OpsServer
 from pin_runtime.kafka import create_consumer, create_producer
 from pin_runtime.logging import log_event
 from pin_runtime.migrations import migrate
+from pin_runtime.postgres import SessionLimits
 from pin_runtime.settings import settings_for_log
 from rewards_membership.consumer import ConsumerOptions, MembershipConsumer
-from rewards_membership.dlq import DeadLetterWriter
+from rewards_membership.deadletter import DeadLetterer
 from rewards_membership.metrics import Metrics
 from rewards_membership.settings import SERVICE_NAME, Settings
 from rewards_membership.store import MembershipStore
 
-__all__ = ["SCHEMA", "build_consumer", "create_dlq_producer", "run_migrations", "serving"]
+__all__ = [
+    "SCHEMA",
+    "build_consumer",
+    "create_replay_producer",
+    "max_poll_interval_ms",
+    "run_migrations",
+    "serving",
+]
 
 SCHEMA = "rewards"
 _log = logging.getLogger("rewards_membership")
 
 
-def run_migrations(dsn: str) -> list[str]:
-    return migrate(dsn, schema=SCHEMA, migrations=files("rewards_membership") / "migrations")
+def run_migrations(dsn: str, session: SessionLimits | None = None) -> list[str]:
+    """Apply the schema migrations.
+
+    With `session` (the CLI passes `settings.database_session()`): its keepalives and
+    idle-in-transaction timeout, but no statement or lock timeout: a migration may rewrite
+    a large table, and a second runner must wait for the first one's advisory lock.
+    """
+    migrations = files("rewards_membership") / "migrations"
+    if session is None:
+        return migrate(dsn, schema=SCHEMA, migrations=migrations)
+    unbounded = dataclasses.replace(session, statement_timeout=0, lock_timeout=0)
+    with psycopg.connect(
+        dsn, autocommit=True, connect_timeout=5, **unbounded.connect_kwargs()
+    ) as conn:
+        return migrate(conn, schema=SCHEMA, migrations=migrations)
 
 
-def create_dlq_producer(settings: Settings, *, client_id: str | None = None) -> Producer:
+# Statements of the longest batch: inbox lookup, row locks, update, insert, inbox insert
+# (pipelined, each bounded on its own), the dead-letter marks, and a recovery probe.
+_STATEMENTS_PER_BATCH = 7
+# Rounds of DLQ waits per batch: the copies, then the reference records of refused ones.
+_DLQ_ROUNDS = 2
+_DLQ_REPORT_MARGIN_S = 5.0
+_POLL_MARGIN_S = 60.0
+
+
+def max_poll_interval_ms(settings: Settings) -> int:
+    """librdkafka `max.poll.interval.ms`: above the longest a batch can take.
+
+    A batch that outlasts it makes the consumer leave the group and its partitions move,
+    in the middle of the batch. Longest batch = every statement at its statement timeout
+    (a lock wait counts within it) + both DLQ waits + margin; never below librdkafka's
+    default of 5 minutes. With a statement timeout of 0 (disabled) nothing bounds a batch,
+    so the default's 5 minutes plus the DLQ waits are used.
+    """
+    statement = settings.db_statement_timeout.total_seconds()
+    delivery = settings.delivery_timeout.total_seconds() + _DLQ_REPORT_MARGIN_S
+    longest = statement * _STATEMENTS_PER_BATCH + delivery * _DLQ_ROUNDS + _POLL_MARGIN_S
+    return int(max(300.0, longest) * 1000)
+
+
+def _dlq_producer_config(settings: Settings) -> dict[str, str | int | float | bool]:
+    return {
+        **settings.kafka_security(),
+        # The producer gives up on a record exactly when the batch stops waiting for it,
+        # so a record is never written after its batch moved on (and was retried).
+        "message.timeout.ms": int(settings.delivery_timeout.total_seconds() * 1000),
+        # Refuse in produce() what the DLQ topic would refuse: such a dead letter is
+        # replaced by a reference record at once.
+        "message.max.bytes": IDENTITY_MEMBERSHIP_DLQ.max_message_bytes,
+    }
+
+
+def create_replay_producer(settings: Settings, *, client_id: str) -> Producer:
+    """`dlq replay` republishes what a source topic once accepted (up to the largest
+    topic of the catalogue); the broker still checks the topic's own limit."""
     return create_producer(
         settings.kafka_bootstrap,
-        client_id=client_id or f"{SERVICE_NAME}-dlq-{socket.gethostname()}",
-        extra=settings.kafka_security(),
+        client_id=client_id,
+        extra={
+            **settings.kafka_security(),
+            "message.max.bytes": max(topic.max_message_bytes for topic in CATALOGUE),
+            "message.timeout.ms": int(settings.delivery_timeout.total_seconds() * 1000),
+        },
     )
 
 
@@ -67,13 +133,14 @@ def build_consumer(
             # Records of a batch are fetched together; a bigger fetch keeps batches full.
             "fetch.wait.max.ms": 100,
             "session.timeout.ms": int(settings.kafka_session_timeout.total_seconds() * 1000),
+            "max.poll.interval.ms": max_poll_interval_ms(settings),
         },
         on_error=on_kafka_error,
     )
     producer = create_producer(
         settings.kafka_bootstrap,
         client_id=f"{name}-dlq",
-        extra=settings.kafka_security(),
+        extra=_dlq_producer_config(settings),
         on_error=on_kafka_error,
     )
     options = ConsumerOptions(
@@ -85,12 +152,15 @@ def build_consumer(
         retry_max=settings.retry_max.total_seconds(),
         lag_interval=settings.lag_interval.total_seconds(),
     )
-    store = MembershipStore(settings.database_dsn.reveal(), application_name=name)
-    dead_letters = DeadLetterWriter(
+    store = MembershipStore(
+        settings.database_dsn.reveal(), application_name=name, session=settings.database_session()
+    )
+    dead_letters = DeadLetterer(
         producer,
         topic=settings.dlq_topic,
         group_id=settings.group_id,
         delivery_timeout=settings.delivery_timeout.total_seconds(),
+        on_tick=heartbeat.beat if heartbeat is not None else None,
     )
     membership = MembershipConsumer(
         options=options,

@@ -7,14 +7,20 @@ variable and exits 2; bad arguments are argparse's exit 2 too.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import logging
 import sys
 import uuid
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
+import msgspec
+import psycopg
+from confluent_kafka import Consumer
+from psycopg.rows import TupleRow
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from pin_runtime.errors import SettingsError
@@ -29,12 +35,25 @@ from pin_runtime.settings import (
 )
 from pin_runtime.shutdown import GracefulShutdown
 from pin_runtime.tracing import configure_tracing, shutdown_tracing
-from rewards_membership.app import build_consumer, create_dlq_producer, run_migrations, serving
+from rewards_membership.app import (
+    build_consumer,
+    create_replay_producer,
+    max_poll_interval_ms,
+    run_migrations,
+    serving,
+)
 from rewards_membership.display import display_status
-from rewards_membership.dlq import DeadLetterRecord, read_dead_letters, replay
+from rewards_membership.dlq import (
+    DeadLetterRecord,
+    dead_letter_at,
+    partitions_holding,
+    read_dead_letters,
+)
 from rewards_membership.metrics import Metrics
+from rewards_membership.reference import decode_reference
+from rewards_membership.replay import Replayer, ReplayResult, ReplayState
 from rewards_membership.settings import ENV_PREFIX, SERVICE_NAME, Settings
-from rewards_membership.store import connect, fetch_agent_rows, prune_inbox
+from rewards_membership.store import connect, fetch_agent_rows, fetch_replays, prune_inbox
 
 __all__ = ["main"]
 
@@ -76,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_replay.add_argument(
         "--partition", type=int, help="DLQ partition of --offset (needed when ambiguous)"
     )
+    dlq_replay.add_argument(
+        "--force",
+        action="store_true",
+        help="replay records that fail validation again (they come back to the DLQ)",
+    )
 
     agent = commands.add_parser("agent", help="the projection of one agent")
     agent_commands = agent.add_subparsers(dest="agent_command", required=True)
@@ -106,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for variable in unknown_variables(Settings, ENV_PREFIX):
         log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
     if args.command == "migrate":
-        applied = run_migrations(settings.database_dsn.reveal())
+        applied = run_migrations(settings.database_dsn.reveal(), settings.database_session())
         log_event(_log, "migrations applied", applied=applied)
         return 0
     if args.command == "consume":
@@ -117,7 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.dlq_command == "list":
             return _dlq_list(settings, args.limit)
         return _dlq_replay(
-            settings, replay_all=args.all, offset=args.offset, partition=args.partition
+            settings,
+            replay_all=args.all,
+            offset=args.offset,
+            partition=args.partition,
+            force=args.force,
         )
     if args.command == "agent":
         return _agent_show(settings, args.agent_user_id)
@@ -131,7 +159,10 @@ def _consume(settings: Settings) -> int:
         sys.stderr.write(f"config error: {exc.variable}: {exc.reason}\n")
         return CONFIG_ERROR_EXIT_CODE
     metrics = Metrics()
-    heartbeat = Heartbeat(stale_after=max(60.0, 3 * settings.poll_timeout.total_seconds()))
+    # Stale only after the longest batch the settings allow (the DLQ waits beat, a batch of
+    # slow statements does not): restarting a pod in the middle of a legitimately slow batch
+    # would only repeat it.
+    heartbeat = Heartbeat(stale_after=max_poll_interval_ms(settings) / 1000.0)
     consumer, producer = build_consumer(settings, metrics=metrics, heartbeat=heartbeat)
     try:
         with GracefulShutdown() as stop, serving(settings, consumer, metrics, heartbeat):
@@ -143,82 +174,186 @@ def _consume(settings: Settings) -> int:
     return 0
 
 
-def _read_dlq(settings: Settings) -> list[DeadLetterRecord]:
-    consumer = create_consumer(
+def _tool_consumer(settings: Settings, role: str) -> Consumer:
+    """An assign-only consumer of the tool (no group membership, nothing committed)."""
+    return create_consumer(
         settings.kafka_bootstrap,
         group_id=f"{settings.group_id}-dlq-tool",
-        client_id=f"{SERVICE_NAME}-dlq-tool",
+        client_id=f"{SERVICE_NAME}-dlq-{role}",
         extra=settings.kafka_security(),
     )
-    try:
-        return list(read_dead_letters(consumer, settings.dlq_topic, timeout=10.0))
-    finally:
-        consumer.close()
+
+
+def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
+    return connect(
+        settings.database_dsn.reveal(),
+        application_name=f"{SERVICE_NAME}-cli",
+        session=settings.database_session(),
+    )
 
 
 def _text(value: bytes | None) -> str:
     return "" if value is None else value.decode("utf-8", errors="replace")
 
 
+_PAGE = 200
+_COLUMNS = ("at", "replay", "code", "key", "original", "value", "reason")
+
+
 def _dlq_list(settings: Settings, limit: int) -> int:
-    records = _read_dlq(settings)
-    table = Table(title=f"{settings.dlq_topic}: {len(records)} record(s)", title_justify="left")
-    for column in ("partition", "offset", "code", "reason", "key", "original"):
-        table.add_column(column, overflow="fold")
-    for record in records[:limit]:
-        info = record.info
-        table.add_row(
-            str(record.partition),
-            str(record.offset),
-            info.error_code if info else "?",
-            info.exception_message if info else (record.problem or ""),
-            _text(record.key),
-            f"{info.original_topic}[{info.original_partition}]@{info.original_offset}"
-            if info
-            else "",
-        )
-    Console().print(table)
+    """Stream the DLQ page by page: a large DLQ is never held in memory whole."""
+    console = Console()
+    shown = pending = 0
+    reader = _tool_consumer(settings, "list")
+    try:
+        with _connect(settings) as conn:
+            records = itertools.islice(
+                read_dead_letters(reader, settings.dlq_topic, timeout=10.0), limit
+            )
+            while page := list(itertools.islice(records, _PAGE)):
+                replays = fetch_replays(
+                    conn, settings.dlq_topic, [(r.partition, r.offset) for r in page]
+                )
+                table = Table(show_header=shown == 0, box=None, pad_edge=False)
+                for column in _COLUMNS:
+                    table.add_column(column, overflow="fold")
+                for record in page:
+                    at = replays.get((record.partition, record.offset))
+                    pending += at is None
+                    table.add_row(*_row(record, at, settings.topic))
+                console.print(table)
+                shown += len(page)
+    finally:
+        reader.close()
+    console.print(
+        f"{settings.dlq_topic}: {shown} record(s), {pending} not replayed"
+        + (f" (first {limit} shown)" if shown == limit else "")
+    )
     return 0
+
+
+def _row(record: DeadLetterRecord, replayed_at: datetime | None, source: str) -> list[str]:
+    info = record.info
+    replaced = record.replaced
+    if replaced is not None:
+        value = f"reference ({replaced})"
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            reference = decode_reference(record.value)
+            value = (
+                f"reference ({replaced}, {reference.size} bytes, sha256 {reference.sha256[:12]})"
+            )
+    else:
+        value = f"{len(record.value or b'')} bytes"
+    original = ""
+    if info is not None:
+        # The topic only when it is not the consumer's own source topic.
+        place = f"{info.original_partition}@{info.original_offset}"
+        original = place if info.original_topic == source else f"{info.original_topic}[{place}]"
+    return [
+        f"{record.partition}@{record.offset}",
+        f"replayed {replayed_at.isoformat(timespec='seconds')}" if replayed_at else "pending",
+        info.error_code if info else "?",
+        _text(record.key),
+        original,
+        value,
+        info.exception_message if info else (record.problem or ""),
+    ]
 
 
 def _dlq_replay(
-    settings: Settings, *, replay_all: bool, offset: int | None, partition: int | None
+    settings: Settings,
+    *,
+    replay_all: bool,
+    offset: int | None,
+    partition: int | None,
+    force: bool,
 ) -> int:
-    records = _read_dlq(settings)
-    if not replay_all:
-        records = [
-            r
-            for r in records
-            if r.offset == offset and (partition is None or r.partition == partition)
-        ]
-        if not records:
-            sys.stderr.write(f"no DLQ record at offset {offset}\n")
-            return 1
-        if len(records) > 1:
-            places = ", ".join(str(r.partition) for r in records)
-            sys.stderr.write(f"offset {offset} exists in partitions {places}: pass --partition\n")
-            return CONFIG_ERROR_EXIT_CODE
-    producer = create_dlq_producer(settings, client_id=f"{SERVICE_NAME}-dlq-replay")
+    reader = _tool_consumer(settings, "replay")
+    source = _tool_consumer(settings, "source")
+    producer = create_replay_producer(settings, client_id=f"{SERVICE_NAME}-dlq-replay")
     try:
-        with Progress(
-            TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), transient=False
-        ) as progress:
-            task = progress.add_task("replay", total=len(records))
-            delivered = replay(
-                producer,
-                records,
+        if replay_all:
+            records: Iterable[DeadLetterRecord] = read_dead_letters(
+                reader, settings.dlq_topic, timeout=10.0
+            )
+        else:
+            found = _one_record(reader, settings, offset or 0, partition)  # argparse: required
+            if isinstance(found, int):
+                return found
+            records = [found]
+        with _connect(settings) as conn:
+            replayer = Replayer(
+                producer=producer,
+                source=source,
+                conn=conn,
+                dlq_topic=settings.dlq_topic,
                 default_topic=settings.topic,
                 delivery_timeout=settings.delivery_timeout.total_seconds(),
-                on_sent=lambda _: progress.advance(task),
             )
+            counts: Counter[ReplayState] = Counter()
+            for result in replayer.replay(records, force=force):
+                counts[result.state] += 1
+                _say(result, single=not replay_all)
     finally:
         producer.flush(settings.delivery_timeout.total_seconds())
-    log_event(_log, "dlq replayed", records=delivered, topic=settings.topic)
-    return 0
+        reader.close()
+        source.close()
+    log_event(
+        _log,
+        "dlq replayed",
+        records=counts[ReplayState.REPLAYED],
+        alreadyReplayed=counts[ReplayState.ALREADY],
+        refused=counts[ReplayState.REFUSED],
+        gone=counts[ReplayState.GONE],
+        failed=counts[ReplayState.FAILED],
+        topic=settings.topic,
+    )
+    if not replay_all and counts[ReplayState.REFUSED]:
+        return 1
+    return 1 if counts[ReplayState.GONE] or counts[ReplayState.FAILED] else 0
+
+
+def _one_record(
+    reader: Consumer, settings: Settings, offset: int, partition: int | None
+) -> DeadLetterRecord | int:
+    """The record at --offset (--partition), or the exit code after one line saying why not."""
+    places = (
+        [partition]
+        if partition is not None
+        else partitions_holding(reader, settings.dlq_topic, offset, timeout=10.0)
+    )
+    if len(places) > 1:
+        listed = ", ".join(str(p) for p in places)
+        sys.stderr.write(f"offset {offset} exists in partitions {listed}: pass --partition\n")
+        return CONFIG_ERROR_EXIT_CODE
+    record = (
+        dead_letter_at(reader, settings.dlq_topic, places[0], offset, timeout=10.0)
+        if places
+        else None
+    )
+    if record is None:
+        sys.stderr.write(f"no DLQ record at offset {offset}\n")
+        return 1
+    return record
+
+
+def _say(result: ReplayResult, *, single: bool) -> None:
+    """One line per record: stdout when it went (or had gone) out, stderr when it did not."""
+    record = result.record
+    line = f"{record.partition}@{record.offset}: {result.state.value}"
+    line += f": {result.detail}\n" if result.detail else "\n"
+    if result.state in (ReplayState.REPLAYED, ReplayState.ALREADY):
+        sys.stdout.write(line)
+    else:
+        sys.stderr.write(line)
 
 
 def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
-    with connect(settings.database_dsn.reveal(), application_name=f"{SERVICE_NAME}-cli") as conn:
+    with connect(
+        settings.database_dsn.reveal(),
+        application_name=f"{SERVICE_NAME}-cli",
+        session=settings.database_session(),
+    ) as conn:
         rows = fetch_agent_rows(conn, agent_user_id)
     console = Console()
     status = display_status((r["company_id"], r["membership_status"]) for r in rows)
@@ -247,7 +382,11 @@ def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
 
 
 def _inbox_prune(settings: Settings, older_than: timedelta) -> int:
-    with connect(settings.database_dsn.reveal(), application_name=f"{SERVICE_NAME}-cli") as conn:
+    with connect(
+        settings.database_dsn.reveal(),
+        application_name=f"{SERVICE_NAME}-cli",
+        session=settings.database_session(),
+    ) as conn:
         deleted = prune_inbox(conn, older_than, now=datetime.now(UTC))
     log_event(_log, "inbox pruned", deleted=deleted, olderThan=str(older_than))
     return 0

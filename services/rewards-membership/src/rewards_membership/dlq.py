@@ -7,7 +7,7 @@ the same partition number, and carries Spring Kafka's `kafka_dlt-*` headers afte
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -16,7 +16,6 @@ from confluent_kafka import (
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
     Message,
-    Producer,
     TopicPartition,
 )
 
@@ -29,24 +28,24 @@ from pin_contracts import (
     DLT_ORIGINAL_TIMESTAMP_HEADER,
     DLT_ORIGINAL_TIMESTAMP_TYPE_HEADER,
     DLT_ORIGINAL_TOPIC_HEADER,
+    DLT_VALUE_REPLACED_HEADER,
     ERROR_CODE_HEADER,
     ERROR_PATH_HEADER,
     ContractViolation,
     DeadLetterInfo,
     Headers,
 )
-from pin_runtime.delivery import DeliveryTracker, flush_or_raise
-from rewards_membership.errors import InfrastructureError
 from rewards_membership.records import headers_of, offset_of, partition_of, topic_of
 from rewards_membership.validation import InvalidEvent
 
 __all__ = [
     "DLQ_HEADERS",
     "DeadLetterRecord",
-    "DeadLetterWriter",
+    "dead_letter_at",
     "dead_letter_info",
+    "partitions_holding",
+    "read_at",
     "read_dead_letters",
-    "replay",
 ]
 
 DLQ_HEADERS: Final = frozenset(
@@ -61,6 +60,7 @@ DLQ_HEADERS: Final = frozenset(
         DLT_ORIGINAL_TOPIC_HEADER,
         ERROR_CODE_HEADER,
         ERROR_PATH_HEADER,
+        DLT_VALUE_REPLACED_HEADER,
     }
 )
 
@@ -83,47 +83,6 @@ def dead_letter_info(message: Message, invalid: InvalidEvent, group_id: str) -> 
     )
 
 
-class DeadLetterWriter:
-    """Produces a batch's invalid records and returns only once the broker acknowledged all."""
-
-    def __init__(
-        self, producer: Producer, *, topic: str, group_id: str, delivery_timeout: float
-    ) -> None:
-        self._producer = producer
-        self._topic = topic
-        self._group_id = group_id
-        self._delivery_timeout = delivery_timeout
-        self._partitions: int | None = None
-
-    def _partition_for(self, original: int) -> int:
-        if self._partitions is None:
-            metadata = self._producer.list_topics(self._topic, timeout=self._delivery_timeout)
-            topic = metadata.topics.get(self._topic)
-            count = len(topic.partitions) if topic is not None and topic.error is None else 0
-            if count == 0:
-                raise InfrastructureError(f"DLQ topic {self._topic!r} has no partitions")
-            self._partitions = count
-        # Same partition number as the original (both topics have 3), wrapped if fewer.
-        return original % self._partitions
-
-    def send(self, records: Sequence[tuple[Message, InvalidEvent]]) -> None:
-        """Produce and flush; `DeliveryError` (an infrastructure failure) if any is refused."""
-        if not records:
-            return
-        tracker = DeliveryTracker[int]()
-        for message, invalid in records:
-            info = dead_letter_info(message, invalid, self._group_id)
-            self._producer.produce(
-                self._topic,
-                key=message.key(),
-                value=message.value(),
-                partition=self._partition_for(partition_of(message)),
-                headers=headers_of(message) + info.to_headers(),
-                on_delivery=tracker,
-            )
-        flush_or_raise(self._producer, self._delivery_timeout, tracker)
-
-
 @dataclass(frozen=True, slots=True)
 class DeadLetterRecord:
     partition: int
@@ -140,20 +99,93 @@ class DeadLetterRecord:
         """The headers the record had before it was dead-lettered."""
         return [(k, v) for k, v in self.headers if k not in DLQ_HEADERS]
 
+    @property
+    def replaced(self) -> str | None:
+        """The reason label when this is a reference record (the value was replaced)."""
+        for name, value in reversed(self.headers):
+            if name == DLT_VALUE_REPLACED_HEADER:
+                return value.decode(errors="replace") if isinstance(value, bytes) else value or ""
+        return None
 
-def read_dead_letters(
-    consumer: Consumer, topic: str, *, timeout: float
-) -> Iterator[DeadLetterRecord]:
-    """Every record of `topic` from the beginning to the current end, partition by partition.
 
-    Assigns partitions directly (no group membership, nothing committed).
-    """
+def _record(message: Message) -> DeadLetterRecord:
+    headers = headers_of(message)
+    try:
+        info: DeadLetterInfo | None = DeadLetterInfo.from_headers(headers)
+        problem = None
+    except ContractViolation as exc:
+        info, problem = None, str(exc)
+    return DeadLetterRecord(
+        partition_of(message),
+        offset_of(message),
+        message.key(),
+        message.value(),
+        headers,
+        info,
+        problem,
+    )
+
+
+def read_at(
+    consumer: Consumer, topic: str, partition: int, offset: int, *, timeout: float
+) -> Message | None:
+    """The record at `offset` of `topic[partition]`, or None when the topic no longer has it
+    (deleted by retention, compacted away) or never had it."""
+    tp = TopicPartition(topic, partition)
+    low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
+    if not low <= offset < high:
+        return None
+    consumer.assign([TopicPartition(topic, partition, offset)])
+    try:
+        while True:
+            message = consumer.poll(timeout)
+            if message is None:
+                raise TimeoutError(f"no record from {topic}[{partition}] within {timeout}s")
+            if message.error() is not None:
+                continue
+            found = offset_of(message)
+            return message if found == offset else None
+    finally:
+        consumer.unassign()
+
+
+def dead_letter_at(
+    consumer: Consumer, topic: str, partition: int, offset: int, *, timeout: float
+) -> DeadLetterRecord | None:
+    message = read_at(consumer, topic, partition, offset, timeout=timeout)
+    return _record(message) if message is not None else None
+
+
+def partitions_holding(consumer: Consumer, topic: str, offset: int, *, timeout: float) -> list[int]:
+    """The partitions of `topic` whose retained records include `offset`."""
+    found = []
+    for partition in _partitions(consumer, topic, timeout):
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=timeout
+        )
+        if low <= offset < high:
+            found.append(partition)
+    return found
+
+
+def _partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
     metadata = consumer.list_topics(topic, timeout=timeout)
     described = metadata.topics.get(topic)
     if described is None or described.error is not None:
         raise ContractViolation(topic, "topic does not exist")
+    return sorted(described.partitions)
+
+
+def read_dead_letters(
+    consumer: Consumer, topic: str, *, timeout: float
+) -> Iterator[DeadLetterRecord]:
+    """Every record of `topic` from the beginning to the current end, one at a time.
+
+    A generator: the caller streams (a large DLQ is never held in memory whole). Assigns
+    partitions directly (no group membership, nothing committed).
+    """
     ends: dict[int, int] = {}
-    for partition in sorted(described.partitions):
+    for partition in _partitions(consumer, topic, timeout):
         low, high = consumer.get_watermark_offsets(
             TopicPartition(topic, partition), timeout=timeout
         )
@@ -174,40 +206,6 @@ def read_dead_letters(
                 continue
             if offset + 1 >= ends[partition]:
                 del ends[partition]
-            headers = headers_of(message)
-            try:
-                info: DeadLetterInfo | None = DeadLetterInfo.from_headers(headers)
-                problem = None
-            except ContractViolation as exc:
-                info, problem = None, str(exc)
-            yield DeadLetterRecord(
-                partition, offset, message.key(), message.value(), headers, info, problem
-            )
+            yield _record(message)
     finally:
         consumer.unassign()
-
-
-def replay(
-    producer: Producer,
-    records: Sequence[DeadLetterRecord],
-    *,
-    default_topic: str,
-    delivery_timeout: float,
-    on_sent: Callable[[DeadLetterRecord], None] | None = None,
-) -> int:
-    """Republish records to their original topic (key, value, original headers); flush."""
-    tracker = DeliveryTracker[int]()
-    for record in records:
-        topic = record.info.original_topic if record.info is not None else default_topic
-        producer.produce(
-            topic,
-            key=record.key,
-            value=record.value,
-            headers=record.original_headers,
-            on_delivery=tracker,
-        )
-        producer.poll(0)
-        if on_sent is not None:
-            on_sent(record)
-    flush_or_raise(producer, delivery_timeout, tracker)
-    return tracker.delivered

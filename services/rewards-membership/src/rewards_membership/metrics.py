@@ -69,7 +69,8 @@ class Metrics:
         )
         self.consumer_lag = Gauge(
             "rewards_identity_membership_consumer_lag",
-            "Messages between the partition's high watermark and the consumer's position",
+            "Messages between the partition's high watermark and the group's committed offset,"
+            " refreshed every lag interval whether or not batches succeed",
             ["partition"],
             registry=r,
         )
@@ -81,7 +82,24 @@ class Metrics:
         )
         self.paused_partitions = Gauge(
             "rewards_membership_paused_partitions",
-            "Partitions paused while a dependency is down",
+            "Partitions paused while a dependency is down or their dead letter cannot be written",
+            registry=r,
+        )
+        self.partition_paused_seconds = Gauge(
+            "rewards_membership_partition_paused_seconds",
+            "Seconds a partition has been paused (present only while it is paused)",
+            ["partition"],
+            registry=r,
+        )
+        self.dlq_unreplayed = Gauge(
+            "rewards_identity_membership_dlq_unreplayed",
+            "Dead letters not yet replayed (dead-lettered inbox marks), alert when > 0",
+            registry=r,
+        )
+        self.dlq_replaced = Counter(
+            "rewards_identity_membership_dlq_replaced_total",
+            "Dead letters the DLQ refused as they were, written as reference records",
+            ["reason"],
             registry=r,
         )
         self.batch_size = Histogram(

@@ -39,11 +39,15 @@ class BatchPlan:
     updates: list[MembershipRow] = field(default_factory=list)
     """Existing rows the batch changed, in their state after the batch."""
     inbox: list[tuple[str, Outcome]] = field(default_factory=list)
-    """Idempotency keys to record (applied and stale; never duplicates or dead letters)."""
+    """Idempotency keys to record now (applied and stale; never duplicates). Dead letters
+    are marked only after the broker acknowledged their DLQ copy (`dead_letter_keys`)."""
+    dead_letter_keys: dict[int, str] = field(default_factory=dict)
+    """Position in the batch -> inbox key of each record to dead-letter (when it has one)."""
 
 
 def inbox_keys(items: Iterable[MembershipChange | InvalidEvent]) -> list[str]:
-    return [item.key for item in items if isinstance(item, MembershipChange)]
+    """Every key the batch looks up: valid records' and dead letters' (spec step 1 first)."""
+    return [item.key for item in items if item.key is not None]
 
 
 def row_keys(items: Iterable[MembershipChange | InvalidEvent]) -> list[RowKey]:
@@ -60,15 +64,20 @@ def plan_batch(
     seen = set(seen_keys)
     current: dict[RowKey, MembershipRow] = dict(rows)
     changed: dict[RowKey, MembershipRow] = {}
-    for item in items:
-        if isinstance(item, InvalidEvent):
-            plan.outcomes.append(Outcome.DEAD_LETTERED)
-            continue
+    for position, item in enumerate(items):
+        # Spec step 1 before step 2: a MessageId already processed (or dead-lettered) is a
+        # duplicate whatever its content; validation is pure, so it may run earlier.
         key = item.key
-        if key in seen:
+        if key is not None and key in seen:
             plan.outcomes.append(Outcome.DUPLICATE)
             continue
-        seen.add(key)
+        if key is not None:
+            seen.add(key)
+        if isinstance(item, InvalidEvent):
+            plan.outcomes.append(Outcome.DEAD_LETTERED)
+            if key is not None:
+                plan.dead_letter_keys[position] = key
+            continue
         row = current.get(item.row_key)
         if is_stale(row, item):
             outcome = Outcome.STALE
@@ -77,7 +86,7 @@ def plan_batch(
             current[item.row_key] = changed[item.row_key] = updated
             outcome = Outcome.APPLIED
         plan.outcomes.append(outcome)
-        plan.inbox.append((key, outcome))
+        plan.inbox.append((item.key, outcome))
     for row_key, row in changed.items():
         (plan.updates if row_key in rows else plan.inserts).append(row)
     return plan

@@ -29,6 +29,7 @@ __all__ = [
     "InvalidEvent",
     "MembershipChange",
     "idempotency_key",
+    "position_key",
     "validate",
 ]
 
@@ -40,6 +41,15 @@ _VIOLATION_FQCN: Final = f"{ContractViolation.__module__}.{ContractViolation.__q
 def idempotency_key(message_id: UUID) -> str:
     """The spec's inbox key: `rewards:identity-membership:{MessageId}`."""
     return f"{IDEMPOTENCY_PREFIX}{message_id}"
+
+
+def position_key(topic: str, partition: int, offset: int) -> str:
+    """The inbox key of a record whose MessageId cannot be read: its place in the topic.
+
+    Such a record is dead-lettered once however often it is redelivered; a replayed copy
+    lands at another offset, so it is processed again.
+    """
+    return f"{IDEMPOTENCY_PREFIX}at:{topic}:{partition}:{offset}"
 
 
 class MembershipChange(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,6 +97,9 @@ class InvalidEvent(msgspec.Struct, frozen=True, kw_only=True):
     message_id: UUID | None = None
     fields: Mapping[str, object] = msgspec.field(default_factory=dict)
     """What could be decoded (AgentUserId, CompanyId, Status, Reason, Version) for the log."""
+    key: str | None = None
+    """The inbox key: the MessageId's when it could be read; otherwise the consumer sets
+    the record's `position_key` before planning the batch."""
 
     @property
     def message(self) -> str:
@@ -110,6 +123,7 @@ def validate(value: bytes | None) -> MembershipChange | InvalidEvent:
                 path=path,
                 reason="must not be Guid.Empty",
                 message_id=envelope.message_id,
+                key=idempotency_key(envelope.message_id),
                 fields={
                     "AgentUserId": payload.agent_user_id,
                     "CompanyId": payload.company_id,

@@ -1,0 +1,114 @@
+"""The stall gauges, refreshed every lag interval whatever the batches do.
+
+Offset lag per partition is the high watermark minus the group's COMMITTED offset, both
+asked from the broker (a paused partition is not fetched, so cached watermarks would freeze):
+a partition paused or stuck shows its lag growing. Beside it: how long each partition has
+been paused, and how many dead letters wait for a replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from pin_runtime.logging import log_event
+from rewards_membership.metrics import Metrics
+
+__all__ = ["LagReporter", "offset_lag"]
+
+_log = logging.getLogger("rewards_membership.lag")
+# Each broker request of a refresh waits at most this long (the loop must keep polling).
+_REQUEST_TIMEOUT: Final = 2.0
+
+
+def offset_lag(*, low: int, high: int, committed: int) -> int | None:
+    """Records not yet committed; from the log start when the group has no offset yet.
+
+    None when the broker gave no watermark.
+    """
+    if high < 0:
+        return None
+    start = committed if committed >= 0 else max(low, 0)
+    return max(0, high - start)
+
+
+class LagReporter:
+    def __init__(
+        self,
+        consumer: Consumer,
+        *,
+        topic: str,
+        metrics: Metrics,
+        interval: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._consumer = consumer
+        self._topic = topic
+        self._metrics = metrics
+        self._interval = interval
+        self._clock = clock
+        self._next = 0.0
+        self._paused_labels: set[int] = set()
+
+    def soon(self) -> None:
+        """Refresh at the next turn (after an assignment)."""
+        self._next = 0.0
+
+    def maybe_report(
+        self,
+        assigned: Iterable[int],
+        paused_for: Mapping[int, float],
+        unreplayed: Callable[[], int | None],
+    ) -> None:
+        now = self._clock()
+        if now < self._next:
+            return
+        self._next = now + self._interval
+        self._report_paused(paused_for)
+        partitions = sorted(assigned)
+        if partitions:
+            self._report_lag(partitions)
+        count = unreplayed()
+        if count is not None:
+            self._metrics.dlq_unreplayed.set(count)
+
+    def _report_paused(self, paused_for: Mapping[int, float]) -> None:
+        gauge = self._metrics.partition_paused_seconds
+        self._metrics.paused_partitions.set(len(paused_for))
+        for partition, seconds in paused_for.items():
+            gauge.labels(str(partition)).set(seconds)
+        for partition in self._paused_labels - set(paused_for):
+            with contextlib.suppress(KeyError):
+                gauge.remove(str(partition))
+        self._paused_labels = set(paused_for)
+
+    def _report_lag(self, partitions: list[int]) -> None:
+        try:
+            committed = self._consumer.committed(
+                [TopicPartition(self._topic, p) for p in partitions], timeout=_REQUEST_TIMEOUT
+            )
+        except KafkaException as exc:
+            log_event(_log, "lag refresh failed", logging.WARNING, reason=str(exc))
+            return
+        for tp in committed:
+            try:
+                low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(self._topic, tp.partition), timeout=_REQUEST_TIMEOUT
+                )
+            except KafkaException:
+                return  # the broker does not answer: the others would wait as long
+            lag = offset_lag(low=low, high=high, committed=tp.offset)
+            if lag is not None:
+                self._metrics.consumer_lag.labels(str(tp.partition)).set(lag)
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        for p in partitions:
+            with contextlib.suppress(KeyError):
+                self._metrics.consumer_lag.remove(str(p))
+            with contextlib.suppress(KeyError):
+                self._metrics.partition_paused_seconds.remove(str(p))
+            self._paused_labels.discard(p)

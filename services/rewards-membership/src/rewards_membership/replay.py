@@ -1,0 +1,223 @@
+"""`dlq replay`: republish dead letters to their source topic, each DLQ record once.
+
+Per page of DLQ records: skip those `rewards.dlq_replays` says were replayed; read the
+original back from the source topic for a reference record (and check its sha256); refuse a
+record whose bytes fail validation again (unless forced); delete the records' dead-letter
+inbox marks (so the consumer processes the copies instead of skipping them as duplicates);
+republish; and record, after the broker acknowledged them, which DLQ records were replayed.
+A crash between the acknowledgement and the record leaves at most one extra copy, which the
+consumer skips as a duplicate of the first.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+import msgspec
+import psycopg
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from psycopg.rows import TupleRow
+
+from pin_contracts import Headers
+from pin_runtime.delivery import DeliveryTracker
+from rewards_membership.dlq import DeadLetterRecord, read_at
+from rewards_membership.records import headers_of, offset_of, partition_of
+from rewards_membership.reference import decode_reference, sha256_hex
+from rewards_membership.store import (
+    Position,
+    clear_dead_letter_marks,
+    fetch_replays,
+    record_replays,
+)
+from rewards_membership.validation import InvalidEvent, position_key, validate
+
+__all__ = ["ReplayResult", "ReplayState", "Replayer"]
+
+_PAGE: Final = 200
+_REPORT_MARGIN: Final = 5.0
+
+
+class ReplayState(StrEnum):
+    REPLAYED = "replayed"
+    ALREADY = "already-replayed"
+    REFUSED = "refused"
+    GONE = "gone"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    record: DeadLetterRecord
+    state: ReplayState
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Copy:
+    record: DeadLetterRecord
+    topic: str
+    value: bytes | None
+    headers: Headers
+    inbox_key: str | None
+
+
+class Replayer:
+    def __init__(
+        self,
+        *,
+        producer: Producer,
+        source: Consumer,
+        conn: psycopg.Connection[TupleRow],
+        dlq_topic: str,
+        default_topic: str,
+        delivery_timeout: float,
+        read_timeout: float = 10.0,
+    ) -> None:
+        self._producer = producer
+        self._source = source
+        self._conn = conn
+        self._dlq_topic = dlq_topic
+        self._default_topic = default_topic
+        self._delivery_timeout = delivery_timeout
+        self._read_timeout = read_timeout
+
+    def replay(self, records: Iterable[DeadLetterRecord], *, force: bool) -> Iterator[ReplayResult]:
+        """One result per record, page by page (the records may be a stream)."""
+        iterator = iter(records)
+        while page := list(itertools.islice(iterator, _PAGE)):
+            yield from self._replay_page(page, force=force)
+
+    def _replay_page(
+        self, page: Sequence[DeadLetterRecord], *, force: bool
+    ) -> Iterator[ReplayResult]:
+        done = fetch_replays(self._conn, self._dlq_topic, [(r.partition, r.offset) for r in page])
+        copies: list[_Copy] = []
+        for record in page:
+            at = done.get((record.partition, record.offset))
+            if at is not None:
+                yield ReplayResult(record, ReplayState.ALREADY, f"at {at.isoformat()}")
+                continue
+            prepared = self._prepare(record, force=force)
+            if isinstance(prepared, ReplayResult):
+                yield prepared
+            else:
+                copies.append(prepared)
+        if copies:
+            yield from self._send(copies, force=force)
+
+    def _prepare(self, record: DeadLetterRecord, *, force: bool) -> _Copy | ReplayResult:
+        info = record.info
+        if info is None and not force:
+            return ReplayResult(record, ReplayState.REFUSED, f"no DLQ headers: {record.problem}")
+        value, headers = record.value, record.original_headers
+        if record.replaced is not None:
+            original = self._original(record)
+            if isinstance(original, ReplayResult):
+                return original
+            value, headers = original.value(), headers_of(original)
+        item = validate(value)
+        if isinstance(item, InvalidEvent) and not force:
+            return ReplayResult(
+                record,
+                ReplayState.REFUSED,
+                f"still invalid: {item.message} ({item.error_code}); --force replays it anyway",
+            )
+        key = item.key
+        if key is None and info is not None:
+            key = position_key(info.original_topic, info.original_partition, info.original_offset)
+        topic = info.original_topic if info is not None else self._default_topic
+        return _Copy(record, topic, value, headers, key)
+
+    def _original(self, record: DeadLetterRecord) -> Message | ReplayResult:
+        """The original record a reference stands for, read back from the source topic."""
+        try:
+            reference = decode_reference(record.value)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return ReplayResult(record, ReplayState.REFUSED, f"unreadable reference: {exc}")
+        place = (
+            f"{reference.original_topic}[{reference.original_partition}]"
+            f"@{reference.original_offset}"
+        )
+        original = read_at(
+            self._source,
+            reference.original_topic,
+            reference.original_partition,
+            reference.original_offset,
+            timeout=self._read_timeout,
+        )
+        if original is None:
+            return ReplayResult(
+                record,
+                ReplayState.GONE,
+                f"the original {place} is no longer retained by the source topic",
+            )
+        if sha256_hex(original.value()) != reference.sha256:
+            return ReplayResult(
+                record, ReplayState.REFUSED, f"the record at {place} is not the original (sha256)"
+            )
+        return original
+
+    def _send(self, copies: Sequence[_Copy], *, force: bool) -> Iterator[ReplayResult]:
+        # The consumer must not skip the copies as duplicates of the dead letters.
+        with self._conn.transaction():
+            clear_dead_letter_marks(self._conn, [c.inbox_key for c in copies if c.inbox_key])
+        tracker = DeliveryTracker[Position]()
+        targets: dict[Position, Position] = {}
+        for copy in copies:
+            position = _pos(copy)
+            try:
+                self._producer.produce(
+                    copy.topic,
+                    key=copy.record.key,
+                    value=copy.value,
+                    headers=copy.headers,
+                    on_delivery=_target_of(tracker, position, targets),
+                )
+            except (KafkaException, BufferError) as exc:
+                tracker.refused(position, exc)
+            self._producer.poll(0)
+        tracker.wait(self._producer, self._delivery_timeout + _REPORT_MARGIN)
+        acknowledged = [c for c in copies if (c.record.partition, c.record.offset) in targets]
+        with self._conn.transaction():
+            record_replays(
+                self._conn,
+                self._dlq_topic,
+                [
+                    ((c.record.partition, c.record.offset), c.inbox_key, c.topic, targets[_pos(c)])
+                    for c in acknowledged
+                ],
+                forced=force,
+            )
+        for copy in copies:
+            position = _pos(copy)
+            if position in targets:
+                target = targets[position]
+                yield ReplayResult(
+                    copy.record, ReplayState.REPLAYED, f"to {copy.topic}[{target[0]}]@{target[1]}"
+                )
+            else:
+                failure = tracker.failures.get(position)
+                detail = str(failure) if failure is not None else "not acknowledged in time"
+                yield ReplayResult(copy.record, ReplayState.FAILED, detail)
+
+
+def _target_of(
+    tracker: DeliveryTracker[Position], position: Position, targets: dict[Position, Position]
+) -> Callable[[KafkaError | None, Message], None]:
+    """The delivery callback: the tracker's, plus where the copy landed."""
+    report = tracker.expect(position)
+
+    def on_delivery(error: KafkaError | None, message: Message) -> None:
+        report(error, message)
+        if error is None:
+            targets[position] = (partition_of(message), offset_of(message))
+
+    return on_delivery
+
+
+def _pos(copy: _Copy) -> Position:
+    return (copy.record.partition, copy.record.offset)

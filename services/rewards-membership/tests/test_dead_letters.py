@@ -1,0 +1,513 @@
+"""Dead letters that cannot stop the flow: reference records, per-partition pauses, once-only.
+
+Real PostgreSQL and Kafka. Each test creates its own topics with the limits it needs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import psycopg
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from pin_contracts import (
+    DLT_VALUE_REPLACED_HEADER,
+    EMPTY_GUID,
+    IDENTITY_MEMBERSHIP_DLQ,
+    DeadLetterInfo,
+    encode,
+    envelope_for,
+    headers_for,
+    kafka_key,
+)
+from pin_runtime.delivery import DeliveryTracker, flush_or_raise
+from pin_runtime.kafka import create_admin, create_consumer, create_producer, ensure_topics
+from rewards_membership.cli import main
+from rewards_membership.deadletter import DeadLetterer
+from rewards_membership.dlq import DeadLetterRecord, read_at, read_dead_letters
+from rewards_membership.reference import decode_reference, sha256_hex
+from rewards_membership.settings import Settings
+from rewards_membership.validation import InvalidEvent, validate
+
+pytestmark = pytest.mark.integration
+
+Event = Callable[..., Any]
+Sql = Callable[..., list[tuple[Any, ...]]]
+SOURCE_LIMIT = 4 * 1024 * 1024
+
+
+def big_producer(bootstrap: str) -> Producer:
+    return create_producer(
+        bootstrap,
+        client_id="rm-dead-letter-tests",
+        linger_ms=1,
+        extra={"message.max.bytes": SOURCE_LIMIT},
+    )
+
+
+def produce(
+    producer: Producer, topic: str, records: list[tuple[int, bytes | None, bytes | None, Any]]
+) -> None:
+    """(partition, key, value, headers) each, acknowledged before returning."""
+    tracker = DeliveryTracker[int]()
+    for partition, key, value, headers in records:
+        producer.produce(
+            topic,
+            partition=partition,
+            key=key,
+            value=value,
+            headers=headers or [],
+            on_delivery=tracker,
+        )
+    flush_or_raise(producer, 30.0, tracker)
+
+
+def valid(event: Event, partition: int, version: int = 1) -> tuple[int, bytes, bytes, Any]:
+    envelope = envelope_for(event(uuid.uuid4(), uuid.uuid4(), version))
+    return (partition, kafka_key(envelope), encode(envelope), headers_for(envelope))
+
+
+def poison(raw: Callable[..., bytes], event: Event, partition: int, padding: int) -> Any:
+    """Empty CompanyId (invalid) plus an unknown field of `padding` incompressible bytes."""
+    agent = uuid.uuid4()
+    payload = event(agent, EMPTY_GUID, 1, membership_id=uuid.uuid4())
+    value = raw(payload, Padding=os.urandom(padding // 2).hex())
+    return (partition, str(agent).encode(), value, headers_for(envelope_for(payload)))
+
+
+def dead_letters(bootstrap: str, topic: str) -> list[DeadLetterRecord]:
+    reader = create_consumer(bootstrap, group_id="dlq-reader", client_id="dlq-reader-test")
+    try:
+        return list(read_dead_letters(reader, topic, timeout=10))
+    finally:
+        reader.close()
+
+
+def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    reader = create_consumer(bootstrap, group_id=group, client_id="committed-reader")
+    try:
+        tps = reader.committed([TopicPartition(topic, p) for p in range(3)], timeout=10)
+        return {tp.partition: tp.offset for tp in tps}
+    finally:
+        reader.close()
+
+
+def high_watermarks(bootstrap: str, topic: str) -> dict[int, int]:
+    reader = create_consumer(bootstrap, group_id="watermarks", client_id="watermarks")
+    try:
+        return {
+            p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(3)
+        }
+    finally:
+        reader.close()
+
+
+def said(text: str) -> list[str]:
+    """The replay's own lines, `P@O: state...` (log lines of the consumer left out)."""
+    return [line for line in text.splitlines() if re.match(r"\d+@\d+: ", line)]
+
+
+def cli_env(monkeypatch: pytest.MonkeyPatch, settings: Settings, **overrides: str) -> None:
+    values = {
+        "DATABASE_DSN": settings.database_dsn.reveal(),
+        "KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "TOPIC": settings.topic,
+        "DLQ_TOPIC": settings.dlq_topic,
+        "GROUP_ID": settings.group_id,
+        "DELIVERY_TIMEOUT": "20s",
+        **overrides,
+    }
+    for name, value in values.items():
+        monkeypatch.setenv(f"REWARDS_MEMBERSHIP_{name}", value)
+    monkeypatch.setenv("COLUMNS", "400")
+
+
+@pytest.mark.parametrize(
+    ("dlq_limit", "padding"),
+    [
+        # refused by produce(): larger than the DLQ producer's message.max.bytes (1 MiB)
+        (IDENTITY_MEMBERSHIP_DLQ.max_message_bytes, 1_200_000),
+        # refused by the broker: within the client's limit, above the DLQ topic's
+        (100_000, 300_000),
+    ],
+    ids=["client-refuses", "broker-refuses"],
+)
+def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: PLR0915
+    *,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    start_consumer: Any,
+    event: Event,
+    raw: Callable[..., bytes],
+    sql: Sql,
+    settings: Settings,
+    wait: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    dlq_limit: int,
+    padding: int,
+) -> None:
+    topic = kafka_topic(partitions=3, config={"max.message.bytes": str(SOURCE_LIMIT)})
+    dlq = kafka_topic(partitions=3, config={"max.message.bytes": str(dlq_limit)})
+    producer = big_producer(kafka_bootstrap)
+    bad = poison(raw, event, 0, padding)
+    records = [valid(event, 0), bad, valid(event, 0), valid(event, 1), valid(event, 2)]
+    consumer = start_consumer(topic=topic, dlq_topic=dlq)
+    produce(producer, topic, records)
+    consumer.wait_handled(len(records), timeout=90)
+
+    # Every partition moved on, the poison's included; the valid records are applied.
+    assert consumer.total("rewards_membership_applied_total") == 4
+    wait(
+        lambda: committed(kafka_bootstrap, settings.group_id, topic) == {0: 3, 1: 1, 2: 1},
+        what="offsets of every partition committed",
+    )
+    assert consumer.consumer.paused_partitions == frozenset()
+    replaced = consumer.value("rewards_identity_membership_dlq_replaced_total", reason="too-large")
+    assert replaced == 1, consumer.metrics.registry.get_sample_value(
+        "rewards_identity_membership_dlq_total", {"code": "REWARDS_MEMBERSHIP_EVENT_INVALID"}
+    )
+
+    [letter] = dead_letters(kafka_bootstrap, dlq)
+    assert letter.key == bad[1]
+    assert letter.replaced == "too-large"
+    assert (DLT_VALUE_REPLACED_HEADER, b"too-large") in letter.headers
+    reference = decode_reference(letter.value)
+    assert (reference.original_topic, reference.original_partition) == (topic, 0)
+    assert reference.original_offset == 1
+    assert reference.size == len(bad[2])
+    assert reference.sha256 == sha256_hex(bad[2])
+    assert "MSG_SIZE_TOO_LARGE" in reference.error
+    assert letter.info is not None
+    assert letter.info.error_path == "$.Payload.CompanyId"
+    assert len(letter.value or b"") < 2000
+    assert sql("SELECT outcome FROM rewards.inbox WHERE outcome = 'dead-lettered'") == [
+        ("dead-lettered",)
+    ]
+    wait(
+        lambda: consumer.value("rewards_identity_membership_dlq_unreplayed") == 1,
+        what="the unreplayed gauge counts it",
+    )
+
+    local = msgspec.structs.replace(settings, topic=topic, dlq_topic=dlq)
+    cli_env(monkeypatch, local)
+    assert main(["dlq", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "reference (too-large" in listed
+    assert "pending" in listed
+    assert "1 record(s), 1 not replayed" in listed
+
+    # Still invalid on the same bytes: refused with its reason, in one line, exit 1.
+    assert main(["dlq", "replay", "--offset", "0", "--partition", "0"]) == 1
+    err = said(capsys.readouterr().err)
+    assert len(err) == 1
+    assert "still invalid: $.Payload.CompanyId" in err[0]
+
+    # --force: the original bytes are read back from the source topic and republished; the
+    # consumer processes the copy (not a duplicate) and dead-letters it again, as a reference.
+    assert main(["dlq", "replay", "--offset", "0", "--partition", "0", "--force"]) == 0
+    out = said(capsys.readouterr().out)[0]
+    assert out.startswith(f"0@0: replayed: to {topic}[")
+    target_partition, target_offset = (int(n) for n in out.rsplit("[", 1)[1].split("]@"))
+    wait(lambda: len(dead_letters(kafka_bootstrap, dlq)) == 2, what="the copy dead-lettered")
+    source = create_consumer(kafka_bootstrap, group_id="source-reader", client_id="src")
+    try:
+        copy = read_at(source, topic, target_partition, target_offset, timeout=10)
+    finally:
+        source.close()
+    assert copy is not None
+    assert (copy.key(), copy.value()) == (bad[1], bad[2])
+    before = high_watermarks(kafka_bootstrap, topic)
+
+    # Replaying the same DLQ record again produces nothing.
+    assert main(["dlq", "replay", "--offset", "0", "--partition", "0", "--force"]) == 0
+    assert "already-replayed" in capsys.readouterr().out
+    assert high_watermarks(kafka_bootstrap, topic) == before
+    assert main(["dlq", "list"]) == 0
+    assert "2 record(s), 1 not replayed" in capsys.readouterr().out
+
+
+def test_replay_says_clearly_when_the_original_is_gone(
+    *,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    start_consumer: Any,
+    event: Event,
+    raw: Callable[..., bytes],
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    topic = kafka_topic(partitions=3, config={"max.message.bytes": str(SOURCE_LIMIT)})
+    dlq = kafka_topic(partitions=3, config=IDENTITY_MEMBERSHIP_DLQ.config())
+    consumer = start_consumer(topic=topic, dlq_topic=dlq)
+    produce(big_producer(kafka_bootstrap), topic, [poison(raw, event, 1, 1_200_000)])
+    consumer.wait_handled(1, timeout=90)
+    consumer.close()
+    # Retention removed it (deleting the records below offset 1 does what retention does).
+    admin: AdminClient = create_admin(kafka_bootstrap, client_id="rm-test")
+    for future in admin.delete_records([TopicPartition(topic, 1, 1)]).values():
+        future.result(timeout=30)
+    cli_env(monkeypatch, msgspec.structs.replace(settings, topic=topic, dlq_topic=dlq))
+    capsys.readouterr()
+    assert main(["dlq", "replay", "--offset", "0", "--force"]) == 1
+    err = said(capsys.readouterr().err)
+    assert err == [
+        f"1@0: gone: the original {topic}[1]@0 is no longer retained by the source topic"
+    ]
+
+
+def test_dead_letter_that_cannot_be_written_pauses_only_its_partition(
+    *,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    start_consumer: Any,
+    event: Event,
+    raw: Callable[..., bytes],
+    sql: Sql,
+    settings: Settings,
+    wait: Callable[..., None],
+) -> None:
+    topic = kafka_topic(partitions=3)
+    # The DLQ topic does not exist yet (the broker does not create topics): every dead
+    # letter write fails for a retriable reason until an operator creates it.
+    dlq = f"pin-test.dlq-missing.{uuid.uuid4().hex[:8]}"
+    producer = big_producer(kafka_bootstrap)
+    consumer = start_consumer(topic=topic, dlq_topic=dlq, delivery_timeout=timedelta(seconds=2))
+    first = [valid(event, 0), poison(raw, event, 0, 100), valid(event, 0)]
+    others = [valid(event, 1), valid(event, 2), valid(event, 1)]
+    produce(producer, topic, first + others)
+
+    wait(
+        lambda: (
+            consumer.consumer.paused_partitions == frozenset({0})
+            and consumer.total("rewards_membership_applied_total") == 3
+        ),
+        what="partition 0 paused, partitions 1 and 2 applied",
+    )
+    wait(
+        lambda: committed(kafka_bootstrap, settings.group_id, topic) == {0: -1001, 1: 2, 2: 1},
+        what="the other partitions committed",
+    )
+    assert consumer.consumer.kafka_state().status == "degraded"
+    assert consumer.value("rewards_membership_retries_total", dependency="kafka") >= 1
+
+    # Records keep arriving on the paused partition: its lag gauge grows, its pause ages.
+    produce(producer, topic, [valid(event, 0, 1) for _ in range(5)])
+    wait(
+        lambda: consumer.value("rewards_identity_membership_consumer_lag", partition="0") == 8,
+        what="lag of the paused partition counts every record since its committed offset",
+    )
+    wait(
+        lambda: consumer.value("rewards_membership_partition_paused_seconds", partition="0") > 0.5,
+        what="the paused-seconds gauge moves",
+    )
+    assert consumer.value("rewards_membership_paused_partitions") == 1
+    assert consumer.value("rewards_identity_membership_consumer_lag", partition="1") == 0
+
+    ensure_topics(create_admin(kafka_bootstrap, client_id="rm-test"), [(dlq, 3)])
+    consumer.wait_handled(3 + 3 + 5, timeout=90)
+    wait(lambda: consumer.consumer.paused_partitions == frozenset(), what="partition 0 resumed")
+    wait(lambda: consumer.consumer.kafka_state().status == "ok", what="ready again")
+    wait(
+        lambda: consumer.value("rewards_identity_membership_consumer_lag", partition="0") == 0,
+        what="lag back to 0",
+    )
+    assert consumer.value("rewards_membership_partition_paused_seconds", partition="0") == 0
+    assert len(dead_letters(kafka_bootstrap, dlq)) == 1
+    assert consumer.total("rewards_identity_membership_dlq_total") == 1
+    (applied,) = sql("SELECT count(*) FROM rewards.agent_performance")[0]
+    assert applied == 2 + 3 + 5
+
+
+def test_dead_letters_acknowledged_before_a_failure_are_not_written_again(
+    *,
+    kafka: Any,
+    start_consumer: Any,
+    event: Event,
+    raw: Callable[..., bytes],
+    sql: Sql,
+    database: str,
+    settings: Settings,
+    wait: Callable[..., None],
+) -> None:
+    consumer = start_consumer(db_lock_timeout=timedelta(milliseconds=500))
+    # Another session blocks inserts into the inbox (reads stay possible): the batch is
+    # decided, its dead letters are acknowledged, then marking them fails on the lock
+    # timeout; the batch is retried until the lock goes.
+    with psycopg.connect(database) as blocker:
+        blocker.execute("LOCK TABLE rewards.inbox IN SHARE MODE")
+        producer = big_producer(kafka.bootstrap)
+        # The last one has no readable MessageId: it is keyed by its position.
+        garbage = (1, b"k", b"\x00\xffnot json", None)
+        produce(
+            producer, kafka.topic, [*(poison(raw, event, p, 100) for p in (0, 1, 2, 2)), garbage]
+        )
+        wait(
+            lambda: (
+                consumer.value("rewards_membership_retries_total", dependency="postgresql") >= 3
+            ),
+            what="the batch retried several times",
+        )
+        assert consumer.consumer.database_state().status == "degraded"
+        assert "LockNotAvailable" in consumer.consumer.database_state().detail
+        assert len(dead_letters(kafka.bootstrap, kafka.dlq_topic)) == 5
+        blocker.rollback()
+    consumer.wait_handled(5)
+    wait(lambda: consumer.consumer.database_state().status == "ok", what="ready again")
+    letters = dead_letters(kafka.bootstrap, kafka.dlq_topic)
+    assert sorted(
+        (r.info.original_partition, r.info.original_offset) for r in letters if r.info
+    ) == [
+        (0, 0),
+        (1, 0),
+        (1, 1),
+        (2, 0),
+        (2, 1),
+    ]
+    assert consumer.total("rewards_identity_membership_dlq_total") == 5
+    marks = sql("SELECT idempotency_key FROM rewards.inbox WHERE outcome = 'dead-lettered'")
+    assert len(marks) == 5
+    assert (f"rewards:identity-membership:at:{kafka.topic}:1:1",) in marks
+
+    # A redelivery (a new consumer group reading from offset 0) is a duplicate now.
+    again = start_consumer(group_id=settings.group_id + "-again")
+    again.wait_handled(5)
+    assert again.total("rewards_membership_skipped_duplicate_total") == 5
+    assert len(dead_letters(kafka.bootstrap, kafka.dlq_topic)) == 5
+
+
+def test_a_row_locked_elsewhere_fails_within_the_lock_timeout_and_recovers(
+    *,
+    kafka: Any,
+    start_consumer: Any,
+    event: Event,
+    sql: Sql,
+    database: str,
+    wait: Callable[..., None],
+) -> None:
+    agent, company = uuid.uuid4(), uuid.uuid4()
+    sql(
+        "INSERT INTO rewards.agent_performance (agent_user_id, company_id, membership_status,"
+        " last_membership_version, version) VALUES (%(a)s, %(c)s, 'Active', 1, 1)",
+        {"a": agent, "c": company},
+    )
+    consumer = start_consumer(db_lock_timeout=timedelta(milliseconds=300))
+    with psycopg.connect(database) as blocker:
+        blocker.execute(
+            "SELECT 1 FROM rewards.agent_performance WHERE agent_user_id = %s FOR UPDATE", (agent,)
+        )
+        kafka.send(event(agent, company, 2, "Left", reason="SelfLeave"))
+        wait(
+            lambda: consumer.consumer.database_state().status == "degraded",
+            what="the blocked statement failed within the lock timeout",
+        )
+        assert consumer.handled == 0
+        blocker.rollback()
+    consumer.wait_handled(1)
+    wait(lambda: consumer.consumer.database_state().status == "ok", what="ready again")
+    assert sql(
+        "SELECT membership_status, last_membership_version, version FROM rewards.agent_performance"
+    ) == [("Left", 2, 2)]
+
+
+def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(
+    *,
+    kafka: Any,
+    start_consumer: Any,
+    event: Event,
+    sql: Sql,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A record an earlier release refused (now valid), dead-lettered and marked in the inbox.
+    agent, company = uuid.uuid4(), uuid.uuid4()
+    envelope = envelope_for(event(agent, company, 1))
+    info = DeadLetterInfo(
+        error_code="REWARDS_MEMBERSHIP_EVENT_INVALID",
+        exception_message="$.Payload.Reason: missing",
+        exception_fqcn="pin_contracts.errors.ContractViolation",
+        original_topic=kafka.topic,
+        original_partition=0,
+        original_offset=0,
+        original_timestamp_ms=1_700_000_000_000,
+        original_consumer_group=settings.group_id,
+    )
+    produce(
+        kafka.producer,
+        kafka.dlq_topic,
+        [(0, kafka_key(envelope), encode(envelope), headers_for(envelope) + info.to_headers())],
+    )
+    key = f"rewards:identity-membership:{envelope.message_id}"
+    sql("INSERT INTO rewards.inbox (idempotency_key, outcome) VALUES (%s, 'dead-lettered')", [key])
+    consumer = start_consumer()
+    cli_env(monkeypatch, settings)
+    assert main(["dlq", "replay", "--all"]) == 0
+    assert said(capsys.readouterr().out)[0].startswith("0@0: replayed: to ")
+    consumer.wait_handled(1)
+    assert consumer.value("rewards_membership_applied_total", status="Active") == 1
+    assert sql("SELECT outcome FROM rewards.inbox WHERE idempotency_key = %s", [key]) == [
+        ("membership-applied",)
+    ]
+    [(forced, target)] = sql("SELECT forced, target_topic FROM rewards.dlq_replays")
+    assert (forced, target) == (False, kafka.topic)
+    # Twice: nothing more is produced.
+    assert main(["dlq", "replay", "--all"]) == 0
+    assert "already-replayed" in capsys.readouterr().out
+    assert sum(high_watermarks(kafka.bootstrap, kafka.topic).values()) == 1
+
+
+def test_a_dead_letter_write_failing_midway_is_completed_without_second_copies(
+    *,
+    kafka: Any,
+    raw: Callable[..., bytes],
+    event: Event,
+) -> None:
+    # A producer queue of two records: the third produce() of a write is refused with a
+    # retriable error (queue full), so each write gets only part of the batch through.
+    producer = create_producer(
+        kafka.bootstrap,
+        client_id="rm-midway",
+        extra={"queue.buffering.max.messages": 2, "message.timeout.ms": 10_000},
+    )
+    writer = DeadLetterer(producer, topic=kafka.dlq_topic, group_id="g", delivery_timeout=10.0)
+    produce(kafka.producer, kafka.topic, [poison(raw, event, p % 3, 100) for p in range(5)])
+    source = create_consumer(kafka.bootstrap, group_id="midway", client_id="midway")
+    try:
+        source.assign([TopicPartition(kafka.topic, p, 0) for p in range(3)])
+        messages: list[Any] = []
+        while len(messages) < 5:
+            messages += [m for m in source.consume(5, timeout=10) if m.error() is None]
+    finally:
+        source.close()
+    batch = [(m, validate(m.value())) for m in messages]
+    assert all(isinstance(item, InvalidEvent) for _, item in batch)
+    batch_of_invalid = [(m, item) for m, item in batch if isinstance(item, InvalidEvent)]
+
+    first = writer.write(batch_of_invalid)
+    assert len(first.acknowledged) == 2
+    assert first.failed  # the rest of the batch's partitions retry later
+    assert all(f.retriable and f.code == "_QUEUE_FULL" for f in first.failed.values())
+    second = writer.write(batch_of_invalid)
+    assert first.acknowledged.items() <= second.acknowledged.items()
+    assert len(second.acknowledged) == 4
+    third = writer.write(batch_of_invalid)
+    assert len(third.acknowledged) == 5
+    assert third.failed == {}
+    assert writer.write(batch_of_invalid).acknowledged == third.acknowledged
+
+    letters = dead_letters(kafka.bootstrap, kafka.dlq_topic)
+    originals = sorted(
+        (r.info.original_partition, r.info.original_offset) for r in letters if r.info
+    )
+    assert originals == sorted((m.partition(), m.offset()) for m in messages)
