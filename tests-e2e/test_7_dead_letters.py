@@ -27,7 +27,7 @@ import pytest
 from pin_e2e.checks import PlannedChange, rewards_rows
 from pin_e2e.infra import OwnServers
 from pin_e2e.kafka_io import Delivered, Record, produce
-from pin_e2e.procs import wait_until
+from pin_e2e.procs import ServiceProcess, wait_until
 from pin_e2e.report import Recorder
 from pin_e2e.steps import projection_converged, record_changes_cli
 from pin_e2e.system import System
@@ -146,6 +146,41 @@ def check_dead_letter(record: Record, original: Raw, at: Delivered, path: str, g
     assert info.error_path.startswith(path)
 
 
+def replay_after_the_fix(
+    system: System, consumer: ServiceProcess, legacy_agent: uuid.UUID, legacy_agency: uuid.UUID
+) -> None:
+    """`dlq replay --all` applies what the fixed consumer accepts; `--force` sends the rest."""
+    # The fix is deployed (the running consumer accepts a Left without Reason): replay.
+    # Records that the same bytes would fail again are refused, each with its reason.
+    replayed = system.rewards_cli("dlq", "replay", "--all")
+    assert replayed.stdout.count(": replayed:") == 1, replayed.stdout
+    assert replayed.stderr.count(": refused:") == 2, replayed.stderr
+    wait_until(
+        lambda: bool(rewards_rows(system.rewards_dsn, [legacy_agent])),
+        timeout=60,
+        what="replayed legacy event applied",
+        interval=0.25,
+        alive=[consumer],
+    )
+    row = rewards_rows(system.rewards_dsn, [legacy_agent])[(legacy_agent, legacy_agency)]
+    assert (row["status"], row["reason"], row["effective_at"]) == ("Left", None, None)
+    assert (row["last_membership_version"], row["applied"]) == (1, 1)
+    assert len(system.dlq_records()) == 3  # nothing refused went anywhere
+
+    # Replay is idempotent; --force sends the still-malformed records back, and the
+    # consumer dead-letters them again (a new failure, a new dead letter each).
+    again_all = system.rewards_cli("dlq", "replay", "--all", "--force")
+    assert again_all.stdout.count(": already-replayed:") == 1, again_all.stdout
+    assert again_all.stdout.count(": replayed:") == 2, again_all.stdout
+    wait_until(
+        lambda: len(system.dlq_records()) >= 5,
+        timeout=60,
+        what="still-malformed records dead-lettered again",
+        interval=0.25,
+        alive=[consumer],
+    )
+
+
 def test_malformed_records_go_to_the_dlq_and_replay_after_a_fix(
     e2e_servers: OwnServers, make_system: Callable[[str], System], recorder: Recorder
 ) -> None:
@@ -207,21 +242,7 @@ def test_malformed_records_go_to_the_dlq_and_replay_after_a_fix(
         assert consumer.metrics()[code_key] == 2
         assert rewards_rows(system.rewards_dsn, [legacy_agent]) == {}
 
-        # The fix is deployed (the running consumer accepts a Left without Reason): replay.
-        system.rewards_cli("dlq", "replay", "--all")
-        wait_until(
-            lambda: (
-                bool(rewards_rows(system.rewards_dsn, [legacy_agent]))
-                and len(system.dlq_records()) >= 5
-            ),
-            timeout=60,
-            what="replayed legacy event applied, still-malformed records dead-lettered again",
-            interval=0.25,
-            alive=[consumer],
-        )
-        row = rewards_rows(system.rewards_dsn, [legacy_agent])[(legacy_agent, legacy_agency)]
-        assert (row["status"], row["reason"], row["effective_at"]) == ("Left", None, None)
-        assert (row["last_membership_version"], row["applied"]) == (1, 1)
+        replay_after_the_fix(system, consumer, legacy_agent, legacy_agency)
         seen = {(r.partition, r.offset) for r in dead}
         again = [r for r in system.dlq_records() if (r.partition, r.offset) not in seen]
         assert sorted(r.value or b"" for r in again) == sorted(
