@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,10 @@ from pin_testkit.local.kafka import (
 from pin_testkit.local.launcher import LocalServices
 from pin_testkit.local.layout import POM_RELATIVE, STATE_DIR_ENV, find_repo_root, resolve_layout
 from pin_testkit.local.postgres import dsn, render_conf, socket_dir_for
+from pin_testkit.local.secure import secured_of
 from pin_testkit.local.tls import write_tls_files
 from pin_testkit.local.topics import catalogue_topics
+from pin_testkit.secured import SecuredKafka
 
 
 def _properties(text: str) -> dict[str, str]:
@@ -134,6 +137,38 @@ def test_env_lines_are_shell_exports() -> None:
     assert "export PIN_POSTGRES_DSN=postgresql://pin@127.0.0.1:25432/postgres" in lines
     assert "export PIN_KAFKA_BOOTSTRAP=127.0.0.1:29092" in lines
     assert services.dsn("other") == "postgresql://pin@127.0.0.1:25432/other"
+    assert not any("SECURE" in line for line in lines)
+
+
+def test_env_lines_describe_the_secured_listeners_and_read_back(tmp_path: Path) -> None:
+    tls = write_tls_files(tmp_path, client_principal="svc-client")
+    security = KafkaSecurity(
+        sasl_port=29094, ssl_port=29095, tls=tls, users=(ScramUser("pin-client", "s3 cret"),)
+    )
+    secured = secured_of("127.0.0.1:29092", security)
+    services = LocalServices(
+        postgres_dsn=dsn(25432),
+        identity_dsn=dsn(25432, "pin_identity"),
+        rewards_dsn=dsn(25432, "pin_rewards"),
+        kafka_bootstrap="127.0.0.1:29092",
+        pg_port=25432,
+        kafka_port=29092,
+        state_dir=Path("/s"),
+        secured=secured,
+    )
+    lines = env_lines(services)
+    assert "export PIN_KAFKA_SECURE_BOOTSTRAP=127.0.0.1:29094" in lines
+    assert "export PIN_KAFKA_MTLS_BOOTSTRAP=127.0.0.1:29095" in lines
+    assert "export PIN_KAFKA_SASL_PASSWORD='s3 cret'" in lines
+    environ = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in lines)
+    assert SecuredKafka.from_environment(environ) == secured
+    assert secured.client_principal == "svc-client"
+    assert "s3 cret" not in repr(secured)
+    assert SecuredKafka.from_environment({}) is None
+    with pytest.raises(ValueError, match="PIN_KAFKA_SASL_PASSWORD"):
+        SecuredKafka.from_environment(
+            {k: v for k, v in environ.items() if k != "PIN_KAFKA_SASL_PASSWORD"}
+        )
 
 
 def test_secured_broker_adds_sasl_ssl_and_mutual_tls_listeners(tmp_path: Path) -> None:

@@ -53,6 +53,7 @@ from pin_testkit.local.procs import (
     wait_gone,
     write_atomic,
 )
+from pin_testkit.local.secure import secured_of
 from pin_testkit.local.state import new_cluster_id, pick_port
 from pin_testkit.local.tls import write_tls_files
 from pin_testkit.secured import SecuredKafka
@@ -185,19 +186,7 @@ class PrivateKafka:
         security = self._broker.config.security
         if security is None:
             raise LocalInfraError("this private Kafka was launched without secure=True")
-        user = security.users[0]
-        return SecuredKafka(
-            bootstrap=f"127.0.0.1:{security.sasl_port}",
-            mtls_bootstrap=f"127.0.0.1:{security.ssl_port}",
-            plaintext_bootstrap=self.bootstrap,
-            username=user.name,
-            password=user.password,
-            ca_file=security.tls.ca_file,
-            client_certificate=security.tls.client_certificate,
-            client_key=security.tls.client_key,
-            client_key_password=security.tls.client_key_password,
-            client_principal=security.tls.client_principal,
-        )
+        return secured_of(self.bootstrap, security)
 
     @property
     def cluster_id(self) -> str:

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SecuredKafka"]
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+__all__ = ["ENVIRONMENT", "SecuredKafka"]
+
+# What `pin-local env` exports for a secured local broker, and `secured_kafka` reads.
+ENVIRONMENT: tuple[str, ...] = (
+    "PIN_KAFKA_SECURE_BOOTSTRAP",  # SASL_SSL listener
+    "PIN_KAFKA_MTLS_BOOTSTRAP",  # SSL listener that requires a client certificate
+    "PIN_KAFKA_SASL_USERNAME",
+    "PIN_KAFKA_SASL_PASSWORD",
+    "PIN_KAFKA_SSL_CA_LOCATION",
+    "PIN_KAFKA_SSL_CERTIFICATE_LOCATION",
+    "PIN_KAFKA_SSL_KEY_LOCATION",
+    "PIN_KAFKA_SSL_KEY_PASSWORD",
+)
+PLAINTEXT_VARIABLE = "PIN_KAFKA_BOOTSTRAP"
 
 ConfigValue = str | int | float | bool
 
@@ -66,3 +83,47 @@ class SecuredKafka:
             f"{prefix}KAFKA_SASL_PASSWORD": self.password,
             f"{prefix}KAFKA_SSL_CA_LOCATION": str(self.ca_file),
         }
+
+    def exported(self) -> dict[str, str]:
+        """The ``PIN_KAFKA_*`` variables that describe this broker (see ``from_environment``)."""
+        values = (
+            self.bootstrap,
+            self.mtls_bootstrap,
+            self.username,
+            self.password,
+            str(self.ca_file),
+            str(self.client_certificate),
+            str(self.client_key),
+            self.client_key_password,
+        )
+        return dict(zip(ENVIRONMENT, values, strict=True))
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> SecuredKafka | None:
+        """The secured broker ``pin-local env`` described, or None when it described none."""
+        if not environ.get(ENVIRONMENT[0]):
+            return None
+        missing = [name for name in (*ENVIRONMENT, PLAINTEXT_VARIABLE) if not environ.get(name)]
+        if missing:
+            raise ValueError(f"{ENVIRONMENT[0]} is set but not {', '.join(missing)}")
+        (bootstrap, mtls, user, password, ca, certificate, key, key_password) = (
+            environ[name] for name in ENVIRONMENT
+        )
+        return cls(
+            bootstrap=bootstrap,
+            mtls_bootstrap=mtls,
+            plaintext_bootstrap=environ[PLAINTEXT_VARIABLE],
+            username=user,
+            password=password,
+            ca_file=Path(ca),
+            client_certificate=Path(certificate),
+            client_key=Path(key),
+            client_key_password=key_password,
+            client_principal=_common_name(Path(certificate)),
+        )
+
+
+def _common_name(certificate: Path) -> str:
+    cert = x509.load_pem_x509_certificate(certificate.read_bytes())
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if names else cert.subject.rfc4514_string()

@@ -331,7 +331,8 @@ class Kafka:
     def formatted(self) -> bool:
         return (self.layout.kafka_data / "meta.properties").is_file()
 
-    def _java_args(self, java: JavaRuntime, libs: Path, main: str) -> list[str]:
+    def java_args(self, java: JavaRuntime, libs: Path, main: str) -> list[str]:
+        """``java ... -cp <jars> main``: the broker's classpath and logging, for its tools too."""
         logs = self.layout.kafka_logs
         return [
             str(java.path),
@@ -347,7 +348,7 @@ class Kafka:
         """Format the log directory once (KRaft, this node its only voter)."""
         shutil.rmtree(self.layout.kafka_data, ignore_errors=True)
         log.info("kafka: formatting storage (cluster id %s)", self.cluster_id)
-        args = self._java_args(java, libs, "kafka.tools.StorageTool")
+        args = self.java_args(java, libs, "kafka.tools.StorageTool")
         args += [
             "format",
             "-t",
@@ -408,7 +409,7 @@ class Kafka:
                 "set PIN_LOCAL_KAFKA_PORT, or stop that process"
             )
         logs = self.layout.kafka_logs
-        args = self._java_args(java, libs, MAIN_CLASS)
+        args = self.java_args(java, libs, MAIN_CLASS)
         args[1:1] = [
             *self.heap,
             *GC_FLAGS,
