@@ -190,12 +190,29 @@ def verify_connection(config: Mapping[str, ConfigValue], *, timeout: float = 10.
         "log_level": 0,
     }
     secrets = [str(config[key]) for key in _SECRET_KEYS if config.get(key)]
-    bootstrap = str(config.get("bootstrap.servers", ""))
     try:
         admin = AdminClient(client_config)
     except KafkaException as exc:
         reason = _scrub(_reason(exc), secrets)
         raise KafkaSetupError(f"Kafka client settings refused: {reason}") from None
+    try:
+        problem = _probe(admin, errors, config, timeout)
+    finally:
+        # The client retries in background threads until it is destroyed: do not keep it
+        # alive in the traceback of the error raised below.
+        del admin
+    if problem is not None:
+        raise KafkaSetupError(_scrub(problem, secrets))
+
+
+def _probe(
+    admin: AdminClient,
+    errors: list[KafkaError],
+    config: Mapping[str, ConfigValue],
+    timeout: float,
+) -> str | None:
+    """None once a broker answered; else the one-line problem."""
+    bootstrap = str(config.get("bootstrap.servers", ""))
     deadline = time.monotonic() + timeout
     last: KafkaError | None = None
     while True:
@@ -206,19 +223,15 @@ def verify_connection(config: Mapping[str, ConfigValue], *, timeout: float = 10.
             last = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else last
         else:
             if metadata.brokers:
-                return
+                return None
         admin.poll(0)  # serves error_cb
         verdict = _verdict(errors, config, bootstrap)
         if verdict is not None:
-            raise KafkaSetupError(_scrub(verdict, secrets))
+            return verdict
         if remaining <= 0:
             seen = errors[-1] if errors else last
             detail = f": {seen.str()}" if seen is not None else ""
-            raise KafkaSetupError(
-                _scrub(
-                    f"Kafka brokers unreachable at {bootstrap} within {timeout:g}s{detail}", secrets
-                )
-            )
+            return f"Kafka brokers unreachable at {bootstrap} within {timeout:g}s{detail}"
 
 
 def _verdict(
