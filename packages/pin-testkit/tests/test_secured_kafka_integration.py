@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
 import time
 import uuid
@@ -10,6 +11,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
+from pin_runtime.kafka import create_admin, ensure_topics
 from pin_testkit.secured import SecuredKafka
 
 pytestmark = pytest.mark.integration
@@ -17,8 +19,6 @@ pytestmark = pytest.mark.integration
 
 def _topic(secured: SecuredKafka) -> str:
     """A new topic, created over the broker's own PLAINTEXT listener (test set-up only)."""
-    from pin_runtime.kafka import create_admin, ensure_topics  # noqa: PLC0415
-
     name = f"pin-test.{uuid.uuid4().hex[:12]}"
     ensure_topics(create_admin(secured.plaintext_bootstrap, client_id="setup"), [(name, 1)])
     return name
@@ -60,22 +60,24 @@ def test_client_certificate_listener_serves_a_signed_client(secured_kafka: Secur
     assert _round_trip(secured_kafka.mtls_config(), topic)
 
 
+def _talk_without_certificate(address: str, ca_file: str) -> None:
+    host, port = address.split(":")
+    context = ssl.create_default_context(cafile=ca_file)
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=host) as tls,
+    ):
+        # TLS 1.3: the server's refusal of the missing certificate arrives with the first read.
+        tls.sendall(b"\x00")
+        if not tls.recv(1):
+            raise ConnectionError("closed by the broker")
+
+
 def test_client_certificate_listener_refuses_a_client_without_one(
     secured_kafka: SecuredKafka,
 ) -> None:
-    host, port = secured_kafka.mtls_bootstrap.split(":")
-    context = ssl.create_default_context(cafile=str(secured_kafka.ca_file))
-    with pytest.raises((ssl.SSLError, ConnectionError)):  # noqa: PT012 - handshake then read
-        import socket  # noqa: PLC0415
-
-        with (
-            socket.create_connection((host, int(port)), timeout=10) as raw,
-            context.wrap_socket(raw, server_hostname=host) as tls,
-        ):
-            # TLS 1.3: the server's refusal of the missing certificate arrives with the first read.
-            tls.sendall(b"\x00")
-            if not tls.recv(1):
-                raise ConnectionError("closed by the broker")
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        _talk_without_certificate(secured_kafka.mtls_bootstrap, str(secured_kafka.ca_file))
 
 
 def test_wrong_password_is_refused(secured_kafka: SecuredKafka) -> None:
