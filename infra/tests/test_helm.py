@@ -27,7 +27,12 @@ SETTINGS: dict[str, tuple[type[msgspec.Struct], str]] = {
     "identity-fanout": (IdentitySettings, IDENTITY_PREFIX),
     "rewards-membership": (RewardsSettings, REWARDS_PREFIX),
 }
-SECRET_SETTINGS = {"DATABASE_DSN", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"}
+SECRET_SETTINGS = {
+    "DATABASE_DSN",
+    "KAFKA_SASL_USERNAME",
+    "KAFKA_SASL_PASSWORD",
+    "KAFKA_SSL_KEY_PASSWORD",
+}
 VALUES = ("default", "production")
 KUBE_VERSION = "1.37.0"
 
@@ -96,6 +101,8 @@ def test_rendered_configuration_is_accepted_by_the_service(chart: str, values: s
     settings, prefix = SETTINGS[chart]
     (configmap,) = of_kind(render(chart, values), "ConfigMap")
     environ = {**configmap["data"], prefix + "DATABASE_DSN": "postgresql://u:p@db/x"}
+    if values == "production":  # SASL: the credentials come from the Secret
+        environ |= {prefix + "KAFKA_SASL_USERNAME": "u", prefix + "KAFKA_SASL_PASSWORD": "p"}
     loaded = load_settings(settings, prefix, environ)
     assert loaded.metrics_host == "0.0.0.0"  # type: ignore[attr-defined]  # noqa: S104
 
@@ -182,3 +189,151 @@ def test_bad_values_are_rejected(chart: str, setting: str) -> None:
     with pytest.raises(subprocess.CalledProcessError) as failure:
         render(chart, "default", setting)
     assert "Error" in failure.value.stderr
+
+
+def _tcp(*ports: int) -> list[dict[str, Any]]:
+    return [{"protocol": "TCP", "port": port} for port in ports]
+
+
+@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_network_policy_allows_only_the_dependencies_and_the_scrapers(
+    chart: str, values: str
+) -> None:
+    docs = render(chart, values)
+    (policy,) = of_kind(docs, "NetworkPolicy")
+    (configmap,) = of_kind(docs, "ConfigMap")
+    metrics_port = int(next(v for k, v in configmap["data"].items() if k.endswith("METRICS_PORT")))
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    # It selects every pod of the release: workers, relay and the migration Job.
+    selector = spec["podSelector"]["matchLabels"]
+    for doc in docs:
+        if doc["kind"] in {"Deployment", "Job"}:
+            labels = doc["spec"]["template"]["metadata"]["labels"]
+            assert selector.items() <= labels.items(), doc["metadata"]["name"]
+    # Ingress: the metrics port only, from the monitoring namespace only.
+    (ingress,) = spec["ingress"]
+    assert ingress["ports"] == _tcp(metrics_port)
+    (source,) = ingress["from"]
+    assert source["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+    }
+    # Egress: PostgreSQL, Kafka, OTLP, DNS; every rule names its ports (none allows all).
+    postgres, kafka, otlp, dns = spec["egress"]
+    assert all(rule["ports"] for rule in spec["egress"])
+    assert dns["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    if values == "production":  # peers named: nothing else is reachable even on those ports
+        assert postgres == {"ports": _tcp(5432), "to": [{"ipBlock": {"cidr": "10.20.0.0/24"}}]}
+        assert kafka["ports"] == _tcp(9093)
+        assert kafka["to"][0]["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": "kafka"
+        }
+        assert otlp["ports"] == _tcp(4318)
+        assert source["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+    else:
+        assert postgres == {"ports": _tcp(5432)}
+        assert kafka == {"ports": _tcp(9092, 9093)}
+        assert otlp == {"ports": _tcp(4317, 4318)}
+        assert "podSelector" not in source
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_network_policy_follows_its_values_and_can_be_disabled(chart: str) -> None:
+    assert not of_kind(render(chart, "default", "networkPolicy.enabled=false"), "NetworkPolicy")
+    (policy,) = of_kind(
+        render(
+            chart,
+            "default",
+            "networkPolicy.egress.postgres.ports={6432}",
+            "networkPolicy.egress.postgres.to[0].ipBlock.cidr=192.0.2.0/24",
+            "networkPolicy.ingress.metrics.namespaceSelector.matchLabels.team=observability",
+        ),
+        "NetworkPolicy",
+    )
+    assert policy["spec"]["egress"][0] == {
+        "ports": _tcp(6432),
+        "to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}],
+    }
+    assert policy["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring",
+        "team": "observability",
+    }
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_client_certificate_is_mounted_and_its_key_password_referenced(chart: str) -> None:
+    settings, prefix = SETTINGS[chart]
+    docs = render(
+        chart,
+        "default",
+        "kafka.securityProtocol=SSL",
+        "kafka.tls.caSecret=kafka-ca",
+        "kafka.tls.clientSecret=kafka-client",
+        "kafka.tls.keyPasswordSecret=kafka-client-key",
+    )
+    (configmap,) = of_kind(docs, "ConfigMap")
+    data = configmap["data"]
+    assert data[prefix + "KAFKA_SSL_CERTIFICATE_LOCATION"] == "/etc/pin/kafka-client/tls.crt"
+    assert data[prefix + "KAFKA_SSL_KEY_LOCATION"] == "/etc/pin/kafka-client/tls.key"
+    assert data[prefix + "KAFKA_ALLOW_PLAINTEXT_SASL_PLAIN"] == "false"
+    loaded = load_settings(
+        settings,
+        prefix,
+        {
+            **data,
+            prefix + "DATABASE_DSN": "postgresql://u:p@db/x",
+            prefix + "KAFKA_SSL_KEY_PASSWORD": "k",
+        },
+    )
+    assert loaded.kafka_security()["ssl.key.location"] == "/etc/pin/kafka-client/tls.key"  # type: ignore[attr-defined]
+    for name, container in containers(docs):
+        if container["args"] == ["migrate"]:
+            continue
+        refs = {e["name"]: e["valueFrom"] for e in container["env"] if "valueFrom" in e}
+        assert refs[prefix + "KAFKA_SSL_KEY_PASSWORD"]["secretKeyRef"] == {
+            "name": "kafka-client-key",
+            "key": "password",
+        }, name
+        assert {
+            "name": "kafka-client",
+            "mountPath": "/etc/pin/kafka-client",
+            "readOnly": True,
+        } in container["volumeMounts"]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "networkPolicy.enabled=maybe",
+        "networkPolicy.egress.postgres.ports={0}",
+        "networkPolicy.egress.kafka.ports=null",
+        "networkPolicy.egress.otlp.to[0].ipBlock.cidr=everything",
+        "networkPolicy.egress.smtp.ports={25}",
+        "networkPolicy.ingress.metrics.namespaceSelector.matchNames[0]=monitoring",
+        "kafka.tls.clientSecret=kafka-client",  # a client certificate without TLS
+        "kafka.tls.keyPasswordSecret=kafka-client-key",  # a key password without a certificate
+    ],
+)
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_bad_network_and_tls_values_are_rejected(chart: str, setting: str) -> None:
+    with pytest.raises(subprocess.CalledProcessError) as failure:
+        render(chart, "default", setting)
+    assert "Error" in failure.value.stderr
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_sasl_plain_in_clear_text_needs_the_explicit_value(chart: str) -> None:
+    plain = (
+        "kafka.securityProtocol=SASL_PLAINTEXT",
+        "kafka.sasl.mechanism=PLAIN",
+        "kafka.sasl.existingSecret=kafka-user",
+    )
+    with pytest.raises(subprocess.CalledProcessError):
+        render(chart, "default", *plain)
+    (configmap,) = of_kind(
+        render(chart, "default", *plain, "kafka.sasl.allowPlaintextPlain=true"), "ConfigMap"
+    )
+    _, prefix = SETTINGS[chart]
+    assert configmap["data"][prefix + "KAFKA_ALLOW_PLAINTEXT_SASL_PLAIN"] == "true"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from pin_runtime.http import (
     degraded,
     ok,
 )
+from pin_runtime.logging import FIELDS_ATTRIBUTE
 
 
 class FakeClock:
@@ -65,6 +67,11 @@ def body(raw: bytes) -> Any:
     return msgspec.json.decode(raw)
 
 
+def fields(record: logging.LogRecord) -> dict[str, Any]:
+    value: dict[str, Any] = getattr(record, FIELDS_ATTRIBUTE)
+    return value
+
+
 def test_metrics_exposition(server: OpsServer) -> None:
     status, content_type, raw = get(server, "/metrics")
     assert status == 200
@@ -103,34 +110,80 @@ def test_readyz_runs_checks(server: OpsServer) -> None:
 
     status, _, raw = get(server, "/readyz")
     assert status == 200
-    assert body(raw) == {
-        "status": "ok",
-        "checks": {
-            "postgres": {"status": "ok", "detail": ""},
-            "kafka": {"status": "ok", "detail": "assigned 3 partitions"},
-        },
-    }
+    checks = body(raw)["checks"]
+    assert body(raw)["status"] == "ok"
+    assert checks["kafka"] == {"status": "ok"}  # a check's free text is never served
+    assert checks["postgres"]["status"] == "ok"
+    assert datetime.datetime.fromisoformat(checks["postgres"]["since"]).tzinfo is not None
 
-    postgres.degraded("connection refused, retrying")
+    postgres.degraded("connection to 10.1.2.3 refused for user app_owner, retrying")
     status, _, raw = get(server, "/readyz")
     assert status == 503
     assert body(raw)["status"] == "degraded"
-    detail = body(raw)["checks"]["postgres"]["detail"]
-    assert detail.startswith("degraded since ")
-    assert detail.endswith(": connection refused, retrying")
+    assert set(body(raw)["checks"]["postgres"]) == {"status", "since", "category"}
+    assert body(raw)["checks"]["postgres"]["category"] == "unavailable"
+    assert b"10.1.2.3" not in raw
+    assert b"app_owner" not in raw
+    assert b"refused" not in raw
 
 
-def test_raising_check_is_degraded_not_500(server: OpsServer) -> None:
-    def broken() -> CheckResult:
-        raise RuntimeError("oops")
+def test_readyz_never_serves_exception_text_and_logs_it_once_per_change(
+    server: OpsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "password=hunter2"
+    kafka = ComponentState()
+    server.add_check("kafka", kafka)
+    assert kafka.name == "kafka"  # named after its check
+    starting = body(get(server, "/readyz")[2])["checks"]["kafka"]
+    assert starting["category"] == "starting"
 
-    server.add_check("broken", broken)
-    status, _, raw = get(server, "/readyz")
-    assert status == 503
-    assert body(raw)["checks"]["broken"] == {
-        "status": "degraded",
-        "detail": "check raised RuntimeError: oops",
+    caplog.set_level(logging.INFO, logger="pin_runtime.http")
+    kafka.ok()
+    assert not [r for r in caplog.records if r.getMessage() == "component recovered"]
+    kafka.degraded(f"SASL authentication error ({secret})", category="auth")
+    for _ in range(3):  # probes do not log
+        status, _, raw = get(server, "/readyz")
+        assert status == 503
+        assert secret.encode() not in raw
+    kafka.degraded(f"SASL authentication error again ({secret})", category="auth")  # same
+    kafka.degraded("all brokers down")  # the category changes: logged
+    kafka.ok()
+    events = [(r.getMessage(), fields(r)) for r in caplog.records if r.name == "pin_runtime.http"]
+    assert [(event, f["category"]) for event, f in events] == [
+        ("component degraded", "auth"),
+        ("component degraded", "unavailable"),
+        ("component recovered", "unavailable"),
+    ]
+    assert events[0][1] == {
+        "component": "kafka",
+        "category": "auth",
+        "reason": f"SASL authentication error ({secret})",
     }
+    assert events[2][1]["degradedSeconds"] >= 0
+    assert body(get(server, "/readyz")[2])["checks"]["kafka"]["status"] == "ok"
+
+
+def test_raising_check_is_degraded_not_500_and_logged_once(
+    server: OpsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    failing = True
+
+    def flaky() -> CheckResult:
+        if failing:
+            raise RuntimeError("oops at db.internal:5432")
+        return ok()
+
+    server.add_check("broken", flaky)
+    caplog.set_level(logging.INFO, logger="pin_runtime.http")
+    for _ in range(3):
+        status, _, raw = get(server, "/readyz")
+        assert status == 503
+        assert body(raw)["checks"]["broken"] == {"status": "degraded", "category": "check-failed"}
+    failing = False
+    assert get(server, "/readyz")[0] == 200
+    assert get(server, "/readyz")[0] == 200
+    logged = [r.getMessage() for r in caplog.records if r.name == "pin_runtime.http"]
+    assert logged == ["readiness check failed", "readiness check answers again"]
 
 
 def test_duplicate_check_name_rejected(server: OpsServer) -> None:
@@ -176,15 +229,21 @@ def test_component_state_keeps_first_since() -> None:
     state = ComponentState()
     first = state()
     assert first.status == "degraded"
+    assert first.category == "starting"
     assert first.detail.endswith(": starting")
     state.degraded("a")
+    since = state().since
     state.degraded("b")
-    assert state().detail.endswith(": b")
-    since = datetime.datetime.fromisoformat(state().detail.split(" ")[2].rstrip(":"))
+    assert state().detail.endswith(": b")  # in process, the latest reason
+    assert state().since == since
+    assert since is not None
     assert since.tzinfo is not None
     state.ok()
-    assert state() == ok()
-    assert degraded("x") == CheckResult("degraded", "x")
+    assert state().status == "ok"
+    assert state().detail == ""
+    assert degraded("x") == CheckResult("degraded", "x", category="unavailable")
+    with pytest.raises(ValueError, match="category"):
+        state.degraded("c", category="Connection refused by 10.0.0.1")
 
 
 def test_heartbeat_validation(clock: FakeClock) -> None:

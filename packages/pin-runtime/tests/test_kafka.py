@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import logging
+import socket
+import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
-from pin_runtime.errors import DeliveryError, SettingsError
+from pin_runtime.errors import DeliveryError, KafkaSetupError, SettingsError
 from pin_runtime.kafka import (
     KafkaClientSettings,
     admin_config,
@@ -17,8 +20,9 @@ from pin_runtime.kafka import (
     create_producer,
     producer_config,
     security_config,
+    verify_connection,
 )
-from pin_runtime.settings import load_settings
+from pin_runtime.settings import load_settings, settings_or_exit
 
 
 def test_producer_config() -> None:
@@ -183,3 +187,151 @@ def test_kafka_client_settings_are_read_with_the_service_prefix() -> None:
     assert "secret" not in repr(settings)
     with pytest.raises(SettingsError, match="SVC_KAFKA_SECURITY_PROTOCOL"):
         load_settings(ServiceSettings, "SVC_", {"SVC_KAFKA_SECURITY_PROTOCOL": "TLS"})
+
+
+def test_security_config_refuses_sasl_plain_in_clear_text_unless_allowed() -> None:
+    plain = {
+        "protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "PLAIN",
+        "sasl_username": "u",
+        "sasl_password": "p",
+    }
+    with pytest.raises(ValueError, match="clear text"):
+        security_config(**plain)  # type: ignore[arg-type]
+    assert security_config(**plain, allow_plaintext_sasl_plain=True)["sasl.mechanism"] == "PLAIN"  # type: ignore[arg-type]
+    # SCRAM never sends the password, and PLAIN inside TLS is encrypted: both accepted.
+    assert security_config(**{**plain, "sasl_mechanism": "SCRAM-SHA-512"})  # type: ignore[arg-type]
+    assert security_config(**{**plain, "protocol": "SASL_SSL"})  # type: ignore[arg-type]
+
+
+def test_security_config_client_certificate() -> None:
+    assert security_config(
+        protocol="SSL",
+        ssl_ca_location="/ca.pem",
+        ssl_certificate_location="/client.pem",
+        ssl_key_location="/client.key",
+        ssl_key_password="kp",
+    ) == {
+        "security.protocol": "SSL",
+        "ssl.ca.location": "/ca.pem",
+        "ssl.certificate.location": "/client.pem",
+        "ssl.key.location": "/client.key",
+        "ssl.key.password": "kp",
+    }
+    with pytest.raises(ValueError, match="both"):
+        security_config(protocol="SSL", ssl_certificate_location="/client.pem")
+    with pytest.raises(ValueError, match="SSL or SASL_SSL"):
+        security_config(ssl_certificate_location="/c.pem", ssl_key_location="/c.key")
+
+
+SASL = {
+    "SVC_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+    "SVC_KAFKA_SASL_MECHANISM": "PLAIN",
+    "SVC_KAFKA_SASL_USERNAME": "svc",
+    "SVC_KAFKA_SASL_PASSWORD": "secret",
+}
+
+
+class _Svc(KafkaClientSettings, frozen=True, kw_only=True):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("environ", "variable", "reason"),
+    [
+        (SASL, "SVC_KAFKA_SECURITY_PROTOCOL", "clear text"),
+        (
+            {**SASL, "SVC_KAFKA_ALLOW_PLAINTEXT_SASL_PLAIN": "false"},
+            "SVC_KAFKA_SECURITY_PROTOCOL",
+            "KAFKA_ALLOW_PLAINTEXT_SASL_PLAIN=true",
+        ),
+        (
+            {**SASL, "SVC_KAFKA_SASL_PASSWORD": ""},
+            "SVC_KAFKA_SASL_PASSWORD",
+            "required with SASL_PLAINTEXT",
+        ),
+        (
+            {"SVC_KAFKA_SECURITY_PROTOCOL": "SSL", "SVC_KAFKA_SSL_CERTIFICATE_LOCATION": "/c"},
+            "SVC_KAFKA_SSL_KEY_LOCATION",
+            "required with KAFKA_SSL_CERTIFICATE_LOCATION",
+        ),
+        (
+            {"SVC_KAFKA_SSL_CERTIFICATE_LOCATION": "/c", "SVC_KAFKA_SSL_KEY_LOCATION": "/k"},
+            "SVC_KAFKA_SSL_CERTIFICATE_LOCATION",
+            "SSL or SASL_SSL, not PLAINTEXT",
+        ),
+        (
+            {"SVC_KAFKA_SECURITY_PROTOCOL": "SSL", "SVC_KAFKA_SSL_KEY_PASSWORD": "kp"},
+            "SVC_KAFKA_SSL_KEY_PASSWORD",
+            "without KAFKA_SSL_KEY_LOCATION",
+        ),
+    ],
+)
+def test_unsafe_or_half_configured_security_names_the_variable(
+    environ: dict[str, str], variable: str, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(_Svc, "SVC_", environ)
+    assert caught.value.variable == variable
+    assert reason in caught.value.reason
+    with pytest.raises(SystemExit) as exited:
+        settings_or_exit(_Svc, "SVC_", environ)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"config error: {variable}: ")
+    assert "secret" not in err
+
+
+def test_sasl_plain_in_clear_text_when_explicitly_allowed() -> None:
+    settings = load_settings(_Svc, "SVC_", {**SASL, "SVC_KAFKA_ALLOW_PLAINTEXT_SASL_PLAIN": "true"})
+    assert settings.kafka_security()["sasl.mechanism"] == "PLAIN"
+
+
+def test_client_certificate_settings_reach_librdkafka() -> None:
+    settings = load_settings(
+        _Svc,
+        "SVC_",
+        {
+            "SVC_KAFKA_BOOTSTRAP": "k:9093",
+            "SVC_KAFKA_SECURITY_PROTOCOL": "SSL",
+            "SVC_KAFKA_SSL_CA_LOCATION": "/ca.pem",
+            "SVC_KAFKA_SSL_CERTIFICATE_LOCATION": "/client.pem",
+            "SVC_KAFKA_SSL_KEY_LOCATION": "/client.key",
+            "SVC_KAFKA_SSL_KEY_PASSWORD": "key-secret",
+        },
+    )
+    assert "key-secret" not in repr(settings)
+    assert settings.kafka_connection() == {
+        "bootstrap.servers": "k:9093",
+        "security.protocol": "SSL",
+        "ssl.ca.location": "/ca.pem",
+        "ssl.certificate.location": "/client.pem",
+        "ssl.key.location": "/client.key",
+        "ssl.key.password": "key-secret",
+    }
+
+
+def test_verify_connection_reports_unreachable_brokers_within_its_timeout() -> None:
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(KafkaSetupError, match=rf"^Kafka brokers unreachable at 127.0.0.1:{port}"):
+        verify_connection({"bootstrap.servers": f"127.0.0.1:{port}"}, timeout=2)
+    assert time.monotonic() - started < 6
+
+
+def test_verify_connection_reports_refused_client_settings(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.key"
+    with pytest.raises(KafkaSetupError, match=r"^Kafka client settings refused: ") as caught:
+        verify_connection(
+            {
+                "bootstrap.servers": "127.0.0.1:9",
+                "security.protocol": "SSL",
+                "ssl.certificate.location": str(tmp_path / "nope.pem"),
+                "ssl.key.location": str(missing),
+                "ssl.key.password": "key-secret",
+            },
+            timeout=2,
+        )
+    assert "key-secret" not in str(caught.value)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 
 from pin_testkit.local.cli import env_lines
 from pin_testkit.local.kafka import (
     KafkaConfig,
+    KafkaSecurity,
+    ScramUser,
     parse_java_major,
     render_log4j2,
     render_server_properties,
@@ -16,7 +21,10 @@ from pin_testkit.local.kafka import (
 from pin_testkit.local.launcher import LocalServices
 from pin_testkit.local.layout import POM_RELATIVE, STATE_DIR_ENV, find_repo_root, resolve_layout
 from pin_testkit.local.postgres import dsn, render_conf, socket_dir_for
+from pin_testkit.local.secure import secured_of
+from pin_testkit.local.tls import write_tls_files
 from pin_testkit.local.topics import catalogue_topics
+from pin_testkit.secured import SecuredKafka
 
 
 def _properties(text: str) -> dict[str, str]:
@@ -129,3 +137,83 @@ def test_env_lines_are_shell_exports() -> None:
     assert "export PIN_POSTGRES_DSN=postgresql://pin@127.0.0.1:25432/postgres" in lines
     assert "export PIN_KAFKA_BOOTSTRAP=127.0.0.1:29092" in lines
     assert services.dsn("other") == "postgresql://pin@127.0.0.1:25432/other"
+    assert not any("SECURE" in line for line in lines)
+
+
+def test_env_lines_describe_the_secured_listeners_and_read_back(tmp_path: Path) -> None:
+    tls = write_tls_files(tmp_path, client_principal="svc-client")
+    security = KafkaSecurity(
+        sasl_port=29094, ssl_port=29095, tls=tls, users=(ScramUser("pin-client", "s3 cret"),)
+    )
+    secured = secured_of("127.0.0.1:29092", security)
+    services = LocalServices(
+        postgres_dsn=dsn(25432),
+        identity_dsn=dsn(25432, "pin_identity"),
+        rewards_dsn=dsn(25432, "pin_rewards"),
+        kafka_bootstrap="127.0.0.1:29092",
+        pg_port=25432,
+        kafka_port=29092,
+        state_dir=Path("/s"),
+        secured=secured,
+    )
+    lines = env_lines(services)
+    assert "export PIN_KAFKA_SECURE_BOOTSTRAP=127.0.0.1:29094" in lines
+    assert "export PIN_KAFKA_MTLS_BOOTSTRAP=127.0.0.1:29095" in lines
+    assert "export PIN_KAFKA_SASL_PASSWORD='s3 cret'" in lines
+    environ = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in lines)
+    assert SecuredKafka.from_environment(environ) == secured
+    assert secured.client_principal == "svc-client"
+    assert "s3 cret" not in repr(secured)
+    assert SecuredKafka.from_environment({}) is None
+    with pytest.raises(ValueError, match="PIN_KAFKA_SASL_PASSWORD"):
+        SecuredKafka.from_environment(
+            {k: v for k, v in environ.items() if k != "PIN_KAFKA_SASL_PASSWORD"}
+        )
+
+
+def test_secured_broker_adds_sasl_ssl_and_mutual_tls_listeners(tmp_path: Path) -> None:
+    tls = write_tls_files(tmp_path)
+    security = KafkaSecurity(
+        sasl_port=29094, ssl_port=29095, tls=tls, users=(ScramUser("pin-client", "s3cret"),)
+    )
+    props = _properties(
+        render_server_properties(
+            KafkaConfig(port=29092, controller_port=29093, log_dir=Path("/s/d"), security=security)
+        )
+    )
+    assert props["listeners"] == (
+        "PLAINTEXT://127.0.0.1:29092,CONTROLLER://127.0.0.1:29093,"
+        "SASL_SSL://127.0.0.1:29094,SSL://127.0.0.1:29095"
+    )
+    assert props["listener.security.protocol.map"].endswith(",SASL_SSL:SASL_SSL,SSL:SSL")
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512,SCRAM-SHA-256"
+    assert props["listener.name.ssl.ssl.client.auth"] == "required"
+    assert props["ssl.keystore.location"] == str(tls.broker_keystore)
+    assert props["ssl.truststore.location"] == str(tls.ca_file)
+    assert "s3cret" not in render_server_properties(
+        KafkaConfig(port=1, controller_port=2, log_dir=Path("/d"), security=security)
+    )  # SCRAM credentials go into the metadata at format time, never into a file
+    assert security.scram_arguments() == [
+        "--add-scram",
+        "SCRAM-SHA-512=[name=pin-client,password=s3cret]",
+        "--add-scram",
+        "SCRAM-SHA-256=[name=pin-client,password=s3cret]",
+    ]
+    assert "s3cret" not in repr(security)
+
+
+def test_tls_files_chain_to_their_ca(tmp_path: Path) -> None:
+    tls = write_tls_files(tmp_path)
+    ca = x509.load_pem_x509_certificate(tls.ca_file.read_bytes())
+    client = x509.load_pem_x509_certificate(tls.client_certificate.read_bytes())
+    broker = x509.load_pem_x509_certificates(tls.broker_keystore.read_bytes())
+    client.verify_directly_issued_by(ca)
+    broker[0].verify_directly_issued_by(ca)
+    names = broker[0].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in names.get_values_for_type(x509.DNSName)
+    assert client.subject.rfc4514_string().startswith("CN=pin-client")
+    assert (tls.client_key.stat().st_mode & 0o777) == 0o600
+    assert b"ENCRYPTED PRIVATE KEY" in tls.client_key.read_bytes()
+    other = write_tls_files(tmp_path / "other")
+    with pytest.raises(InvalidSignature):  # same CA name, another key
+        client.verify_directly_issued_by(x509.load_pem_x509_certificate(other.ca_file.read_bytes()))

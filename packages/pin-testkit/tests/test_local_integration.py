@@ -17,6 +17,8 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from pin_runtime.errors import KafkaSetupError
+from pin_runtime.kafka import verify_connection
 from pin_testkit.local import catalogue_topics, down, ensure_up, status
 from pin_testkit.local.state import KAFKA_CONTROLLER_PORT_ENV, KAFKA_PORT_ENV, PG_PORT_ENV
 
@@ -82,3 +84,24 @@ def test_ensure_up_reuses_restarts_and_stops(state_dir: Path) -> None:
     assert ensure_up(state_dir=state_dir) == first
     with psycopg.connect(first.identity_dsn) as conn:
         assert conn.execute("SELECT v FROM kept").fetchall() == [(7,)]
+
+
+def test_secure_mode_is_added_to_a_running_broker_and_kept(state_dir: Path) -> None:
+    plain = ensure_up(state_dir=state_dir)
+    assert plain.secured is None
+    # Switched on for a storage formatted without it: the broker restarts with the secured
+    # listeners and the SCRAM user is created through kafka-configs.
+    secure = ensure_up(state_dir=state_dir, secure=True)
+    secured = secure.secured
+    assert secured is not None
+    assert secure.kafka_bootstrap == plain.kafka_bootstrap
+    verify_connection(secured.sasl_config(), timeout=30)
+    verify_connection(secured.sasl_config(**{"sasl.mechanism": "SCRAM-SHA-256"}), timeout=30)
+    verify_connection(secured.mtls_config(), timeout=30)
+    with pytest.raises(KafkaSetupError, match="authentication failed"):
+        verify_connection(secured.sasl_config(**{"sasl.password": "wrong"}), timeout=30)
+    pid = status(state_dir=state_dir).kafka.pid
+    # A later plain `up` keeps secure mode (same files, same password) and reuses the broker.
+    again = ensure_up(state_dir=state_dir)
+    assert again.secured == secured
+    assert status(state_dir=state_dir).kafka.pid == pid

@@ -20,6 +20,7 @@ from pin_testkit.local.state import (
     plan_state,
     port_is_free,
     save_state,
+    with_secure_ports,
 )
 
 
@@ -120,3 +121,24 @@ def test_cluster_id_is_kafka_shaped() -> None:
     for cluster_id in ids:
         assert not cluster_id.startswith("-")
         assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
+
+
+def test_secure_ports_are_added_once_and_kept(tmp_path: Path) -> None:
+    plain = LocalState(
+        pg_port=21000, kafka_port=21001, kafka_controller_port=21002, kafka_cluster_id="xyz"
+    )
+    assert not plain.secure
+    secure = with_secure_ports(plain, is_free=lambda _port: True)
+    assert secure.secure
+    ports = {secure.kafka_sasl_port, secure.kafka_ssl_port}
+    assert len(ports) == 2
+    assert not ports & {21000, 21001, 21002}
+    assert with_secure_ports(secure) == secure  # kept, not picked again
+    path = tmp_path / "state.json"
+    save_state(path, secure)
+    assert load_state(path) == secure
+    # A state file written before secure mode existed reads as not secure.
+    path.write_text(plain.to_json().replace('"kafka_sasl_port": null,', ""), encoding="utf-8")
+    assert load_state(path) == plain
+    # A plain plan keeps the secure ports of the previous state.
+    assert plan_state(secure, environ={}) == secure

@@ -72,12 +72,22 @@ env:
         name: {{ .Values.kafka.sasl.existingSecret }}
         key: {{ .Values.kafka.sasl.passwordKey }}
   {{- end }}
+  {{- if .Values.kafka.tls.keyPasswordSecret }}
+  {{- if not .Values.kafka.tls.clientSecret }}
+  {{- fail "kafka.tls.keyPasswordSecret needs kafka.tls.clientSecret" }}
+  {{- end }}
+  - name: {{ $prefix }}KAFKA_SSL_KEY_PASSWORD
+    valueFrom:
+      secretKeyRef:
+        name: {{ .Values.kafka.tls.keyPasswordSecret }}
+        key: {{ .Values.kafka.tls.keyPasswordKey }}
+  {{- end }}
   {{- with .Values.extraEnv }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end -}}
 
-{{/* Volumes: a writable /tmp on the read-only root filesystem, and the Kafka CA bundle. */}}
+{{/* Volumes: a writable /tmp on the read-only root filesystem, the Kafka CA bundle and client certificate. */}}
 {{- define "svc.volumes" -}}
 - name: tmp
   emptyDir:
@@ -90,6 +100,17 @@ env:
       - key: {{ .Values.kafka.tls.caKey }}
         path: ca.crt
 {{- end }}
+{{- if .Values.kafka.tls.clientSecret }}
+- name: kafka-client
+  secret:
+    secretName: {{ .Values.kafka.tls.clientSecret }}
+    defaultMode: 288  # 0440: the key readable by the pod's group (fsGroup) only
+    items:
+      - key: {{ .Values.kafka.tls.certificateKey }}
+        path: tls.crt
+      - key: {{ .Values.kafka.tls.keyKey }}
+        path: tls.key
+{{- end }}
 {{- end -}}
 
 {{- define "svc.volumeMounts" -}}
@@ -98,6 +119,11 @@ env:
 {{- if .Values.kafka.tls.caSecret }}
 - name: kafka-ca
   mountPath: /etc/pin/kafka-ca
+  readOnly: true
+{{- end }}
+{{- if .Values.kafka.tls.clientSecret }}
+- name: kafka-client
+  mountPath: /etc/pin/kafka-client
   readOnly: true
 {{- end }}
 {{- end -}}

@@ -34,6 +34,7 @@ class ClientSettings(KafkaClientSettings, frozen=True, kw_only=True):
     db_keepalives_count: KeepaliveCount = 3
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the Kafka authentication checks
         for name in ("db_statement_timeout", "db_lock_timeout", "db_idle_in_transaction_timeout"):
             if getattr(self, name) < timedelta(0):
                 raise ValueError(f"{name.upper()}: must not be negative (0 disables it)")

@@ -3,12 +3,14 @@
 Liveness answers "is the main loop still turning" (a heartbeat the loop ticks), readiness
 answers "can this process do its job now" from state the service already knows. Both must
 stay cheap: an orchestrator calls them every few seconds and a slow probe restarts pods.
+`/readyz` is unauthenticated, so it shows states, times and categories, never error text.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +21,8 @@ from typing import Any, Final, Literal
 import msgspec
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+
+from pin_runtime.logging import FIELDS_ATTRIBUTE, log_event
 
 __all__ = [
     "Check",
@@ -34,19 +38,36 @@ _log = logging.getLogger(__name__)
 _JSON: Final = "application/json"
 
 
+_CATEGORY = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+
+
 class CheckResult(msgspec.Struct, frozen=True):
-    """Outcome of one readiness check; `detail` says why when degraded."""
+    """Outcome of one readiness check.
+
+    `/readyz` serves `status`, `since` and `category` only. `detail` (an exception's text,
+    say) stays in the process: it may hold host names, user names or worse, and it changes
+    with every error, so it goes to the log once per change of state instead.
+    """
 
     status: Literal["ok", "degraded"]
     detail: str = ""
+    since: datetime.datetime | None = None
+    category: str = ""
+    """A short stable word (`starting`, `unavailable`, ...): safe to serve and to alert on."""
 
 
 def ok(detail: str = "") -> CheckResult:
     return CheckResult("ok", detail)
 
 
-def degraded(detail: str) -> CheckResult:
-    return CheckResult("degraded", detail)
+def degraded(detail: str, *, category: str = "unavailable") -> CheckResult:
+    return CheckResult("degraded", detail, category=_checked(category))
+
+
+def _checked(category: str) -> str:
+    if not _CATEGORY.fullmatch(category):
+        raise ValueError(f"a readiness category is a short lower-case word, got {category!r}")
+    return category
 
 
 Check = Callable[[], CheckResult]
@@ -77,32 +98,63 @@ class ComponentState:
     """What a service knows about one dependency, as a readiness check.
 
     The service calls `ok()` / `degraded(reason)` where it already handles outcomes; the
-    check reports "degraded since <time>: <reason>" without touching the dependency.
+    check reports the state, since when and a category without touching the dependency.
+    The reason is logged (`component degraded`, WARNING) when the state or its category
+    changes, and the recovery too (`component recovered`, INFO): once per change, never per
+    probe. `OpsServer.add_check` names an unnamed state after its check.
     """
 
-    def __init__(self, *, initial: str | None = "starting") -> None:
+    def __init__(self, *, initial: str | None = "starting", name: str = "") -> None:
         self._lock = threading.Lock()
+        self.name = name
         self._reason: str | None = initial
+        self._category = "starting"
         self._since = datetime.datetime.now(datetime.UTC)
 
     def ok(self) -> None:
         with self._lock:
-            if self._reason is not None:
-                self._reason = None
-                self._since = datetime.datetime.now(datetime.UTC)
+            if self._reason is None:
+                return
+            now = datetime.datetime.now(datetime.UTC)
+            was, since = self._category, self._since
+            self._reason, self._since = None, now
+        if was != "starting":
+            log_event(
+                _log,
+                "component recovered",
+                component=self.name,
+                category=was,
+                degradedSeconds=round((now - since).total_seconds(), 3),
+            )
 
-    def degraded(self, reason: str) -> None:
+    def degraded(self, reason: str, *, category: str = "unavailable") -> None:
+        _checked(category)
         with self._lock:
+            changed = self._reason is None or self._category != category
             if self._reason is None:
                 self._since = datetime.datetime.now(datetime.UTC)
-            self._reason = reason  # keep the first `since`, show the latest reason
+            self._reason, self._category = reason, category  # keep the first `since`
+        if changed:
+            log_event(
+                _log,
+                "component degraded",
+                logging.WARNING,
+                component=self.name,
+                category=category,
+                reason=reason,
+            )
 
     def __call__(self) -> CheckResult:
         with self._lock:
-            reason, since = self._reason, self._since
+            reason, since, category = self._reason, self._since, self._category
         if reason is None:
-            return ok()
-        return degraded(f"degraded since {since.isoformat(timespec='seconds')}: {reason}")
+            return CheckResult("ok", since=since)
+        return CheckResult(
+            "degraded",
+            f"degraded since {since.isoformat(timespec='seconds')}: {reason}",
+            since=since,
+            category=category,
+        )
 
 
 class _Server(ThreadingHTTPServer):
@@ -155,13 +207,19 @@ class OpsServer:
     ) -> None:
         self.registry = registry
         self.heartbeat = heartbeat
-        self._checks: dict[str, Check] = dict(checks or {})
+        self._checks: dict[str, Check] = {}
+        self._failing: dict[str, str] = {}  # check name -> exception type, while it raises
+        self._failing_lock = threading.Lock()
+        for name, check in (checks or {}).items():
+            self.add_check(name, check)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     def add_check(self, name: str, check: Check) -> None:
         if name in self._checks:
             raise ValueError(f"readiness check {name!r} is already registered")
+        if isinstance(check, ComponentState) and not check.name:
+            check.name = name  # its log lines name the component as /readyz does
         self._checks[name] = check
 
     def liveness(self) -> tuple[HTTPStatus, dict[str, Any]]:
@@ -174,13 +232,32 @@ class OpsServer:
         return HTTPStatus.OK, {"status": "ok", "heartbeat_age_seconds": age}
 
     def readiness(self) -> tuple[HTTPStatus, dict[str, Any]]:
-        results = {name: _run(check) for name, check in list(self._checks.items())}
+        """Each check's status, since when and category; never a check's `detail`."""
+        results = {name: self._run(name, check) for name, check in list(self._checks.items())}
         ready = all(r.status == "ok" for r in results.values())
         body = {
             "status": "ok" if ready else "degraded",
-            "checks": {name: msgspec.structs.asdict(r) for name, r in results.items()},
+            "checks": {name: _public(r) for name, r in results.items()},
         }
         return (HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE), body
+
+    def _run(self, name: str, check: Check) -> CheckResult:
+        """Run `check`; one that raises reports itself degraded (logged once until it stops)."""
+        try:
+            result = check()
+        except Exception as exc:
+            kind = type(exc).__name__
+            with self._failing_lock:
+                first = self._failing.get(name) != kind
+                self._failing[name] = kind
+            if first:
+                _log.exception("readiness check failed", extra={FIELDS_ATTRIBUTE: {"check": name}})
+            return CheckResult("degraded", f"check raised {kind}: {exc}", category="check-failed")
+        with self._failing_lock:
+            recovered = self._failing.pop(name, None) is not None
+        if recovered:
+            log_event(_log, "readiness check answers again", check=name)
+        return result
 
     def start(self, host: str = "0.0.0.0", port: int = 9090) -> OpsServer:  # noqa: S104
         """Bind (port 0 picks a free one, see `port`) and serve from a daemon thread."""
@@ -217,9 +294,11 @@ class OpsServer:
             thread.join(timeout)
 
 
-def _run(check: Check) -> CheckResult:
-    try:
-        return check()
-    except Exception as exc:  # a broken check reports itself instead of failing the probe
-        _log.exception("readiness check failed")
-        return degraded(f"check raised {type(exc).__name__}: {exc}")
+def _public(result: CheckResult) -> dict[str, str]:
+    """What `/readyz` shows of a check: nothing a check's free text could leak."""
+    body: dict[str, str] = {"status": result.status}
+    if result.since is not None:
+        body["since"] = result.since.isoformat(timespec="seconds")
+    if result.category:
+        body["category"] = result.category
+    return body

@@ -1,7 +1,9 @@
 """confluent-kafka clients with the delivery guarantees both workers rely on.
 
 Config is built by pure functions (`producer_config`, `consumer_config`, `admin_config`) so
-tests can read it; `create_*` add the logging callbacks and construct the client.
+tests can read it; `create_*` add the logging callbacks and construct the client. The
+authentication settings and `verify_connection` live in `pin_runtime.kafka_security` and are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -11,19 +13,28 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
-import msgspec
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from pin_runtime.errors import KafkaSetupError
+from pin_runtime.kafka_security import (
+    ConfigValue,
+    KafkaClientSettings,
+    KafkaConfig,
+    SaslMechanism,
+    SecurityProtocol,
+    security_config,
+    verify_connection,
+)
 from pin_runtime.logging import log_event
-from pin_runtime.settings import Secret
 
 __all__ = [
     "ConfigValue",
     "KafkaClientSettings",
     "KafkaConfig",
+    "SaslMechanism",
+    "SecurityProtocol",
     "TopicSpec",
     "admin_config",
     "consumer_config",
@@ -33,10 +44,9 @@ __all__ = [
     "ensure_topics",
     "producer_config",
     "security_config",
+    "verify_connection",
 ]
 
-ConfigValue = str | int | float | bool
-KafkaConfig = dict[str, ConfigValue]
 ErrorCallback = Callable[[KafkaError], None]
 Compression = Literal["lz4", "zstd", "snappy", "gzip", "none"]
 
@@ -115,59 +125,6 @@ def admin_config(
     bootstrap: str, *, client_id: str, extra: Mapping[str, ConfigValue] | None = None
 ) -> KafkaConfig:
     return _base(bootstrap, client_id) | dict(extra or {})
-
-
-SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
-
-
-def security_config(
-    *,
-    protocol: SecurityProtocol = "PLAINTEXT",
-    sasl_mechanism: SaslMechanism | None = None,
-    sasl_username: str | None = None,
-    sasl_password: str | None = None,
-    ssl_ca_location: str | None = None,
-) -> KafkaConfig:
-    """librdkafka settings for how a client authenticates, from the services' settings."""
-    config: KafkaConfig = {"security.protocol": protocol}
-    if protocol.startswith("SASL"):
-        if not (sasl_mechanism and sasl_username and sasl_password):
-            raise ValueError(f"{protocol} needs a SASL mechanism, username and password")
-        config |= {
-            "sasl.mechanism": sasl_mechanism,
-            "sasl.username": sasl_username,
-            "sasl.password": sasl_password,
-        }
-    if ssl_ca_location:
-        config["ssl.ca.location"] = ssl_ca_location
-    return config
-
-
-class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """The Kafka connection settings every service reads, as fields of its own Settings.
-
-    A service's `Settings` inherits them, so `<PREFIX>KAFKA_BOOTSTRAP` and friends mean
-    the same thing in every service.
-    """
-
-    kafka_bootstrap: str = ""
-    """Bootstrap servers; required by the commands that talk to Kafka."""
-    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
-    kafka_sasl_mechanism: SaslMechanism | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: Secret | None = None
-    kafka_ssl_ca_location: str | None = None
-
-    def kafka_security(self) -> KafkaConfig:
-        """The librdkafka settings of this authentication, for every client's `extra`."""
-        return security_config(
-            protocol=self.kafka_security_protocol,
-            sasl_mechanism=self.kafka_sasl_mechanism,
-            sasl_username=self.kafka_sasl_username,
-            sasl_password=self.kafka_sasl_password.reveal() if self.kafka_sasl_password else None,
-            ssl_ca_location=self.kafka_ssl_ca_location,
-        )
 
 
 def _error_callback(client_id: str, on_error: ErrorCallback | None) -> ErrorCallback:

@@ -18,6 +18,7 @@ from pin_testkit.topics import TopicFactory
 
 if TYPE_CHECKING:
     from pin_testkit.private import PrivateKafka
+    from pin_testkit.secured import SecuredKafka
 
 
 @pytest.fixture(scope="session")
@@ -103,3 +104,32 @@ def private_kafka() -> Iterator[PrivateKafka]:
         pytest.fail(f"private Kafka broker: {exc}", pytrace=False)
     with broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def secured_kafka() -> Iterator[SecuredKafka]:
+    """A broker that requires TLS and SCRAM (and one listener that requires a client
+    certificate), shared by the tests of a run that ask for it.
+
+    The one ``pin-local env --secure`` described (``PIN_KAFKA_SECURE_BOOTSTRAP`` and friends),
+    else a ``PrivateKafka`` launched with ``secure=True`` for this run: a CA made for it,
+    SCRAM-SHA-512 and -256 credentials of one user written at format time. Tests only connect
+    to it (it is never stopped before the end of the run); each creates its own topics.
+    """
+    from pin_testkit.local.errors import LocalInfraError  # noqa: PLC0415
+    from pin_testkit.private import PrivateKafka  # noqa: PLC0415
+    from pin_testkit.secured import SecuredKafka  # noqa: PLC0415
+
+    try:
+        described = SecuredKafka.from_environment(os.environ)
+    except ValueError as exc:
+        pytest.fail(f"secured Kafka broker: {exc}", pytrace=False)
+    if described is not None:
+        yield described
+        return
+    try:
+        broker = PrivateKafka.launch(secure=True)
+    except LocalInfraError as exc:
+        pytest.fail(f"secured Kafka broker: {exc}", pytrace=False)
+    with broker:
+        yield broker.secured

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -31,6 +32,8 @@ from pin_testkit.local.kafka import (
     MAIN_CLASS,
     JavaRuntime,
     Kafka,
+    KafkaSecurity,
+    ScramUser,
     class_data_archive,
     ensure_libs,
     find_java,
@@ -50,7 +53,10 @@ from pin_testkit.local.procs import (
     wait_gone,
     write_atomic,
 )
+from pin_testkit.local.secure import secured_of
 from pin_testkit.local.state import new_cluster_id, pick_port
+from pin_testkit.local.tls import write_tls_files
+from pin_testkit.secured import SecuredKafka
 
 __all__ = ["PrivateKafka"]
 
@@ -80,8 +86,15 @@ class _Broker(Kafka):
 
     heap = PRIVATE_HEAP
 
-    def __init__(self, layout: Layout, port: int, controller_port: int, shared_dir: Path) -> None:
-        super().__init__(layout, port, controller_port, new_cluster_id())
+    def __init__(
+        self,
+        layout: Layout,
+        port: int,
+        controller_port: int,
+        shared_dir: Path,
+        security: KafkaSecurity | None,
+    ) -> None:
+        super().__init__(layout, port, controller_port, new_cluster_id(), security)
         self._shared_dir = shared_dir
 
     def write_config(self) -> bool:
@@ -111,6 +124,7 @@ class PrivateKafka:
         shared: Layout | None = None,
         start_timeout: float = START_TIMEOUT,
         stop_timeout: float = STOP_TIMEOUT,
+        secure: bool = False,
     ) -> None:
         sweep_orphans()
         self._shared = shared if shared is not None else resolve_layout()
@@ -121,7 +135,8 @@ class PrivateKafka:
         self.state_dir = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
         (self.state_dir / OWNER_FILE).write_text(f"{os.getpid()}\n", encoding="ascii")
         layout = Layout(repo_root=self._shared.repo_root, state_dir=self.state_dir)
-        self._broker = _Broker(layout, port, controller_port, self._shared.kafka_dir)
+        security = _security(self.state_dir, {port, controller_port}) if secure else None
+        self._broker = _Broker(layout, port, controller_port, self._shared.kafka_dir, security)
         self._runtime: tuple[JavaRuntime, Path] | None = None
         self.last_start_seconds: float | None = None
         self.last_stop_seconds: float | None = None
@@ -133,9 +148,16 @@ class PrivateKafka:
         shared: Layout | None = None,
         start_timeout: float = START_TIMEOUT,
         stop_timeout: float = STOP_TIMEOUT,
+        secure: bool = False,
     ) -> Self:
-        """A new broker, started and answering; closed again if it cannot start."""
-        broker = cls(shared=shared, start_timeout=start_timeout, stop_timeout=stop_timeout)
+        """A new broker, started and answering; closed again if it cannot start.
+
+        ``secure=True`` adds a SASL_SSL (SCRAM) and an SSL (mutual TLS) listener: see
+        :attr:`secured`.
+        """
+        broker = cls(
+            shared=shared, start_timeout=start_timeout, stop_timeout=stop_timeout, secure=secure
+        )
         try:
             broker.start()
         except BaseException:
@@ -159,6 +181,14 @@ class PrivateKafka:
         return self._broker.config.controller_port
 
     @property
+    def secured(self) -> SecuredKafka:
+        """Addresses and credentials of the secured listeners (``secure=True`` only)."""
+        security = self._broker.config.security
+        if security is None:
+            raise LocalInfraError("this private Kafka was launched without secure=True")
+        return secured_of(self.bootstrap, security)
+
+    @property
     def cluster_id(self) -> str:
         return self._broker.cluster_id
 
@@ -176,8 +206,8 @@ class PrivateKafka:
         return self._broker.answers(timeout=timeout)
 
     def refuses_connections(self) -> bool:
-        """Whether nothing listens on the broker's two ports."""
-        return not any(_listens(p) for p in (self.port, self.controller_port))
+        """Whether nothing listens on any of the broker's ports."""
+        return not any(_listens(p) for p in self._broker.ports)
 
     # -- fault injection ------------------------------------------------------------------
 
@@ -190,7 +220,7 @@ class PrivateKafka:
         deadline = Deadline.after(self.start_timeout if timeout is None else timeout)
         pid = self._broker.pid()
         if pid is None:
-            taken = [p for p in (self.port, self.controller_port) if _listens(p)]
+            taken = [p for p in self._broker.ports if _listens(p)]
             if taken:
                 raise LocalInfraError(
                     f"private Kafka cannot restart: port(s) {taken} on 127.0.0.1 were taken "
@@ -312,10 +342,22 @@ class PrivateKafka:
         while not self.refuses_connections():
             if deadline.expired():
                 raise LocalInfraError(
-                    f"private Kafka's ports {self.port}/{self.controller_port} still accept "
-                    "connections after it stopped"
+                    f"private Kafka's ports {self._broker.ports} still accept connections "
+                    "after it stopped"
                 )
             time.sleep(POLL_INTERVAL)
+
+
+def _security(state_dir: Path, taken: set[int]) -> KafkaSecurity:
+    """Two more ports, a new CA with broker and client certificates, one SCRAM user."""
+    sasl_port = pick_port(taken)
+    ssl_port = pick_port({*taken, sasl_port})
+    return KafkaSecurity(
+        sasl_port=sasl_port,
+        ssl_port=ssl_port,
+        tls=write_tls_files(state_dir / "tls"),
+        users=(ScramUser("pin-client", secrets.token_urlsafe(18)),),
+    )
 
 
 def _listens(port: int) -> bool:

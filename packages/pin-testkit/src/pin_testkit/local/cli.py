@@ -15,6 +15,10 @@ from pin_testkit.local.launcher import LocalServices, ServiceStatus, down, ensur
 EXIT_FAILED = 1
 EXIT_MISSING = 2
 EXIT_NOT_RUNNING = 3
+SECURE_HELP = (
+    "also a SASL_SSL listener (SCRAM-SHA-512/256) and an SSL listener requiring a client "
+    "certificate; kept for later calls"
+)
 
 
 def _out(text: str) -> None:
@@ -23,15 +27,23 @@ def _out(text: str) -> None:
 
 
 def _describe(services: LocalServices, seconds: float) -> str:
-    return "\n".join(
-        [
-            f"local services up in {seconds:.1f}s (state: {services.state_dir})",
-            f"  PostgreSQL    {services.postgres_dsn}",
-            f"    pin_identity  {services.identity_dsn}",
-            f"    pin_rewards   {services.rewards_dsn}",
-            f"  Kafka         {services.kafka_bootstrap}",
+    lines = [
+        f"local services up in {seconds:.1f}s (state: {services.state_dir})",
+        f"  PostgreSQL    {services.postgres_dsn}",
+        f"    pin_identity  {services.identity_dsn}",
+        f"    pin_rewards   {services.rewards_dsn}",
+        f"  Kafka         {services.kafka_bootstrap}",
+    ]
+    secured = services.secured
+    if secured is not None:
+        lines += [
+            f"    SASL_SSL    {secured.bootstrap} ({secured.mechanism} or SCRAM-SHA-256, "
+            f"user {secured.username}; `pin-local env` prints the password)",
+            f"    SSL (mTLS)  {secured.mtls_bootstrap} (client certificate "
+            f"{secured.client_certificate})",
+            f"    CA          {secured.ca_file}",
         ]
-    )
+    return "\n".join(lines)
 
 
 def env_lines(services: LocalServices) -> list[str]:
@@ -41,6 +53,8 @@ def env_lines(services: LocalServices) -> list[str]:
         "PIN_POSTGRES_REWARDS_DSN": services.rewards_dsn,
         "PIN_KAFKA_BOOTSTRAP": services.kafka_bootstrap,
     }
+    if services.secured is not None:
+        values |= services.secured.exported()
     return [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
 
 
@@ -59,10 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("up", help="start or reuse both servers, create databases and topics")
+    up = commands.add_parser("up", help="start or reuse both servers, create databases and topics")
+    up.add_argument("--secure", action="store_true", help=SECURE_HELP)
     commands.add_parser("down", help="stop both servers (data is kept)")
     commands.add_parser("status", help="show what runs (exit 3 unless both answer)")
-    commands.add_parser("env", help="ensure up, then print `export PIN_...=` lines for a shell")
+    env = commands.add_parser("env", help="ensure up, then print `export PIN_...=` lines")
+    env.add_argument("--secure", action="store_true", help=SECURE_HELP)
     args = parser.parse_args(argv)
 
     logging.basicConfig(
@@ -73,10 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "up":
             started = time.monotonic()
-            services = ensure_up()
+            services = ensure_up(secure=args.secure)
             _out(_describe(services, time.monotonic() - started))
         elif args.command == "env":
-            for line in env_lines(ensure_up()):
+            for line in env_lines(ensure_up(secure=args.secure)):
                 _out(line)
         elif args.command == "down":
             down()

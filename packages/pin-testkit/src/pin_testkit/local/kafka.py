@@ -29,6 +29,7 @@ from pin_testkit.local.procs import (
     terminate,
     write_atomic,
 )
+from pin_testkit.local.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,45 @@ ARCHIVE_AT_EXIT = "-XX:ArchiveClassesAtExit="
 PARTIAL = ".partial"
 
 
+SCRAM_MECHANISMS: tuple[str, ...] = ("SCRAM-SHA-512", "SCRAM-SHA-256")
+SCRAM_LOGIN_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+
+
+@dataclass(frozen=True, slots=True)
+class ScramUser:
+    name: str
+    password: str
+
+    def __repr__(self) -> str:
+        return f"ScramUser({self.name!r}, password='***')"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSecurity:
+    """The secured listeners of a broker, beside its PLAINTEXT one.
+
+    ``SASL_SSL`` on ``sasl_port``: TLS with the broker certificate of ``tls``, then SCRAM
+    (every mechanism of ``SCRAM_MECHANISMS``) against ``users``, whose credentials the storage
+    format writes into the cluster metadata. ``SSL`` on ``ssl_port``: TLS that requires a
+    client certificate signed by the CA of ``tls`` (mutual TLS; the principal is the
+    certificate's subject). The PLAINTEXT listener stays for the broker's own traffic and the
+    launcher's probes: the controller and inter-broker listeners are loopback only.
+    """
+
+    sasl_port: int
+    ssl_port: int
+    tls: TlsFiles
+    users: tuple[ScramUser, ...]
+
+    def scram_arguments(self) -> list[str]:
+        """``kafka-storage format`` arguments that create every user for every mechanism."""
+        args: list[str] = []
+        for user in self.users:
+            for mechanism in SCRAM_MECHANISMS:
+                args += ["--add-scram", f"{mechanism}=[name={user.name},password={user.password}]"]
+        return args
+
+
 @dataclass(frozen=True, slots=True)
 class KafkaConfig:
     port: int
@@ -56,6 +96,7 @@ class KafkaConfig:
     log_dir: Path
     node_id: int = 1
     num_partitions: int = 3
+    security: KafkaSecurity | None = None
 
 
 def _escape(value: str) -> str:
@@ -64,18 +105,46 @@ def _escape(value: str) -> str:
     return "\\" + value if value[:1] in {" ", "\t"} else value
 
 
+def _security_settings(security: KafkaSecurity) -> dict[str, str]:
+    tls = security.tls
+    settings = {
+        "sasl.enabled.mechanisms": ",".join(SCRAM_MECHANISMS),
+        # Kafka reads PEM directly: the key store holds key + certificate chain, the trust
+        # store the CA that signs client certificates (mutual TLS on the SSL listener).
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": _escape(str(tls.broker_keystore)),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": _escape(str(tls.ca_file)),
+        "ssl.enabled.protocols": "TLSv1.3,TLSv1.2",
+        "listener.name.ssl.ssl.client.auth": "required",
+    }
+    for mechanism in SCRAM_MECHANISMS:
+        settings[f"listener.name.sasl_ssl.{mechanism.lower()}.sasl.jaas.config"] = (
+            SCRAM_LOGIN_MODULE
+        )
+    return settings
+
+
 def render_server_properties(config: KafkaConfig) -> str:
     broker = f"127.0.0.1:{config.port}"
     controller = f"127.0.0.1:{config.controller_port}"
+    listeners = f"PLAINTEXT://{broker},CONTROLLER://{controller}"
+    protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    security = config.security
+    if security is not None:
+        listeners += (
+            f",SASL_SSL://127.0.0.1:{security.sasl_port},SSL://127.0.0.1:{security.ssl_port}"
+        )
+        protocols += ",SASL_SSL:SASL_SSL,SSL:SSL"
     settings = {
         "process.roles": "broker,controller",
         "node.id": str(config.node_id),
         "controller.quorum.bootstrap.servers": controller,
-        "listeners": f"PLAINTEXT://{broker},CONTROLLER://{controller}",
-        "advertised.listeners": f"PLAINTEXT://{broker},CONTROLLER://{controller}",
+        "listeners": listeners,
+        "advertised.listeners": listeners,
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": protocols,
         "log.dirs": _escape(str(config.log_dir)),
         "num.partitions": str(config.num_partitions),
         "auto.create.topics.enable": "false",
@@ -92,6 +161,8 @@ def render_server_properties(config: KafkaConfig) -> str:
         "num.network.threads": "2",
         "num.io.threads": "4",
     }
+    if security is not None:
+        settings |= _security_settings(security)
     head = "# Written by pin-local at every start; edits are overwritten.\n"
     return head + "".join(f"{key}={value}\n" for key, value in settings.items())
 
@@ -225,10 +296,17 @@ def class_data_archive(kafka_dir: Path, java: JavaRuntime, libs: Path) -> Path:
 class Kafka:
     heap: tuple[str, ...] = HEAP  # JVM heap flags; a subclass may run a smaller broker
 
-    def __init__(self, layout: Layout, port: int, controller_port: int, cluster_id: str) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        port: int,
+        controller_port: int,
+        cluster_id: str,
+        security: KafkaSecurity | None = None,
+    ) -> None:
         self.layout = layout
         self.config = KafkaConfig(
-            port=port, controller_port=controller_port, log_dir=layout.kafka_data
+            port=port, controller_port=controller_port, log_dir=layout.kafka_data, security=security
         )
         self.cluster_id = cluster_id
 
@@ -253,7 +331,8 @@ class Kafka:
     def formatted(self) -> bool:
         return (self.layout.kafka_data / "meta.properties").is_file()
 
-    def _java_args(self, java: JavaRuntime, libs: Path, main: str) -> list[str]:
+    def java_args(self, java: JavaRuntime, libs: Path, main: str) -> list[str]:
+        """``java ... -cp <jars> main``: the broker's classpath and logging, for its tools too."""
         logs = self.layout.kafka_logs
         return [
             str(java.path),
@@ -269,7 +348,7 @@ class Kafka:
         """Format the log directory once (KRaft, this node its only voter)."""
         shutil.rmtree(self.layout.kafka_data, ignore_errors=True)
         log.info("kafka: formatting storage (cluster id %s)", self.cluster_id)
-        args = self._java_args(java, libs, "kafka.tools.StorageTool")
+        args = self.java_args(java, libs, "kafka.tools.StorageTool")
         args += [
             "format",
             "-t",
@@ -278,6 +357,9 @@ class Kafka:
             str(self.layout.kafka_properties),
             "--standalone",
         ]
+        if self.config.security is not None:
+            # SCRAM credentials live in the cluster metadata; the format writes the first ones.
+            args += self.config.security.scram_arguments()
         done = subprocess.run(  # noqa: S603 - argv built here from resolved programs
             args, capture_output=True, text=True, check=False, timeout=300, stdin=subprocess.DEVNULL
         )
@@ -311,17 +393,23 @@ class Kafka:
             stale.unlink(missing_ok=True)
         return f"{ARCHIVE_AT_EXIT}{archive}{PARTIAL}"
 
+    @property
+    def ports(self) -> tuple[int, ...]:
+        """Every port the broker listens on."""
+        ports = (self.config.port, self.config.controller_port)
+        security = self.config.security
+        return ports if security is None else (*ports, security.sasl_port, security.ssl_port)
+
     def start(self, java: JavaRuntime, libs: Path) -> int:
         """Start the broker detached (own session, output to logs/console.log); its pid."""
-        if not _nothing_listens(self.config.port) or not _nothing_listens(
-            self.config.controller_port
-        ):
+        taken = [port for port in self.ports if not _nothing_listens(port)]
+        if taken:
             raise LocalInfraError(
-                f"port {self.config.port} or {self.config.controller_port} on 127.0.0.1 is taken "
-                "by another process: set PIN_LOCAL_KAFKA_PORT, or stop that process"
+                f"port(s) {taken} on 127.0.0.1 taken by another process: "
+                "set PIN_LOCAL_KAFKA_PORT, or stop that process"
             )
         logs = self.layout.kafka_logs
-        args = self._java_args(java, libs, MAIN_CLASS)
+        args = self.java_args(java, libs, MAIN_CLASS)
         args[1:1] = [
             *self.heap,
             *GC_FLAGS,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pin_runtime.kafka import TopicSpec
 from pin_testkit.local.errors import LocalInfraError
-from pin_testkit.local.kafka import Kafka, ensure_libs, find_java
+from pin_testkit.local.kafka import Kafka, KafkaSecurity, ensure_libs, find_java
 from pin_testkit.local.layout import Layout, resolve_layout
 from pin_testkit.local.postgres import (
     DATABASES,
@@ -21,8 +21,22 @@ from pin_testkit.local.postgres import (
     server_account,
 )
 from pin_testkit.local.procs import POLL_INTERVAL, Deadline, file_lock, pid_alive
-from pin_testkit.local.state import LocalState, load_state, plan_state, save_state
+from pin_testkit.local.secure import (
+    add_scram_users,
+    load_or_create_security,
+    mark_users_created,
+    secured_of,
+    users_created,
+)
+from pin_testkit.local.state import (
+    LocalState,
+    load_state,
+    plan_state,
+    save_state,
+    with_secure_ports,
+)
 from pin_testkit.local.topics import catalogue_topics, ensure_topics
+from pin_testkit.secured import SecuredKafka
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +56,7 @@ class LocalServices:
     pg_port: int
     kafka_port: int
     state_dir: Path
+    secured: SecuredKafka | None = None  # the SASL_SSL and mTLS listeners (`up --secure`)
 
     def dsn(self, database: str) -> str:
         """The superuser DSN of any database on the local server."""
@@ -67,15 +82,24 @@ class LocalStatus:
         return self.postgres.answering and self.kafka.answering
 
 
+def _security(layout: Layout, state: LocalState) -> KafkaSecurity | None:
+    if state.kafka_sasl_port is None or state.kafka_ssl_port is None:
+        return None
+    return load_or_create_security(layout, state.kafka_sasl_port, state.kafka_ssl_port)
+
+
 def services_of(layout: Layout, state: LocalState) -> LocalServices:
+    security = _security(layout, state)
+    bootstrap = f"127.0.0.1:{state.kafka_port}"
     return LocalServices(
         postgres_dsn=dsn(state.pg_port),
         identity_dsn=dsn(state.pg_port, IDENTITY_DB),
         rewards_dsn=dsn(state.pg_port, REWARDS_DB),
-        kafka_bootstrap=f"127.0.0.1:{state.kafka_port}",
+        kafka_bootstrap=bootstrap,
         pg_port=state.pg_port,
         kafka_port=state.kafka_port,
         state_dir=layout.state_dir,
+        secured=None if security is None else secured_of(bootstrap, security),
     )
 
 
@@ -102,7 +126,18 @@ def _begin_kafka(kafka: Kafka, layout: Layout) -> int | None:
     libs = ensure_libs(layout)
     if not kafka.formatted():
         kafka.format(java, libs)
+        if kafka.config.security is not None:  # the format wrote the SCRAM users
+            mark_users_created(layout)
     return kafka.start(java, libs)
+
+
+def _ensure_scram_users(kafka: Kafka, layout: Layout) -> None:
+    """Storage formatted before secure mode was switched on: add the users to the metadata."""
+    security = kafka.config.security
+    if security is None or users_created(layout):
+        return
+    add_scram_users(kafka, find_java(), ensure_libs(layout), security)
+    mark_users_created(layout)
 
 
 def _ensure_postgres(pg: Postgres, bindir: Path, account: RunAs, deadline: Deadline) -> None:
@@ -125,21 +160,32 @@ def ensure_up(
     topics: Sequence[TopicSpec] | None = None,
     state_dir: Path | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    secure: bool = False,
 ) -> LocalServices:
     """Start (or reuse) the local PostgreSQL and Kafka, create databases and topics.
 
     Idempotent: servers recorded in the state directory that answer are reused; a dead one is
     restarted on its old port with its old data. ``topics`` defaults to the contracts catalogue.
     ``timeout`` bounds the start-up of the servers (not the one-time Maven download).
+    ``secure`` adds the broker's SASL_SSL (SCRAM) and SSL (client certificate) listeners
+    (``LocalServices.secured``); once added they stay for later calls of this state directory.
     """
     layout = resolve_layout(state_dir)
     layout.state_dir.mkdir(parents=True, exist_ok=True)
     layout.state_dir.chmod(0o755)  # the PostgreSQL account must be able to traverse it
     with file_lock(layout.lock_file, timeout):
         state = plan_state(load_state(layout.state_file))
+        if secure:
+            state = with_secure_ports(state)
         save_state(layout.state_file, state)
         pg = Postgres(layout, state.pg_port)
-        kafka = Kafka(layout, state.kafka_port, state.kafka_controller_port, state.kafka_cluster_id)
+        kafka = Kafka(
+            layout,
+            state.kafka_port,
+            state.kafka_controller_port,
+            state.kafka_cluster_id,
+            _security(layout, state),
+        )
         bindir, account = find_bindir(), server_account()  # fail before starting anything
         # The broker's JVM warms up while PostgreSQL is being prepared.
         kafka_pid = _begin_kafka(kafka, layout)
@@ -152,6 +198,7 @@ def ensure_up(
                 kafka.stop(grace=5.0)  # do not leave a broker that never came up behind
                 raise
             log.info("kafka: answering on %s", kafka.bootstrap)
+        _ensure_scram_users(kafka, layout)
         pg.create_databases()
         ensure_topics(kafka.bootstrap, catalogue_topics() if topics is None else topics)
         return services_of(layout, state)

@@ -32,6 +32,14 @@ class LocalState:
     kafka_controller_port: int
     kafka_cluster_id: str
     version: int = STATE_VERSION
+    # The secured listeners (`pin-local up --secure`); None until secure mode is first asked
+    # for, then kept: a later plain `up` does not take them away.
+    kafka_sasl_port: int | None = None
+    kafka_ssl_port: int | None = None
+
+    @property
+    def secure(self) -> bool:
+        return self.kafka_sasl_port is not None and self.kafka_ssl_port is not None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -47,6 +55,8 @@ class LocalState:
                 kafka_port=_port(raw["kafka_port"]),
                 kafka_controller_port=_port(raw["kafka_controller_port"]),
                 kafka_cluster_id=str(raw["kafka_cluster_id"]),
+                kafka_sasl_port=_optional_port(raw.get("kafka_sasl_port")),
+                kafka_ssl_port=_optional_port(raw.get("kafka_ssl_port")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise LocalInfraError(f"corrupt state file: {exc}") from exc
@@ -59,6 +69,10 @@ def _port(value: object) -> int:
     if not 0 < port <= _MAX_PORT:
         raise ValueError(f"not a port: {value!r}")
     return port
+
+
+def _optional_port(value: object) -> int | None:
+    return None if value is None else _port(value)
 
 
 def load_state(path: Path) -> LocalState | None:
@@ -161,3 +175,15 @@ def plan_state(
         kafka_controller_port=controller,
         kafka_cluster_id=new_cluster_id(),
     )
+
+
+def with_secure_ports(
+    state: LocalState, is_free: Callable[[int], bool] = port_is_free
+) -> LocalState:
+    """``state`` with ports for the secured listeners (the kept ones, else new ones)."""
+    if state.secure:
+        return state
+    taken = {state.pg_port, state.kafka_port, state.kafka_controller_port}
+    sasl = pick_port(taken, is_free)
+    ssl = pick_port({*taken, sasl}, is_free)
+    return replace(state, kafka_sasl_port=sasl, kafka_ssl_port=ssl)

@@ -1,0 +1,129 @@
+"""How a client reaches a secured test broker: addresses, the CA, SCRAM and mTLS credentials."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+__all__ = ["ENVIRONMENT", "SecuredKafka"]
+
+# What `pin-local env` exports for a secured local broker, and `secured_kafka` reads.
+ENVIRONMENT: tuple[str, ...] = (
+    "PIN_KAFKA_SECURE_BOOTSTRAP",  # SASL_SSL listener
+    "PIN_KAFKA_MTLS_BOOTSTRAP",  # SSL listener that requires a client certificate
+    "PIN_KAFKA_SASL_USERNAME",
+    "PIN_KAFKA_SASL_PASSWORD",
+    "PIN_KAFKA_SSL_CA_LOCATION",
+    "PIN_KAFKA_SSL_CERTIFICATE_LOCATION",
+    "PIN_KAFKA_SSL_KEY_LOCATION",
+    "PIN_KAFKA_SSL_KEY_PASSWORD",
+)
+PLAINTEXT_VARIABLE = "PIN_KAFKA_BOOTSTRAP"
+
+ConfigValue = str | int | float | bool
+
+
+@dataclass(frozen=True, slots=True)
+class SecuredKafka:
+    """The secured listeners of one broker and a valid identity for each.
+
+    ``bootstrap`` is the SASL_SSL listener (TLS, then SCRAM with ``username``/``password``);
+    ``mtls_bootstrap`` the SSL listener that requires a client certificate signed by the CA
+    (``client_certificate``/``client_key``); ``plaintext_bootstrap`` the broker's own
+    unauthenticated loopback listener, for test set-up only (creating topics).
+    """
+
+    bootstrap: str
+    mtls_bootstrap: str
+    plaintext_bootstrap: str
+    username: str
+    password: str = field(repr=False)
+    ca_file: Path
+    client_certificate: Path
+    client_key: Path
+    client_key_password: str = field(repr=False)
+    client_principal: str
+    mechanism: str = "SCRAM-SHA-512"
+
+    def sasl_config(self, **overrides: ConfigValue) -> dict[str, ConfigValue]:
+        """librdkafka settings of a SCRAM client over TLS (``overrides`` win)."""
+        config: dict[str, ConfigValue] = {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": self.mechanism,
+            "sasl.username": self.username,
+            "sasl.password": self.password,
+            "ssl.ca.location": str(self.ca_file),
+        }
+        return config | overrides
+
+    def mtls_config(self, **overrides: ConfigValue) -> dict[str, ConfigValue]:
+        """librdkafka settings of a client authenticated by its certificate alone."""
+        config: dict[str, ConfigValue] = {
+            "bootstrap.servers": self.mtls_bootstrap,
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(self.ca_file),
+            "ssl.certificate.location": str(self.client_certificate),
+            "ssl.key.location": str(self.client_key),
+            "ssl.key.password": self.client_key_password,
+        }
+        return config | overrides
+
+    def environment(self, prefix: str) -> dict[str, str]:
+        """The ``<PREFIX>KAFKA_*`` variables of a service's settings for the SCRAM listener."""
+        return {
+            f"{prefix}KAFKA_BOOTSTRAP": self.bootstrap,
+            f"{prefix}KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            f"{prefix}KAFKA_SASL_MECHANISM": self.mechanism,
+            f"{prefix}KAFKA_SASL_USERNAME": self.username,
+            f"{prefix}KAFKA_SASL_PASSWORD": self.password,
+            f"{prefix}KAFKA_SSL_CA_LOCATION": str(self.ca_file),
+        }
+
+    def exported(self) -> dict[str, str]:
+        """The ``PIN_KAFKA_*`` variables that describe this broker (see ``from_environment``)."""
+        values = (
+            self.bootstrap,
+            self.mtls_bootstrap,
+            self.username,
+            self.password,
+            str(self.ca_file),
+            str(self.client_certificate),
+            str(self.client_key),
+            self.client_key_password,
+        )
+        return dict(zip(ENVIRONMENT, values, strict=True))
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> SecuredKafka | None:
+        """The secured broker ``pin-local env`` described, or None when it described none."""
+        if not environ.get(ENVIRONMENT[0]):
+            return None
+        missing = [name for name in (*ENVIRONMENT, PLAINTEXT_VARIABLE) if not environ.get(name)]
+        if missing:
+            raise ValueError(f"{ENVIRONMENT[0]} is set but not {', '.join(missing)}")
+        (bootstrap, mtls, user, password, ca, certificate, key, key_password) = (
+            environ[name] for name in ENVIRONMENT
+        )
+        return cls(
+            bootstrap=bootstrap,
+            mtls_bootstrap=mtls,
+            plaintext_bootstrap=environ[PLAINTEXT_VARIABLE],
+            username=user,
+            password=password,
+            ca_file=Path(ca),
+            client_certificate=Path(certificate),
+            client_key=Path(key),
+            client_key_password=key_password,
+            client_principal=_common_name(Path(certificate)),
+        )
+
+
+def _common_name(certificate: Path) -> str:
+    cert = x509.load_pem_x509_certificate(certificate.read_bytes())
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if names else cert.subject.rfc4514_string()
