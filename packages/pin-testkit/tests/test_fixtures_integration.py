@@ -100,3 +100,32 @@ def test_topic_round_trip(kafka_bootstrap: str, kafka_topic: Callable[..., str])
         )
     finally:
         consumer.close()
+
+
+def test_runtime_dsn_logs_in_with_only_its_group_privileges(
+    fresh_database: str, runtime_dsn: Callable[[str, str], str]
+) -> None:
+    group = f"pin_test_group_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(fresh_database, autocommit=True) as owner:
+        owner.execute("CREATE TABLE granted (x int)")
+        owner.execute("CREATE TABLE other (x int)")
+    dsn = runtime_dsn(fresh_database, group)
+    try:
+        with psycopg.connect(fresh_database, autocommit=True) as owner:
+            owner.execute(f'GRANT SELECT ON granted TO "{group}"')  # the migration's part
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT current_user, count(*) FROM granted").fetchone()
+            assert row == (f"{group}_login", 0)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT count(*) FROM other")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("INSERT INTO granted VALUES (1)")
+        assert runtime_dsn(fresh_database, group) == dsn  # idempotent
+    finally:
+        # A group of this test alone: no other database holds its grants once this one goes.
+        admin = psycopg.conninfo.make_conninfo(fresh_database, dbname="postgres")
+        with psycopg.connect(fresh_database, autocommit=True) as owner:
+            owner.execute(f'DROP OWNED BY "{group}", "{group}_login"')
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP ROLE "{group}_login"')
+            conn.execute(f'DROP ROLE "{group}"')

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from psycopg.conninfo import conninfo_to_dict
 
 from pin_testkit.local.cli import env_lines
 from pin_testkit.local.kafka import (
@@ -24,6 +25,7 @@ from pin_testkit.local.postgres import dsn, render_conf, socket_dir_for
 from pin_testkit.local.secure import secured_of
 from pin_testkit.local.tls import write_tls_files
 from pin_testkit.local.topics import catalogue_topics
+from pin_testkit.runtime_roles import LOGIN_PASSWORD
 from pin_testkit.secured import SecuredKafka
 
 
@@ -138,6 +140,18 @@ def test_env_lines_are_shell_exports() -> None:
     assert "export PIN_KAFKA_BOOTSTRAP=127.0.0.1:29092" in lines
     assert services.dsn("other") == "postgresql://pin@127.0.0.1:25432/other"
     assert not any("SECURE" in line for line in lines)
+    # Every runtime role's login, in its own service's database (what the services run as).
+    environ = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in lines)
+    worker = conninfo_to_dict(environ["PIN_POSTGRES_IDENTITY_FANOUT_WORKER_DSN"])
+    assert worker["user"] == "identity_fanout_worker_login"
+    assert worker["password"] == LOGIN_PASSWORD
+    assert worker["dbname"] == "pin_identity"
+    consumer = conninfo_to_dict(environ["PIN_POSTGRES_REWARDS_MEMBERSHIP_CONSUMER_DSN"])
+    assert (consumer["user"], consumer["dbname"]) == (
+        "rewards_membership_consumer_login",
+        "pin_rewards",
+    )
+    assert sum(name.startswith("PIN_POSTGRES_") for name in environ) == 3 + 6
 
 
 def test_env_lines_describe_the_secured_listeners_and_read_back(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
+from pin_runtime.db_roles import RuntimeRole, apply_runtime_roles
 from pin_runtime.errors import MigrationError
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import is_retriable
@@ -84,20 +85,26 @@ def migrate(
     *,
     schema: str,
     migrations: Traversable | Path,
+    roles: Sequence[RuntimeRole] = (),
+    role_prefix: str = "",
 ) -> list[str]:
     """Apply pending migrations; return the names applied (empty when up to date).
 
     Concurrent runners (two pods starting) serialize on a session advisory lock; the second
     finds nothing to do. An applied file whose checksum changed raises `MigrationError`.
+    `roles` (named `role_prefix + name`) are created if missing and given exactly their
+    declared privileges after the files, at every run (`pin_runtime.db_roles`).
     """
     if not _SCHEMA.fullmatch(schema):
         raise ValueError(f"schema must be a lower-case SQL identifier, got {schema!r}")
     plan = load_migrations(migrations)  # fail on a bad file set before touching the database
+    for role in roles:
+        role.named(role_prefix)  # a bad prefix fails before touching the database too
     if isinstance(conn_or_dsn, str):
         with psycopg.connect(conn_or_dsn, autocommit=True) as conn:
-            return _migrate(conn, schema, plan)
+            return _migrate(conn, schema, plan, roles, role_prefix)
     with _autocommit(conn_or_dsn) as conn:
-        return _migrate(conn, schema, plan)
+        return _migrate(conn, schema, plan, roles, role_prefix)
 
 
 @contextmanager
@@ -117,7 +124,13 @@ def _autocommit(
             conn.autocommit = previous
 
 
-def _migrate(conn: psycopg.Connection[TupleRow], schema: str, plan: list[Migration]) -> list[str]:
+def _migrate(
+    conn: psycopg.Connection[TupleRow],
+    schema: str,
+    plan: list[Migration],
+    roles: Sequence[RuntimeRole],
+    role_prefix: str,
+) -> list[str]:
     table = sql.Identifier(schema, "schema_migrations")
     key = advisory_lock_key(schema)
     conn.execute("SELECT pg_advisory_lock(%s)", (key,))
@@ -148,10 +161,33 @@ def _migrate(conn: psycopg.Connection[TupleRow], schema: str, plan: list[Migrati
                 raise MigrationError(f"migration {migration.name} failed: {exc}") from exc
             log_event(_log, "migration applied", schema=schema, migration=migration.name)
             done.append(migration.name)
+        if roles:
+            _apply_roles(conn, schema, roles, role_prefix)
         return done
     finally:
         if not conn.closed and not conn.broken:
             conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def _apply_roles(
+    conn: psycopg.Connection[TupleRow],
+    schema: str,
+    roles: Sequence[RuntimeRole],
+    role_prefix: str,
+) -> None:
+    try:
+        with conn.transaction():
+            apply_runtime_roles(conn, schema=schema, roles=roles, prefix=role_prefix)
+    except psycopg.Error as exc:
+        if is_retriable(exc):
+            raise
+        raise MigrationError(f"runtime roles of {schema} not applied: {exc}") from exc
+    log_event(
+        _log,
+        "runtime roles applied",
+        schema=schema,
+        roles=[role.named(role_prefix) for role in roles],
+    )
 
 
 def _verify(plan: list[Migration], applied: dict[int, tuple[str, str]]) -> None:

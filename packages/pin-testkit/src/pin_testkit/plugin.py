@@ -78,6 +78,28 @@ def make_database(database_factory: DatabaseFactory) -> Iterator[Callable[..., s
         database_factory.drop(dsn)
 
 
+@pytest.fixture(scope="session")
+def runtime_dsn(postgres_admin_dsn: str) -> Callable[[str, str], str]:
+    """``runtime_dsn(dsn, "identity_fanout_worker")``: ``dsn`` as the login user of that
+    runtime group role (``pin_testkit.runtime_roles``), created on first use.
+
+    Databases are migrated as the owner (the admin user); the code under test connects
+    with this, so a statement its role was not granted fails the test with 42501.
+    """
+    from pin_testkit.runtime_roles import ensure_login  # noqa: PLC0415
+    from pin_testkit.runtime_roles import runtime_dsn as as_login  # noqa: PLC0415
+
+    ensured: set[str] = set()
+
+    def make(dsn: str, group: str) -> str:
+        if group not in ensured:
+            ensure_login(postgres_admin_dsn, group)
+            ensured.add(group)
+        return as_login(dsn, group)
+
+    return make
+
+
 @pytest.fixture
 def kafka_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
     """``kafka_topic(partitions=3)``: a topic no other test uses, deleted after the test."""

@@ -228,7 +228,7 @@ def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> Non
 def _run(args: argparse.Namespace, settings: Settings) -> None:
     dsn = settings.database_dsn.reveal()
     if args.command == "migrate":
-        applied = migrate_database(dsn)
+        applied = migrate_database(dsn, role_prefix=settings.db_role_prefix)
         _console.print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
     elif args.command == "worker":
         from identity_fanout.relay import relay_main  # noqa: PLC0415 - Kafka only when needed

@@ -13,6 +13,7 @@ from msgspec import Meta
 
 from pin_contracts.topics import AGENT_MEMBERSHIP_CHANGED, USER_ACCESS_CHANGED
 from pin_runtime.clients import ClientSettings
+from pin_runtime.db_roles import check_role_prefix
 from pin_runtime.logging import LogLevel
 from pin_runtime.settings import Secret
 
@@ -65,10 +66,18 @@ class Settings(ClientSettings, frozen=True, kw_only=True):
     metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
     metrics_port: Port = 9108
     log_level: LogLevel = "INFO"
+    db_role_prefix: str = ""
+    """Read by `migrate` alone: the runtime roles it creates and grants to are named this
+    prefix + their name (README "Database roles"), e.g. `staging_` when one cluster holds
+    several installations (roles are cluster-wide)."""
     db_pool_size: Annotated[int, Meta(ge=2, le=100)] = 4
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        try:
+            check_role_prefix(self.db_role_prefix)
+        except ValueError as exc:
+            raise ValueError(f"IDENTITY_FANOUT_DB_ROLE_PREFIX: {exc}") from None
         if self.polling_interval <= timedelta(0):
             raise ValueError("IDENTITY_FANOUT_POLLING_INTERVAL: must be positive")
         if self.max_lease_duration < timedelta(seconds=1):

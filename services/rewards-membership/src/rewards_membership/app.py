@@ -21,6 +21,7 @@ from pin_runtime.migrations import migrate
 from pin_runtime.postgres import SessionLimits
 from pin_runtime.settings import settings_for_log
 from rewards_membership.consumer import ConsumerOptions, MembershipConsumer
+from rewards_membership.db_roles import RUNTIME_ROLES
 from rewards_membership.deadletter import DeadLetterer
 from rewards_membership.metrics import Metrics
 from rewards_membership.settings import SERVICE_NAME, Settings
@@ -39,8 +40,11 @@ SCHEMA = "rewards"
 _log = logging.getLogger("rewards_membership")
 
 
-def run_migrations(dsn: str, session: SessionLimits | None = None) -> list[str]:
-    """Apply the schema migrations.
+def run_migrations(
+    dsn: str, session: SessionLimits | None = None, *, role_prefix: str = ""
+) -> list[str]:
+    """Apply the schema migrations, then the runtime roles and their privileges
+    (`rewards_membership.db_roles`, named `role_prefix + name`) at every run.
 
     With `session` (the CLI passes `settings.database_session()`): its keepalives and
     idle-in-transaction timeout, but no statement or lock timeout: a migration may rewrite
@@ -48,12 +52,24 @@ def run_migrations(dsn: str, session: SessionLimits | None = None) -> list[str]:
     """
     migrations = files("rewards_membership") / "migrations"
     if session is None:
-        return migrate(dsn, schema=SCHEMA, migrations=migrations)
+        return migrate(
+            dsn,
+            schema=SCHEMA,
+            migrations=migrations,
+            roles=RUNTIME_ROLES,
+            role_prefix=role_prefix,
+        )
     unbounded = dataclasses.replace(session, statement_timeout=0, lock_timeout=0)
     with psycopg.connect(
         dsn, autocommit=True, connect_timeout=5, **unbounded.connect_kwargs()
     ) as conn:
-        return migrate(conn, schema=SCHEMA, migrations=migrations)
+        return migrate(
+            conn,
+            schema=SCHEMA,
+            migrations=migrations,
+            roles=RUNTIME_ROLES,
+            role_prefix=role_prefix,
+        )
 
 
 # Statements of the longest batch: inbox lookup, row locks, update, insert, inbox insert

@@ -130,7 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for variable in unknown_variables(Settings, ENV_PREFIX):
         log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
     if args.command == "migrate":
-        applied = run_migrations(settings.database_dsn.reveal(), settings.database_session())
+        applied = run_migrations(
+            settings.database_dsn.reveal(),
+            settings.database_session(),
+            role_prefix=settings.db_role_prefix,
+        )
         log_event(_log, "migrations applied", applied=applied)
         return 0
     if args.command == "consume":

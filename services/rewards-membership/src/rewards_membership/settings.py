@@ -17,6 +17,7 @@ from pin_contracts import (
     REWARDS_MEMBERSHIP_CONSUMER_GROUP,
 )
 from pin_runtime.clients import ClientSettings
+from pin_runtime.db_roles import check_role_prefix
 from pin_runtime.logging import LogLevel
 from pin_runtime.settings import Secret
 
@@ -55,9 +56,17 @@ class Settings(ClientSettings, frozen=True, kw_only=True):
     metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
     metrics_port: Port = 9109
     log_level: LogLevel = "INFO"
+    db_role_prefix: str = ""
+    """Read by `migrate` alone: the runtime roles it creates and grants to are named this
+    prefix + their name (README "Database roles"), e.g. `staging_` when one cluster holds
+    several installations (roles are cluster-wide)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        try:
+            check_role_prefix(self.db_role_prefix)
+        except ValueError as exc:
+            raise ValueError(f"REWARDS_MEMBERSHIP_DB_ROLE_PREFIX: {exc}") from None
         if not timedelta(seconds=6) <= self.kafka_session_timeout <= timedelta(minutes=5):
             raise ValueError("REWARDS_MEMBERSHIP_KAFKA_SESSION_TIMEOUT: must be within 6s..5m")
         if self.poll_timeout <= timedelta(0):

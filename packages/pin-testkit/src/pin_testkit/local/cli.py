@@ -32,6 +32,7 @@ def _describe(services: LocalServices, seconds: float) -> str:
         f"  PostgreSQL    {services.postgres_dsn}",
         f"    pin_identity  {services.identity_dsn}",
         f"    pin_rewards   {services.rewards_dsn}",
+        "    runtime roles: login <group>_login, password in `pin-local env`",
         f"  Kafka         {services.kafka_bootstrap}",
     ]
     secured = services.secured
@@ -51,6 +52,7 @@ def env_lines(services: LocalServices) -> list[str]:
         "PIN_POSTGRES_DSN": services.postgres_dsn,
         "PIN_POSTGRES_IDENTITY_DSN": services.identity_dsn,
         "PIN_POSTGRES_REWARDS_DSN": services.rewards_dsn,
+        **services.runtime_dsns(),
         "PIN_KAFKA_BOOTSTRAP": services.kafka_bootstrap,
     }
     if services.secured is not None:

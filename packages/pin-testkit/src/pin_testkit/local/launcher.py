@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ from pin_testkit.local.state import (
     with_secure_ports,
 )
 from pin_testkit.local.topics import catalogue_topics, ensure_topics
+from pin_testkit.runtime_roles import RUNTIME_GROUPS, ensure_login, runtime_dsn
 from pin_testkit.secured import SecuredKafka
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,15 @@ class LocalServices:
     def dsn(self, database: str) -> str:
         """The superuser DSN of any database on the local server."""
         return dsn(self.pg_port, database)
+
+    def runtime_dsns(self) -> dict[str, str]:
+        """``PIN_POSTGRES_<GROUP>_DSN`` -> the DSN of that runtime role's login user, in its
+        service's database (``pin_testkit.runtime_roles``; made by ``up``)."""
+        return {
+            f"PIN_POSTGRES_{group.upper()}_DSN": runtime_dsn(self.dsn(database), group)
+            for database, groups in RUNTIME_GROUPS.items()
+            for group in groups
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +211,8 @@ def ensure_up(
             log.info("kafka: answering on %s", kafka.bootstrap)
         _ensure_scram_users(kafka, layout)
         pg.create_databases()
+        for group in itertools.chain.from_iterable(RUNTIME_GROUPS.values()):
+            ensure_login(dsn(state.pg_port), group)
         ensure_topics(kafka.bootstrap, catalogue_topics() if topics is None else topics)
         return services_of(layout, state)
 

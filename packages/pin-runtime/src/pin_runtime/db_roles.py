@@ -1,0 +1,188 @@
+"""Runtime roles of a service's schema: group roles holding exactly what each process runs.
+
+A service declares one `RuntimeRole` per kind of process (worker, relay, consumer, the
+operator's CLI) with the table privileges its statements need. `migrate()` applies them
+after the numbered files, inside the same advisory lock, in one transaction:
+
+- a missing role is created `NOLOGIN` (a group: operators `GRANT` it to login users) when
+  the migrating user may create roles; otherwise the migration fails naming the roles to
+  create, and changes nothing;
+- each role's privileges on the schema's tables and sequences are revoked and granted
+  again from the declaration, so a privilege dropped from the code is dropped from the
+  database too, and a table added by a new file gets its grants in the same run. Other
+  sessions see the old or the new set, never a gap (one transaction);
+- `USAGE` on the schema, never `CREATE`; nothing is owned by a runtime role.
+
+Role names are `prefix + name`: one cluster may hold several installations (roles are
+cluster-wide, grants per database), each with its own prefix. Every name is an identifier
+passed through `psycopg.sql.Identifier`, never formatted into SQL text.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from typing import Final, Literal
+
+import msgspec
+import psycopg
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from pin_runtime.errors import MigrationError
+from pin_runtime.logging import log_event
+
+__all__ = [
+    "Privilege",
+    "RuntimeRole",
+    "TableGrant",
+    "apply_runtime_roles",
+    "check_role_prefix",
+]
+
+_log = logging.getLogger(__name__)
+
+Privilege = Literal["SELECT", "INSERT", "UPDATE", "DELETE"]
+_PRIVILEGES: Final = frozenset(("SELECT", "INSERT", "UPDATE", "DELETE"))
+_IDENTIFIER: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_PREFIX: Final = re.compile(r"(?:[a-z_][a-z0-9_]{0,30})?")
+_MAX_NAME: Final = 63  # NAMEDATALEN - 1: PostgreSQL would silently truncate a longer name
+
+
+def check_role_prefix(prefix: str) -> str:
+    """The prefix, or ValueError: empty, or a lower-case identifier of at most 31 chars."""
+    if not _PREFIX.fullmatch(prefix):
+        raise ValueError(
+            f"must be empty or a lower-case SQL identifier of at most 31 characters "
+            f"(letters, digits, _), got {prefix!r}"
+        )
+    return prefix
+
+
+class TableGrant(msgspec.Struct, frozen=True):
+    """Privileges on one table of the service's schema."""
+
+    table: str
+    privileges: tuple[Privilege, ...]
+
+    def __post_init__(self) -> None:
+        if not _IDENTIFIER.fullmatch(self.table):
+            raise ValueError(f"table must be a lower-case SQL identifier, got {self.table!r}")
+        unknown = set(self.privileges) - _PRIVILEGES
+        if unknown or not self.privileges:
+            raise ValueError(f"{self.table}: privileges must be some of {sorted(_PRIVILEGES)}")
+
+
+class RuntimeRole(msgspec.Struct, frozen=True):
+    """A group role of one kind of process (README "Database roles" lists them)."""
+
+    name: str
+    """Without the installation's prefix, e.g. `identity_fanout_worker`."""
+    purpose: str
+    """Which process logs in with it: the role's comment in the database."""
+    grants: tuple[TableGrant, ...]
+
+    def __post_init__(self) -> None:
+        if not _IDENTIFIER.fullmatch(self.name):
+            raise ValueError(f"role name must be a lower-case SQL identifier, got {self.name!r}")
+
+    def named(self, prefix: str) -> str:
+        name = check_role_prefix(prefix) + self.name
+        if len(name) > _MAX_NAME:
+            raise ValueError(f"role name {name!r} is longer than {_MAX_NAME} characters")
+        return name
+
+
+def apply_runtime_roles(
+    conn: psycopg.Connection[TupleRow],
+    *,
+    schema: str,
+    roles: Sequence[RuntimeRole],
+    prefix: str = "",
+) -> list[str]:
+    """Create the missing roles and set their privileges; the names created.
+
+    Runs in the caller's transaction (migrate() opens one). Raises `MigrationError` when a
+    role is missing and the current user may not create roles.
+    """
+    names = {role.name: role.named(prefix) for role in roles}
+    existing = {
+        str(name)
+        for (name,) in conn.execute(
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", (list(names.values()),)
+        )
+    }
+    missing = [names[role.name] for role in roles if names[role.name] not in existing]
+    if missing:
+        _create(conn, [role for role in roles if names[role.name] in missing], prefix)
+    schema_id = sql.Identifier(schema)
+    for role in roles:
+        role_id = sql.Identifier(names[role.name])
+        # Start from nothing: what the declaration no longer lists goes away.
+        for statement in (
+            "REVOKE ALL ON ALL TABLES IN SCHEMA {schema} FROM {role}",
+            "REVOKE ALL ON ALL SEQUENCES IN SCHEMA {schema} FROM {role}",
+            "REVOKE ALL ON SCHEMA {schema} FROM {role}",
+            "GRANT USAGE ON SCHEMA {schema} TO {role}",
+        ):
+            conn.execute(sql.SQL(statement).format(schema=schema_id, role=role_id))
+        for grant in role.grants:
+            conn.execute(
+                sql.SQL("GRANT {privileges} ON TABLE {table} TO {role}").format(
+                    privileges=sql.SQL(", ").join(sql.SQL(p) for p in grant.privileges),
+                    table=sql.Identifier(schema, grant.table),
+                    role=role_id,
+                )
+            )
+    _grant_connect(conn, [names[role.name] for role in roles])
+    return missing
+
+
+def _create(conn: psycopg.Connection[TupleRow], roles: list[RuntimeRole], prefix: str) -> None:
+    missing = [role.named(prefix) for role in roles]
+    row = conn.execute(
+        "SELECT current_user, rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    user, may_create = (row[0], bool(row[1])) if row is not None else ("?", False)
+    if not may_create:
+        statements = "; ".join(f"CREATE ROLE {name} NOLOGIN" for name in missing)
+        raise MigrationError(
+            f"database role(s) {', '.join(missing)} do not exist and {user} may not create "
+            f"roles (no CREATEROLE): create them first ({statements}) or migrate as a user "
+            "with CREATEROLE"
+        )
+    for role in roles:
+        name = sql.Identifier(role.named(prefix))
+        try:
+            # A savepoint: a migration of another database of the cluster may create the
+            # same role at the same moment (roles are cluster-wide, the lock per database).
+            with conn.transaction():
+                conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(name))
+                # Says in psql's \du which process logs in with it (set once: commenting
+                # on a role needs CREATEROLE, which a later migrating user may lack).
+                conn.execute(
+                    sql.SQL("COMMENT ON ROLE {} IS {}").format(name, sql.Literal(role.purpose))
+                )
+        except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+            continue
+        log_event(_log, "database role created", role=role.named(prefix))
+
+
+def _grant_connect(conn: psycopg.Connection[TupleRow], names: list[str]) -> None:
+    """CONNECT on the database, when the migrating user may grant it (usually its owner).
+
+    PUBLIC has CONNECT by default; this lets an operator revoke it from PUBLIC without
+    locking the services out. A user that may not grant it leaves the database as it is.
+    """
+    row = conn.execute(
+        "SELECT current_database(), "
+        "has_database_privilege(current_database(), 'CONNECT WITH GRANT OPTION')"
+    ).fetchone()
+    if row is None or not row[1]:
+        return
+    conn.execute(
+        sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+            sql.Identifier(str(row[0])), sql.SQL(", ").join(sql.Identifier(n) for n in names)
+        )
+    )

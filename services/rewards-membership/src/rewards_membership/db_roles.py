@@ -1,0 +1,43 @@
+"""The runtime roles of the `rewards` schema: what each process's statements need, no more.
+
+`rewards-membership migrate` creates them (NOLOGIN groups, named
+`REWARDS_MEMBERSHIP_DB_ROLE_PREFIX` + name) and grants exactly this after the numbered files;
+README "Database roles" has the table and how to make login users. A statement added to a
+process needs its privilege here, or the tests, which run every process as its role, fail
+with SQLSTATE 42501. `SELECT ... FOR UPDATE` needs UPDATE on the table; a `WHERE` on a
+table's columns and `ON CONFLICT (...)` need SELECT.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from pin_runtime.db_roles import RuntimeRole, TableGrant
+
+__all__ = ["CONSUMER", "OPERATOR", "RUNTIME_ROLES"]
+
+CONSUMER: Final = RuntimeRole(
+    name="rewards_membership_consumer",
+    purpose="rewards-membership consume: the agent_performance projection and its inbox",
+    grants=(
+        # Lock the batch's rows (FOR UPDATE), update the membership columns, insert new rows.
+        TableGrant("agent_performance", ("SELECT", "INSERT", "UPDATE")),
+        # Seen keys, idempotency and dead-letter marks, the unreplayed dead letters gauge.
+        TableGrant("inbox", ("SELECT", "INSERT")),
+    ),
+)
+
+OPERATOR: Final = RuntimeRole(
+    name="rewards_membership_operator",
+    purpose="rewards-membership tooling: dlq list/replay, agent show, inbox prune",
+    grants=(
+        # agent show.
+        TableGrant("agent_performance", ("SELECT",)),
+        # dlq replay clears the dead-letter marks it replays; inbox prune deletes old marks.
+        TableGrant("inbox", ("SELECT", "DELETE")),
+        # dlq list shows the replay state; dlq replay records each replay once.
+        TableGrant("dlq_replays", ("SELECT", "INSERT")),
+    ),
+)
+
+RUNTIME_ROLES: Final = (CONSUMER, OPERATOR)
