@@ -1,4 +1,10 @@
-"""Fixtures of the identity-fanout tests: a migrated `identity` database per test."""
+"""Fixtures of the identity-fanout tests: a migrated `identity` database per test.
+
+The database is migrated as its owner; `db` and `identity_dsn` (the owner) set up and check
+state. The code under test connects as its process's runtime role (`worker_dsn`,
+`relay_dsn`, `producer_dsn`, `operator_dsn`, and the `*_db` connections), so a statement
+the migrations did not grant to that role fails the test with SQLSTATE 42501.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,15 @@ import psycopg
 import pytest
 from psycopg.rows import TupleRow
 
+from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
 from identity_fanout.schema import migrate_database
+
+RuntimeDsn = Callable[[str, str], str]
 
 
 @pytest.fixture
 def identity_dsn(make_database: Callable[[str, Callable[[str], object]], str]) -> str:
-    """DSN of a fresh clone of a migrated identity database."""
+    """DSN of a fresh clone of a migrated identity database (as its owner)."""
     return make_database("identity", migrate_database)
 
 
@@ -21,4 +30,46 @@ def identity_dsn(make_database: Callable[[str, Callable[[str], object]], str]) -
 def db(identity_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
     """An autocommit connection to the test's identity database (for setup and checks)."""
     with psycopg.connect(identity_dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def worker_dsn(identity_dsn: str, runtime_dsn: RuntimeDsn) -> str:
+    """The fan-out worker's login (role identity_fanout_worker)."""
+    return runtime_dsn(identity_dsn, WORKER.name)
+
+
+@pytest.fixture
+def relay_dsn(identity_dsn: str, runtime_dsn: RuntimeDsn) -> str:
+    """The outbox relay's login (role identity_fanout_relay)."""
+    return runtime_dsn(identity_dsn, RELAY.name)
+
+
+@pytest.fixture
+def producer_dsn(identity_dsn: str, runtime_dsn: RuntimeDsn) -> str:
+    """The membership producer's login (role identity_membership_producer)."""
+    return runtime_dsn(identity_dsn, PRODUCER.name)
+
+
+@pytest.fixture
+def operator_dsn(identity_dsn: str, runtime_dsn: RuntimeDsn) -> str:
+    """The runbook commands' login (role identity_fanout_operator)."""
+    return runtime_dsn(identity_dsn, OPERATOR.name)
+
+
+@pytest.fixture
+def worker_db(worker_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
+    with psycopg.connect(worker_dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def producer_db(producer_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
+    with psycopg.connect(producer_dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def operator_db(operator_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
+    with psycopg.connect(operator_dsn, autocommit=True) as conn:
         yield conn

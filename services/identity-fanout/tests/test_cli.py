@@ -70,9 +70,10 @@ def test_malformed_ids_are_usage_errors() -> None:
 
 
 @pytest.mark.integration
-def test_operator_session(identity_dsn: str) -> None:
+def test_operator_session(identity_dsn: str, operator_dsn: str) -> None:
+    # The runbook commands log in as the operator's role; migrate as the owner.
     env = {
-        "IDENTITY_FANOUT_DATABASE_DSN": identity_dsn,
+        "IDENTITY_FANOUT_DATABASE_DSN": operator_dsn,
         "IDENTITY_FANOUT_INLINE_FANOUT_THRESHOLD": "2",
     }
     db: psycopg.Connection[TupleRow]
@@ -80,7 +81,8 @@ def test_operator_session(identity_dsn: str) -> None:
         role, _ = seed_role_with_users(db, users=3, other_roles=0)
         add_permissions(db, ["docs.read", "docs.write"])
 
-    assert run("migrate", env=env).stdout.strip() == "schema is up to date"
+    as_owner = env | {"IDENTITY_FANOUT_DATABASE_DSN": identity_dsn}
+    assert run("migrate", env=as_owner).stdout.strip() == "schema is up to date"
 
     changed = run("roles", "set-permissions", str(role), "docs.read", "docs.write", env=env)
     assert changed.returncode == 0, changed.stderr

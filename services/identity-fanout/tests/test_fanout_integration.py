@@ -45,11 +45,14 @@ def task_row(db: Conn, task_id: uuid.UUID) -> dict[str, object]:
     return row
 
 
-def enqueue(db: Conn, role_id: uuid.UUID) -> uuid.UUID:
-    """Change the role's permissions with an inline threshold of 0: always a queued task."""
+def enqueue(db: Conn, operator: Conn, role_id: uuid.UUID) -> uuid.UUID:
+    """Change the role's permissions with an inline threshold of 0: always a queued task.
+
+    `db` (the owner) adds the permission code to the catalogue; `operator` runs the command.
+    """
     code = f"perm.{uuid.uuid4().hex[:8]}"
     permit(db, code)
-    change = set_role_permissions(db, role_id, [code], inline_threshold=0)
+    change = set_role_permissions(operator, role_id, [code], inline_threshold=0)
     assert change.task_id is not None
     return change.task_id
 
@@ -90,8 +93,9 @@ def new_worker(
 
 
 @pytest.fixture
-def pool(identity_dsn: str) -> Iterator[ConnectionPool[Conn]]:
-    with ConnectionPool(identity_dsn, min_size=1, max_size=4, open=True) as p:
+def pool(worker_dsn: str) -> Iterator[ConnectionPool[Conn]]:
+    """The worker's pool, as its runtime role."""
+    with ConnectionPool(worker_dsn, min_size=1, max_size=4, open=True) as p:
         yield p
 
 
@@ -106,11 +110,11 @@ def drain(worker: FanoutWorker) -> int:
 # -- enqueue side -------------------------------------------------------------------------
 
 
-def test_small_role_is_fanned_out_inline(db: Conn) -> None:
+def test_small_role_is_fanned_out_inline(db: Conn, operator_db: Conn) -> None:
     role, users = seed_role_with_users(db, users=7)
     permit(db, "docs.read")
 
-    change = set_role_permissions(db, role, ["docs.read"], inline_threshold=7)
+    change = set_role_permissions(operator_db, role, ["docs.read"], inline_threshold=7)
 
     assert (change.mode, change.users, change.task_id, change.version) == ("inline", 7, None, 2)
     events = outbox_events(db)
@@ -119,13 +123,15 @@ def test_small_role_is_fanned_out_inline(db: Conn) -> None:
     assert db.execute("SELECT count(*) FROM identity.access_fanout_tasks").fetchone() == (0,)
 
 
-def test_large_role_becomes_one_task_with_the_new_version(db: Conn, identity_dsn: str) -> None:
+def test_large_role_becomes_one_task_with_the_new_version(
+    db: Conn, identity_dsn: str, operator_db: Conn
+) -> None:
     role, _ = seed_role_with_users(db, users=8)
     permit(db, "docs.read")
     with psycopg.connect(identity_dsn, autocommit=True) as listener:
         listener.execute("LISTEN identity_access_fanout_tasks")
 
-        change = set_role_permissions(db, role, ["docs.read"], inline_threshold=7)
+        change = set_role_permissions(operator_db, role, ["docs.read"], inline_threshold=7)
 
         notified = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
     assert change.mode == "queued"
@@ -148,15 +154,15 @@ def test_large_role_becomes_one_task_with_the_new_version(db: Conn, identity_dsn
 
 
 def test_empty_role_completes_at_once_without_events(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, pool: ConnectionPool[Conn], operator_db: Conn, worker_dsn: str
 ) -> None:
     # Its users were revoked between enqueue and processing: the task finds nobody.
     role, _ = seed_role_with_users(db, users=3, other_roles=0)
-    task_id = enqueue(db, role)
+    task_id = enqueue(db, operator_db, role)
     db.execute(
         "UPDATE identity.role_assignments SET status = 'Revoked' WHERE role_id = %s", (role,)
     )
-    worker, metrics = new_worker(identity_dsn, pool)
+    worker, metrics = new_worker(worker_dsn, pool)
 
     assert drain(worker) == 1
 
@@ -172,13 +178,13 @@ def test_empty_role_completes_at_once_without_events(
 
 
 def test_mass_fanout_walks_every_page_once_per_unique_user(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, pool: ConnectionPool[Conn], operator_db: Conn, worker_dsn: str
 ) -> None:
     role, users = seed_role_with_users(db, users=237)
     # A user holding the role twice (two scopes) is still one user of the role.
     add_assignments(db, [Assignment(role_id=role, user_id=users[10], scope_type="Project")])
-    task_id = enqueue(db, role)
-    worker, metrics = new_worker(identity_dsn, pool, batch_size=50)
+    task_id = enqueue(db, operator_db, role)
+    worker, metrics = new_worker(worker_dsn, pool, batch_size=50)
 
     drain(worker)
 
@@ -198,11 +204,11 @@ def test_mass_fanout_walks_every_page_once_per_unique_user(
 
 
 def test_exactly_full_last_page_completes_with_an_empty_page(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, pool: ConnectionPool[Conn], operator_db: Conn, worker_dsn: str
 ) -> None:
     role, users = seed_role_with_users(db, users=100, other_roles=0)
-    task_id = enqueue(db, role)
-    worker, _ = new_worker(identity_dsn, pool, batch_size=50)
+    task_id = enqueue(db, operator_db, role)
+    worker, _ = new_worker(worker_dsn, pool, batch_size=50)
     drain(worker)
     assert len(outbox_events(db)) == 100
     task = task_row(db, task_id)
@@ -214,7 +220,7 @@ def test_exactly_full_last_page_completes_with_an_empty_page(
 
 
 def test_snapshot_is_the_users_full_active_access(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, pool: ConnectionPool[Conn], operator_db: Conn, worker_dsn: str
 ) -> None:
     company = uuid.uuid4()
     changed = add_role(db, "changed", company_id=company)
@@ -248,8 +254,8 @@ def test_snapshot_is_the_users_full_active_access(
             ),
         ],
     )
-    enqueue(db, changed)
-    worker, _ = new_worker(identity_dsn, pool)
+    enqueue(db, operator_db, changed)
+    worker, _ = new_worker(worker_dsn, pool)
     drain(worker)
 
     [event] = outbox_events(db)
@@ -263,10 +269,10 @@ def test_snapshot_is_the_users_full_active_access(
 
 
 def test_restart_after_committed_batches_resumes_from_the_cursor(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, pool: ConnectionPool[Conn], operator_db: Conn, worker_dsn: str
 ) -> None:
     role, users = seed_role_with_users(db, users=120, other_roles=0)
-    task_id = enqueue(db, role)
+    task_id = enqueue(db, operator_db, role)
     with pool.connection() as conn:
         first = claim_task(conn, lease=LEASE, max_attempts=5)
         assert first is not None
@@ -275,7 +281,7 @@ def test_restart_after_committed_batches_resumes_from_the_cursor(
     db.execute(  # its lease runs out
         "UPDATE identity.access_fanout_tasks SET lease_expires_at = now() - interval '1 s'"
     )
-    worker, _ = new_worker(identity_dsn, pool, batch_size=50)
+    worker, _ = new_worker(worker_dsn, pool, batch_size=50)
 
     drain(worker)
 
@@ -286,15 +292,15 @@ def test_restart_after_committed_batches_resumes_from_the_cursor(
     assert [e.correlation_id for e in events[:100]] == ["run-1"] * 100
 
 
-def test_two_workers_never_hold_one_task(db: Conn, identity_dsn: str) -> None:
+def test_two_workers_never_hold_one_task(db: Conn, operator_db: Conn, worker_dsn: str) -> None:
     roles = [seed_role_with_users(db, users=1, other_roles=0, code=f"r{i}")[0] for i in range(40)]
-    tasks = {enqueue(db, role) for role in roles}
+    tasks = {enqueue(db, operator_db, role) for role in roles}
     claimed: list[FanOutTask] = []
     lock = threading.Lock()
     start = threading.Barrier(4)
 
     def claimer() -> None:
-        with psycopg.connect(identity_dsn) as conn:
+        with psycopg.connect(worker_dsn) as conn:
             start.wait()
             while (task := claim_task(conn, lease=LEASE, max_attempts=5)) is not None:
                 with lock:
@@ -311,12 +317,12 @@ def test_two_workers_never_hold_one_task(db: Conn, identity_dsn: str) -> None:
 
 
 def test_every_event_carries_the_task_role_version(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, pool: ConnectionPool[Conn], operator_db: Conn, worker_dsn: str
 ) -> None:
     role, _ = seed_role_with_users(db, users=30, other_roles=1)
     db.execute("UPDATE identity.role_definitions SET version = 41 WHERE id = %s", (role,))
-    task_id = enqueue(db, role)
-    worker, _ = new_worker(identity_dsn, pool, batch_size=7)
+    task_id = enqueue(db, operator_db, role)
+    worker, _ = new_worker(worker_dsn, pool, batch_size=7)
     drain(worker)
     assert task_row(db, task_id)["role_version"] == 42
     assert {e.payload.version for e in outbox_events(db)} == {42}
@@ -324,10 +330,10 @@ def test_every_event_carries_the_task_role_version(
 
 
 def test_archived_role_still_fans_out_its_current_active_assignments(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, pool: ConnectionPool[Conn], operator_db: Conn, worker_dsn: str
 ) -> None:
     role, users = seed_role_with_users(db, users=10, other_roles=0)
-    task_id = enqueue(db, role)
+    task_id = enqueue(db, operator_db, role)
     # Archived after enqueue; archiving revoked some assignments (INV-R5), others remain.
     db.execute("UPDATE identity.role_definitions SET status = 'Archived' WHERE id = %s", (role,))
     db.execute(
@@ -335,26 +341,26 @@ def test_archived_role_still_fans_out_its_current_active_assignments(
         "WHERE role_id = %s AND user_id = ANY(%s)",
         (role, users[:4]),
     )
-    worker, _ = new_worker(identity_dsn, pool)
+    worker, _ = new_worker(worker_dsn, pool)
     drain(worker)
     assert sorted(e.payload.user_id for e in outbox_events(db)) == users[4:]
     assert task_row(db, task_id)["status"] == "Completed"
 
 
 def test_poison_task_fails_and_the_queue_keeps_moving(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, pool: ConnectionPool[Conn], operator_db: Conn, worker_dsn: str
 ) -> None:
     stuck_role, _ = seed_role_with_users(db, users=1, other_roles=0, code="stuck")
     healthy_role, users = seed_role_with_users(db, users=3, other_roles=0)
-    stuck = enqueue(db, stuck_role)
-    healthy = enqueue(db, healthy_role)
+    stuck = enqueue(db, operator_db, stuck_role)
+    healthy = enqueue(db, operator_db, healthy_role)
     # The stuck task was claimed twice by workers that died: both leases ran out.
     db.execute(
         "UPDATE identity.access_fanout_tasks SET status = 'InProgress', attempt_count = 2, "
         "lease_expires_at = now() - interval '1 s', last_error = 'OOMKilled' WHERE id = %s",
         (stuck,),
     )
-    worker, metrics = new_worker(identity_dsn, pool, max_attempts=2)
+    worker, metrics = new_worker(worker_dsn, pool, max_attempts=2)
 
     assert drain(worker) == 2
 
@@ -372,26 +378,28 @@ def test_poison_task_fails_and_the_queue_keeps_moving(
     assert metrics.failed_tasks._value.get() == 1
 
 
-def test_claims_count_attempts_until_poison(db: Conn) -> None:
-    task_id = enqueue(db, seed_role_with_users(db, users=1, other_roles=0, code="crashy")[0])
+def test_claims_count_attempts_until_poison(db: Conn, operator_db: Conn, worker_db: Conn) -> None:
+    task_id = enqueue(
+        db, operator_db, seed_role_with_users(db, users=1, other_roles=0, code="crashy")[0]
+    )
     for attempt in (1, 2, 3):
-        task = claim_task(db, lease=LEASE, max_attempts=3)
+        task = claim_task(worker_db, lease=LEASE, max_attempts=3)
         assert task is not None
         assert (task.attempt_count, is_poisoned(task)) == (attempt, False)
         db.execute(
             "UPDATE identity.access_fanout_tasks SET lease_expires_at = now() - interval '1 s'"
         )
-    final = claim_task(db, lease=LEASE, max_attempts=3)
+    final = claim_task(worker_db, lease=LEASE, max_attempts=3)
     assert final is not None
     assert (final.id, final.status, final.attempt_count) == (task_id, "Failed", 3)
-    assert claim_task(db, lease=LEASE, max_attempts=3) is None
+    assert claim_task(worker_db, lease=LEASE, max_attempts=3) is None
 
 
 def test_stop_between_batches_keeps_committed_batches(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, pool: ConnectionPool[Conn], operator_db: Conn, worker_dsn: str
 ) -> None:
     role, users = seed_role_with_users(db, users=100, other_roles=0)
-    task_id = enqueue(db, role)
+    task_id = enqueue(db, operator_db, role)
     stop = threading.Event()
     batches: list[BatchResult] = []
 
@@ -400,7 +408,7 @@ def test_stop_between_batches_keeps_committed_batches(
         if len(batches) == 2:
             stop.set()  # as SIGTERM would: the loop notices before the third batch
 
-    worker, _ = new_worker(identity_dsn, pool, batch_size=25, stop=stop, on_batch=stop_after_two)
+    worker, _ = new_worker(worker_dsn, pool, batch_size=25, stop=stop, on_batch=stop_after_two)
     worker.run()
 
     task = task_row(db, task_id)
@@ -408,17 +416,17 @@ def test_stop_between_batches_keeps_committed_batches(
     assert (task["attempt_count"], task["lease_expires_at"]) == (0, None)
     assert sorted(e.payload.user_id for e in outbox_events(db)) == users[:50]
     # Another worker takes over at once (no lease to wait for) and finishes the rest.
-    successor, _ = new_worker(identity_dsn, pool, batch_size=25)
+    successor, _ = new_worker(worker_dsn, pool, batch_size=25)
     drain(successor)
     assert Counter(e.payload.user_id for e in outbox_events(db)) == Counter(users)
 
 
 def test_worker_whose_lease_was_taken_over_commits_nothing(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, pool: ConnectionPool[Conn], operator_db: Conn, worker_db: Conn, worker_dsn: str
 ) -> None:
     role, users = seed_role_with_users(db, users=60, other_roles=0)
-    task_id = enqueue(db, role)
-    with psycopg.connect(identity_dsn) as stalled_conn:
+    task_id = enqueue(db, operator_db, role)
+    with psycopg.connect(worker_dsn) as stalled_conn:
         stalled = claim_task(stalled_conn, lease=LEASE, max_attempts=5)
         assert stalled is not None
         process_batch(stalled_conn, stalled, batch_size=20, lease=LEASE, correlation_id="A")
@@ -426,7 +434,7 @@ def test_worker_whose_lease_was_taken_over_commits_nothing(
         db.execute(
             "UPDATE identity.access_fanout_tasks SET lease_expires_at = now() - interval '1 s'"
         )
-        successor = claim_task(db, lease=LEASE, max_attempts=5)
+        successor = claim_task(worker_db, lease=LEASE, max_attempts=5)
         assert successor is not None
         assert successor.attempt_count == stalled.attempt_count + 1
         before = len(outbox_events(db))
@@ -438,7 +446,7 @@ def test_worker_whose_lease_was_taken_over_commits_nothing(
         assert len(outbox_events(db)) == before == 20
         assert task_row(db, task_id)["processed_count"] == 20
 
-    worker, _ = new_worker(identity_dsn, pool, batch_size=20)
+    worker, _ = new_worker(worker_dsn, pool, batch_size=20)
     worker.process_task(successor)
     events = outbox_events(db)
     assert Counter(e.payload.user_id for e in events) == Counter(users)
@@ -446,19 +454,19 @@ def test_worker_whose_lease_was_taken_over_commits_nothing(
 
 
 def test_running_worker_is_woken_by_notify_and_reports_metrics(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, pool: ConnectionPool[Conn], operator_db: Conn, worker_dsn: str
 ) -> None:
     role, users = seed_role_with_users(db, users=40, other_roles=1)
     stop = threading.Event()
     # Polling every 10 minutes: only the NOTIFY of the enqueue can wake it in time.
     worker, metrics = new_worker(
-        identity_dsn, pool, batch_size=15, stop=stop, polling=timedelta(minutes=10)
+        worker_dsn, pool, batch_size=15, stop=stop, polling=timedelta(minutes=10)
     )
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
         _wait_until(lambda: metrics.last_success._value.get() > 0)
-        task_id = enqueue(db, role)
+        task_id = enqueue(db, operator_db, role)
         _wait_until(lambda: task_row(db, task_id)["status"] == "Completed")
     finally:
         stop.set()

@@ -50,9 +50,9 @@ CLI = str(Path(sys.executable).with_name("identity-fanout"))
 
 
 @pytest.fixture
-def conn(identity_dsn: str) -> Iterator[Conn]:
-    """A connection as the identity API holds one: not autocommit."""
-    with psycopg.connect(identity_dsn) as connection:
+def conn(producer_dsn: str) -> Iterator[Conn]:
+    """A connection as the identity API holds one: not autocommit, the producer's role."""
+    with psycopg.connect(producer_dsn) as connection:
         yield connection
 
 
@@ -216,14 +216,14 @@ def test_rolled_back_caller_transaction_takes_the_event_with_it(conn: Conn, db: 
     assert counts(db) == (0, 0)
 
 
-def test_concurrent_first_joins_of_one_pair_record_one(identity_dsn: str, db: Conn) -> None:
+def test_concurrent_first_joins_of_one_pair_record_one(db: Conn, producer_dsn: str) -> None:
     agent, agency = uuid.uuid4(), uuid.uuid4()
     barrier = threading.Barrier(4)
     outcomes: list[MembershipChange | IdentityFanoutError] = []
     lock = threading.Lock()
 
     def join() -> None:
-        with psycopg.connect(identity_dsn) as connection:
+        with psycopg.connect(producer_dsn) as connection:
             barrier.wait()
             try:
                 result: MembershipChange | IdentityFanoutError = join_agency(
@@ -261,32 +261,32 @@ def run_cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_join_leave_and_refusals(identity_dsn: str, db: Conn) -> None:
+def test_cli_join_leave_and_refusals(db: Conn, producer_dsn: str) -> None:
     agent, agency, invitation = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
 
-    joined = run_cli(identity_dsn, "join", agent, agency, "--invitation", invitation)
+    joined = run_cli(producer_dsn, "join", agent, agency, "--invitation", invitation)
     assert joined.returncode == 0, joined.stderr
     assert f"agent {agent} Active in agency {agency}, version 1, event " in joined.stdout
 
-    again = run_cli(identity_dsn, "join", agent, agency)
+    again = run_cli(producer_dsn, "join", agent, agency)
     assert again.returncode == 1
     assert again.stderr.strip() == f"error: agent {agent} is already Active in agency {agency}"
 
-    unknown = run_cli(identity_dsn, "leave", agent, agency, "--reason", "Fired")
+    unknown = run_cli(producer_dsn, "leave", agent, agency, "--reason", "Fired")
     assert unknown.returncode == 1
     assert unknown.stderr.strip().splitlines() == [
         "error: invalid membership change: Reason: unknown value 'Fired' "
         "(known: SelfLeave, ExcludedByAgency)"
     ]
 
-    empty = run_cli(identity_dsn, "join", str(EMPTY_GUID), agency)
+    empty = run_cli(producer_dsn, "join", str(EMPTY_GUID), agency)
     assert empty.returncode == 1
     assert "AgentUserId: must not be Guid.Empty" in empty.stderr
 
     assert counts(db) == (1, 1)
 
     left = run_cli(
-        identity_dsn,
+        producer_dsn,
         "leave",
         agent,
         agency,
@@ -299,7 +299,7 @@ def test_cli_join_leave_and_refusals(identity_dsn: str, db: Conn) -> None:
     assert "Left in agency" in left.stdout
     assert "version 2, ExcludedByAgency effective 2031-01-31T00:00:00+03:00" in left.stdout
 
-    twice = run_cli(identity_dsn, "leave", agent, agency, "--reason", "SelfLeave")
+    twice = run_cli(producer_dsn, "leave", agent, agency, "--reason", "SelfLeave")
     assert twice.returncode == 1
     assert twice.stderr.strip() == (
         f"error: agent {agent} is Left in agency {agency}; only an Active member leaves"
@@ -326,16 +326,16 @@ def test_cli_join_leave_and_refusals(identity_dsn: str, db: Conn) -> None:
         ("join", str(uuid.uuid4())),
     ],
 )
-def test_cli_usage_errors_exit_2(identity_dsn: str, args: tuple[str, ...]) -> None:
-    result = run_cli(identity_dsn, *args)
+def test_cli_usage_errors_exit_2(args: tuple[str, ...], producer_dsn: str) -> None:
+    result = run_cli(producer_dsn, *args)
     assert result.returncode == 2
 
 
-def test_cli_naive_effective_at_is_refused(identity_dsn: str, db: Conn) -> None:
+def test_cli_naive_effective_at_is_refused(db: Conn, producer_dsn: str) -> None:
     agent, agency = str(uuid.uuid4()), str(uuid.uuid4())
-    assert run_cli(identity_dsn, "join", agent, agency).returncode == 0
+    assert run_cli(producer_dsn, "join", agent, agency).returncode == 0
     naive = run_cli(
-        identity_dsn,
+        producer_dsn,
         "leave",
         agent,
         agency,
@@ -373,11 +373,7 @@ def consume(bootstrap: str, topic: str, count: int, timeout: float = 60.0) -> li
 
 
 def test_relay_publishes_membership_events_keyed_by_agent(
-    identity_dsn: str,
-    conn: Conn,
-    db: Conn,
-    kafka_bootstrap: str,
-    kafka_topic: Callable[..., str],
+    conn: Conn, db: Conn, kafka_bootstrap: str, kafka_topic: Callable[..., str], relay_dsn: str
 ) -> None:
     topic = kafka_topic(partitions=3)
     agent, agency = uuid.uuid4(), uuid.uuid4()
@@ -390,7 +386,7 @@ def test_relay_publishes_membership_events_keyed_by_agent(
     db.execute("UPDATE identity.outbox SET topic = %s", (topic,))
 
     relay = OutboxRelay(
-        dsn=identity_dsn,
+        dsn=relay_dsn,
         bootstrap=kafka_bootstrap,
         registry=CollectorRegistry(),
         delivery_timeout=20.0,

@@ -45,19 +45,19 @@ def json_logs() -> Iterator[io.StringIO]:
 
 
 def test_task_run_logs_and_traces_what_the_spec_names(
-    db: Conn, identity_dsn: str, json_logs: io.StringIO
+    db: Conn, json_logs: io.StringIO, operator_db: Conn, worker_dsn: str
 ) -> None:
     role, users = seed_role_with_users(db, users=25, other_roles=0)
     add_permissions(db, ["p.x"])
-    change = set_role_permissions(db, role, ["p.x"], inline_threshold=0)
+    change = set_role_permissions(operator_db, role, ["p.x"], inline_threshold=0)
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
 
-    with ConnectionPool(identity_dsn, min_size=1, max_size=2, open=True) as pool:
+    with ConnectionPool(worker_dsn, min_size=1, max_size=2, open=True) as pool:
         worker = FanoutWorker(
             pool=pool,
-            listen_dsn=identity_dsn,
+            listen_dsn=worker_dsn,
             config=WorkerConfig(
                 batch_size=10,
                 polling_interval=timedelta(seconds=5),

@@ -76,8 +76,8 @@ def outbox_ids(db: Conn) -> list[int]:
     return [r[0] for r in db.execute("SELECT id FROM identity.outbox ORDER BY id")]
 
 
-def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str) -> None:
-    empty = run(identity_dsn, "list")
+def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn: str) -> None:
+    empty = run(operator_dsn, "list")
     assert empty.returncode == 0, empty.stderr
     assert "outbox quarantine" in empty.stdout
 
@@ -87,7 +87,7 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str) -> None:
     assert outbox_ids(db) == []
     first, second = list_quarantined(db)
 
-    listed = run(identity_dsn, "list")
+    listed = run(operator_dsn, "list")
     assert listed.returncode == 0, listed.stderr
     for text in (
         str(first_user),
@@ -101,31 +101,31 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str) -> None:
     ):
         assert text in listed.stdout, text
 
-    status = cli(identity_dsn, "outbox", "status")
+    status = cli(operator_dsn, "outbox", "status")
     assert status.returncode == 0, status.stderr
     assert "quarantined pin.identity.access.v1" in status.stdout
     assert "2 (outbox quarantine list)" in status.stdout
 
-    shown = run(identity_dsn, "show", str(first.id))
+    shown = run(operator_dsn, "show", str(first.id))
     assert shown.returncode == 0, shown.stderr
     assert str(first.message_id) in shown.stdout
     assert "first_failed_at" in shown.stdout
     assert "header pin-message-id" in shown.stdout
 
-    missing = run(identity_dsn, "show", "999999")
+    missing = run(operator_dsn, "show", "999999")
     assert (missing.returncode, missing.stderr.strip()) == (1, "error: no quarantined row 999999")
-    missing_retry = run(identity_dsn, "retry", "999999")
+    missing_retry = run(operator_dsn, "retry", "999999")
     assert (missing_retry.returncode, missing_retry.stderr.strip()) == (
         1,
         "error: no quarantined row 999999",
     )
     for bad in (["retry"], ["retry", "1", "--all"], ["show", "x"], ["show", "0"]):
-        assert run(identity_dsn, *bad).returncode == 2, bad
+        assert run(operator_dsn, *bad).returncode == 2, bad
 
     # Listening like the relay: a retry wakes it at once.
     with psycopg.connect(identity_dsn, autocommit=True) as listener:
         listener.execute("LISTEN identity_outbox")
-        retried = run(identity_dsn, "retry", str(first.id))
+        retried = run(operator_dsn, "retry", str(first.id))
         assert retried.returncode == 0, retried.stderr
         assert list(listener.notifies(timeout=5, stop_after=1)), "no NOTIFY for the relay"
     [requeued] = outbox_ids(db)
@@ -140,10 +140,10 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str) -> None:
     assert (row[0], row[1], bytes(row[2])) == (1, first.first_failed_at, b"x" * 5000)
     assert [q.id for q in list_quarantined(db)] == [second.id]
 
-    everything = run(identity_dsn, "retry", "--all")
+    everything = run(operator_dsn, "retry", "--all")
     assert everything.returncode == 0, everything.stderr
     assert "1 row(s) back in the outbox" in everything.stdout
     assert list_quarantined(db) == []
     assert len(outbox_ids(db)) == 2
-    nothing = run(identity_dsn, "retry", "--all")
+    nothing = run(operator_dsn, "retry", "--all")
     assert (nothing.returncode, nothing.stdout.strip()) == (0, "0 row(s) back in the outbox")

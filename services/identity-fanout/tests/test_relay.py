@@ -158,12 +158,13 @@ RelayFactory = Callable[..., OutboxRelay]
 
 
 @pytest.fixture
-def make_relay(dsn: str, kafka_bootstrap: str) -> Iterator[RelayFactory]:
+def make_relay(relay_dsn: str, kafka_bootstrap: str) -> Iterator[RelayFactory]:
+    """Relays logged in as the relay's runtime role."""
     relays: list[OutboxRelay] = []
 
     def make(**overrides: Any) -> OutboxRelay:
         options: dict[str, Any] = {
-            "dsn": dsn,
+            "dsn": relay_dsn,
             "bootstrap": kafka_bootstrap,
             "registry": CollectorRegistry(),
             "delivery_timeout": 20.0,

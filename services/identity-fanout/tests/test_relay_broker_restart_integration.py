@@ -168,13 +168,17 @@ def read_topic(bootstrap: str, topic: Topic, timeout: float = 60.0) -> list[tupl
 
 
 def test_relay_loses_nothing_while_the_broker_is_down(
-    identity_dsn: str, private_kafka: PrivateKafka
+    identity_dsn: str,
+    private_kafka: PrivateKafka,
+    worker_dsn: str,
+    relay_dsn: str,
+    operator_dsn: str,
 ) -> None:
     topic = access_topic(private_kafka.create_topic(partitions=3))
-    writer = Writer(identity_dsn, topic)
+    writer = Writer(worker_dsn, topic)
     registry, state = CollectorRegistry(), ComponentState()
     relay = OutboxRelay(
-        dsn=identity_dsn,
+        dsn=relay_dsn,
         bootstrap=private_kafka.bootstrap,
         registry=registry,
         state=state,
@@ -229,7 +233,7 @@ def test_relay_loses_nothing_while_the_broker_is_down(
         if sample.name == "identity_outbox_quarantined_total"
     ]
     assert sum(quarantined) == 0
-    with psycopg.connect(identity_dsn, autocommit=True) as conn:
+    with psycopg.connect(operator_dsn, autocommit=True) as conn:
         assert list_quarantined(conn) == []
     written = writer.written
     assert len(written) == 16 * ROWS_PER_TRANSACTION

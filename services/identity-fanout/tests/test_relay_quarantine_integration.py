@@ -192,12 +192,13 @@ RelayFactory = Callable[..., OutboxRelay]
 
 
 @pytest.fixture
-def make_relay(identity_dsn: str, kafka_bootstrap: str) -> Iterator[RelayFactory]:
+def make_relay(relay_dsn: str, kafka_bootstrap: str) -> Iterator[RelayFactory]:
+    """Relays logged in as the relay's runtime role."""
     relays: list[OutboxRelay] = []
 
     def make(**overrides: Any) -> OutboxRelay:
         options: dict[str, Any] = {
-            "dsn": identity_dsn,
+            "dsn": relay_dsn,
             "bootstrap": kafka_bootstrap,
             "registry": CollectorRegistry(),
             "delivery_timeout": 20.0,
@@ -238,11 +239,13 @@ def log_lines(stream: io.StringIO, event: str) -> list[dict[str, Any]]:
 
 
 def test_a_user_with_20000_assignments_gets_their_access_event(
+    *,
     db: Conn,
     identity_dsn: str,
     kafka_bootstrap: str,
     kafka_topic: Callable[..., str],
     make_relay: RelayFactory,
+    operator_db: Conn,
 ) -> None:
     topic = kafka_topic(partitions=3, config=USER_ACCESS_CHANGED.config())
     company = uuid.uuid4()
@@ -267,7 +270,7 @@ def test_a_user_with_20000_assignments_gets_their_access_event(
 
     add_assignments(db, assignments())
     add_permissions(db, ["p.write"])
-    set_role_permissions(db, role, ["p.read", "p.write"], inline_threshold=10)
+    set_role_permissions(operator_db, role, ["p.read", "p.write"], inline_threshold=10)
     db.execute("UPDATE identity.outbox SET topic = %s", (topic,))
     registry = CollectorRegistry()
     relay = make_relay(registry=registry)  # the defaults: zstd, message.max.bytes 16 MiB
@@ -290,11 +293,13 @@ def test_a_user_with_20000_assignments_gets_their_access_event(
 
 
 def test_rows_over_the_limits_are_quarantined_and_the_rows_behind_them_flow(
+    *,
     identity_dsn: str,
     kafka_bootstrap: str,
     kafka_topic: Callable[..., str],
     make_relay: RelayFactory,
     json_logs: io.StringIO,
+    operator_dsn: str,
 ) -> None:
     access = kafka_topic(partitions=3, config=USER_ACCESS_CHANGED.config())
     membership = kafka_topic(partitions=3, config=AGENT_MEMBERSHIP_CHANGED.config())
@@ -326,7 +331,7 @@ def test_rows_over_the_limits_are_quarantined_and_the_rows_behind_them_flow(
     assert took < 10
     assert state().status == "ok"  # a quarantined row is not an outage
 
-    with psycopg.connect(identity_dsn, autocommit=True) as conn:
+    with psycopg.connect(operator_dsn, autocommit=True) as conn:
         quarantined = list_quarantined(conn)
     assert [(q.outbox_id, q.topic, q.key) for q in quarantined] == [
         (ids[3], access, str(poisoned_user)),
@@ -381,6 +386,7 @@ def test_retry_counts_attempts_and_delivers_once_the_limit_is_raised(
     kafka_bootstrap: str,
     kafka_topic: Callable[..., str],
     make_relay: RelayFactory,
+    operator_dsn: str,
 ) -> None:
     topic = kafka_topic(partitions=3, config={"max.message.bytes": str(MIB)})
     user = uuid.uuid4()
@@ -391,7 +397,7 @@ def test_retry_counts_attempts_and_delivers_once_the_limit_is_raised(
     assert small.run_once() == 0
     assert small.last_round is not None
     assert small.last_round.quarantined == 1
-    with psycopg.connect(identity_dsn, autocommit=True) as conn:
+    with psycopg.connect(operator_dsn, autocommit=True) as conn:
         [first] = list_quarantined(conn)
         # Retried before the cause is fixed: refused again, attempts count on.
         requeued = retry_quarantined(conn, first.id)
@@ -408,7 +414,7 @@ def test_retry_counts_attempts_and_delivers_once_the_limit_is_raised(
     # The operator raises both limits, then retries everything.
     raise_topic_limit(kafka_bootstrap, topic, 4 * MIB)
     large = make_relay(message_max_bytes=4 * MIB)
-    with psycopg.connect(identity_dsn, autocommit=True) as conn:
+    with psycopg.connect(operator_dsn, autocommit=True) as conn:
         [back] = retry_all(conn)
         assert back.attempts == 2
         assert list_quarantined(conn) == []

@@ -64,10 +64,11 @@ def blocker(identity_dsn: str) -> Iterator[Callable[[str], Conn]]:
 
 
 def test_relay_blocked_by_a_lock_degrades_then_publishes(
-    identity_dsn: str,
     kafka_bootstrap: str,
     kafka_topic: Callable[..., str],
     blocker: Callable[[str], Conn],
+    worker_dsn: str,
+    relay_dsn: str,
 ) -> None:
     topic = kafka_topic(partitions=3)
     access = replace(USER_ACCESS_CHANGED, name=topic)
@@ -83,12 +84,12 @@ def test_relay_blocked_by_a_lock_degrades_then_publishes(
         )
         for _ in range(3)
     ]
-    with psycopg.connect(identity_dsn) as conn:
+    with psycopg.connect(worker_dsn) as conn:
         write_outbox(conn, [outbox_message(e, access) for e in events])
     lock = blocker("identity.outbox")
     state = ComponentState()
     relay = OutboxRelay(
-        dsn=identity_dsn,
+        dsn=relay_dsn,
         bootstrap=kafka_bootstrap,
         registry=CollectorRegistry(),
         state=state,
@@ -124,19 +125,19 @@ def test_relay_blocked_by_a_lock_degrades_then_publishes(
 
 
 def test_worker_blocked_by_a_lock_degrades_then_completes_the_task(
-    db: Conn, identity_dsn: str, blocker: Callable[[str], Conn]
+    db: Conn, blocker: Callable[[str], Conn], operator_db: Conn, worker_dsn: str
 ) -> None:
     role, users = seed_role_with_users(db, users=30, other_roles=0)
     add_permissions(db, ["p.lock"])
-    change = set_role_permissions(db, role, ["p.lock"], inline_threshold=0)
+    change = set_role_permissions(operator_db, role, ["p.lock"], inline_threshold=0)
     assert change.task_id is not None
     lock = blocker("identity.access_fanout_tasks")
     database, stop = ComponentState(initial=None), threading.Event()
-    pool = create_pool(identity_dsn, name="lock-test", min_size=1, max_size=2, session=LIMITS)
+    pool = create_pool(worker_dsn, name="lock-test", min_size=1, max_size=2, session=LIMITS)
     pool.open(wait=True, timeout=10)
     worker = FanoutWorker(
         pool=pool,
-        listen_dsn=identity_dsn,
+        listen_dsn=worker_dsn,
         config=WorkerConfig(
             batch_size=10,
             polling_interval=timedelta(milliseconds=200),

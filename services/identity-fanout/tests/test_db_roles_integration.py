@@ -1,0 +1,106 @@
+"""Each runtime role may do what its process runs and nothing else (SQLSTATE 42501)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.rows import TupleRow
+
+from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, RUNTIME_ROLES, WORKER
+from pin_testkit.runtime_roles import RUNTIME_GROUPS
+
+pytestmark = pytest.mark.integration
+
+Conn = psycopg.Connection[TupleRow]
+TABLES = (
+    "role_definitions",
+    "permissions",
+    "role_permissions",
+    "role_assignments",
+    "access_fanout_tasks",
+    "outbox",
+    "outbox_quarantine",
+    "agent_memberships",
+    "schema_migrations",
+)
+PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
+
+
+def refused(dsn: str, statement: str) -> str:
+    """The SQLSTATE `statement` fails with when run by `dsn`'s user."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            conn.execute(statement.encode())
+        except psycopg.errors.InsufficientPrivilege as exc:
+            return str(exc.sqlstate)
+    pytest.fail(f"not refused: {statement}")
+
+
+def test_the_database_holds_exactly_the_declared_privileges(db: Conn) -> None:
+    for role in RUNTIME_ROLES:
+        declared = {(g.table, p) for g in role.grants for p in g.privileges}
+        for table in TABLES:
+            for privilege in PRIVILEGES:
+                [(held,)] = db.execute(
+                    "SELECT has_table_privilege(%s, %s, %s)",
+                    (role.name, f"identity.{table}", privilege),
+                ).fetchall()
+                assert held == ((table, privilege) in declared), (role.name, table, privilege)
+        [(usage, create)] = db.execute(
+            "SELECT has_schema_privilege(%(r)s, 'identity', 'USAGE'), "
+            "has_schema_privilege(%(r)s, 'identity', 'CREATE')",
+            {"r": role.name},
+        ).fetchall()
+        assert (usage, create) == (True, False), role.name
+        [(owns,)] = db.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner "
+            "WHERE r.rolname = %s",
+            (role.name,),
+        ).fetchall()
+        assert owns == 0
+
+
+def test_ddl_and_other_processes_tables_are_refused(
+    worker_dsn: str, relay_dsn: str, producer_dsn: str, operator_dsn: str
+) -> None:
+    assert refused(relay_dsn, "CREATE TABLE identity.mine (x int)") == "42501"
+    assert refused(relay_dsn, "UPDATE identity.access_fanout_tasks SET reason = 'x'") == "42501"
+    assert refused(relay_dsn, "SELECT * FROM identity.role_assignments") == "42501"
+    assert refused(worker_dsn, "DELETE FROM identity.outbox") == "42501"
+    assert refused(worker_dsn, "SELECT * FROM identity.outbox") == "42501"
+    assert refused(worker_dsn, "DROP TABLE identity.outbox") == "42501"
+    assert refused(worker_dsn, "INSERT INTO identity.role_assignments (id) VALUES (NULL)") == (
+        "42501"
+    )
+    assert refused(producer_dsn, "UPDATE identity.access_fanout_tasks SET reason = 'x'") == (
+        "42501"
+    )
+    assert refused(producer_dsn, "SELECT * FROM identity.outbox_quarantine") == "42501"
+    assert refused(operator_dsn, "TRUNCATE identity.outbox") == "42501"
+    assert refused(operator_dsn, "ALTER TABLE identity.outbox ADD COLUMN x int") == "42501"
+    assert refused(operator_dsn, "DELETE FROM identity.agent_memberships") == "42501"
+    for dsn in (worker_dsn, relay_dsn, producer_dsn, operator_dsn):
+        assert refused(dsn, "SELECT * FROM identity.schema_migrations") == "42501"
+        assert refused(dsn, "CREATE TABLE public.mine (x int)") == "42501"
+
+
+def test_roles_of_pin_local_are_the_declared_ones() -> None:
+    # pin-local and the end-to-end suite make one login user per name in this list.
+    assert RUNTIME_GROUPS["pin_identity"] == tuple(role.name for role in RUNTIME_ROLES)
+    assert {WORKER, RELAY, PRODUCER, OPERATOR} == set(RUNTIME_ROLES)
+
+
+def test_a_bad_role_prefix_is_a_config_error() -> None:
+    cli = str(Path(sys.executable).with_name("identity-fanout"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
+    env |= {"IDENTITY_FANOUT_DATABASE_DSN": "x", "IDENTITY_FANOUT_DB_ROLE_PREFIX": "Prod-"}
+    result = subprocess.run(
+        [cli, "migrate"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("config error: IDENTITY_FANOUT_DB_ROLE_PREFIX:")
