@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -87,6 +88,17 @@ def test_ddl_and_other_processes_tables_are_refused(
     for dsn in (worker_dsn, relay_dsn, producer_dsn, operator_dsn):
         assert refused(dsn, "SELECT * FROM identity.schema_migrations") == "42501"
         assert refused(dsn, "CREATE TABLE public.mine (x int)") == "42501"
+
+
+def test_the_rewards_consumer_cannot_read_the_outbox(
+    identity_dsn: str, runtime_dsn: Callable[[str, str], str]
+) -> None:
+    # Roles are cluster-wide: another service's runtime role reaching this database (same
+    # server) finds no privilege here.
+    for group in RUNTIME_GROUPS["pin_rewards"]:
+        other = runtime_dsn(identity_dsn, group)
+        assert refused(other, "SELECT * FROM identity.outbox") == "42501"
+        assert refused(other, "SELECT * FROM identity.role_assignments") == "42501"
 
 
 def test_roles_of_pin_local_are_the_declared_ones() -> None:

@@ -1,4 +1,10 @@
-"""Fixtures of the rewards-membership tests: a migrated database, topics, a running consumer."""
+"""Fixtures of the rewards-membership tests: a migrated database, topics, a running consumer.
+
+The database is migrated as its owner; `database`, `rows` and `sql` (the owner) set up and
+check state. The consumer connects as its runtime role (`settings` carries `consumer_dsn`),
+the CLI's tooling as the operator's (`operator_dsn`), so a statement the migrations did not
+grant to that role fails the test with SQLSTATE 42501.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from pin_runtime.kafka import create_producer
 from pin_runtime.settings import Secret
 from pin_runtime.shutdown import GracefulShutdown
 from rewards_membership.app import build_consumer, run_migrations
+from rewards_membership.db_roles import CONSUMER, OPERATOR
 from rewards_membership.metrics import Metrics
 from rewards_membership.settings import Settings
 
@@ -122,7 +129,20 @@ def raw() -> Callable[..., bytes]:
 
 @pytest.fixture
 def database(make_database: Callable[..., str]) -> str:
+    """DSN of a fresh clone of a migrated rewards database (as its owner)."""
     return make_database("rewards-membership", run_migrations)
+
+
+@pytest.fixture
+def consumer_dsn(database: str, runtime_dsn: Callable[[str, str], str]) -> str:
+    """The consumer's login (role rewards_membership_consumer)."""
+    return runtime_dsn(database, CONSUMER.name)
+
+
+@pytest.fixture
+def operator_dsn(database: str, runtime_dsn: Callable[[str, str], str]) -> str:
+    """The tooling's login (role rewards_membership_operator): dlq, agent show, inbox prune."""
+    return runtime_dsn(database, OPERATOR.name)
 
 
 @pytest.fixture
@@ -133,9 +153,9 @@ def kafka(kafka_bootstrap: str, kafka_topic: Callable[..., str]) -> Iterator[Kaf
 
 
 @pytest.fixture
-def settings(database: str, kafka: Kafka) -> Settings:
+def settings(consumer_dsn: str, kafka: Kafka) -> Settings:
     return Settings(
-        database_dsn=Secret(database),
+        database_dsn=Secret(consumer_dsn),
         kafka_bootstrap=kafka.bootstrap,
         topic=kafka.topic,
         dlq_topic=kafka.dlq_topic,

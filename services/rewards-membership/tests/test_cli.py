@@ -22,9 +22,10 @@ Event = Callable[..., AgentMembershipChanged]
 Sql = Callable[..., list[tuple[Any, ...]]]
 
 
-def environment(settings: Settings) -> dict[str, str]:
+def environment(settings: Settings, dsn: str | None = None) -> dict[str, str]:
+    """The settings as variables; `dsn` instead of theirs (the tooling's own login)."""
     return {
-        "REWARDS_MEMBERSHIP_DATABASE_DSN": settings.database_dsn.reveal(),
+        "REWARDS_MEMBERSHIP_DATABASE_DSN": dsn or settings.database_dsn.reveal(),
         "REWARDS_MEMBERSHIP_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "REWARDS_MEMBERSHIP_TOPIC": settings.topic,
         "REWARDS_MEMBERSHIP_DLQ_TOPIC": settings.dlq_topic,
@@ -92,6 +93,7 @@ def test_agent_show_and_inbox_prune(
     sql: Sql,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    operator_dsn: str,
 ) -> None:
     agent, agency_a, agency_b = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     for company, status in ((agency_a, "Left"), (agency_b, "Active")):
@@ -105,7 +107,7 @@ def test_agent_show_and_inbox_prune(
         " ('rewards:identity-membership:old', 'membership-applied', now() - interval '40 days'),"
         " ('rewards:identity-membership:new', 'membership-applied', now())"
     )
-    for name, value in environment(settings).items():
+    for name, value in environment(settings, operator_dsn).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("COLUMNS", "400")
     assert main(["agent", "show", str(agent)]) == 0
@@ -127,13 +129,14 @@ def test_dlq_list_and_replay(
     settings: Settings,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    operator_dsn: str,
 ) -> None:
     agent = uuid.uuid4()
     consumer = start_consumer()
     kafka.send(event(agent, uuid.UUID(int=0), 1, membership_id=uuid.uuid4()))
     kafka.send_raw((str(agent).encode(), b"garbage", None))
     consumer.wait_handled(2)
-    for name, value in environment(settings).items():
+    for name, value in environment(settings, operator_dsn).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("COLUMNS", "400")
     assert main(["dlq", "list"]) == 0

@@ -116,9 +116,12 @@ def said(text: str) -> list[str]:
     return [line for line in text.splitlines() if re.match(r"\d+@\d+: ", line)]
 
 
-def cli_env(monkeypatch: pytest.MonkeyPatch, settings: Settings, **overrides: str) -> None:
+def cli_env(
+    monkeypatch: pytest.MonkeyPatch, settings: Settings, dsn: str, **overrides: str
+) -> None:
+    """The tool's variables: `settings`' topics and group, `dsn` (the operator's login)."""
     values = {
-        "DATABASE_DSN": settings.database_dsn.reveal(),
+        "DATABASE_DSN": dsn,
         "KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "TOPIC": settings.topic,
         "DLQ_TOPIC": settings.dlq_topic,
@@ -155,6 +158,7 @@ def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: 
     capsys: pytest.CaptureFixture[str],
     dlq_limit: int,
     padding: int,
+    operator_dsn: str,
 ) -> None:
     topic = kafka_topic(partitions=3, config={"max.message.bytes": str(SOURCE_LIMIT)})
     dlq = kafka_topic(partitions=3, config={"max.message.bytes": str(dlq_limit)})
@@ -199,7 +203,7 @@ def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: 
     )
 
     local = msgspec.structs.replace(settings, topic=topic, dlq_topic=dlq)
-    cli_env(monkeypatch, local)
+    cli_env(monkeypatch, local, operator_dsn)
     assert main(["dlq", "list"]) == 0
     listed = capsys.readouterr().out
     assert "reference (too-large" in listed
@@ -246,6 +250,7 @@ def test_replay_says_clearly_when_the_original_is_gone(
     settings: Settings,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    operator_dsn: str,
 ) -> None:
     topic = kafka_topic(partitions=3, config={"max.message.bytes": str(SOURCE_LIMIT)})
     dlq = kafka_topic(partitions=3, config=IDENTITY_MEMBERSHIP_DLQ.config())
@@ -257,7 +262,9 @@ def test_replay_says_clearly_when_the_original_is_gone(
     admin: AdminClient = create_admin(kafka_bootstrap, client_id="rm-test")
     for future in admin.delete_records([TopicPartition(topic, 1, 1)]).values():
         future.result(timeout=30)
-    cli_env(monkeypatch, msgspec.structs.replace(settings, topic=topic, dlq_topic=dlq))
+    cli_env(
+        monkeypatch, msgspec.structs.replace(settings, topic=topic, dlq_topic=dlq), operator_dsn
+    )
     capsys.readouterr()
     assert main(["dlq", "replay", "--offset", "0", "--force"]) == 1
     err = said(capsys.readouterr().err)
@@ -429,6 +436,7 @@ def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(
     settings: Settings,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    operator_dsn: str,
 ) -> None:
     # A record an earlier release refused (now valid), dead-lettered and marked in the inbox.
     agent, company = uuid.uuid4(), uuid.uuid4()
@@ -451,7 +459,7 @@ def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(
     key = f"rewards:identity-membership:{envelope.message_id}"
     sql("INSERT INTO rewards.inbox (idempotency_key, outcome) VALUES (%s, 'dead-lettered')", [key])
     consumer = start_consumer()
-    cli_env(monkeypatch, settings)
+    cli_env(monkeypatch, settings, operator_dsn)
     assert main(["dlq", "replay", "--all"]) == 0
     assert said(capsys.readouterr().out)[0].startswith("0@0: replayed: to ")
     consumer.wait_handled(1)
