@@ -21,13 +21,15 @@ from pin_e2e.report import Recorder
 from pin_e2e.system import IDENTITY_TEMPLATE, REWARDS_TEMPLATE, System
 
 from identity_fanout.schema import migrate_database
+from pin_testkit.runtime_roles import all_logins, ensure_login
 
 _RECORDER = pytest.StashKey[Recorder]()
 
 
 @pytest.fixture(scope="session")
 def e2e_servers() -> Iterator[OwnServers]:
-    """PostgreSQL + Kafka of this suite alone, with migrated template databases."""
+    """PostgreSQL + Kafka of this suite alone, with migrated template databases (migrated
+    as the owner) and the runtime roles' login users."""
     servers = OwnServers.start()
     try:
         admin = servers.services.postgres_dsn
@@ -35,6 +37,10 @@ def e2e_servers() -> Iterator[OwnServers]:
         # The rewards schema as an operator migrates it: the service's own command.
         rewards = create_template(admin, REWARDS_TEMPLATE)
         run_cli(REWARDS_MEMBERSHIP, ["migrate"], {"REWARDS_MEMBERSHIP_DATABASE_DSN": rewards})
+        # The login users of the runtime roles the migrations created; every service
+        # process of a scenario connects as one (pin_e2e.system).
+        for _, groups in all_logins():
+            ensure_login(admin, *groups)
         yield servers
     finally:
         servers.close()

@@ -23,8 +23,19 @@ from pin_e2e.procs import (
     free_port,
     run_cli,
 )
+from pin_testkit.runtime_roles import runtime_dsn
 
 __all__ = ["IDENTITY_TEMPLATE", "REWARDS_TEMPLATE", "System"]
+
+# Every process logs in as its runtime role (pin_testkit.runtime_roles; the conftest makes
+# the logins): a statement its role was not granted fails the scenario.
+WORKER: Final = ("identity_fanout_worker",)
+WORKER_WITH_RELAY: Final = ("identity_fanout_worker", "identity_fanout_relay")
+RELAY: Final = ("identity_fanout_relay",)
+PRODUCER: Final = ("identity_membership_producer",)
+IDENTITY_OPERATOR: Final = ("identity_fanout_operator",)
+CONSUMER: Final = ("rewards_membership_consumer",)
+REWARDS_OPERATOR: Final = ("rewards_membership_operator",)
 
 IDENTITY_TEMPLATE: Final = "e2e_identity_template"
 REWARDS_TEMPLATE: Final = "e2e_rewards_template"
@@ -92,19 +103,21 @@ class System:
 
     # -- settings -------------------------------------------------------------------------
 
-    def identity_env(self, **settings: str) -> dict[str, str]:
+    def identity_env(self, login: tuple[str, ...], **settings: str) -> dict[str, str]:
+        """Settings of an identity-fanout process logging in as the `login` groups' user."""
         values = {
             **WORKER_DEFAULTS,
-            "DATABASE_DSN": self.identity_dsn,
+            "DATABASE_DSN": runtime_dsn(self.identity_dsn, *login),
             "KAFKA_BOOTSTRAP": self.bootstrap,
             **settings,
         }
         return {f"IDENTITY_FANOUT_{k}": v for k, v in values.items()}
 
-    def rewards_env(self, **settings: str) -> dict[str, str]:
+    def rewards_env(self, login: tuple[str, ...], **settings: str) -> dict[str, str]:
+        """Settings of a rewards-membership process logging in as the `login` groups' user."""
         values = {
             **CONSUMER_DEFAULTS,
-            "DATABASE_DSN": self.rewards_dsn,
+            "DATABASE_DSN": runtime_dsn(self.rewards_dsn, *login),
             "KAFKA_BOOTSTRAP": self.bootstrap,
             "GROUP_ID": self.group,
             **settings,
@@ -128,28 +141,33 @@ class System:
         return process
 
     def worker(self, label: str = "worker", *args: str, **settings: str) -> ServiceProcess:
-        """``identity-fanout worker`` (with its relay thread), not started yet."""
+        """``identity-fanout worker`` (with its relay thread unless --no-relay), not started."""
         port = free_port()
-        env = self.identity_env(METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
+        login = WORKER if "--no-relay" in args else WORKER_WITH_RELAY
+        env = self.identity_env(login, METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
         return self._process(label, IDENTITY_FANOUT, ["worker", *args], env, port)
 
     def relay(self, label: str = "relay", **settings: str) -> ServiceProcess:
         """``identity-fanout relay``: the relay as its own process (the chart's topology)."""
         port = free_port()
-        env = self.identity_env(METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
+        env = self.identity_env(RELAY, METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
         return self._process(label, IDENTITY_FANOUT, ["relay"], env, port)
 
     def consumer(self, label: str = "consumer", **settings: str) -> ServiceProcess:
         """``rewards-membership consume``, not started yet."""
         port = free_port()
-        env = self.rewards_env(METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
+        env = self.rewards_env(
+            CONSUMER, METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings
+        )
         return self._process(label, REWARDS_MEMBERSHIP, ["consume"], env, port)
 
     def identity_cli(self, *args: str) -> CommandResult:
-        return run_cli(IDENTITY_FANOUT, args, self.identity_env())
+        """`memberships ...` as the membership producer, the runbook as the operator."""
+        login = PRODUCER if args[:1] == ("memberships",) else IDENTITY_OPERATOR
+        return run_cli(IDENTITY_FANOUT, args, self.identity_env(login))
 
     def rewards_cli(self, *args: str) -> CommandResult:
-        return run_cli(REWARDS_MEMBERSHIP, args, self.rewards_env())
+        return run_cli(REWARDS_MEMBERSHIP, args, self.rewards_env(REWARDS_OPERATOR))
 
     def stop_all(self) -> None:
         for process in reversed(self.processes):

@@ -151,7 +151,11 @@ def test_env_lines_are_shell_exports() -> None:
         "rewards_membership_consumer_login",
         "pin_rewards",
     )
-    assert sum(name.startswith("PIN_POSTGRES_") for name in environ) == 3 + 6
+    assert sum(name.startswith("PIN_POSTGRES_") for name in environ) == 3 + 6 + 1
+    both = conninfo_to_dict(
+        environ["PIN_POSTGRES_IDENTITY_FANOUT_WORKER_AND_IDENTITY_FANOUT_RELAY_DSN"]
+    )
+    assert both["user"] == "identity_fanout_worker_and_identity_fanout_relay_login"
 
 
 def test_env_lines_describe_the_secured_listeners_and_read_back(tmp_path: Path) -> None:

@@ -79,9 +79,10 @@ def make_database(database_factory: DatabaseFactory) -> Iterator[Callable[..., s
 
 
 @pytest.fixture(scope="session")
-def runtime_dsn(postgres_admin_dsn: str) -> Callable[[str, str], str]:
+def runtime_dsn(postgres_admin_dsn: str) -> Callable[..., str]:
     """``runtime_dsn(dsn, "identity_fanout_worker")``: ``dsn`` as the login user of that
-    runtime group role (``pin_testkit.runtime_roles``), created on first use.
+    runtime group role (``pin_testkit.runtime_roles``), created on first use; with several
+    groups, a login that is a member of each.
 
     Databases are migrated as the owner (the admin user); the code under test connects
     with this, so a statement its role was not granted fails the test with 42501.
@@ -89,13 +90,13 @@ def runtime_dsn(postgres_admin_dsn: str) -> Callable[[str, str], str]:
     from pin_testkit.runtime_roles import ensure_login  # noqa: PLC0415
     from pin_testkit.runtime_roles import runtime_dsn as as_login  # noqa: PLC0415
 
-    ensured: set[str] = set()
+    ensured: set[tuple[str, ...]] = set()
 
-    def make(dsn: str, group: str) -> str:
-        if group not in ensured:
-            ensure_login(postgres_admin_dsn, group)
-            ensured.add(group)
-        return as_login(dsn, group)
+    def make(dsn: str, group: str, *more: str) -> str:
+        if (group, *more) not in ensured:
+            ensure_login(postgres_admin_dsn, group, *more)
+            ensured.add((group, *more))
+        return as_login(dsn, group, *more)
 
     return make
 

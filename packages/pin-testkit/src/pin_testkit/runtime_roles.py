@@ -6,6 +6,10 @@ of them. Here every group gets one login user, `<group>_login`, with a password 
 knows (`LOGIN_PASSWORD`: a local, throwaway server), so a test runs each process as its
 role and a missing grant fails with SQLSTATE 42501 instead of passing as a superuser.
 
+A process that runs two roles' work (`identity-fanout worker` with its relay thread, the
+default outside the chart) logs in as a member of both: `<group>_and_<group>_login`
+(`COMBINED_GROUPS`).
+
 Roles are cluster-wide: the logins are made once per server and shared by every database
 (each database's grants decide what they may do there). A group not migrated yet is
 created empty, so the order of `ensure_login` and a migration does not matter.
@@ -21,8 +25,10 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 __all__ = [
+    "COMBINED_GROUPS",
     "LOGIN_PASSWORD",
     "RUNTIME_GROUPS",
+    "all_logins",
     "ensure_login",
     "login_name",
     "runtime_dsn",
@@ -41,36 +47,57 @@ RUNTIME_GROUPS: Final[dict[str, tuple[str, ...]]] = {
     "pin_rewards": ("rewards_membership_consumer", "rewards_membership_operator"),
 }
 
-
-def login_name(group: str) -> str:
-    return f"{group}_login"
-
-
-def runtime_dsn(dsn: str, group: str) -> str:
-    """``dsn`` (any user, the same server and database) as the login user of ``group``."""
-    return make_conninfo(dsn, user=login_name(group), password=LOGIN_PASSWORD)
+COMBINED_GROUPS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
+    # database -> logins that are members of several groups: `worker` with its relay thread
+    "pin_identity": (("identity_fanout_worker", "identity_fanout_relay"),),
+    "pin_rewards": (),
+}
 
 
-def ensure_login(admin_dsn: str, group: str) -> str:
-    """Create ``group`` (if missing, empty) and its login user; the login's name.
+def login_name(group: str, *more: str) -> str:
+    """`<group>_login`; a member of several groups: `<group>_and_<group>_login`."""
+    return "_and_".join((group, *more)) + "_login"
+
+
+def runtime_dsn(dsn: str, group: str, *more: str) -> str:
+    """``dsn`` (any user, the same server and database) as the login user of the groups."""
+    return make_conninfo(dsn, user=login_name(group, *more), password=LOGIN_PASSWORD)
+
+
+def ensure_login(admin_dsn: str, group: str, *more: str) -> str:
+    """Create the groups (if missing, empty) and their login user; the login's name.
 
     Idempotent and safe against a concurrent run (another test process, pin-local).
     """
-    login = login_name(group)
+    login = login_name(group, *more)
     with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=10) as conn:
-        _create(conn, sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(group)))
+        for name in (group, *more):
+            _create(conn, sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(name)))
         _create(
             conn,
-            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
-                sql.Identifier(login), sql.Literal(LOGIN_PASSWORD), sql.Identifier(group)
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(login), sql.Literal(LOGIN_PASSWORD)
             ),
         )
-        member = conn.execute("SELECT pg_has_role(%s, %s, 'MEMBER')", (login, group)).fetchone()
-        if member is None or not member[0]:
-            conn.execute(
-                sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(login))
-            )
+        for name in (group, *more):
+            member = conn.execute("SELECT pg_has_role(%s, %s, 'MEMBER')", (login, name)).fetchone()
+            if member is None or not member[0]:
+                conn.execute(
+                    sql.SQL("GRANT {} TO {}").format(sql.Identifier(name), sql.Identifier(login))
+                )
     return login
+
+
+def all_logins() -> list[tuple[str, tuple[str, ...]]]:
+    """(database, groups) of every login pin-local makes: one per group, and the combined."""
+    return [
+        (database, groups)
+        for database in RUNTIME_GROUPS
+        for groups in (
+            *((group,) for group in RUNTIME_GROUPS[database]),
+            *COMBINED_GROUPS[database],
+        )
+    ]
 
 
 def _create(conn: psycopg.Connection[tuple[object, ...]], statement: sql.Composed) -> None:

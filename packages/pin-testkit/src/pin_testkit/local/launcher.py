@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -37,7 +36,7 @@ from pin_testkit.local.state import (
     with_secure_ports,
 )
 from pin_testkit.local.topics import catalogue_topics, ensure_topics
-from pin_testkit.runtime_roles import RUNTIME_GROUPS, ensure_login, runtime_dsn
+from pin_testkit.runtime_roles import all_logins, ensure_login, runtime_dsn
 from pin_testkit.secured import SecuredKafka
 
 log = logging.getLogger(__name__)
@@ -68,9 +67,10 @@ class LocalServices:
         """``PIN_POSTGRES_<GROUP>_DSN`` -> the DSN of that runtime role's login user, in its
         service's database (``pin_testkit.runtime_roles``; made by ``up``)."""
         return {
-            f"PIN_POSTGRES_{group.upper()}_DSN": runtime_dsn(self.dsn(database), group)
-            for database, groups in RUNTIME_GROUPS.items()
-            for group in groups
+            f"PIN_POSTGRES_{'_AND_'.join(groups).upper()}_DSN": runtime_dsn(
+                self.dsn(database), *groups
+            )
+            for database, groups in all_logins()
         }
 
 
@@ -211,8 +211,8 @@ def ensure_up(
             log.info("kafka: answering on %s", kafka.bootstrap)
         _ensure_scram_users(kafka, layout)
         pg.create_databases()
-        for group in itertools.chain.from_iterable(RUNTIME_GROUPS.values()):
-            ensure_login(dsn(state.pg_port), group)
+        for _, groups in all_logins():
+            ensure_login(dsn(state.pg_port), *groups)
         ensure_topics(kafka.bootstrap, catalogue_topics() if topics is None else topics)
         return services_of(layout, state)
 
