@@ -35,6 +35,7 @@ from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.schema import migrate_database
 from identity_fanout.seed import add_permissions, seed_role_with_users
 from pin_testkit.local import ensure_up
+from pin_testkit.runtime_roles import all_logins, ensure_login, runtime_dsn
 
 console = Console()
 
@@ -99,11 +100,19 @@ def seed(dsn: str, users: int) -> UUID:
     return role
 
 
+def login_of(args: list[str]) -> tuple[str, ...]:
+    """The runtime roles a process logs in as (as deployed: README "Database roles")."""
+    if args[0] == "relay":
+        return ("identity_fanout_relay",)
+    if "--no-relay" in args:
+        return ("identity_fanout_worker",)
+    return ("identity_fanout_worker", "identity_fanout_relay")
+
+
 def measure(
     dsn: str, bootstrap: str, role: UUID, *, batch_size: int, commands: list[list[str]], run: int
 ) -> Timings:
     env = os.environ | {
-        "IDENTITY_FANOUT_DATABASE_DSN": dsn,
         "IDENTITY_FANOUT_KAFKA_BOOTSTRAP": bootstrap,
         "IDENTITY_FANOUT_BATCH_SIZE": str(batch_size),
         "IDENTITY_FANOUT_LOG_LEVEL": "WARNING",
@@ -111,11 +120,18 @@ def measure(
     script = str(Path(sys.executable).with_name("identity-fanout"))
     ports = [free_port() for _ in commands]
     processes = [
-        subprocess.Popen([script, *args], env=env | {"IDENTITY_FANOUT_METRICS_PORT": str(port)})
+        subprocess.Popen(
+            [script, *args],
+            env=env
+            | {
+                "IDENTITY_FANOUT_METRICS_PORT": str(port),
+                "IDENTITY_FANOUT_DATABASE_DSN": runtime_dsn(dsn, *login_of(args)),
+            },
+        )
         for args, port in zip(commands, ports, strict=True)
     ]
     try:
-        with psycopg.connect(dsn, autocommit=True) as db:
+        with psycopg.connect(runtime_dsn(dsn, "identity_fanout_operator"), autocommit=True) as db:
             for port in ports:  # measured from idle, ready processes
                 wait_for(lambda port=port: ready(port), 60)  # type: ignore[misc]
             started = time.monotonic()
@@ -198,6 +214,8 @@ def main() -> None:
     dsn = make_conninfo(admin_dsn, dbname=dbname)
     try:
         migrate_database(dsn)
+        for _, groups in all_logins():
+            ensure_login(admin_dsn, *groups)
         role = seed(dsn, args.users)
         results = {
             name: measure(

@@ -23,6 +23,7 @@ from pin_contracts import AgentMembershipChanged, encode, envelope_for, headers_
 from pin_runtime.kafka import create_admin, create_producer, ensure_topics
 from pin_runtime.logging import configure_logging
 from pin_runtime.settings import Secret
+from pin_testkit.runtime_roles import ensure_login, runtime_dsn
 from rewards_membership.app import build_consumer, run_migrations
 from rewards_membership.metrics import Metrics
 from rewards_membership.settings import Settings
@@ -113,6 +114,7 @@ def main() -> None:
     dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
     try:
         run_migrations(dsn)
+        ensure_login(admin_dsn, "rewards_membership_consumer")
         ensure_topics(admin, [(topic, 3), (dlq, 3)])
         started = time.monotonic()
         subprocess.run(
@@ -134,7 +136,7 @@ def main() -> None:
         )
         print(f"loaded {args.events:,} events in {time.monotonic() - started:.1f}s")
         drain(
-            dsn=dsn,
+            dsn=runtime_dsn(dsn, "rewards_membership_consumer"),  # as deployed
             bootstrap=bootstrap,
             topic=topic,
             dlq=dlq,

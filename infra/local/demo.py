@@ -22,6 +22,7 @@ from identity_fanout.schema import migrate_database
 from pin_contracts.topics import CATALOGUE
 from pin_runtime.kafka import create_admin
 from pin_testkit.local import LocalServices, down, ensure_up, status
+from pin_testkit.runtime_roles import runtime_dsn
 
 
 def show_infrastructure(services: LocalServices) -> None:
@@ -73,25 +74,47 @@ def main() -> None:
 
 def run(services: LocalServices) -> None:
     show_infrastructure(services)
-    identity_env = {
-        "IDENTITY_FANOUT_DATABASE_DSN": services.identity_dsn,
+    bootstrap = {
         "IDENTITY_FANOUT_KAFKA_BOOTSTRAP": services.kafka_bootstrap,
-    }
-    rewards_env = {
-        "REWARDS_MEMBERSHIP_DATABASE_DSN": services.rewards_dsn,
         "REWARDS_MEMBERSHIP_KAFKA_BOOTSTRAP": services.kafka_bootstrap,
     }
+
+    def identity(*groups: str) -> dict[str, str]:
+        """Settings of an identity-fanout process logging in as a runtime role's user."""
+        dsn = runtime_dsn(services.identity_dsn, *groups)
+        return bootstrap | {"IDENTITY_FANOUT_DATABASE_DSN": dsn}
+
+    def rewards(*groups: str) -> dict[str, str]:
+        dsn = runtime_dsn(services.rewards_dsn, *groups)
+        return bootstrap | {"REWARDS_MEMBERSHIP_DATABASE_DSN": dsn}
+
+    # Migrations as the owner (pin-local's superuser); they create the runtime roles.
     migrate_database(services.identity_dsn)
     subprocess.run(
         [bin_path("rewards-membership"), "migrate"],
-        env=os.environ | rewards_env,
+        env=os.environ | {"REWARDS_MEMBERSHIP_DATABASE_DSN": services.rewards_dsn},
         check=True,
         capture_output=True,
     )
-    # As the chart deploys them: the fan-out worker, the outbox relay, the membership consumer.
-    worker = Service("identity-fanout", ["worker", "--no-relay"], identity_env)
-    relay = Service("identity-fanout", ["relay"], identity_env)
-    consumer = Service("rewards-membership", ["consume"], rewards_env)
+    # As the chart deploys them, each as its runtime role: the fan-out worker, the outbox
+    # relay, the membership consumer; the operator's commands as the operator's role.
+    worker = Service(
+        "identity-fanout",
+        ["worker", "--no-relay"],
+        identity("identity_fanout_worker"),
+        tool_env=lambda args: identity(
+            "identity_membership_producer"
+            if "memberships" in args[:1]
+            else "identity_fanout_operator"
+        ),
+    )
+    relay = Service("identity-fanout", ["relay"], identity("identity_fanout_relay"))
+    consumer = Service(
+        "rewards-membership",
+        ["consume"],
+        rewards("rewards_membership_consumer"),
+        tool_env=lambda _args: rewards("rewards_membership_operator"),
+    )
     try:
         fan_out(worker, services.identity_dsn, services.kafka_bootstrap)
         memberships(

@@ -19,6 +19,7 @@ from pin_contracts.membership import AgentMembershipChanged
 from pin_contracts.topics import AGENT_MEMBERSHIP_CHANGED
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_producer
+from pin_testkit.runtime_roles import runtime_dsn
 
 AGENTS = 60
 AGENCIES = 5
@@ -30,7 +31,8 @@ def _record_changes(dsn: str) -> dict[tuple[uuid.UUID, uuid.UUID], tuple[str, in
     rng = random.Random(7)  # noqa: S311 - demo data, not secrets
     agencies = [uuid.uuid4() for _ in range(AGENCIES)]
     expected: dict[tuple[uuid.UUID, uuid.UUID], tuple[str, int]] = {}
-    with psycopg.connect(dsn) as db:
+    # The identity side records them as the membership producer's runtime role.
+    with psycopg.connect(runtime_dsn(dsn, "identity_membership_producer")) as db:
         for _ in range(AGENTS):
             agent = uuid.uuid4()
             for agency in rng.sample(agencies, rng.choice((1, 1, 2))):

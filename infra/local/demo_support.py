@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
 from pathlib import Path
 
@@ -46,7 +46,17 @@ def await_(condition: Callable[[], bool], timeout: float, what: str) -> None:
 class Service:
     """A service started through its console script, as an operator would, until stopped."""
 
-    def __init__(self, script: str, args: list[str], env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        script: str,
+        args: list[str],
+        env: Mapping[str, str],
+        *,
+        tool_env: Callable[[Sequence[str]], Mapping[str, str]] | None = None,
+    ) -> None:
+        """`env` is the service's; `tool_env(args)` what `run(*args)` changes in it (the
+        login of the command's runtime role: an operator's command is not the worker's)."""
+        self.tool_env = tool_env
         self.port = free_port()
         self.name = f"{script} {' '.join(args)}"
         prefix = script.upper().replace("-", "_")
@@ -71,9 +81,10 @@ class Service:
         if not quiet:
             console.print(f"$ {self.script} {' '.join(args)}")
         width = 250 if quiet else console.width
+        login = dict(self.tool_env(args)) if self.tool_env is not None else {}
         result = subprocess.run(
             [bin_path(self.script), *args],
-            env=self.env | {"COLUMNS": str(width)},
+            env=self.env | login | {"COLUMNS": str(width)},
             capture_output=True,
             text=True,
             check=True,
