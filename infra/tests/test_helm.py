@@ -183,12 +183,71 @@ def test_relay_runs_as_its_own_deployment_unless_told_otherwise() -> None:
         ("rewards-membership", "replicaCount=4"),
         ("rewards-membership", "config.logLevel=LOUD"),
         ("rewards-membership", "database.existingSecret="),
+        ("rewards-membership", "database.consumer.existingSecret="),
+        ("identity-fanout", "database.relay.existingSecret="),
+        ("identity-fanout", "database.migration=null"),
+        ("identity-fanout", "config.dbRolePrefix=Prod-"),
     ],
 )
 def test_bad_values_are_rejected(chart: str, setting: str) -> None:
     with pytest.raises(subprocess.CalledProcessError) as failure:
         render(chart, "default", setting)
     assert "Error" in failure.value.stderr
+
+
+DATABASE_LOGINS = {
+    # chart -> the database login (values `database.<kind>`) of each container
+    "identity-fanout": {"migrate": "migration", "worker": "worker", "relay": "relay"},
+    "rewards-membership": {"migrate": "migration", "consumer": "consumer"},
+}
+
+
+def _dsn_secret(container: dict[str, Any], prefix: str) -> dict[str, str]:
+    (ref,) = [
+        env["valueFrom"]["secretKeyRef"]
+        for env in container["env"]
+        if env["name"] == prefix + "DATABASE_DSN"
+    ]
+    return dict(ref)
+
+
+@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_the_migration_job_and_each_pod_kind_log_in_with_their_own_secret(
+    chart: str, values: str
+) -> None:
+    _, prefix = SETTINGS[chart]
+    docs = render(chart, values)
+    chosen = yaml.safe_load((CHARTS / chart / "values.yaml").read_text())["database"]
+    if values == "production":
+        production = CHARTS / chart / "ci" / "production-values.yaml"
+        chosen = yaml.safe_load(production.read_text())["database"]
+    seen = {}
+    for _, container in containers(docs):
+        kind = DATABASE_LOGINS[chart][container["name"]]
+        seen[container["name"]] = _dsn_secret(container, prefix)
+        assert seen[container["name"]] == {
+            "name": chosen[kind]["existingSecret"],
+            "key": chosen[kind]["dsnKey"],
+        }
+    assert set(seen) == set(DATABASE_LOGINS[chart])
+    # The owner's Secret is the Job's alone: no long-running pod can change the schema.
+    owner = seen.pop("migrate")
+    assert owner not in seen.values()
+    assert len({ref["name"] for ref in seen.values()}) == len(seen)
+    (job,) = of_kind(docs, "Job")
+    (migrate,) = job["spec"]["template"]["spec"]["containers"]
+    plain = {env["name"]: env["value"] for env in migrate["env"] if "value" in env}
+    expected_prefix = "prod_" if values == "production" else ""
+    assert plain[prefix + "DB_ROLE_PREFIX"] == expected_prefix
+
+
+def test_workers_running_the_relay_keep_the_worker_login() -> None:
+    docs = render("identity-fanout", "default", "relay.separateDeployment=false")
+    assert sorted(c["name"] for _, c in containers(docs)) == ["migrate", "worker"]
+    (worker,) = [c for _, c in containers(docs) if c["name"] == "worker"]
+    assert worker["args"] == ["worker"]
+    assert _dsn_secret(worker, IDENTITY_PREFIX)["name"] == "identity-fanout-database-worker"
 
 
 def _tcp(*ports: int) -> list[dict[str, Any]]:

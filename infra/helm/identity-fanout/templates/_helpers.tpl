@@ -47,42 +47,47 @@ app.kubernetes.io/part-of: pin
 
 {{/*
 Environment of every container of the service: the ConfigMap (every non-secret setting) and
-the secrets, each by reference to an existing Secret.
+the secrets, each by reference to an existing Secret. `include "svc.env" (list . "worker")`:
+the second item names the pod kind's database login, `database.<kind>` (a runtime role's
+user; infra/README.md "Deploy" > "Database roles").
 */}}
 {{- define "svc.env" -}}
-{{- $prefix := include "svc.envPrefix" . -}}
+{{- $root := index . 0 -}}
+{{- $kind := index . 1 -}}
+{{- $login := index $root.Values.database $kind -}}
+{{- $prefix := include "svc.envPrefix" $root -}}
 envFrom:
   - configMapRef:
-      name: {{ include "svc.fullname" . }}
+      name: {{ include "svc.fullname" $root }}
 env:
   - name: {{ $prefix }}DATABASE_DSN
     valueFrom:
       secretKeyRef:
-        name: {{ .Values.database.existingSecret }}
-        key: {{ .Values.database.dsnKey }}
-  {{- if .Values.kafka.sasl.mechanism }}
+        name: {{ required (printf "database.%s.existingSecret is required" $kind) $login.existingSecret }}
+        key: {{ $login.dsnKey }}
+  {{- if $root.Values.kafka.sasl.mechanism }}
   - name: {{ $prefix }}KAFKA_SASL_USERNAME
     valueFrom:
       secretKeyRef:
-        name: {{ required "kafka.sasl.existingSecret is required when kafka.sasl.mechanism is set" .Values.kafka.sasl.existingSecret }}
-        key: {{ .Values.kafka.sasl.usernameKey }}
+        name: {{ required "kafka.sasl.existingSecret is required when kafka.sasl.mechanism is set" $root.Values.kafka.sasl.existingSecret }}
+        key: {{ $root.Values.kafka.sasl.usernameKey }}
   - name: {{ $prefix }}KAFKA_SASL_PASSWORD
     valueFrom:
       secretKeyRef:
-        name: {{ .Values.kafka.sasl.existingSecret }}
-        key: {{ .Values.kafka.sasl.passwordKey }}
+        name: {{ $root.Values.kafka.sasl.existingSecret }}
+        key: {{ $root.Values.kafka.sasl.passwordKey }}
   {{- end }}
-  {{- if .Values.kafka.tls.keyPasswordSecret }}
-  {{- if not .Values.kafka.tls.clientSecret }}
+  {{- if $root.Values.kafka.tls.keyPasswordSecret }}
+  {{- if not $root.Values.kafka.tls.clientSecret }}
   {{- fail "kafka.tls.keyPasswordSecret needs kafka.tls.clientSecret" }}
   {{- end }}
   - name: {{ $prefix }}KAFKA_SSL_KEY_PASSWORD
     valueFrom:
       secretKeyRef:
-        name: {{ .Values.kafka.tls.keyPasswordSecret }}
-        key: {{ .Values.kafka.tls.keyPasswordKey }}
+        name: {{ $root.Values.kafka.tls.keyPasswordSecret }}
+        key: {{ $root.Values.kafka.tls.keyPasswordKey }}
   {{- end }}
-  {{- with .Values.extraEnv }}
+  {{- with $root.Values.extraEnv }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end -}}
