@@ -81,7 +81,7 @@ def test_configmap_and_secret_refs_cover_every_setting(chart: str, values: str) 
     in_configmap = set(configmap["data"])
     assert in_configmap == expected - {prefix + name for name in SECRET_SETTINGS}
     for name, container in containers(docs):
-        if container["args"] == ["migrate"]:
+        if container.get("args") == ["migrate"]:
             continue
         refs = {
             env["name"]: env["valueFrom"]["secretKeyRef"]
@@ -121,11 +121,15 @@ def test_pods_are_hardened_and_probed(chart: str, values: str) -> None:
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
         assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]  # noqa: S108
+        assert container["resources"]["requests"]
+        assert container["resources"]["limits"]
+        if container["name"] == "ops":  # idle, for `kubectl exec`: serves nothing
+            assert "ports" not in container
+            assert "livenessProbe" not in container
+            continue
         assert container["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
         assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
         assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
-        assert container["resources"]["requests"]
-        assert container["resources"]["limits"]
 
 
 @pytest.mark.parametrize("chart", sorted(SETTINGS))
@@ -161,15 +165,15 @@ def test_monitoring_objects(chart: str) -> None:
 
 def test_relay_runs_as_its_own_deployment_unless_told_otherwise() -> None:
     apart = render("identity-fanout")
-    args = sorted(c["args"] for _, c in containers(of_kind(apart, "Deployment")))
-    assert args == [["relay"], ["worker", "--no-relay"]]
+    args = sorted(c.get("args", []) for _, c in containers(of_kind(apart, "Deployment")))
+    assert args == [[], ["relay"], ["worker", "--no-relay"]]  # [] the ops pod
     assert len(of_kind(apart, "PodDisruptionBudget")) == 2
     together = of_kind(
         render("identity-fanout", "default", "relay.separateDeployment=false"), "Deployment"
     )
-    assert [c["args"] for d in together for c in d["spec"]["template"]["spec"]["containers"]] == [
-        ["worker"]
-    ]
+    assert [
+        c.get("args") for d in together for c in d["spec"]["template"]["spec"]["containers"]
+    ] == [None, ["worker"]]
 
 
 @pytest.mark.parametrize(
@@ -197,8 +201,13 @@ def test_bad_values_are_rejected(chart: str, setting: str) -> None:
 
 DATABASE_LOGINS = {
     # chart -> the database login (values `database.<kind>`) of each container
-    "identity-fanout": {"migrate": "migration", "worker": "worker", "relay": "relay"},
-    "rewards-membership": {"migrate": "migration", "consumer": "consumer"},
+    "identity-fanout": {
+        "migrate": "migration",
+        "worker": "worker",
+        "relay": "relay",
+        "ops": "operator",
+    },
+    "rewards-membership": {"migrate": "migration", "consumer": "consumer", "ops": "operator"},
 }
 
 
@@ -242,9 +251,20 @@ def test_the_migration_job_and_each_pod_kind_log_in_with_their_own_secret(
     assert plain[prefix + "DB_ROLE_PREFIX"] == expected_prefix
 
 
+def test_the_ops_pod_waits_for_kubectl_exec_as_the_operator() -> None:
+    docs = render("rewards-membership", "default")
+    (ops,) = [c for _, c in containers(docs) if c["name"] == "ops"]
+    assert ops["command"][0] == "python"
+    assert "signal.pause()" in ops["command"][-1]
+    assert _dsn_secret(ops, REWARDS_PREFIX)["name"] == "rewards-membership-database-operator"
+    assert ops["envFrom"] == [{"configMapRef": {"name": "rewards-membership"}}]
+    without = render("rewards-membership", "default", "ops.enabled=false")
+    assert [c["name"] for _, c in containers(without)] == ["consumer", "migrate"]
+
+
 def test_workers_running_the_relay_keep_the_worker_login() -> None:
     docs = render("identity-fanout", "default", "relay.separateDeployment=false")
-    assert sorted(c["name"] for _, c in containers(docs)) == ["migrate", "worker"]
+    assert sorted(c["name"] for _, c in containers(docs)) == ["migrate", "ops", "worker"]
     (worker,) = [c for _, c in containers(docs) if c["name"] == "worker"]
     assert worker["args"] == ["worker"]
     assert _dsn_secret(worker, IDENTITY_PREFIX)["name"] == "identity-fanout-database-worker"
@@ -348,7 +368,7 @@ def test_client_certificate_is_mounted_and_its_key_password_referenced(chart: st
     )
     assert loaded.kafka_security()["ssl.key.location"] == "/etc/pin/kafka-client/tls.key"  # type: ignore[attr-defined]
     for name, container in containers(docs):
-        if container["args"] == ["migrate"]:
+        if container.get("args") == ["migrate"]:
             continue
         refs = {e["name"]: e["valueFrom"] for e in container["env"] if "valueFrom" in e}
         assert refs[prefix + "KAFKA_SSL_KEY_PASSWORD"]["secretKeyRef"] == {
