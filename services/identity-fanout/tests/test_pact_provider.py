@@ -64,6 +64,11 @@ class IdentityProvider:
     """The provider under verification: the real producers on a real identity database."""
 
     dsn: str
+    """The owner's: provider states set up and tear down with it, records are read with it."""
+    producer_dsn: str = ""
+    """The membership producer's login (its runtime role); empty: `dsn`."""
+    operator_dsn: str = ""
+    """The login `roles set-permissions` runs as (the operator's role); empty: `dsn`."""
     mutate: Mutation | None = None
     """Breaks the produced record on purpose (the failing-verification tests)."""
     context: dict[str, Any] = field(default_factory=dict)
@@ -150,9 +155,12 @@ class IdentityProvider:
                 self._permissions_changed
             ),
         }
-        with psycopg.connect(self.dsn) as conn:
-            message_id = producers[name](conn)
+        produce = producers[name]
+        login = self.operator_dsn if produce == self._permissions_changed else self.producer_dsn
+        with psycopg.connect(login or self.dsn) as conn:
+            message_id = produce(conn)
             conn.commit()
+        with psycopg.connect(self.dsn) as conn:
             record = outbox_record(conn, message_id)
         if self.mutate is not None:
             value = json.loads(record["contents"])
@@ -232,8 +240,9 @@ def _no_telemetry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def provider(identity_dsn: str) -> IdentityProvider:
-    return IdentityProvider(dsn=identity_dsn)
+def provider(identity_dsn: str, producer_dsn: str, operator_dsn: str) -> IdentityProvider:
+    """The producers as they run in production: each logged in as its runtime role."""
+    return IdentityProvider(dsn=identity_dsn, producer_dsn=producer_dsn, operator_dsn=operator_dsn)
 
 
 def test_the_pacts_are_there() -> None:
