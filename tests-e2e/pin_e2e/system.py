@@ -113,7 +113,7 @@ class System:
 
     # -- processes ------------------------------------------------------------------------
 
-    def _process(
+    def process(
         self, label: str, program: str, args: Sequence[str], env: Mapping[str, str], port: int
     ) -> ServiceProcess:
         process = ServiceProcess(
@@ -131,19 +131,19 @@ class System:
         """``identity-fanout worker`` (with its relay thread), not started yet."""
         port = free_port()
         env = self.identity_env(METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
-        return self._process(label, IDENTITY_FANOUT, ["worker", *args], env, port)
+        return self.process(label, IDENTITY_FANOUT, ["worker", *args], env, port)
 
     def relay(self, label: str = "relay", **settings: str) -> ServiceProcess:
         """``identity-fanout relay``: the relay as its own process (the chart's topology)."""
         port = free_port()
         env = self.identity_env(METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
-        return self._process(label, IDENTITY_FANOUT, ["relay"], env, port)
+        return self.process(label, IDENTITY_FANOUT, ["relay"], env, port)
 
     def consumer(self, label: str = "consumer", **settings: str) -> ServiceProcess:
         """``rewards-membership consume``, not started yet."""
         port = free_port()
         env = self.rewards_env(METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
-        return self._process(label, REWARDS_MEMBERSHIP, ["consume"], env, port)
+        return self.process(label, REWARDS_MEMBERSHIP, ["consume"], env, port)
 
     def identity_cli(self, *args: str) -> CommandResult:
         return run_cli(IDENTITY_FANOUT, args, self.identity_env())
