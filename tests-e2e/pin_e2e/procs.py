@@ -127,7 +127,7 @@ class ServiceProcess:
                 f"{self.name} exited with {self.process.returncode}: {self.log_tail()}"
             )
 
-    def _get(self, path: str) -> tuple[int, str]:
+    def get(self, path: str) -> tuple[int, str]:
         url = f"http://127.0.0.1:{self.metrics_port}{path}"
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
@@ -137,7 +137,7 @@ class ServiceProcess:
 
     def ready(self) -> bool:
         try:
-            status, _ = self._get("/readyz")
+            status, _ = self.get("/readyz")
         except OSError:
             return False
         return status == HTTPStatus.OK
@@ -149,7 +149,7 @@ class ServiceProcess:
 
     def metrics(self) -> dict[str, float]:
         """Every sample of ``/metrics`` by ``name{label="value",...}`` (labels sorted)."""
-        status, text = self._get("/metrics")
+        status, text = self.get("/metrics")
         assert status == HTTPStatus.OK, text
         samples: dict[str, float] = {}
         for family in text_string_to_metric_families(text):

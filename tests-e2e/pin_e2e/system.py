@@ -25,7 +25,18 @@ from pin_e2e.procs import (
 )
 from pin_testkit.runtime_roles import runtime_dsn
 
-__all__ = ["IDENTITY_TEMPLATE", "REWARDS_TEMPLATE", "System"]
+__all__ = [
+    "CONSUMER",
+    "IDENTITY_OPERATOR",
+    "IDENTITY_TEMPLATE",
+    "PRODUCER",
+    "RELAY",
+    "REWARDS_OPERATOR",
+    "REWARDS_TEMPLATE",
+    "WORKER",
+    "WORKER_WITH_RELAY",
+    "System",
+]
 
 # Every process logs in as its runtime role (pin_testkit.runtime_roles; the conftest makes
 # the logins): a statement its role was not granted fails the scenario.
@@ -126,7 +137,7 @@ class System:
 
     # -- processes ------------------------------------------------------------------------
 
-    def _process(
+    def process(
         self, label: str, program: str, args: Sequence[str], env: Mapping[str, str], port: int
     ) -> ServiceProcess:
         process = ServiceProcess(
@@ -145,13 +156,13 @@ class System:
         port = free_port()
         login = WORKER if "--no-relay" in args else WORKER_WITH_RELAY
         env = self.identity_env(login, METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
-        return self._process(label, IDENTITY_FANOUT, ["worker", *args], env, port)
+        return self.process(label, IDENTITY_FANOUT, ["worker", *args], env, port)
 
     def relay(self, label: str = "relay", **settings: str) -> ServiceProcess:
         """``identity-fanout relay``: the relay as its own process (the chart's topology)."""
         port = free_port()
         env = self.identity_env(RELAY, METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings)
-        return self._process(label, IDENTITY_FANOUT, ["relay"], env, port)
+        return self.process(label, IDENTITY_FANOUT, ["relay"], env, port)
 
     def consumer(self, label: str = "consumer", **settings: str) -> ServiceProcess:
         """``rewards-membership consume``, not started yet."""
@@ -159,7 +170,7 @@ class System:
         env = self.rewards_env(
             CONSUMER, METRICS_HOST="127.0.0.1", METRICS_PORT=str(port), **settings
         )
-        return self._process(label, REWARDS_MEMBERSHIP, ["consume"], env, port)
+        return self.process(label, REWARDS_MEMBERSHIP, ["consume"], env, port)
 
     def identity_cli(self, *args: str) -> CommandResult:
         """`memberships ...` as the membership producer, the runbook as the operator."""

@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
-from pin_runtime.errors import DeliveryError, KafkaSetupError, SettingsError
+from pin_runtime.errors import DeliveryError, KafkaSetupError, KafkaUnreachableError, SettingsError
 from pin_runtime.kafka import (
     KafkaClientSettings,
     admin_config,
@@ -316,7 +316,9 @@ def test_verify_connection_reports_unreachable_brokers_within_its_timeout() -> N
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     started = time.monotonic()
-    with pytest.raises(KafkaSetupError, match=rf"^Kafka brokers unreachable at 127.0.0.1:{port}"):
+    with pytest.raises(
+        KafkaUnreachableError, match=rf"^Kafka brokers unreachable at 127.0.0.1:{port}"
+    ):
         verify_connection({"bootstrap.servers": f"127.0.0.1:{port}"}, timeout=2)
     assert time.monotonic() - started < 6
 

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pin_runtime.errors import SettingsError
 from pin_runtime.tracing import (
     Headers,
+    RedactingExporter,
     configure_tracing,
     extract_context,
     inject_headers,
@@ -29,7 +30,10 @@ def exporters(provider: trace.TracerProvider) -> list[SpanExporter]:
     found: list[SpanExporter] = []
     for processor in processors:
         assert isinstance(processor, BatchSpanProcessor | SimpleSpanProcessor)
-        found.append(processor.span_exporter)
+        exporter = processor.span_exporter
+        # Every exporter is wrapped so that no configured secret leaves in a span.
+        assert isinstance(exporter, RedactingExporter)
+        found.append(exporter.wrapped)
     return found
 
 

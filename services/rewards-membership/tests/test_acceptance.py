@@ -223,6 +223,21 @@ def test_contract_version_mismatch_warns_and_proceeds(
     consumer.wait_handled(1)
     assert one(rows, agent, company)["membership_status"] == "Active"
     assert consumer.value("rewards_contract_mismatch_total", contract_version="2") == 1
+    # Versions a producer invents do not grow the label set: they count as "other".
+    weird = [(uuid.uuid4(), 17), (uuid.uuid4(), 2**31 - 1), (uuid.uuid4(), 900)]
+    for other, version in weird:
+        kafka.send_raw(
+            (str(other).encode(), raw(event(other, company, 1), ContractVersion=version), None)
+        )
+    consumer.wait_handled(1 + len(weird))
+    assert consumer.value("rewards_contract_mismatch_total", contract_version="other") == 3
+    labels = {
+        sample.labels["contract_version"]
+        for metric in consumer.metrics.registry.collect()
+        for sample in metric.samples
+        if sample.name == "rewards_contract_mismatch_total"
+    }
+    assert labels == {"2", "other"}
 
 
 def dead_letters(settings: Settings) -> list[Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "DeliveryError",
     "KafkaSetupError",
+    "KafkaUnreachableError",
     "MigrationError",
     "PinRuntimeError",
     "SettingsError",
@@ -30,6 +31,10 @@ class MigrationError(PinRuntimeError):
 
 class KafkaSetupError(PinRuntimeError):
     """Topics could not be created or did not become available in time."""
+
+
+class KafkaUnreachableError(KafkaSetupError):
+    """No broker answered in time: an outage a process may wait out (unlike a refused login)."""
 
 
 class DeliveryError(PinRuntimeError):

@@ -9,16 +9,18 @@ librdkafka's background threads into one clear error at start-up.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NoReturn
 
 import msgspec
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from pin_runtime.errors import KafkaSetupError
-from pin_runtime.settings import Secret
+from pin_runtime.errors import KafkaSetupError, KafkaUnreachableError
+from pin_runtime.logging import log_event
+from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE, Secret
 
 __all__ = [
     "ConfigValue",
@@ -26,6 +28,7 @@ __all__ = [
     "KafkaConfig",
     "SaslMechanism",
     "SecurityProtocol",
+    "kafka_or_exit",
     "security_config",
     "verify_connection",
 ]
@@ -41,6 +44,7 @@ _SECRET_KEYS: Final = ("sasl.password", "ssl.key.password")
 # or (TLS 1.3) the broker's alert after the handshake, e.g. for a missing client certificate.
 _TLS_MARKS: Final = ("SSL handshake failed", "ssl/tls alert", "SSL routines")
 _PROBE_SLICE: Final = 0.5  # seconds per metadata attempt, so error callbacks are seen promptly
+_log = logging.getLogger("pin_runtime.kafka")
 _verify_log = logging.getLogger("pin_runtime.kafka.librdkafka")
 
 
@@ -202,7 +206,9 @@ def verify_connection(config: Mapping[str, ConfigValue], *, timeout: float = 10.
         # alive in the traceback of the error raised below.
         del admin
     if problem is not None:
-        raise KafkaSetupError(_scrub(problem, secrets))
+        unreachable, message = problem
+        error = KafkaUnreachableError if unreachable else KafkaSetupError
+        raise error(_scrub(message, secrets))
 
 
 def _probe(
@@ -210,8 +216,8 @@ def _probe(
     errors: list[KafkaError],
     config: Mapping[str, ConfigValue],
     timeout: float,
-) -> str | None:
-    """None once a broker answered; else the one-line problem."""
+) -> tuple[bool, str] | None:
+    """None once a broker answered; else (unreachable, the one-line problem)."""
     bootstrap = str(config.get("bootstrap.servers", ""))
     deadline = time.monotonic() + timeout
     last: KafkaError | None = None
@@ -227,11 +233,11 @@ def _probe(
         admin.poll(0)  # serves error_cb
         verdict = _verdict(errors, config, bootstrap)
         if verdict is not None:
-            return verdict
+            return False, verdict
         if remaining <= 0:
             seen = errors[-1] if errors else last
             detail = f": {seen.str()}" if seen is not None else ""
-            return f"Kafka brokers unreachable at {bootstrap} within {timeout:g}s{detail}"
+            return True, f"Kafka brokers unreachable at {bootstrap} within {timeout:g}s{detail}"
 
 
 def _verdict(
@@ -263,3 +269,29 @@ def _scrub(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, "***")
     return text.replace("\n", " ")
+
+
+def kafka_or_exit(
+    settings: KafkaClientSettings, prefix: str, *, command: str, timeout: float = 15.0
+) -> None:
+    """The start of every command that talks to Kafka: bootstrap set, credentials accepted.
+
+    A missing bootstrap, or credentials or TLS settings the brokers refuse: one line on
+    stderr and exit 2, as for any bad setting (retrying cannot fix either, and a crash loop
+    with a clear line beats a pod that looks healthy and never consumes). No broker answering
+    is an outage, not a mistake: logged, and the command's loop waits it out with backoff.
+    """
+    if not settings.kafka_bootstrap.strip():
+        _exit_with(f"config error: {prefix}KAFKA_BOOTSTRAP: required by `{command}`")
+    try:
+        verify_connection(settings.kafka_connection(), timeout=timeout)
+    except KafkaUnreachableError as exc:
+        log_event(_log, "kafka unreachable at start", logging.WARNING, reason=str(exc))
+    except KafkaSetupError as exc:
+        _exit_with(f"config error: {prefix}KAFKA_*: {exc}")
+
+
+def _exit_with(line: str) -> NoReturn:
+    sys.stderr.write(line.replace("\n", " ") + "\n")
+    sys.stderr.flush()
+    raise SystemExit(CONFIG_ERROR_EXIT_CODE)

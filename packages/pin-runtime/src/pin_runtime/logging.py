@@ -11,10 +11,13 @@ import datetime
 import logging
 import sys
 from collections.abc import Mapping
+from types import TracebackType
 from typing import IO, Any, Final, Literal
 
 import msgspec
 from opentelemetry import trace
+
+from pin_runtime.settings import redact
 
 __all__ = [
     "FIELDS_ATTRIBUTE",
@@ -78,11 +81,12 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
         try:
-            return self._encoder.encode(out).decode()
+            line = self._encoder.encode(out).decode()
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             out = {k: v if k in _CORE else repr(v) for k, v in out.items()}
             out["encode_error"] = str(exc)
-            return self._encoder.encode(out).decode()
+            line = self._encoder.encode(out).decode()
+        return redact(line)
 
 
 def _fields(record: logging.LogRecord) -> list[tuple[str, Any]]:
@@ -117,4 +121,16 @@ def configure_logging(
     root.addHandler(handler)
     root.setLevel(level)
     logging.captureWarnings(True)
+    # An exception nobody caught would otherwise reach stderr through Python's own hook,
+    # unredacted: it goes through the log as one JSON line instead.
+    sys.excepthook = _log_unhandled
     return handler
+
+
+def _log_unhandled(
+    kind: type[BaseException], value: BaseException, tb: TracebackType | None
+) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, value, tb)
+        return
+    logging.getLogger("pin_runtime").critical("unhandled exception", exc_info=(kind, value, tb))

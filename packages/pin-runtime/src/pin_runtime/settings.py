@@ -24,6 +24,7 @@ __all__ = [
     "Secret",
     "load_settings",
     "parse_duration",
+    "redact",
     "redact_dsn",
     "settings_for_log",
     "settings_or_exit",
@@ -43,13 +44,62 @@ _COLLECTIONS = (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)
 _JSON_SHAPED = (mi.DictType, mi.StructType, mi.DataclassType, mi.TypedDictType, mi.TupleType)
 
 
+_SHOWN_AS: Final = "***"
+_SHORTEST_REDACTED: Final = 4
+"""Shorter values are not scrubbed from text: replacing "ab" everywhere would garble logs
+and hide nothing worth hiding (no real password or key is that short)."""
+_known_secrets: set[str] = set()
+
+
+def _register_secret(value: str) -> None:
+    """Remember `value`, and a DSN's password, so `redact` can scrub them from any text."""
+    for candidate in (value, *_dsn_passwords(value)):
+        if len(candidate) >= _SHORTEST_REDACTED:
+            # As written, and as it reads inside a JSON string (a quote or backslash escaped).
+            _known_secrets.add(candidate)
+            _known_secrets.add(msgspec.json.encode(candidate).decode()[1:-1])
+
+
+def _dsn_passwords(text: str) -> list[str]:
+    # A libpq URL's user:password@ and ?password=, or a key=value DSN's password=...: the
+    # forms in which a driver's error message may echo a password back.
+    # user:password@ wherever it stands: a malformed DSN is not always a well-formed URL.
+    found = re.findall(r"[^\s:/@?#]*:([^\s/?#@]+)@", text)
+    found += re.findall(r"[?&]password=([^&#]*)", text, flags=re.IGNORECASE)
+    found += [
+        value.strip("'")
+        for value in re.findall(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", text, re.I)
+    ]
+    return found
+
+
+def redact(text: str) -> str:
+    """`text` with every secret this process was configured with replaced by ***.
+
+    The last line of defence for text that may quote a secret by accident: a driver's error
+    about a malformed DSN repeats the DSN, password included. Log lines, span attributes
+    and the CLIs' error lines pass through here.
+    """
+    if not _known_secrets or not text:
+        return text
+    for secret in sorted(_known_secrets, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, _SHOWN_AS)
+    return text
+
+
 class Secret:
-    """A string that never shows itself in `repr`, `str` or logs; `reveal()` to use it."""
+    """A string that never shows itself in `repr`, `str` or logs; `reveal()` to use it.
+
+    Every Secret's value (and a DSN's password) is also scrubbed by `redact` from whatever
+    the process logs or traces.
+    """
 
     __slots__ = ("_value",)
 
     def __init__(self, value: str) -> None:
         self._value = value
+        _register_secret(value)
 
     def reveal(self) -> str:
         return self._value

@@ -18,18 +18,24 @@ from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
     SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
 )
+from opentelemetry.trace import Status
 from opentelemetry.util.re import parse_env_headers
+from opentelemetry.util.types import Attributes, AttributeValue
 
 from pin_runtime.errors import SettingsError
+from pin_runtime.settings import redact
 
 __all__ = [
     "Headers",
+    "RedactingExporter",
     "configure_tracing",
     "extract_context",
     "inject_headers",
@@ -63,14 +69,69 @@ def configure_tracing(
         sdk = TracerProvider(resource=_resource(service_name, env))
         for name in _exporter_names(env):
             if name == "otlp":
-                sdk.add_span_processor(BatchSpanProcessor(_otlp_exporter(env)))
+                sdk.add_span_processor(BatchSpanProcessor(RedactingExporter(_otlp_exporter(env))))
             elif name == "console":
                 # stderr: stdout carries one JSON log object per line and must stay parseable.
-                sdk.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+                console = ConsoleSpanExporter(out=sys.stderr)
+                sdk.add_span_processor(SimpleSpanProcessor(RedactingExporter(console)))
         provider = sdk
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
+
+
+class RedactingExporter(SpanExporter):
+    """Exports spans with every configured secret scrubbed (`pin_runtime.settings.redact`).
+
+    An exception recorded on a span carries its message, and a driver's message may quote a
+    DSN; the collector, and whoever reads traces, must never see it.
+    """
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self._exporter = exporter
+
+    @property
+    def wrapped(self) -> SpanExporter:
+        return self._exporter
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._exporter.export([_redacted(span) for span in spans])
+
+    def shutdown(self) -> None:
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._exporter.force_flush(timeout_millis)
+
+
+def _redacted(span: ReadableSpan) -> ReadableSpan:
+    status = span.status
+    if status.description:
+        status = Status(status.status_code, redact(status.description))
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=_redacted_attributes(span.attributes),
+        events=[
+            Event(e.name, _redacted_attributes(e.attributes), timestamp=e.timestamp)
+            for e in span.events
+        ],
+        links=span.links,
+        kind=span.kind,
+        status=status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
+def _redacted_attributes(attributes: Attributes) -> dict[str, AttributeValue]:
+    return {
+        key: redact(value) if isinstance(value, str) else value
+        for key, value in (attributes or {}).items()
+    }
 
 
 def shutdown_tracing(provider: trace.TracerProvider, timeout_millis: int = 5000) -> None:

@@ -26,7 +26,7 @@ from identity_fanout.schema import migrate_database
 from identity_fanout.settings import ENV_PREFIX, Settings
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
-from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE, settings_or_exit
+from pin_runtime.settings import redact, settings_or_exit
 
 # Plain messages never wrap (scripts parse them); tables take the terminal's width.
 _console = Console(soft_wrap=True)
@@ -287,19 +287,20 @@ def _needs_kafka(args: argparse.Namespace) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = settings_or_exit(Settings, ENV_PREFIX)
-    if _needs_kafka(args) and not settings.kafka_bootstrap.strip():
-        sys.stderr.write(
-            f"config error: {ENV_PREFIX}KAFKA_BOOTSTRAP: required by `{args.command}`\n"
-        )
-        return CONFIG_ERROR_EXIT_CODE
+    if _needs_kafka(args):
+        from pin_runtime.kafka_security import kafka_or_exit  # noqa: PLC0415 - Kafka only when needed
+
+        kafka_or_exit(settings, ENV_PREFIX, command=args.command)
     try:
         _run(args, settings)
     except IdentityFanoutError as exc:
-        _errors.print(f"error: {exc}", markup=False, highlight=False)
+        _errors.print(f"error: {redact(str(exc))}", markup=False, highlight=False)
         return 1
     except psycopg.OperationalError as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        _errors.print(f"error: database unavailable: {first_line}", markup=False, highlight=False)
+        _errors.print(
+            f"error: database unavailable: {redact(first_line)}", markup=False, highlight=False
+        )
         return 1
     return 0
 

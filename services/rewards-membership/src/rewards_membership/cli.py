@@ -26,10 +26,12 @@ from rich.table import Table
 from pin_runtime.errors import SettingsError
 from pin_runtime.http import Heartbeat
 from pin_runtime.kafka import create_consumer
+from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.logging import configure_logging, log_event
 from pin_runtime.settings import (
     CONFIG_ERROR_EXIT_CODE,
     parse_duration,
+    redact,
     settings_or_exit,
     unknown_variables,
 )
@@ -115,17 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _require_kafka(settings: Settings) -> None:
-    if not settings.kafka_bootstrap.strip():
-        sys.stderr.write(
-            f"config error: {ENV_PREFIX}KAFKA_BOOTSTRAP: required by this command but not set\n"
-        )
-        raise SystemExit(CONFIG_ERROR_EXIT_CODE)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_or_exit(Settings, ENV_PREFIX)
+    try:
+        return _run(args, settings)
+    except psycopg.OperationalError as exc:
+        # The same one line as identity-fanout's CLI, never a traceback quoting the DSN.
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        sys.stderr.write(f"error: database unavailable: {redact(first_line)}\n")
+        return 1
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
     configure_logging(settings.log_level, SERVICE_NAME)
     for variable in unknown_variables(Settings, ENV_PREFIX):
         log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
@@ -138,10 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_event(_log, "migrations applied", applied=applied)
         return 0
     if args.command == "consume":
-        _require_kafka(settings)
+        kafka_or_exit(settings, ENV_PREFIX, command="consume")
         return _consume(settings)
     if args.command == "dlq":
-        _require_kafka(settings)
+        kafka_or_exit(settings, ENV_PREFIX, command=f"dlq {args.dlq_command}")
         if args.dlq_command == "list":
             return _dlq_list(settings, args.limit)
         return _dlq_replay(

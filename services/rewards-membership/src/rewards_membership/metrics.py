@@ -8,7 +8,18 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["Metrics"]
+__all__ = ["CONTRACT_VERSION_LABELS", "Metrics", "contract_version_label"]
+
+CONTRACT_VERSION_LABELS = 16
+"""ContractVersion values 1..16 get a label of their own; any other value the contract admits
+(up to 2^31 - 1: whatever a producer put on the wire) is counted under "other", so a bad
+producer cannot grow the number of series without bound."""
+
+
+def contract_version_label(version: int) -> str:
+    """The `contract_version` label of a ContractVersion read from the wire (bounded)."""
+    return str(version) if 1 <= version <= CONTRACT_VERSION_LABELS else "other"
+
 
 # Per-message latency of a batch (poll return -> offsets committed), in milliseconds.
 _DURATION_BUCKETS_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)

@@ -20,7 +20,7 @@ from pin_contracts import TRACEPARENT_HEADER
 from pin_runtime.logging import log_event
 from pin_runtime.tracing import extract_context
 from rewards_membership.deadletter import Position, Receipt
-from rewards_membership.metrics import Metrics
+from rewards_membership.metrics import Metrics, contract_version_label
 from rewards_membership.plan import Outcome
 from rewards_membership.records import key_text, offset_of, partition_of
 from rewards_membership.validation import EXPECTED_CONTRACT_VERSION, InvalidEvent, MembershipChange
@@ -132,7 +132,7 @@ class BatchReporter:
     def _report_warnings(self, item: MembershipChange) -> None:
         metrics = self._metrics
         if item.contract_mismatch:
-            metrics.contract_mismatch.labels(str(item.contract_version)).inc()
+            metrics.contract_mismatch.labels(contract_version_label(item.contract_version)).inc()
             log_event(
                 _log,
                 "contract-version-mismatch",

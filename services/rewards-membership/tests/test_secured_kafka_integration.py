@@ -1,0 +1,104 @@
+"""The consumer against a broker that requires SCRAM over TLS: right credentials work, wrong
+ones stop the process at once with one line (and never the password)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from pin_contracts import AgentMembershipStatus, encode, envelope_for, headers_for, kafka_key
+from pin_runtime.delivery import DeliveryTracker, flush_or_raise
+from pin_runtime.kafka import create_admin, create_producer, ensure_topics
+from pin_runtime.settings import load_settings
+from pin_testkit.secured import SecuredKafka
+from rewards_membership.settings import ENV_PREFIX, Settings
+
+CLI = str(Path(sys.executable).with_name("rewards-membership"))
+
+
+def _settings(secured: SecuredKafka, database: str, **overrides: str) -> Settings:
+    topic, dlq = (f"pin-test.{uuid.uuid4().hex[:12]}" for _ in range(2))
+    environ = {
+        **secured.environment(ENV_PREFIX),
+        f"{ENV_PREFIX}DATABASE_DSN": database,
+        f"{ENV_PREFIX}TOPIC": topic,
+        f"{ENV_PREFIX}DLQ_TOPIC": dlq,
+        f"{ENV_PREFIX}GROUP_ID": f"secured-{uuid.uuid4().hex[:8]}",
+        f"{ENV_PREFIX}POLL_TIMEOUT": "200ms",
+        f"{ENV_PREFIX}LAG_INTERVAL": "200ms",
+        **{f"{ENV_PREFIX}{k}": v for k, v in overrides.items()},
+    }
+    return load_settings(Settings, ENV_PREFIX, environ)
+
+
+def test_consumer_applies_events_over_scram_and_tls(
+    *,
+    secured_kafka: SecuredKafka,
+    database: str,
+    event: Callable[..., Any],
+    rows: Callable[..., list[dict[str, Any]]],
+    wait: Callable[..., None],
+    start_consumer: Callable[..., Any],
+) -> None:
+    settings = _settings(secured_kafka, database)
+    security = settings.kafka_security()
+    admin = create_admin(secured_kafka.bootstrap, client_id="secured-test", extra=security)
+    ensure_topics(admin, [(settings.topic, 3), (settings.dlq_topic, 3)])
+    agent, agency = uuid.uuid4(), uuid.uuid4()
+    envelope = envelope_for(event(agent, agency, 1, AgentMembershipStatus.ACTIVE))
+    producer = create_producer(secured_kafka.bootstrap, client_id="secured-test", extra=security)
+    tracker = DeliveryTracker[int]()
+    producer.produce(
+        settings.topic,
+        key=kafka_key(envelope),
+        value=encode(envelope),
+        headers=headers_for(envelope),
+        on_delivery=tracker,
+    )
+    flush_or_raise(producer, 30.0, tracker)
+
+    # The suite's consumer, every setting taken from the secured environment.
+    consumer = start_consumer(**msgspec.structs.asdict(settings))
+    wait(lambda: len(rows()) == 1, timeout=60, what="the event applied over SASL_SSL")
+    consumer.close()
+    [row] = rows()
+    assert (row["agent_user_id"], row["company_id"], row["membership_status"]) == (
+        agent,
+        agency,
+        "Active",
+    )
+
+
+def test_consume_with_a_wrong_password_stops_at_once_with_one_line(
+    secured_kafka: SecuredKafka, database: str
+) -> None:
+    wrong = f"wrong-{uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    env |= {
+        **secured_kafka.environment(ENV_PREFIX),
+        f"{ENV_PREFIX}KAFKA_SASL_PASSWORD": wrong,
+        f"{ENV_PREFIX}DATABASE_DSN": database,
+    }
+    started = time.monotonic()
+    result = subprocess.run(
+        [CLI, "consume"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    took = time.monotonic() - started
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith(
+        f"config error: {ENV_PREFIX}KAFKA_*: Kafka authentication failed for user "
+        f"'{secured_kafka.username}'"
+    ), result.stderr
+    assert took < 30, took
+    for output in (result.stdout, result.stderr):
+        assert wrong not in output
+        assert secured_kafka.password not in output
