@@ -25,18 +25,20 @@ from pin_testkit.secured import SecuredKafka
 CLI = str(Path(sys.executable).with_name("identity-fanout"))
 
 
-def test_relay_publishes_over_scram_and_tls(secured_kafka: SecuredKafka, identity_dsn: str) -> None:
+def test_relay_publishes_over_scram_and_tls(
+    secured_kafka: SecuredKafka, producer_dsn: str, relay_dsn: str
+) -> None:
     settings = load_settings(
         Settings,
         ENV_PREFIX,
-        {**secured_kafka.environment(ENV_PREFIX), f"{ENV_PREFIX}DATABASE_DSN": identity_dsn},
+        {**secured_kafka.environment(ENV_PREFIX), f"{ENV_PREFIX}DATABASE_DSN": relay_dsn},
     )
     security = settings.kafka_security()
     admin = create_admin(secured_kafka.bootstrap, client_id="secured-test", extra=security)
     topic = AGENT_MEMBERSHIP_CHANGED
     ensure_topics(admin, [(topic.name, topic.partitions, topic.config())])
     agent = uuid.uuid4()
-    with psycopg.connect(identity_dsn) as conn:
+    with psycopg.connect(producer_dsn) as conn:
         join_agency(conn, agent, uuid.uuid4())
 
     with OutboxRelay.from_settings(settings, registry=CollectorRegistry()) as relay:
@@ -68,14 +70,14 @@ def test_relay_publishes_over_scram_and_tls(secured_kafka: SecuredKafka, identit
 
 
 def test_relay_with_a_wrong_password_stops_at_once_with_one_line(
-    secured_kafka: SecuredKafka, identity_dsn: str
+    secured_kafka: SecuredKafka, relay_dsn: str
 ) -> None:
     wrong = f"wrong-{uuid.uuid4().hex}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     env |= {
         **secured_kafka.environment(ENV_PREFIX),
         f"{ENV_PREFIX}KAFKA_SASL_PASSWORD": wrong,
-        f"{ENV_PREFIX}DATABASE_DSN": identity_dsn,
+        f"{ENV_PREFIX}DATABASE_DSN": relay_dsn,
     }
     started = time.monotonic()
     result = subprocess.run(

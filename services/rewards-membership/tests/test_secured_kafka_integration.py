@@ -42,13 +42,13 @@ def _settings(secured: SecuredKafka, database: str, **overrides: str) -> Setting
 def test_consumer_applies_events_over_scram_and_tls(
     *,
     secured_kafka: SecuredKafka,
-    database: str,
+    consumer_dsn: str,
     event: Callable[..., Any],
     rows: Callable[..., list[dict[str, Any]]],
     wait: Callable[..., None],
     start_consumer: Callable[..., Any],
 ) -> None:
-    settings = _settings(secured_kafka, database)
+    settings = _settings(secured_kafka, consumer_dsn)
     security = settings.kafka_security()
     admin = create_admin(secured_kafka.bootstrap, client_id="secured-test", extra=security)
     ensure_topics(admin, [(settings.topic, 3), (settings.dlq_topic, 3)])
@@ -78,14 +78,14 @@ def test_consumer_applies_events_over_scram_and_tls(
 
 
 def test_consume_with_a_wrong_password_stops_at_once_with_one_line(
-    secured_kafka: SecuredKafka, database: str
+    secured_kafka: SecuredKafka, consumer_dsn: str
 ) -> None:
     wrong = f"wrong-{uuid.uuid4().hex}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     env |= {
         **secured_kafka.environment(ENV_PREFIX),
         f"{ENV_PREFIX}KAFKA_SASL_PASSWORD": wrong,
-        f"{ENV_PREFIX}DATABASE_DSN": database,
+        f"{ENV_PREFIX}DATABASE_DSN": consumer_dsn,
     }
     started = time.monotonic()
     result = subprocess.run(
