@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, RUNTIME_ROLES, WORKER
@@ -29,6 +32,7 @@ TABLES = (
     "agent_memberships",
     "schema_migrations",
 )
+CLI = str(Path(sys.executable).with_name("identity-fanout"))
 PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 
 
@@ -108,11 +112,61 @@ def test_roles_of_pin_local_are_the_declared_ones() -> None:
 
 
 def test_a_bad_role_prefix_is_a_config_error() -> None:
-    cli = str(Path(sys.executable).with_name("identity-fanout"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
     env |= {"IDENTITY_FANOUT_DATABASE_DSN": "x", "IDENTITY_FANOUT_DB_ROLE_PREFIX": "Prod-"}
     result = subprocess.run(
-        [cli, "migrate"], env=env, capture_output=True, text=True, timeout=60, check=False
+        [CLI, "migrate"], env=env, capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 2
     assert result.stderr.startswith("config error: IDENTITY_FANOUT_DB_ROLE_PREFIX:")
+
+
+def test_migrate_without_createrole_names_the_roles_to_create(postgres_admin_dsn: str) -> None:
+    """An owner that may not create roles: one line naming them, exit 1; once an
+    administrator made them, the same owner grants to them."""
+    prefix = f"t{uuid.uuid4().hex[:10]}_"
+    owner, database = f"{prefix}owner", f"{prefix}identity"
+    roles = [prefix + role.name for role in RUNTIME_ROLES]
+    with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(owner)))
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                sql.Identifier(database), sql.Identifier(owner)
+            )
+        )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
+    env |= {
+        "IDENTITY_FANOUT_DATABASE_DSN": make_conninfo(
+            postgres_admin_dsn, dbname=database, user=owner
+        ),
+        "IDENTITY_FANOUT_DB_ROLE_PREFIX": prefix,
+    }
+    try:
+        refused = subprocess.run(
+            [CLI, "migrate"], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert refused.returncode == 1, refused.stderr
+        [line] = refused.stderr.strip().splitlines()
+        assert line.startswith("error: database role(s) ")
+        assert ", ".join(roles) in line
+        assert f"CREATE ROLE {prefix}identity_fanout_worker NOLOGIN" in line
+        with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
+            for role in roles:
+                admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        granted = subprocess.run(
+            [CLI, "migrate"], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert granted.returncode == 0, granted.stderr
+        with psycopg.connect(make_conninfo(postgres_admin_dsn, dbname=database)) as conn:
+            [(held,)] = conn.execute(
+                "SELECT has_table_privilege(%s, 'identity.outbox', 'DELETE')",
+                (f"{prefix}identity_fanout_relay",),
+            ).fetchall()
+        assert held
+    finally:
+        with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
+            )
+            for role in [*roles, owner]:
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))

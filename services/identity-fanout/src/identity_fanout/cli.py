@@ -26,11 +26,12 @@ from identity_fanout.schema import migrate_database
 from identity_fanout.settings import ENV_PREFIX, Settings
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
+from pin_runtime.errors import MigrationError
 from pin_runtime.settings import redact, settings_or_exit
 
 # Plain messages never wrap (scripts parse them); tables take the terminal's width.
 _console = Console(soft_wrap=True)
-_errors = Console(stderr=True)
+_errors = Console(stderr=True, soft_wrap=True)
 
 
 def _uuid(text: str) -> UUID:
@@ -293,7 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         kafka_or_exit(settings, ENV_PREFIX, command=args.command)
     try:
         _run(args, settings)
-    except IdentityFanoutError as exc:
+    except (IdentityFanoutError, MigrationError) as exc:
+        # MigrationError: `migrate` refused (an edited file, roles it may not create).
         _errors.print(f"error: {redact(str(exc))}", markup=False, highlight=False)
         return 1
     except psycopg.OperationalError as exc:

@@ -23,7 +23,7 @@ from psycopg.rows import TupleRow
 from rich.console import Console
 from rich.table import Table
 
-from pin_runtime.errors import SettingsError
+from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import Heartbeat
 from pin_runtime.kafka import create_consumer
 from pin_runtime.kafka_security import kafka_or_exit
@@ -126,6 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The same one line as identity-fanout's CLI, never a traceback quoting the DSN.
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         sys.stderr.write(f"error: database unavailable: {redact(first_line)}\n")
+        return 1
+    except MigrationError as exc:
+        # `migrate` refused (an edited file, roles it may not create): one line, exit 1.
+        sys.stderr.write(f"error: {redact(str(exc))}\n")
         return 1
 
 
