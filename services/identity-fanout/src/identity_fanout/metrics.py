@@ -71,6 +71,13 @@ class FanoutMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.shards = Counter(
+            "identity_access_fanout_shards",
+            "Shard runs of large tasks ended, by outcome: completed, failed (poison), "
+            "lease_lost, released. The whole task counts once in identity_access_fanout_tasks.",
+            ["outcome"],
+            registry=registry,
+        )
         self.batches = Counter(
             "identity_access_fanout_batches",
             "Batches committed (events + checkpoint in one transaction).",
@@ -100,3 +107,4 @@ class FanoutMetrics:
             self.errors.labels(kind=kind)
         for outcome in ("completed", "failed", "lease_lost", "released"):
             self.tasks.labels(outcome=outcome)
+            self.shards.labels(outcome=outcome)

@@ -20,6 +20,7 @@ TASK_COLUMNS: Final = (
     "started_at",
     "completed_at",
     "updated_at",
+    "shard_count",
 )
 
 # Claim one task: the oldest Pending one, or an InProgress one whose lease expired (its
@@ -33,6 +34,7 @@ WITH candidate AS (
     FROM identity.access_fanout_tasks
     WHERE status IN ('Pending', 'InProgress')
       AND (status = 'Pending' OR lease_expires_at < now())
+      AND shard_count = 0
     ORDER BY created_at, id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
