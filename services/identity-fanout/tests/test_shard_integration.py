@@ -139,8 +139,11 @@ def test_two_workers_share_a_three_shard_role_each_user_exactly_once(
             first_batch.add(me)
             both_busy.wait()
 
-    a, metrics_a = new_worker(identity_dsn, pool, stop, on_shard_batch=meet)
-    b, metrics_b = new_worker(identity_dsn, pool, stop, on_shard_batch=meet)
+    # Short polling: a worker that looked before the split and missed its NOTIFY (LISTEN
+    # starts with its first wait) still comes back for a shard in time.
+    poll = timedelta(milliseconds=200)
+    a, metrics_a = new_worker(identity_dsn, pool, stop, polling=poll, on_shard_batch=meet)
+    b, metrics_b = new_worker(identity_dsn, pool, stop, polling=poll, on_shard_batch=meet)
     caplog.set_level(logging.INFO)
     with Running(a, b, stop=stop):
         wait_until(lambda: task_row(db, task_id)["status"] == "Completed", what="Completed")

@@ -1,0 +1,115 @@
+"""Measurement: a large role fanned out by one vs two `worker --no-relay` processes.
+
+Clock: from the set-role-permissions commit to the task's Completed status (the outbox is
+not drained: no relay runs). Compares the task as one unit (ShardSize above the role) with
+the task split into shards (the default ShardSize), taken by one and by two workers.
+
+    uv run python bench/fanout/shards.py [--users 200000] [--runs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from rich.table import Table
+from run import PERMISSION_SETS, console, free_port, ready, seed, wait_for
+
+from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.schema import migrate_database
+
+SETUPS: dict[str, tuple[int, str]] = {
+    "1 worker, one unit": (1, "100000000"),
+    "1 worker, sharded": (1, "25000"),
+    "2 workers, sharded": (2, "25000"),
+}
+
+
+def measure(dsn: str, role: UUID, *, workers: int, shard_size: str, run: int) -> float:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")} | {
+        "IDENTITY_FANOUT_DATABASE_DSN": dsn,
+        "IDENTITY_FANOUT_SHARD_SIZE": shard_size,
+        "IDENTITY_FANOUT_LOG_LEVEL": "WARNING",
+    }
+    script = str(Path(sys.executable).with_name("identity-fanout"))
+    ports = [free_port() for _ in range(workers)]
+    processes = [
+        subprocess.Popen(
+            [script, "worker", "--no-relay"],
+            env=env | {"IDENTITY_FANOUT_METRICS_PORT": str(port)},
+        )
+        for port in ports
+    ]
+    try:
+        with psycopg.connect(dsn, autocommit=True) as db:
+            db.execute("TRUNCATE identity.outbox")
+            for port in ports:
+                wait_for(lambda port=port: ready(port), 60)  # type: ignore[misc]
+            change = set_role_permissions(db, role, PERMISSION_SETS[run % 2], inline_threshold=1000)
+            committed = time.monotonic()
+
+            def done() -> bool:
+                row = db.execute(
+                    "SELECT status FROM identity.access_fanout_tasks WHERE id = %s",
+                    (change.task_id,),
+                ).fetchone()
+                return row is not None and row[0] == "Completed"
+
+            wait_for(done, 900)
+            return time.monotonic() - committed
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--users", type=int, default=200_000)
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args()
+    admin_dsn = os.environ["PIN_POSTGRES_DSN"]
+    dbname = f"pin_bench_shards_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    dsn = make_conninfo(admin_dsn, dbname=dbname)
+    try:
+        migrate_database(dsn)
+        role = seed(dsn, args.users)
+        results: dict[str, list[float]] = {name: [] for name in SETUPS}
+        for run in range(args.runs):
+            for name, (workers, shard_size) in SETUPS.items():
+                seconds = measure(dsn, role, workers=workers, shard_size=shard_size, run=run)
+                results[name].append(seconds)
+                console.print(f"{name}: {seconds:.2f} s")
+        table = Table(
+            title=f"{args.users:,}-user role: commit -> task Completed "
+            f"(best of {args.runs}; {os.cpu_count()} cores shared with PostgreSQL and Kafka)",
+            title_justify="left",
+        )
+        for column in ("setup", "seconds", "users/s", "vs one unit"):
+            table.add_column(column, justify="right")
+        base = min(results["1 worker, one unit"])
+        for name, values in results.items():
+            best = min(values)
+            table.add_row(name, f"{best:.2f}", f"{args.users / best:,.0f}", f"{base / best:.2f}x")
+        console.print(table)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
+            )
+
+
+if __name__ == "__main__":
+    main()
