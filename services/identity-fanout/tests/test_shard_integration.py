@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow, dict_row
 from psycopg_pool import ConnectionPool
 
+from identity_fanout import worker as worker_module
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.runbook import list_shards, replay_task
@@ -288,6 +289,33 @@ def test_a_poisoned_shard_fails_the_task_and_replay_finishes_it(
     assert (task["processed_count"], task["cursor"], task["last_error"]) == (300, users[-1], None)
     assert finisher_metrics.tasks.labels(outcome="completed")._value.get() == 1
     assert finisher_metrics.size._sum.get() == 300
+
+
+def test_a_failed_split_is_retried_like_a_failed_batch(
+    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    role, users = seed_role_with_users(db, users=150, other_roles=0)
+    task_id = enqueue(db, role)
+    stop = threading.Event()
+    worker, metrics = new_worker(identity_dsn, pool, stop, polling=timedelta(milliseconds=50))
+
+    def failing_split(*args: object, **kwargs: object) -> int:
+        raise RuntimeError("split went wrong")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(worker_module, "split_task", failing_split)
+        assert worker.run_once()
+    task = task_row(db, task_id)
+    assert (task["status"], task["shard_count"], task["attempt_count"]) == ("InProgress", 0, 1)
+    assert task["last_error"] == "RuntimeError: split went wrong"
+    assert metrics.errors.labels(kind="batch")._value.get() == 1
+    assert event_users(db) == Counter()
+
+    with Running(worker, stop=stop):
+        wait_until(lambda: task_row(db, task_id)["status"] == "Completed", what="Completed")
+    assert event_users(db) == Counter(users)
+    task = task_row(db, task_id)
+    assert (task["shard_count"], task["attempt_count"], task["processed_count"]) == (2, 2, 150)
 
 
 def test_small_roles_stay_one_unit(db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]) -> None:

@@ -141,7 +141,7 @@ class UnitRunner:
                     # A bug in the data (not only an outage) fails the batch the same way:
                     # the unit is retried up to MaxAttempts and then parked as Failed,
                     # instead of crash-looping the worker and blocking every other task.
-                    self._on_batch_failed(unit, ops, job_run_id, exc)
+                    self.on_failure(unit, ops.record_failure, job_run_id, exc)
                     return
                 span.set_attribute("processedCount", step.task_processed_count)
                 self._metrics.batches.inc()
@@ -186,9 +186,14 @@ class UnitRunner:
             durationMs=round(duration_ms, 1),
         )
 
-    def _on_batch_failed(
-        self, unit: Unit, ops: UnitOps, job_run_id: str, exc: BaseException
+    def on_failure(
+        self,
+        unit: Unit,
+        record_failure: Callable[[Conn, str, timedelta], bool],
+        job_run_id: str,
+        exc: BaseException,
     ) -> None:
+        """A batch (or the split) failed: log it, keep the reason, retry the unit soon."""
         self._metrics.errors.labels(kind="batch").inc()
         reason = f"{type(exc).__name__}: {exc}"
         log_event(
@@ -205,7 +210,7 @@ class UnitRunner:
         )
         try:
             with self._pool.connection() as conn:
-                ops.record_failure(conn, reason, retry_in)
+                record_failure(conn, reason, retry_in)
         except Exception as record_exc:
             log_event(
                 _log,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -165,24 +166,35 @@ class FanoutWorker:
             return True
         with self._pool.connection() as conn:
             task = claim_task(conn, lease=lease, max_attempts=max_attempts)
-            if task is not None and splittable(task):
-                shards = split_task(conn, task, shard_size=self._config.shard_size)
-                if shards:
-                    log_event(
-                        _log,
-                        "task split",
-                        taskId=str(task.id),
-                        roleId=str(task.role_id),
-                        shards=shards,
-                    )
-                    return True  # the next cycle claims a shard like any other worker
         if task is None:
             return False
         if is_poisoned(task):
             self._runner.on_poisoned(_task_unit(task), task.last_error)
             return True
+        if splittable(task) and self._split(task) != 0:
+            return True  # split (or failed to): the next cycle claims a shard or a task
         self.process_task(task)
         return True
+
+    def _split(self, task: FanOutTask) -> int:
+        """Split a large task into shards; 0 if small; -1 if the split failed (retried like
+        a failed batch: the claim counts as an attempt, the lease is shortened)."""
+        try:
+            with self._pool.connection() as conn:
+                shards = split_task(conn, task, shard_size=self._config.shard_size)
+        except Exception as exc:
+            self._runner.on_failure(
+                _task_unit(task),
+                lambda conn, error, retry_in: record_failure(conn, task, error, retry_in),
+                str(uuid.uuid4()),
+                exc,
+            )
+            return -1
+        if shards:
+            log_event(
+                _log, "task split", taskId=str(task.id), roleId=str(task.role_id), shards=shards
+            )
+        return shards
 
     def refresh_gauges(self) -> None:
         with self._pool.connection() as conn:
