@@ -56,6 +56,8 @@ def measure(dsn: str, role: UUID, *, workers: int, shard_size: str, run: int) ->
                 wait_for(lambda port=port: ready(port), 60)  # type: ignore[misc]
             change = set_role_permissions(db, role, PERMISSION_SETS[run % 2], inline_threshold=1000)
             committed = time.monotonic()
+            if change.task_id is None:
+                raise RuntimeError(f"expected a queued task, got {change.mode}")
 
             def done() -> bool:
                 row = db.execute(
@@ -88,8 +90,10 @@ def main() -> None:
         role = seed(dsn, args.users)
         results: dict[str, list[float]] = {name: [] for name in SETUPS}
         for run in range(args.runs):
-            for name, (workers, shard_size) in SETUPS.items():
-                seconds = measure(dsn, role, workers=workers, shard_size=shard_size, run=run)
+            for step, (name, (workers, shard_size)) in enumerate(SETUPS.items()):
+                # Each measurement must change the permission set (an identical set is a no-op).
+                change = run * len(SETUPS) + step
+                seconds = measure(dsn, role, workers=workers, shard_size=shard_size, run=change)
                 results[name].append(seconds)
                 console.print(f"{name}: {seconds:.2f} s")
         table = Table(

@@ -221,14 +221,7 @@ class FanoutWorker:
             )
             if self._on_batch is not None:
                 self._on_batch(task, result)
-            return Step(
-                users=result.users,
-                cursor=result.cursor,
-                unit_completed=result.completed,
-                task_completed=result.completed,
-                task_processed_count=result.processed_count,
-                created_at=result.created_at,
-            )
+            return _task_step(result)
 
         self._runner.walk(
             _task_unit(task),
@@ -254,15 +247,7 @@ class FanoutWorker:
             )
             if self._on_shard_batch is not None:
                 self._on_shard_batch(claimed, result)
-            return Step(
-                users=result.users,
-                cursor=result.cursor,
-                unit_completed=result.shard_completed,
-                task_completed=result.task_completed,
-                task_processed_count=result.task_processed_count,
-                created_at=result.created_at,
-                task_started_at=result.started_at,
-            )
+            return _shard_step(result)
 
         shard = claimed.shard
         self._runner.walk(
@@ -291,4 +276,27 @@ def _shard_unit(claimed: ClaimedShard) -> Unit:
         role_id=claimed.role_id,
         attempt=claimed.shard.attempt_count,
         shard_no=claimed.shard.shard_no,
+    )
+
+
+def _task_step(result: BatchResult) -> Step:
+    return Step(
+        users=result.users,
+        cursor=result.cursor,
+        unit_completed=result.completed,
+        task_completed=result.completed,
+        task_processed_count=result.processed_count,
+        created_at=result.created_at,
+    )
+
+
+def _shard_step(result: ShardBatchResult) -> Step:
+    return Step(
+        users=result.users,
+        cursor=result.cursor,
+        unit_completed=result.shard_completed,
+        task_completed=result.task_completed,
+        task_processed_count=result.task_processed_count,
+        created_at=result.created_at,
+        task_started_at=result.started_at,
     )
