@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 from uuid import UUID
 
 import psycopg
@@ -34,7 +35,29 @@ SETUPS: dict[str, tuple[int, str]] = {
 }
 
 
-def measure(dsn: str, role: UUID, *, workers: int, shard_size: str, run: int) -> float:
+SAMPLE_ACTIVITY = """
+SELECT count(*) FILTER (WHERE state = 'active'),
+       count(*) FILTER (WHERE state = 'active' AND wait_event_type = 'Lock')
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+"""
+
+
+class Result(NamedTuple):
+    seconds: float
+    concurrent: float
+    """Worker statements running at once, averaged over samples with at least one."""
+    lock_waits: float
+    """Share of those statements waiting for a lock."""
+    worker_cpu: list[float]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(dsn: str, role: UUID, *, workers: int, shard_size: str, run: int) -> Result:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")} | {
         "IDENTITY_FANOUT_DATABASE_DSN": dsn,
         "IDENTITY_FANOUT_SHARD_SIZE": shard_size,
@@ -59,7 +82,14 @@ def measure(dsn: str, role: UUID, *, workers: int, shard_size: str, run: int) ->
             if change.task_id is None:
                 raise RuntimeError(f"expected a queued task, got {change.mode}")
 
+            samples: list[tuple[int, int]] = []
+
             def done() -> bool:
+                # Sampled with the status: worker statements running now, and how many of
+                # them wait for a lock (the task row's roll-up would show up here).
+                active = db.execute(SAMPLE_ACTIVITY).fetchone()
+                if active is not None:
+                    samples.append((active[0], active[1]))
                 row = db.execute(
                     "SELECT status FROM identity.access_fanout_tasks WHERE id = %s",
                     (change.task_id,),
@@ -67,7 +97,15 @@ def measure(dsn: str, role: UUID, *, workers: int, shard_size: str, run: int) ->
                 return row is not None and row[0] == "Completed"
 
             wait_for(done, 900)
-            return time.monotonic() - committed
+            seconds = time.monotonic() - committed
+        cpu = [cpu_seconds(p.pid) for p in processes]
+        busy = [s for s in samples if s[0] > 0]
+        return Result(
+            seconds=seconds,
+            concurrent=sum(a for a, _ in busy) / max(len(busy), 1),
+            lock_waits=sum(w for _, w in busy) / max(sum(a for a, _ in busy), 1),
+            worker_cpu=cpu,
+        )
     finally:
         for process in processes:
             process.terminate()
@@ -88,25 +126,41 @@ def main() -> None:
     try:
         migrate_database(dsn)
         role = seed(dsn, args.users)
-        results: dict[str, list[float]] = {name: [] for name in SETUPS}
+        results: dict[str, list[Result]] = {name: [] for name in SETUPS}
         for run in range(args.runs):
             for step, (name, (workers, shard_size)) in enumerate(SETUPS.items()):
                 # Each measurement must change the permission set (an identical set is a no-op).
                 change = run * len(SETUPS) + step
-                seconds = measure(dsn, role, workers=workers, shard_size=shard_size, run=change)
-                results[name].append(seconds)
-                console.print(f"{name}: {seconds:.2f} s")
+                result = measure(dsn, role, workers=workers, shard_size=shard_size, run=change)
+                results[name].append(result)
+                console.print(f"{name}: {result}")
         table = Table(
             title=f"{args.users:,}-user role: commit -> task Completed "
             f"(best of {args.runs}; {os.cpu_count()} cores shared with PostgreSQL and Kafka)",
             title_justify="left",
         )
-        for column in ("setup", "seconds", "users/s", "vs one unit"):
+        for column in (
+            "setup",
+            "seconds",
+            "users/s",
+            "vs one unit",
+            "statements at once",
+            "lock waits",
+            "worker CPU s",
+        ):
             table.add_column(column, justify="right")
-        base = min(results["1 worker, one unit"])
+        base = min(r.seconds for r in results["1 worker, one unit"])
         for name, values in results.items():
-            best = min(values)
-            table.add_row(name, f"{best:.2f}", f"{args.users / best:,.0f}", f"{base / best:.2f}x")
+            best = min(values, key=lambda r: r.seconds)
+            table.add_row(
+                name,
+                f"{best.seconds:.2f}",
+                f"{args.users / best.seconds:,.0f}",
+                f"{base / best.seconds:.2f}x",
+                f"{best.concurrent:.2f}",
+                f"{best.lock_waits:.1%}",
+                " + ".join(f"{c:.1f}" for c in best.worker_cpu),
+            )
         console.print(table)
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as admin:

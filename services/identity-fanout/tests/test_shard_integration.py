@@ -174,6 +174,21 @@ def test_two_workers_share_a_three_shard_role_each_user_exactly_once(
     assert min(shard_runs) >= 1
     assert [r.getMessage() for r in caplog.records].count("task completed") == 1
 
+    # What an operator sees: the task, and its shards below it.
+    shown = subprocess.run(
+        [CLI, "tasks", "show", str(task_id)],
+        env={k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
+        | {"IDENTITY_FANOUT_DATABASE_DSN": identity_dsn, "COLUMNS": "250"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "shard_count" in shown
+    assert "shards" in shown
+    assert shown.count("Completed") == 4  # the task and its three shards
+    assert str(users[99]) in shown  # shard 1 ends where shard 2 starts
+
 
 def test_a_worker_killed_mid_shard_loses_nobody(
     db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
