@@ -14,7 +14,7 @@ from identity_fanout.shards import (
     roll_up,
     shard_count_for,
     shard_ranges,
-    split_fractions,
+    split_step,
 )
 
 U = [uuid.UUID(int=n) for n in range(10)]
@@ -33,9 +33,10 @@ def test_roles_up_to_the_shard_size_stay_one_unit() -> None:
         shard_count_for(10, 0)
 
 
-def test_fractions_end_every_shard_but_the_last() -> None:
-    assert split_fractions(1) == []
-    assert split_fractions(4) == [0.25, 0.5, 0.75]
+def test_the_step_spreads_users_evenly_and_leaves_the_rest_to_the_last_shard() -> None:
+    assert [split_step(300, 3), split_step(301, 3), split_step(2, 3)] == [100, 101, 1]
+    with pytest.raises(ValueError, match="positive"):
+        split_step(10, 0)
 
 
 def test_ranges_are_contiguous_from_the_start_and_open_at_the_end() -> None:

@@ -20,7 +20,7 @@ from identity_fanout.shards import (
     FanOutShard,
     shard_count_for,
     shard_ranges,
-    split_fractions,
+    split_step,
 )
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
@@ -53,11 +53,18 @@ def split_task(conn: Connection[TupleRow], task: FanOutTask, *, shard_size: int)
         shards = shard_count_for(counted[0] if counted else 0, shard_size)
         if shards == 0:
             return 0
-        row = conn.execute(
-            shard_queries.SPLIT_BOUNDS,
-            {"role_id": task.role_id, "fractions": split_fractions(shards)},
-        ).fetchone()
-        bounds: list[UUID] = list(row[0] or []) if row else []
+        users = counted[0] if counted else 0
+        bounds: list[UUID] = [
+            row[0]
+            for row in conn.execute(
+                shard_queries.SPLIT_BOUNDS,
+                {
+                    "role_id": task.role_id,
+                    "step": split_step(users, shards),
+                    "bounds": shards - 1,
+                },
+            )
+        ]
         ranges = shard_ranges(bounds)
         marked = conn.execute(
             shard_queries.MARK_SPLIT,

@@ -2,8 +2,9 @@
 
 A role with more users than ShardSize is split into about equal, disjoint UserId ranges
 (lower bound exclusive, upper bound inclusive, the last one open-ended so a user added after
-the split is still covered). The bounds come from the data (percentiles of the role's user
-ids), so each shard holds about ShardSize users whatever the distribution of the ids.
+the split is still covered). The bounds come from the data (every step-th of the role's
+user ids in order), so each shard holds about ShardSize users whatever the distribution
+of the ids.
 
 The task row stays what operators see, rolled up from its shards after every shard batch:
 ProcessedCount is the sum; Cursor is the low watermark (every user at or below it has its
@@ -101,16 +102,18 @@ def shard_count_for(users: int, shard_size: int) -> int:
     return -(-users // shard_size)
 
 
-def split_fractions(shards: int) -> list[float]:
-    """The percentiles whose user ids end shards 1 .. n-1 (the last shard is open-ended)."""
-    return [i / shards for i in range(1, shards)]
+def split_step(users: int, shards: int) -> int:
+    """Users per shard: the inner bounds are every step-th user, the last shard the rest."""
+    if shards < 1:
+        raise ValueError("shards must be positive")
+    return max(1, -(-users // shards))
 
 
 def shard_ranges(bounds: Sequence[UUID]) -> list[tuple[UUID, UUID | None]]:
     """(lower exclusive, upper inclusive) per shard from the inner bounds, ascending.
 
     Repeated or out-of-order bounds (a role that shrank between the count and the
-    percentiles) are dropped rather than making an empty or overlapping range.
+    bounds query) are dropped rather than making an empty or overlapping range.
     """
     inner: list[UUID] = []
     for bound in bounds:
