@@ -33,7 +33,8 @@ class FanoutMetrics:
         self.registry = registry
         self.task_duration_ms = Histogram(
             "identity_access_fanout_task_duration_ms",
-            "Time a worker spent on one task run, from claim to completion (ms).",
+            "Time of one task run, from claim to completion (ms); a sharded task: from its "
+            "first claim to the completion of its last shard.",
             buckets=_DURATION_MS_BUCKETS,
             registry=registry,
         )
