@@ -24,11 +24,14 @@ from psycopg.rows import TupleRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from identity_fanout import worker as worker_module
+from identity_fanout.claim import claim_task
 from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.errors import LeaseLostError
 from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.runbook import list_shards, replay_task
 from identity_fanout.seed import seed_role_with_users
-from identity_fanout.shard_fanout import ShardBatchResult
+from identity_fanout.shard_claim import claim_shard, split_task
+from identity_fanout.shard_fanout import ShardBatchResult, process_shard_batch
 from identity_fanout.shards import ClaimedShard
 from identity_fanout.worker import FanoutWorker, WorkerConfig
 
@@ -331,6 +334,75 @@ def test_a_failed_split_is_retried_like_a_failed_batch(
     assert event_users(db) == Counter(users)
     task = task_row(db, task_id)
     assert (task["shard_count"], task["attempt_count"], task["processed_count"]) == (2, 2, 150)
+
+
+def split_for_test(db: Conn, users: int, shard_size: int) -> tuple[uuid.UUID, list[uuid.UUID]]:
+    """A task of a role of ``users`` users, claimed and split into shards by this test."""
+    role, ids = seed_role_with_users(db, users=users, other_roles=0)
+    task_id = enqueue(db, role)
+    task = claim_task(db, lease=timedelta(minutes=5), max_attempts=5)
+    assert task is not None
+    assert split_task(db, task, shard_size=shard_size) == -(-users // shard_size)
+    return task_id, ids
+
+
+def test_a_stalled_worker_is_fenced_off_its_shard(db: Conn, identity_dsn: str) -> None:
+    task_id, users = split_for_test(db, users=120, shard_size=60)
+    lease = timedelta(minutes=5)
+    with psycopg.connect(identity_dsn) as stalled_conn:
+        stalled = claim_shard(stalled_conn, lease=lease, max_attempts=5)
+        assert stalled is not None
+        process_shard_batch(stalled_conn, stalled, batch_size=20, lease=lease, correlation_id="A")
+        # The first worker stalls past its shard's lease; another claims the shard.
+        db.execute(
+            "UPDATE identity.access_fanout_shards SET lease_expires_at = now() - interval '1 s' "
+            "WHERE id = %s",
+            (stalled.shard.id,),
+        )
+        successor = claim_shard(db, lease=lease, max_attempts=5)
+        assert successor is not None
+        assert successor.shard.id == stalled.shard.id
+        assert successor.shard.attempt_count == stalled.shard.attempt_count + 1
+
+        # ...and wakes up to commit its next batch: fenced off, nothing written.
+        with pytest.raises(LeaseLostError):
+            process_shard_batch(
+                stalled_conn, stalled, batch_size=20, lease=lease, correlation_id="A"
+            )
+    assert event_users(db) == Counter(users[:20])  # once each: the fenced batch wrote nothing
+    assert task_row(db, task_id)["processed_count"] == 20
+
+
+def test_a_stop_hands_the_shard_back_and_keeps_its_batches(
+    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+) -> None:
+    task_id, users = split_for_test(db, users=120, shard_size=60)
+    stop = threading.Event()
+    batches: list[ShardBatchResult] = []
+
+    def stop_after_two(_shard: ClaimedShard, result: ShardBatchResult) -> None:
+        batches.append(result)
+        if len(batches) == 2:
+            stop.set()  # as SIGTERM would: the loop notices before the third batch
+
+    worker, metrics = new_worker(identity_dsn, pool, stop, on_shard_batch=stop_after_two)
+    worker.run()
+
+    first = list_shards(db, task_id)[0]
+    assert (first.status, first.attempt_count, first.lease_expires_at) == ("Pending", 0, None)
+    assert (first.processed_count, first.cursor) == (20, users[19])
+    task = task_row(db, task_id)
+    assert (task["status"], task["processed_count"], task["cursor"]) == (
+        "InProgress",
+        20,
+        users[19],
+    )
+    assert metrics.shards.labels(outcome="released")._value.get() == 1
+    successor, _ = new_worker(identity_dsn, pool, threading.Event())
+    while successor.run_once():
+        pass
+    assert event_users(db) == Counter(users)
+    assert task_row(db, task_id)["status"] == "Completed"
 
 
 def test_small_roles_stay_one_unit(db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]) -> None:
