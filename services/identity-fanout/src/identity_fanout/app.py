@@ -92,6 +92,7 @@ def run_worker(
                     polling_interval=settings.polling_interval,
                     max_lease_duration=settings.max_lease_duration,
                     max_attempts=settings.max_attempts,
+                    shard_size=settings.shard_size,
                 ),
                 metrics=metrics,
                 stop=rt.stop,

@@ -21,9 +21,10 @@ from identity_fanout.app import run_worker
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import IdentityFanoutError
 from identity_fanout.membership import MembershipChange, join_agency, leave_agency
-from identity_fanout.runbook import get_task, list_tasks, replay_task
+from identity_fanout.runbook import get_task, list_shards, list_tasks, replay_task
 from identity_fanout.schema import migrate_database
 from identity_fanout.settings import ENV_PREFIX, Settings
+from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.errors import MigrationError
@@ -163,6 +164,7 @@ def _tasks_table(tasks: Sequence[FanOutTask]) -> Table:
         "version",
         "status",
         "processed",
+        "shards",
         "attempts",
         "created",
         "lease until",
@@ -176,6 +178,7 @@ def _tasks_table(tasks: Sequence[FanOutTask]) -> Table:
             str(t.role_version),
             t.status,
             str(t.processed_count),
+            str(t.shard_count or "-"),
             str(t.attempt_count),
             _when(t.created_at),
             _when(t.lease_expires_at),
@@ -226,6 +229,19 @@ def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> Non
         _console.print(requeued_line(row), markup=False, highlight=False)
 
 
+def _tasks(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> None:
+    if args.tasks_command == "list":
+        _console.print(_tasks_table(list_tasks(conn, status=args.status, limit=args.limit)))
+    elif args.tasks_command == "show":
+        _console.print(_task_detail(get_task(conn, args.task_id)))
+        shards = list_shards(conn, args.task_id)
+        if shards:  # a task fanned out as one unit has none
+            _console.print(shards_table(shards))
+    else:
+        task = replay_task(conn, args.task_id)
+        _console.print(f"task {task.id} is {task.status} again (attempts reset)")
+
+
 def _run(args: argparse.Namespace, settings: Settings) -> None:
     dsn = settings.database_dsn.reveal()
     if args.command == "migrate":
@@ -254,13 +270,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
         )
     elif args.command == "tasks":
         with _connect(settings) as conn:
-            if args.tasks_command == "list":
-                _console.print(_tasks_table(list_tasks(conn, status=args.status, limit=args.limit)))
-            elif args.tasks_command == "show":
-                _console.print(_task_detail(get_task(conn, args.task_id)))
-            else:
-                task = replay_task(conn, args.task_id)
-                _console.print(f"task {task.id} is {task.status} again (attempts reset)")
+            _tasks(conn, args)
     elif args.command == "outbox":
         with _connect(settings) as conn:
             _outbox(conn, args)

@@ -33,7 +33,8 @@ class FanoutMetrics:
         self.registry = registry
         self.task_duration_ms = Histogram(
             "identity_access_fanout_task_duration_ms",
-            "Time a worker spent on one task run, from claim to completion (ms).",
+            "Time of one task run, from claim to completion (ms); a sharded task: from its "
+            "first claim to the completion of its last shard.",
             buckets=_DURATION_MS_BUCKETS,
             registry=registry,
         )
@@ -71,6 +72,13 @@ class FanoutMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.shards = Counter(
+            "identity_access_fanout_shards",
+            "Shard runs of large tasks ended, by outcome: completed, failed (poison), "
+            "lease_lost, released. The whole task counts once in identity_access_fanout_tasks.",
+            ["outcome"],
+            registry=registry,
+        )
         self.batches = Counter(
             "identity_access_fanout_batches",
             "Batches committed (events + checkpoint in one transaction).",
@@ -100,3 +108,4 @@ class FanoutMetrics:
             self.errors.labels(kind=kind)
         for outcome in ("completed", "failed", "lease_lost", "released"):
             self.tasks.labels(outcome=outcome)
+            self.shards.labels(outcome=outcome)

@@ -20,6 +20,7 @@ TASK_COLUMNS: Final = (
     "started_at",
     "completed_at",
     "updated_at",
+    "shard_count",
 )
 
 # Claim one task: the oldest Pending one, or an InProgress one whose lease expired (its
@@ -33,6 +34,7 @@ WITH candidate AS (
     FROM identity.access_fanout_tasks
     WHERE status IN ('Pending', 'InProgress')
       AND (status = 'Pending' OR lease_expires_at < now())
+      AND shard_count = 0
     ORDER BY created_at, id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -116,14 +118,25 @@ SET status = 'Pending', lease_expires_at = NULL, attempt_count = attempt_count -
 WHERE id = %(id)s AND attempt_count = %(attempt)s AND status = 'InProgress'
 """
 
+# A sharded task (no lease of its own) is waiting while one of its shards waits for a
+# worker, and leased while one of its shards is under a live lease.
 QUEUE_STATE: Final = """
 SELECT
-    count(*) FILTER (WHERE status = 'Pending' OR lease_expires_at < now()) AS backlog,
-    count(*) FILTER (WHERE status = 'InProgress' AND lease_expires_at >= now()) AS leased,
+    count(*) FILTER (
+        WHERE t.status = 'Pending' OR t.lease_expires_at < now() OR EXISTS (
+            SELECT 1 FROM identity.access_fanout_shards AS s
+            WHERE s.task_id = t.id AND s.status IN ('Pending', 'InProgress')
+              AND (s.status = 'Pending' OR s.lease_expires_at < now()))
+    ) AS backlog,
+    count(*) FILTER (
+        WHERE t.status = 'InProgress' AND (t.lease_expires_at >= now() OR EXISTS (
+            SELECT 1 FROM identity.access_fanout_shards AS s
+            WHERE s.task_id = t.id AND s.status = 'InProgress' AND s.lease_expires_at >= now()))
+    ) AS leased,
     (SELECT count(*) FROM identity.access_fanout_tasks WHERE status = 'Failed') AS failed,
-    extract(epoch FROM now() - min(created_at)) AS oldest_age_seconds
-FROM identity.access_fanout_tasks
-WHERE status IN ('Pending', 'InProgress')
+    extract(epoch FROM now() - min(t.created_at)) AS oldest_age_seconds
+FROM identity.access_fanout_tasks AS t
+WHERE t.status IN ('Pending', 'InProgress')
 """
 
 TASKS_CHANNEL: Final = "identity_access_fanout_tasks"

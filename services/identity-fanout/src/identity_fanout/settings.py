@@ -49,6 +49,9 @@ class Settings(ClientSettings, frozen=True, kw_only=True):
     """A task claimed this many times without completing becomes Failed (poison)."""
     inline_fanout_threshold: Annotated[int, Meta(ge=0)] = 1000
     """Roles with at most this many active users are fanned out inside set-role-permissions."""
+    shard_size: Annotated[int, Meta(ge=1)] = 25_000
+    """A queued role with more active users than this is split into shards of about this
+    many users, each claimed by its own worker (README "Sharded fan-out")."""
 
     relay_batch_size: Annotated[int, Meta(ge=1, le=100_000)] = 2000
     """Outbox rows the relay publishes per round trip."""

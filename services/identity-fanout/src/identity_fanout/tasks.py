@@ -26,3 +26,5 @@ class FanOutTask(msgspec.Struct, frozen=True, kw_only=True):
     started_at: datetime | None
     completed_at: datetime | None
     updated_at: datetime
+    shard_count: int = 0
+    """0: one unit; otherwise the number of shards the task was split into."""

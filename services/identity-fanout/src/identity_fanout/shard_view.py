@@ -1,0 +1,49 @@
+"""The shard table of `tasks show` for a task fanned out in shards."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from uuid import UUID
+
+from rich.table import Table
+
+from identity_fanout.shards import START, FanOutShard
+
+
+def _when(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value else "-"
+
+
+def _bound(value: UUID | None, open_end: str) -> str:
+    return open_end if value is None or value == START else str(value)
+
+
+def shards_table(shards: Sequence[FanOutShard]) -> Table:
+    """One row per shard: its UserId range (lower exclusive, upper inclusive) and progress."""
+    table = Table(title="shards", title_justify="left")
+    for column in (
+        "no",
+        "after",
+        "up to",
+        "status",
+        "processed",
+        "cursor",
+        "attempts",
+        "lease until",
+        "last error",
+    ):
+        table.add_column(column, overflow="fold")
+    for s in shards:
+        table.add_row(
+            str(s.shard_no),
+            _bound(s.lower_bound, "start"),
+            _bound(s.upper_bound, "end"),
+            s.status,
+            str(s.processed_count),
+            str(s.cursor) if s.cursor else "-",
+            str(s.attempt_count),
+            _when(s.lease_expires_at),
+            (s.last_error or "")[:80],
+        )
+    return table

@@ -1,0 +1,80 @@
+"""Waiting for work: NOTIFY on enqueue (or split), else the polling interval."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from identity_fanout import queries
+from pin_runtime.logging import log_event
+from pin_runtime.postgres import SessionLimits
+
+_log = logging.getLogger(__name__)
+
+
+class Wakeup:
+    """A LISTEN session of its own (bounded like the pool's), reopened after a failure."""
+
+    def __init__(
+        self,
+        *,
+        dsn: str,
+        session: SessionLimits,
+        stop: threading.Event,
+        beat: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._dsn = dsn
+        self._session = session
+        self._stop = stop
+        self._beat = beat
+        self._clock = clock
+        self._listener: psycopg.Connection[TupleRow] | None = None
+
+    def wait(self, polling_interval: timedelta) -> None:
+        """Sleep until NOTIFY, the polling interval, or a stop request, whichever is first."""
+        deadline = self._clock() + polling_interval.total_seconds()
+        listener = self._listen()
+        while not self._stop.is_set():
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return
+            # Short slices so a stop request is seen within half a second.
+            slice_seconds = min(remaining, 0.5)
+            if listener is None:
+                self._stop.wait(slice_seconds)
+                continue
+            try:
+                for _ in listener.notifies(timeout=slice_seconds, stop_after=1):
+                    return
+            except psycopg.Error:
+                self.close()
+                listener = None
+            self._beat()
+
+    def _listen(self) -> psycopg.Connection[TupleRow] | None:
+        if self._listener is not None and not self._listener.closed:
+            return self._listener
+        try:
+            self._listener = psycopg.connect(
+                self._dsn,
+                autocommit=True,
+                connect_timeout=5,
+                **self._session.connect_kwargs(),
+            )
+            self._listener.execute(f"LISTEN {queries.TASKS_CHANNEL}")
+        except psycopg.Error as exc:
+            log_event(_log, "listen failed; polling only", logging.WARNING, exception=repr(exc))
+            self.close()
+        return self._listener
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
