@@ -27,6 +27,7 @@ TABLES = (
     "role_permissions",
     "role_assignments",
     "access_fanout_tasks",
+    "access_fanout_shards",
     "outbox",
     "outbox_quarantine",
     "agent_memberships",

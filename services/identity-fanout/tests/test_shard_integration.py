@@ -42,8 +42,8 @@ CLI = str(Path(sys.executable).with_name("identity-fanout"))
 
 
 @pytest.fixture
-def pool(identity_dsn: str) -> Iterator[ConnectionPool[Conn]]:
-    with ConnectionPool(identity_dsn, min_size=1, max_size=6, open=True) as p:
+def pool(worker_dsn: str) -> Iterator[ConnectionPool[Conn]]:
+    with ConnectionPool(worker_dsn, min_size=1, max_size=6, open=True) as p:
         yield p
 
 
@@ -127,7 +127,11 @@ class Running:
 
 
 def test_two_workers_share_a_three_shard_role_each_user_exactly_once(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn], caplog: pytest.LogCaptureFixture
+    db: Conn,
+    worker_dsn: str,
+    operator_dsn: str,
+    pool: ConnectionPool[Conn],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     role, users = seed_role_with_users(db, users=300, other_roles=1)
     task_id = enqueue(db, role)
@@ -146,8 +150,8 @@ def test_two_workers_share_a_three_shard_role_each_user_exactly_once(
     # Short polling: a worker that looked before the split and missed its NOTIFY (LISTEN
     # starts with its first wait) still comes back for a shard in time.
     poll = timedelta(milliseconds=200)
-    a, metrics_a = new_worker(identity_dsn, pool, stop, polling=poll, on_shard_batch=meet)
-    b, metrics_b = new_worker(identity_dsn, pool, stop, polling=poll, on_shard_batch=meet)
+    a, metrics_a = new_worker(worker_dsn, pool, stop, polling=poll, on_shard_batch=meet)
+    b, metrics_b = new_worker(worker_dsn, pool, stop, polling=poll, on_shard_batch=meet)
     caplog.set_level(logging.INFO)
     with Running(a, b, stop=stop):
         wait_until(lambda: task_row(db, task_id)["status"] == "Completed", what="Completed")
@@ -181,7 +185,7 @@ def test_two_workers_share_a_three_shard_role_each_user_exactly_once(
     shown = subprocess.run(
         [CLI, "tasks", "show", str(task_id)],
         env={k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
-        | {"IDENTITY_FANOUT_DATABASE_DSN": identity_dsn, "COLUMNS": "250"},
+        | {"IDENTITY_FANOUT_DATABASE_DSN": operator_dsn, "COLUMNS": "250"},
         capture_output=True,
         text=True,
         timeout=60,
@@ -194,13 +198,13 @@ def test_two_workers_share_a_three_shard_role_each_user_exactly_once(
 
 
 def test_a_worker_killed_mid_shard_loses_nobody(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, worker_dsn: str, pool: ConnectionPool[Conn]
 ) -> None:
     batch = 20
     role, users = seed_role_with_users(db, users=6000, other_roles=0)
     task_id = enqueue(db, role)
     env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")} | {
-        "IDENTITY_FANOUT_DATABASE_DSN": identity_dsn,
+        "IDENTITY_FANOUT_DATABASE_DSN": worker_dsn,
         "IDENTITY_FANOUT_SHARD_SIZE": "2000",
         "IDENTITY_FANOUT_BATCH_SIZE": str(batch),
         "IDENTITY_FANOUT_MAX_LEASE_DURATION": "2s",
@@ -234,7 +238,7 @@ def test_a_worker_killed_mid_shard_loses_nobody(
 
     stop = threading.Event()
     survivor, metrics = new_worker(
-        identity_dsn,
+        worker_dsn,
         pool,
         stop,
         batch_size=batch,
@@ -258,7 +262,7 @@ def test_a_worker_killed_mid_shard_loses_nobody(
 
 
 def test_a_poisoned_shard_fails_the_task_and_replay_finishes_it(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, operator_db: Conn, worker_dsn: str, pool: ConnectionPool[Conn]
 ) -> None:
     role, users = seed_role_with_users(db, users=300, other_roles=0)
     task_id = enqueue(db, role)
@@ -277,7 +281,7 @@ def test_a_poisoned_shard_fails_the_task_and_replay_finishes_it(
     )
     stop = threading.Event()
     worker, metrics = new_worker(
-        identity_dsn, pool, stop, max_attempts=2, polling=timedelta(milliseconds=100)
+        worker_dsn, pool, stop, max_attempts=2, polling=timedelta(milliseconds=100)
     )
     with Running(worker, stop=stop):
         wait_until(lambda: task_row(db, task_id)["status"] == "Failed", what="Failed")
@@ -294,11 +298,11 @@ def test_a_poisoned_shard_fails_the_task_and_replay_finishes_it(
 
     # The runbook: fix the cause, then replay.
     db.execute("DROP TRIGGER refuse_bad_user ON identity.outbox")
-    replayed = replay_task(db, task_id)
+    replayed = replay_task(operator_db, task_id)  # as the runbook's operator runs it
     assert (replayed.status, replayed.attempt_count) == ("InProgress", 0)
     assert [s.status for s in list_shards(db, task_id) if s.shard_no == 2] == ["Pending"]
     stop = threading.Event()
-    finisher, finisher_metrics = new_worker(identity_dsn, pool, stop)
+    finisher, finisher_metrics = new_worker(worker_dsn, pool, stop)
     with Running(finisher, stop=stop):
         wait_until(lambda: task_row(db, task_id)["status"] == "Completed", what="Completed")
 
@@ -310,12 +314,12 @@ def test_a_poisoned_shard_fails_the_task_and_replay_finishes_it(
 
 
 def test_a_failed_split_is_retried_like_a_failed_batch(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn], monkeypatch: pytest.MonkeyPatch
+    db: Conn, worker_dsn: str, pool: ConnectionPool[Conn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     role, users = seed_role_with_users(db, users=150, other_roles=0)
     task_id = enqueue(db, role)
     stop = threading.Event()
-    worker, metrics = new_worker(identity_dsn, pool, stop, polling=timedelta(milliseconds=50))
+    worker, metrics = new_worker(worker_dsn, pool, stop, polling=timedelta(milliseconds=50))
 
     def failing_split(*args: object, **kwargs: object) -> int:
         raise RuntimeError("split went wrong")
@@ -346,10 +350,10 @@ def split_for_test(db: Conn, users: int, shard_size: int) -> tuple[uuid.UUID, li
     return task_id, ids
 
 
-def test_a_stalled_worker_is_fenced_off_its_shard(db: Conn, identity_dsn: str) -> None:
+def test_a_stalled_worker_is_fenced_off_its_shard(db: Conn, worker_dsn: str) -> None:
     task_id, users = split_for_test(db, users=120, shard_size=60)
     lease = timedelta(minutes=5)
-    with psycopg.connect(identity_dsn) as stalled_conn:
+    with psycopg.connect(worker_dsn) as stalled_conn:
         stalled = claim_shard(stalled_conn, lease=lease, max_attempts=5)
         assert stalled is not None
         process_shard_batch(stalled_conn, stalled, batch_size=20, lease=lease, correlation_id="A")
@@ -374,7 +378,7 @@ def test_a_stalled_worker_is_fenced_off_its_shard(db: Conn, identity_dsn: str) -
 
 
 def test_a_stop_hands_the_shard_back_and_keeps_its_batches(
-    db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]
+    db: Conn, worker_dsn: str, pool: ConnectionPool[Conn]
 ) -> None:
     task_id, users = split_for_test(db, users=120, shard_size=60)
     stop = threading.Event()
@@ -385,7 +389,7 @@ def test_a_stop_hands_the_shard_back_and_keeps_its_batches(
         if len(batches) == 2:
             stop.set()  # as SIGTERM would: the loop notices before the third batch
 
-    worker, metrics = new_worker(identity_dsn, pool, stop, on_shard_batch=stop_after_two)
+    worker, metrics = new_worker(worker_dsn, pool, stop, on_shard_batch=stop_after_two)
     worker.run()
 
     first = list_shards(db, task_id)[0]
@@ -398,18 +402,18 @@ def test_a_stop_hands_the_shard_back_and_keeps_its_batches(
         users[19],
     )
     assert metrics.shards.labels(outcome="released")._value.get() == 1
-    successor, _ = new_worker(identity_dsn, pool, threading.Event())
+    successor, _ = new_worker(worker_dsn, pool, threading.Event())
     while successor.run_once():
         pass
     assert event_users(db) == Counter(users)
     assert task_row(db, task_id)["status"] == "Completed"
 
 
-def test_small_roles_stay_one_unit(db: Conn, identity_dsn: str, pool: ConnectionPool[Conn]) -> None:
+def test_small_roles_stay_one_unit(db: Conn, worker_dsn: str, pool: ConnectionPool[Conn]) -> None:
     role, users = seed_role_with_users(db, users=100, other_roles=0)
     task_id = enqueue(db, role)
     stop = threading.Event()
-    worker, _ = new_worker(identity_dsn, pool, stop, shard_size=100)
+    worker, _ = new_worker(worker_dsn, pool, stop, shard_size=100)
     while worker.run_once():
         pass
     assert event_users(db) == Counter(users)

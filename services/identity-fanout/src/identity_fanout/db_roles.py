@@ -26,6 +26,9 @@ WORKER: Final = RuntimeRole(
     grants=(
         # Claim (FOR UPDATE SKIP LOCKED), checkpoint, failure, release; the queue gauges.
         TableGrant("access_fanout_tasks", ("SELECT", "UPDATE")),
+        # A large task's split into shards on its first claim; shard claim (FOR UPDATE SKIP
+        # LOCKED), checkpoint, failure and release; the roll-up reads every shard of a task.
+        TableGrant("access_fanout_shards", ("SELECT", "INSERT", "UPDATE")),
         # The page of a role's users and the snapshot of each user's assignments.
         TableGrant("role_assignments", ("SELECT",)),
         TableGrant("role_definitions", ("SELECT",)),
@@ -71,6 +74,8 @@ OPERATOR: Final = RuntimeRole(
         TableGrant("role_assignments", ("SELECT",)),
         # tasks list/show/replay (and the task set-permissions enqueues).
         TableGrant("access_fanout_tasks", ("SELECT", "INSERT", "UPDATE")),
+        # tasks show lists a sharded task's shards; tasks replay puts its failed shards back.
+        TableGrant("access_fanout_shards", ("SELECT", "UPDATE")),
         # outbox status; the inline fan-out's COPY and quarantine retry's INSERT ... RETURNING.
         TableGrant("outbox", ("SELECT", "INSERT")),
         # quarantine list/show, and retry's DELETE ... RETURNING.
