@@ -20,19 +20,31 @@ MAX_SPAN_LINKS: Final = 32
 
 @dataclass(frozen=True, slots=True)
 class OutboxRecord:
-    """One row of `relay_queries.READ_BATCH`: its outbox id and the record it becomes."""
+    """One row of `relay_queries.READ_LANES`: its outbox id and the record it becomes."""
 
     id: int
     topic: str
     key: bytes
     value: bytes
     headers: Headers
+    slot: int = 0
+    """The key's slot (`lanes.key_slot`): which lane, and so which relay, publishes it."""
+
+    @property
+    def size(self) -> int:
+        """Bytes it holds in the relay's in-flight window (key and value)."""
+        return len(self.key) + len(self.value)
 
 
 def record_from_row(row: TupleRow) -> OutboxRecord:
-    id_, topic, key, payload, raw_headers = row
+    id_, topic, key, payload, raw_headers, slot = row
     return OutboxRecord(
-        id=id_, topic=topic, key=key.encode(), value=bytes(payload), headers=_headers(raw_headers)
+        id=id_,
+        topic=topic,
+        key=key.encode(),
+        value=bytes(payload),
+        headers=_headers(raw_headers),
+        slot=slot,
     )
 
 

@@ -1,0 +1,119 @@
+"""The relay's in-flight window: records produced and not yet settled, in outbox id order.
+
+The relay keeps producing while earlier acknowledgements are pending, up to `max_records`
+records or `max_bytes` bytes of keys and values (one read of a batch may overshoot the
+bytes by that batch); memory follows the window, not the backlog. `settle()` takes the
+settled prefix off the front with `relay_settlement.settle`'s rules: acknowledged rows to
+delete, non-retriable refusals to quarantine, and it stops at the first row that is still
+in flight (normal: wait) or was refused with a retriable error (the caller's failure path:
+that row and all behind it go out again). Pure: no producer, no database.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Final
+
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from identity_fanout.relay_records import OutboxRecord
+from identity_fanout.relay_settlement import Settlement, settle
+from pin_runtime.delivery import DeliveryFailure, DeliveryTracker
+
+__all__ = ["DEFAULT_WINDOW_BYTES", "DEFAULT_WINDOW_RECORDS", "InflightWindow"]
+
+DEFAULT_WINDOW_RECORDS: Final = 20_000
+DEFAULT_WINDOW_BYTES: Final = 64 * 1024 * 1024
+
+
+class InflightWindow:
+    """Records produced and not yet settled; see the module docstring."""
+
+    def __init__(self, *, max_records: int, max_bytes: int) -> None:
+        if max_records < 1 or max_bytes < 1:
+            raise ValueError(f"window limits must be >= 1, got {max_records}, {max_bytes}")
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self._records: deque[OutboxRecord] = deque()
+        self._produced_at: deque[float] = deque()
+        self._bytes = 0
+        self._slots: Counter[int] = Counter()
+        self.tracker: DeliveryTracker[int] = DeliveryTracker()
+        self._settled_topics: set[str] = set()
+        self._settled_slots: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def last_id(self) -> int | None:
+        """The highest outbox id in flight: the next read starts after it."""
+        return self._records[-1].id if self._records else None
+
+    def room(self) -> int:
+        """Records that may still be added (0 once either limit is reached)."""
+        if self._bytes >= self.max_bytes:
+            return 0
+        return max(0, self.max_records - len(self._records))
+
+    def add(self, record: OutboxRecord, now: float) -> Callable[[KafkaError | None, Message], None]:
+        """Count `record` in; its `on_delivery` callback."""
+        self._records.append(record)
+        self._produced_at.append(now)
+        self._bytes += record.size
+        self._slots[record.slot] += 1
+        return self.tracker.expect(record.id)
+
+    def refused(self, record: OutboxRecord, exc: KafkaException | BufferError) -> DeliveryFailure:
+        """`produce()` raised for `record` (added just before)."""
+        return self.tracker.refused(record.id, exc)
+
+    def busy_slots(self) -> set[int]:
+        """Slots with a record in flight: their lanes may not be handed over yet."""
+        return {slot for slot, count in self._slots.items() if count}
+
+    def oldest_age(self, now: float) -> float:
+        """Seconds since the head record was produced (0 when empty)."""
+        return now - self._produced_at[0] if self._produced_at else 0.0
+
+    def settle(self) -> Settlement:
+        """Take the settled prefix off the front; `stopped_at` is the first unsettled row.
+
+        `stop_failure` set means a retriable refusal (the failure path); None with
+        `stopped_at` set means the head is still in flight.
+        """
+        settlement = settle(self._records, self.tracker.acknowledged, self.tracker.failures)
+        for _ in range(len(settlement.delete) + len(settlement.quarantine)):
+            self._pop()
+        return settlement
+
+    def take_settled(self) -> tuple[set[str], set[int]]:
+        """Topics and slots of the rows settled since the last call (for logs and probes)."""
+        settled = self._settled_topics, self._settled_slots
+        self._settled_topics, self._settled_slots = set(), set()
+        return settled
+
+    def clear(self) -> None:
+        """Forget every record (after the failure path purged or waited them out)."""
+        self._records.clear()
+        self._produced_at.clear()
+        self._slots.clear()
+        self._bytes = 0
+        self.tracker = DeliveryTracker()
+
+    def _pop(self) -> None:
+        record = self._records.popleft()
+        self._settled_topics.add(record.topic)
+        self._settled_slots.add(record.slot)
+        self._produced_at.popleft()
+        self._bytes -= record.size
+        self._slots[record.slot] -= 1
+        if not self._slots[record.slot]:
+            del self._slots[record.slot]
+        self.tracker.acknowledged.discard(record.id)
+        self.tracker.failures.pop(record.id, None)
