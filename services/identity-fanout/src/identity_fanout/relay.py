@@ -158,6 +158,7 @@ class OutboxRelay:
             publisher,
             InflightWindow(max_records=window_records, max_bytes=window_bytes),
             self.metrics,
+            lanes=lanes,
             batch_size=batch_size,
             delivery_timeout=delivery_timeout,
             probe=probe,
@@ -244,9 +245,9 @@ class OutboxRelay:
         def once() -> float:
             conn = self._look(force=True)
             if self.active:
-                self._pump.fill(conn, self._session.readable_slots())
+                self._pump.fill(conn, self._session.readable_lanes())
                 self._pump.drain(conn, self._beat, self._give_up)
-                self._session.release_idle(self._pump.window.busy_slots())
+                self._release_idle(conn)
             self._finish_step(conn)
             return 0.0
 
@@ -260,9 +261,9 @@ class OutboxRelay:
             self._finish_step(conn)
             return self._lock_retry_interval
         read = self._pump.cycle(
-            conn, self._session.readable_slots(), on_tick=self._beat, give_up=self._give_up
+            conn, self._session.readable_lanes(), on_tick=self._beat, give_up=self._give_up
         )
-        self._session.release_idle(self._pump.window.busy_slots())
+        self._release_idle(conn)
         result = self._finish_step(conn)
         self._db_backoff.reset()
         if result.error is not None:
@@ -279,9 +280,16 @@ class OutboxRelay:
         now = time.monotonic()
         if force or now >= self._next_look:
             self._next_look = now + self._lock_retry_interval
-            self._session.rebalance(self._pump.window.busy_slots())
+            self._session.rebalance()
             self._gauges_due = True
         return conn
+
+    def _release_idle(self, conn: psycopg.Connection[TupleRow]) -> None:
+        """Hand over the surplus lanes with nothing in flight (their acks deleted first, so
+        the next holder does not send them again)."""
+        if self._session.handing_over:
+            self._pump.flush(conn)
+            self._session.release_idle(self._pump.window.busy_slots())
 
     def _finish_step(self, conn: psycopg.Connection[TupleRow]) -> RoundResult:
         tally = self._pump.take_tally()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -22,10 +22,11 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from identity_fanout import relay_queries as q
+from identity_fanout.lanes import slots_of
 from identity_fanout.quarantine import quarantine_rows
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_publisher import FLUSH_MARGIN, Publisher
-from identity_fanout.relay_records import record_from_row
+from identity_fanout.relay_records import OutboxRecord, record_from_row
 from identity_fanout.relay_report import report_published, report_refusals, report_stopped
 from identity_fanout.relay_settlement import Settlement
 from identity_fanout.relay_window import InflightWindow
@@ -64,6 +65,7 @@ class Pump:
         window: InflightWindow,
         metrics: RelayMetrics,
         *,
+        lanes: int,
         batch_size: int,
         delivery_timeout: float,
         probe: Callable[[str, int], None] | None = None,
@@ -76,7 +78,8 @@ class Pump:
         self._batch_size = batch_size
         self._stale_after = delivery_timeout + FLUSH_MARGIN
         self._probe = probe
-        self._cursor = 0
+        self._lanes = lanes
+        self._cursors: dict[int, int] = {}
         self._to_delete: list[int] = []
         self._topics: set[str] = set()
         self.tally = Tally()
@@ -85,36 +88,61 @@ class Pump:
         tally, self.tally = self.tally, Tally()
         return tally
 
-    def fill(self, conn: psycopg.Connection[TupleRow], slots: Sequence[int]) -> int:
-        """Read and produce the next rows of `slots` if the window has room; rows read."""
-        limit = min(self._batch_size, self.window.room())
-        if not slots or limit <= 0:
+    def fill(self, conn: psycopg.Connection[TupleRow], lanes: Collection[int]) -> int:
+        """Read and produce the next rows of `lanes` if the window has room; rows read.
+
+        Each lane reads on after its own cursor (the last id read in it): a lane taken over
+        while others are in flight starts from its head, so its oldest rows go first.
+        Lanes sharing a cursor are read together, normally all of them in one statement.
+        """
+        room = min(self._batch_size, self.window.room())
+        if not lanes or room <= 0:
             return 0
         if not len(self.window) and not self._to_delete:
-            self._cursor = 0  # nothing in flight: from the head (rows committed late too)
-        params = {"slots": list(slots), "after": self._cursor, "limit": limit}
-        records = [record_from_row(r) for r in conn.execute(q.READ_LANES, params).fetchall()]
-        if not records:
-            return 0
-        self._cursor = records[-1].id
+            self._cursors.clear()  # nothing in flight: from the heads (late commits too)
+        self._cursors = {lane: self._cursors.get(lane, 0) for lane in lanes}
+        groups: dict[int, list[int]] = {}
+        for lane, after in self._cursors.items():
+            groups.setdefault(after, []).append(lane)
+        read = 0
+        for after, group in sorted(groups.items()):
+            limit = room - read
+            if limit <= 0:
+                break
+            params = {"slots": slots_of(group, self._lanes), "after": after, "limit": limit}
+            rows = conn.execute(q.READ_LANES, params).fetchall()
+            if not rows:
+                continue
+            records = [record_from_row(r) for r in rows]
+            for lane in group:  # every row of the group up to here is read
+                self._cursors[lane] = records[-1].id
+            read += len(records)
+            self._produce(records)
+        return read
+
+    def _produce(self, records: Sequence[OutboxRecord]) -> None:
         self.tally.read += len(records)
         self.tally.first_id = self.tally.first_id or records[0].id
         if self._probe is not None:
             for slot in sorted({r.slot for r in records}):
                 self._probe("produced", slot)
         self._publisher.produce(records, self.window)
-        return len(records)
+
+    def flush(self, conn: psycopg.Connection[TupleRow]) -> None:
+        """Delete the acknowledged rows not deleted yet (before lanes are handed over)."""
+        if self._to_delete:
+            self._delete(conn)
 
     def cycle(
         self,
         conn: psycopg.Connection[TupleRow],
-        slots: Sequence[int],
+        lanes: Collection[int],
         *,
         on_tick: Callable[[], None],
         give_up: Callable[[], bool],
     ) -> int:
         """Read on if there is room, serve reports, apply what is settled; rows read."""
-        read = self.fill(conn, slots)
+        read = self.fill(conn, lanes)
         full = self.window.room() == 0
         self._publisher.serve(BUSY_WAIT if (full or read == 0) and len(self.window) else 0.0)
         caught_up = read < self._batch_size
@@ -158,7 +186,7 @@ class Pump:
             quarantined=self.tally.quarantined,
         )
         self.window.clear()
-        self._cursor = 0
+        self._cursors.clear()
         self._metrics.in_flight.set(0)
 
     def forget(self) -> None:
@@ -167,7 +195,7 @@ class Pump:
         self.window.clear()
         self._to_delete.clear()
         self._topics.clear()
-        self._cursor = 0
+        self._cursors.clear()
         self._metrics.in_flight.set(0)
 
     def _settle(self, conn: psycopg.Connection[TupleRow], *, flush: bool) -> Settlement:

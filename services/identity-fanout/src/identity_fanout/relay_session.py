@@ -77,9 +77,14 @@ class LaneSession:
         """Lanes whose locks this session holds (including those being handed over)."""
         return frozenset(self._held)
 
-    def readable_slots(self) -> list[int]:
-        """Slots to read new rows from: the held lanes not being handed over."""
-        return slots_of(self._held - self._releasing, self._lanes)
+    def readable_lanes(self) -> frozenset[int]:
+        """Lanes to read new rows from: the held lanes not being handed over."""
+        return frozenset(self._held - self._releasing)
+
+    @property
+    def handing_over(self) -> bool:
+        """True while some held lane waits for its in-flight records before it goes back."""
+        return bool(self._releasing)
 
     def connection(self) -> psycopg.Connection[TupleRow]:
         if self._conn is not None and not self._conn.closed:
@@ -102,9 +107,9 @@ class LaneSession:
         self._conn = conn
         return conn
 
-    def rebalance(self, busy_slots: Collection[int]) -> None:
+    def rebalance(self) -> None:
         """One look at the instances and the locks: take free lanes up to this instance's
-        share, mark the surplus for hand-over, give back those with nothing in flight."""
+        share, mark the surplus for hand-over (`release_idle` gives them back)."""
         conn = self.connection()
         me = conn.info.backend_pid
         rows = conn.execute(
@@ -118,7 +123,6 @@ class LaneSession:
         self._releasing.update(plan.release)
         if plan.acquire:
             self._acquire(conn, plan.acquire)
-        self.release_idle(busy_slots)
         if not self._held and not self._standby_logged:
             log_event(_log, "relay standby", instances=members, lanes=self._lanes)
             self._standby_logged = True

@@ -24,7 +24,7 @@ from pin_runtime.delivery import DeliveryFailure, DeliveryTracker
 __all__ = ["DEFAULT_WINDOW_BYTES", "DEFAULT_WINDOW_RECORDS", "InflightWindow"]
 
 DEFAULT_WINDOW_RECORDS: Final = 20_000
-DEFAULT_WINDOW_BYTES: Final = 64 * 1024 * 1024
+DEFAULT_WINDOW_BYTES: Final = 32 * 1024 * 1024
 
 
 class InflightWindow:

@@ -56,7 +56,7 @@ class Settings(ClientSettings, frozen=True, kw_only=True):
     """Outbox rows the relay reads per round trip."""
     relay_window_records: Annotated[int, Meta(ge=1, le=1_000_000)] = 20_000
     """Records one relay instance keeps in flight (produced, not yet settled) at most."""
-    relay_window_bytes: Annotated[int, Meta(ge=1_000_000, le=4_000_000_000)] = 64 * 1024 * 1024
+    relay_window_bytes: Annotated[int, Meta(ge=1_000_000, le=4_000_000_000)] = 32 * 1024 * 1024
     """Bytes of keys and values one relay instance keeps in flight at most (plus one batch)."""
     relay_poll_interval: timedelta = timedelta(seconds=1)
     """How often the relay looks at the outbox when no NOTIFY woke it."""
