@@ -110,7 +110,8 @@ class Pump:
             if limit <= 0:
                 break
             params = {"slots": slots_of(group, self._lanes), "after": after, "limit": limit}
-            rows = conn.execute(q.READ_LANES, params).fetchall()
+            # Binary: the payload (bytea) arrives as is instead of hex text to decode.
+            rows = conn.execute(q.READ_LANES, params, binary=True).fetchall()
             if not rows:
                 continue
             records = [record_from_row(r) for r in rows]

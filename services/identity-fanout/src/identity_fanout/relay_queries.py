@@ -37,7 +37,7 @@ SELECT l.classid::bigint, l.objid::bigint, l.pid, a.application_name, a.client_a
 """Who is a relay instance (the shared member lock) and who holds which slot."""
 
 READ_LANES: Final = """
-SELECT id, topic, message_key, payload, headers, key_slot
+SELECT id, topic, message_key, payload, headers::text, key_slot
   FROM identity.outbox
  WHERE key_slot = ANY(%(slots)s::smallint[])
    AND id > %(after)s

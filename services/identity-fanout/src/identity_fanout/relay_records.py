@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
 from opentelemetry import trace
 from opentelemetry.trace import Link
 from psycopg.rows import TupleRow
@@ -49,7 +50,10 @@ def record_from_row(row: TupleRow) -> OutboxRecord:
 
 
 def _headers(raw: object) -> Headers:
-    """jsonb `[[name, value], ...]` (or an object, the column default) as Kafka headers."""
+    """jsonb `[[name, value], ...]` (or an object, the column default) as Kafka headers;
+    read as text (`headers::text`) and decoded by msgspec, several times faster per row."""
+    if isinstance(raw, str | bytes):
+        raw = msgspec.json.decode(raw)
     pairs: Any = raw.items() if isinstance(raw, dict) else (raw or [])
     return [(str(name), None if value is None else str(value).encode()) for name, value in pairs]
 
@@ -58,9 +62,13 @@ def span_links(records: Sequence[OutboxRecord]) -> list[Link]:
     """Links to the transactions that wrote the rows (their stored `traceparent`)."""
     links: list[Link] = []
     seen: set[tuple[int, int]] = set()
+    parsed: set[bytes | None] = set()
     for record in records:
-        if not any(name == "traceparent" for name, _ in record.headers):
+        # A batch of a fan-out shares one traceparent: parse each distinct value once.
+        traceparent = next((v for name, v in record.headers if name == "traceparent"), b"")
+        if traceparent == b"" or traceparent in parsed:
             continue
+        parsed.add(traceparent)
         context = trace.get_current_span(extract_context(record.headers)).get_span_context()
         if context.is_valid and (context.trace_id, context.span_id) not in seen:
             seen.add((context.trace_id, context.span_id))
