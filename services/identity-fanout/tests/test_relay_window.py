@@ -19,10 +19,9 @@ Callbacks = dict[int, Callable[[Any, Any], None]]
 
 
 def fill(window: InflightWindow, *ids: int, slot: int = 0, size: int = 10) -> Callbacks:
-    callbacks: Callbacks = {}
-    for i in ids:
-        callbacks[i] = window.add(record(i, slot=slot, size=size), now=100.0)
-    return callbacks
+    records = [record(i, slot=slot, size=size) for i in ids]
+    window.add(records, now=100.0)
+    return {r.id: window.expect(r) for r in records}
 
 
 def ack(callbacks: Callbacks, *ids: int) -> None:
@@ -95,7 +94,8 @@ def test_produce_refusals_and_busy_slots() -> None:
     callbacks = fill(window, 1, slot=5)
     fill(window, 2, slot=9)
     refused = record(3, slot=9)
-    window.add(refused, now=100.0)
+    window.add([refused], now=100.0)
+    window.expect(refused)
     failure = window.refused(refused, KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)))
     assert not failure.retriable
     assert window.busy_slots() == {5, 9}

@@ -35,6 +35,7 @@ from psycopg.rows import TupleRow
 
 from identity_fanout.lanes import MAX_LANES
 from identity_fanout.outbox import OUTBOX_CHANNEL
+from identity_fanout.relay_deleter import Deleter
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_publisher import Publisher
 from identity_fanout.relay_pump import Pump
@@ -135,12 +136,13 @@ class OutboxRelay:
         self.metrics = RelayMetrics(registry)
         self.state = state if state is not None else ComponentState()
         self._heartbeat = heartbeat
+        limits = session or SessionLimits()
         self._session = LaneSession(
             dsn,
             lanes=lanes,
             channel=OUTBOX_CHANNEL,
             application_name=f"{client_id}@{socket.gethostname()}",
-            limits=session or SessionLimits(),
+            limits=limits,
             on_change=self.metrics.set_lanes,
             probe=probe,
         )
@@ -154,10 +156,21 @@ class OutboxRelay:
             tracer=(tracer_provider or trace.get_tracer_provider()).get_tracer(__name__),
         )
         self._publisher = publisher
+        self._deleter = Deleter(
+            lambda: psycopg.connect(
+                dsn,
+                autocommit=True,
+                connect_timeout=5,
+                application_name=f"{client_id}-delete@{socket.gethostname()}"[:63],
+                **limits.connect_kwargs(),
+            ),
+            self.metrics,
+        )
         self._pump = Pump(
             publisher,
             InflightWindow(max_records=window_records, max_bytes=window_bytes),
             self.metrics,
+            self._deleter,
             lanes=lanes,
             batch_size=batch_size,
             delivery_timeout=delivery_timeout,
@@ -247,6 +260,7 @@ class OutboxRelay:
             if self.active:
                 self._pump.fill(conn, self._session.readable_lanes())
                 self._pump.drain(conn, self._beat, self._give_up)
+                self._pump.flush()
                 self._release_idle(conn)
             self._finish_step(conn)
             return 0.0
@@ -287,13 +301,14 @@ class OutboxRelay:
     def _release_idle(self, conn: psycopg.Connection[TupleRow]) -> None:
         """Hand over the surplus lanes with nothing in flight (their acks deleted first, so
         the next holder does not send them again)."""
-        if self._session.handing_over:
-            self._pump.flush(conn)
+        if self._session.handing_over and self._pump.flush():
             self._session.release_idle(self._pump.window.busy_slots())
 
     def _finish_step(self, conn: psycopg.Connection[TupleRow]) -> RoundResult:
+        idle = not self._pump.tally.read and not len(self._pump.window)
+        if idle:
+            self._pump.flush()  # nothing else to do: the last deletes, then the gauges
         tally = self._pump.take_tally()
-        idle = not tally.read and not len(self._pump.window)
         # After the step (the backlog it left): at each look, on a quarantine, when idle.
         if self._gauges_due or tally.quarantined or idle:
             self._gauges_due = False
@@ -355,6 +370,7 @@ class OutboxRelay:
                 log_event(_log, "relay stop left rows in flight", logging.WARNING, error=str(exc))
         self._publisher.close(SHUTDOWN_GRACE)
         self._pump.forget()
+        self._deleter.close(SHUTDOWN_GRACE)  # acknowledged rows go before the lanes do
         self._session.close()
 
 

@@ -85,8 +85,10 @@ class Publisher:
         with self._tracer.start_as_current_span(
             name, kind=SpanKind.PRODUCER, attributes=attributes, links=span_links(records)
         ) as span:
+            window.add(records, now)
+            expect = window.expect
             for record in records:
-                on_delivery = window.add(record, now)
+                on_delivery = expect(record)
                 try:
                     # Headers go out as stored: their traceparent is the writer's context.
                     producer.produce(

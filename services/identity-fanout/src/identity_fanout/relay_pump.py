@@ -3,7 +3,8 @@
 The pump reads the next rows of the held lanes (id order, after the last one in flight),
 produces them at once and reads on while their acknowledgements are pending, as long as
 the in-flight window has room. Settled prefixes of the window are deleted in batches
-(`DELETE ... WHERE id = ANY`) and refusals for good quarantined. The first retriable
+(`DELETE ... WHERE id = ANY`, in `Deleter`'s thread) and refusals for good quarantined.
+The first retriable
 failure (or a record without an outcome past the delivery timeout) ends the flow: every
 outstanding record gets its outcome (bounded wait), the settled prefix is applied, the rest
 is purged and stays in the outbox to go out again from there after a backoff, so a later
@@ -12,7 +13,6 @@ row of a key never overtakes one that may yet be delivered.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -24,17 +24,16 @@ from psycopg.rows import TupleRow
 from identity_fanout import relay_queries as q
 from identity_fanout.lanes import slots_of
 from identity_fanout.quarantine import quarantine_rows
+from identity_fanout.relay_deleter import Deleter
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_publisher import FLUSH_MARGIN, Publisher
 from identity_fanout.relay_records import OutboxRecord, record_from_row
-from identity_fanout.relay_report import report_published, report_refusals, report_stopped
+from identity_fanout.relay_report import report_refusals, report_stopped
 from identity_fanout.relay_settlement import Settlement
 from identity_fanout.relay_window import InflightWindow
-from pin_runtime.logging import log_event
 
 __all__ = ["DELETE_BATCH", "Pump", "Tally"]
 
-_log = logging.getLogger("identity_fanout.relay")
 
 DELETE_BATCH: Final = 1000
 """Acknowledged rows deleted per statement while more keep coming (fewer when caught up)."""
@@ -64,6 +63,7 @@ class Pump:
         publisher: Publisher,
         window: InflightWindow,
         metrics: RelayMetrics,
+        deleter: Deleter,
         *,
         lanes: int,
         batch_size: int,
@@ -75,6 +75,8 @@ class Pump:
         self._publisher = publisher
         self.window = window
         self._metrics = metrics
+        self._deleter = deleter
+        self._flush_timeout = delivery_timeout
         self._batch_size = batch_size
         self._stale_after = delivery_timeout + FLUSH_MARGIN
         self._probe = probe
@@ -86,6 +88,7 @@ class Pump:
 
     def take_tally(self) -> Tally:
         tally, self.tally = self.tally, Tally()
+        tally.published, tally.last_published_id = self._deleter.take_published()
         return tally
 
     def fill(self, conn: psycopg.Connection[TupleRow], lanes: Collection[int]) -> int:
@@ -98,7 +101,7 @@ class Pump:
         room = min(self._batch_size, self.window.room())
         if not lanes or room <= 0:
             return 0
-        if not len(self.window) and not self._to_delete:
+        if not len(self.window) and not self._to_delete and not self._deleter.pending:
             self._cursors.clear()  # nothing in flight: from the heads (late commits too)
         self._cursors = {lane: self._cursors.get(lane, 0) for lane in lanes}
         groups: dict[int, list[int]] = {}
@@ -129,10 +132,12 @@ class Pump:
                 self._probe("produced", slot)
         self._publisher.produce(records, self.window)
 
-    def flush(self, conn: psycopg.Connection[TupleRow]) -> None:
-        """Delete the acknowledged rows not deleted yet (before lanes are handed over)."""
+    def flush(self) -> bool:
+        """Wait (bounded) until every acknowledged row is deleted: before lanes are handed
+        over, and at the end of `run_once`. False if the database did not let it."""
         if self._to_delete:
-            self._delete(conn)
+            self._submit()
+        return self._deleter.flush(self._flush_timeout)
 
     def cycle(
         self,
@@ -211,25 +216,14 @@ class Pump:
         if self._to_delete and (
             flush or len(self._to_delete) >= DELETE_BATCH or not len(self.window)
         ):
-            self._delete(conn)
+            self._submit()
         if self._probe is not None:
             for slot in sorted(slots):
                 self._probe("settled", slot)
         self._metrics.in_flight.set(len(self.window))
         return settlement
 
-    def _delete(self, conn: psycopg.Connection[TupleRow]) -> None:
+    def _submit(self) -> None:
         ids, self._to_delete = self._to_delete, []
         topics, self._topics = sorted(self._topics), set()
-        deleted = conn.execute(q.DELETE_PUBLISHED, {"ids": ids}).rowcount
-        if deleted != len(ids):
-            log_event(
-                _log,
-                "outbox rows already gone",
-                logging.WARNING,
-                expected=len(ids),
-                deleted=deleted,
-            )
-        report_published(self._metrics, ids, topics)
-        self.tally.published += len(ids)
-        self.tally.last_published_id = max(ids)
+        self._deleter.submit(ids, topics)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgspec
 from opentelemetry import trace
@@ -19,9 +18,10 @@ MAX_SPAN_LINKS: Final = 32
 """Links from a round's span to the traces that wrote its rows (distinct contexts, first N)."""
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxRecord:
-    """One row of `relay_queries.READ_LANES`: its outbox id and the record it becomes."""
+class OutboxRecord(NamedTuple):
+    """One row of `relay_queries.READ_LANES`: its outbox id and the record it becomes.
+
+    A named tuple: tens of thousands are built per second on the relay's hot path."""
 
     id: int
     topic: str
@@ -62,7 +62,7 @@ def span_links(records: Sequence[OutboxRecord]) -> list[Link]:
     """Links to the transactions that wrote the rows (their stored `traceparent`)."""
     links: list[Link] = []
     seen: set[tuple[int, int]] = set()
-    parsed: set[bytes | None] = set()
+    parsed: set[str | bytes | None] = set()
     for record in records:
         # A batch of a fan-out shares one traceparent: parse each distinct value once.
         traceparent = next((v for name, v in record.headers if name == "traceparent"), b"")

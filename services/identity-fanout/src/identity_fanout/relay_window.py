@@ -12,7 +12,7 @@ that row and all behind it go out again). Pure: no producer, no database.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -61,12 +61,15 @@ class InflightWindow:
             return 0
         return max(0, self.max_records - len(self._records))
 
-    def add(self, record: OutboxRecord, now: float) -> Callable[[KafkaError | None, Message], None]:
-        """Count `record` in; its `on_delivery` callback."""
-        self._records.append(record)
-        self._produced_at.append(now)
-        self._bytes += record.size
-        self._slots[record.slot] += 1
+    def add(self, records: Sequence[OutboxRecord], now: float) -> None:
+        """Count `records` in (about to be produced, in this order)."""
+        self._records.extend(records)
+        self._produced_at.extend([now] * len(records))
+        self._bytes += sum(len(r.key) + len(r.value) for r in records)
+        self._slots.update(r.slot for r in records)
+
+    def expect(self, record: OutboxRecord) -> Callable[[KafkaError | None, Message], None]:
+        """The `on_delivery` callback of `record` (added before)."""
         return self.tracker.expect(record.id)
 
     def refused(self, record: OutboxRecord, exc: KafkaException | BufferError) -> DeliveryFailure:
@@ -75,7 +78,7 @@ class InflightWindow:
 
     def busy_slots(self) -> set[int]:
         """Slots with a record in flight: their lanes may not be handed over yet."""
-        return {slot for slot, count in self._slots.items() if count}
+        return set(self._slots)
 
     def oldest_age(self, now: float) -> float:
         """Seconds since the head record was produced (0 when empty)."""
@@ -88,8 +91,7 @@ class InflightWindow:
         `stopped_at` set means the head is still in flight.
         """
         settlement = settle(self._records, self.tracker.acknowledged, self.tracker.failures)
-        for _ in range(len(settlement.delete) + len(settlement.quarantine)):
-            self._pop()
+        self._pop(len(settlement.delete) + len(settlement.quarantine))
         return settlement
 
     def take_settled(self) -> tuple[set[str], set[int]]:
@@ -106,14 +108,23 @@ class InflightWindow:
         self._bytes = 0
         self.tracker = DeliveryTracker()
 
-    def _pop(self) -> None:
-        record = self._records.popleft()
-        self._settled_topics.add(record.topic)
-        self._settled_slots.add(record.slot)
-        self._produced_at.popleft()
-        self._bytes -= record.size
-        self._slots[record.slot] -= 1
-        if not self._slots[record.slot]:
-            del self._slots[record.slot]
-        self.tracker.acknowledged.discard(record.id)
-        self.tracker.failures.pop(record.id, None)
+    def _pop(self, count: int) -> None:
+        """Take `count` settled records off the front (bulk operations: the hot path)."""
+        if not count:
+            return
+        popleft = self._records.popleft
+        popped = [popleft() for _ in range(count)]
+        del_time = self._produced_at.popleft
+        for _ in range(count):
+            del_time()
+        self._bytes -= sum(len(r.key) + len(r.value) for r in popped)
+        slots = [r.slot for r in popped]
+        self._slots.subtract(slots)
+        self._slots = +self._slots  # drops the slots with nothing left in flight
+        self._settled_slots.update(slots)
+        self._settled_topics.update(r.topic for r in popped)
+        self.tracker.acknowledged.difference_update(r.id for r in popped)
+        failures = self.tracker.failures
+        if failures:
+            for r in popped:
+                failures.pop(r.id, None)
