@@ -25,8 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 import psycopg
 from opentelemetry import trace
@@ -37,10 +36,11 @@ from identity_fanout.lanes import MAX_LANES
 from identity_fanout.outbox import OUTBOX_CHANNEL
 from identity_fanout.relay_deleter import Deleter
 from identity_fanout.relay_metrics import RelayMetrics
+from identity_fanout.relay_pacing import SHUTDOWN_GRACE, Pacer
 from identity_fanout.relay_publisher import Publisher
-from identity_fanout.relay_pump import Pump
+from identity_fanout.relay_pump import Pump, RoundResult
 from identity_fanout.relay_report import refresh_gauges, report_failed_round
-from identity_fanout.relay_session import WAKE_SLICE, LaneSession
+from identity_fanout.relay_session import LaneSession
 from identity_fanout.relay_window import (
     DEFAULT_WINDOW_BYTES,
     DEFAULT_WINDOW_RECORDS,
@@ -71,27 +71,9 @@ _log = logging.getLogger(__name__)
 DEFAULT_LANES: Final = 8
 LOCK_RETRY_INTERVAL: Final = 2.0
 """Seconds between an instance's looks at the lanes: its take-over and hand-over delay."""
-SHUTDOWN_GRACE: Final = 5.0
-"""On stop, how long in-flight deliveries may still take before the relay gives up on them
-(they stay in the outbox and go out again later)."""
 COMPRESSION: Final[Compression] = "zstd"
 """zstd makes a 20,000-assignment snapshot 6.4x smaller (lz4: 3.5x) for ~40 ms of CPU: the
 broker's limit applies to the compressed batch (README "Sizes")."""
-
-
-@dataclass(frozen=True, slots=True)
-class RoundResult:
-    """What one step did; `error` is why the flow stopped (a retriable failure), if it did."""
-
-    active: bool
-    read: int = 0
-    published: int = 0
-    failed: int = 0
-    """Rows left in the outbox by a stopped flow (to be sent again)."""
-    quarantined: int = 0
-    first_id: int | None = None
-    last_published_id: int | None = None
-    error: str | None = None
 
 
 class OutboxRelay:
@@ -135,7 +117,6 @@ class OutboxRelay:
         self._kafka_backoff = Backoff(initial=backoff_initial, maximum=backoff_maximum)
         self.metrics = RelayMetrics(registry)
         self.state = state if state is not None else ComponentState()
-        self._heartbeat = heartbeat
         limits = session or SessionLimits()
         self._session = LaneSession(
             dsn,
@@ -176,8 +157,7 @@ class OutboxRelay:
             delivery_timeout=delivery_timeout,
             probe=probe,
         )
-        self._stop = threading.Event()
-        self._stop_seen_at: float | None = None
+        self._pace = Pacer(heartbeat)
         self._next_look = 0.0
         self._gauges_due = False
         self.last_round: RoundResult | None = None
@@ -193,20 +173,10 @@ class OutboxRelay:
         tracer_provider: trace.TracerProvider | None = None,
     ) -> Self:
         return cls(
-            dsn=settings.database_dsn.reveal(),
-            bootstrap=settings.kafka_bootstrap,
+            **_options(settings),
             registry=registry,
             state=state,
             heartbeat=heartbeat,
-            lanes=settings.outbox_lanes,
-            batch_size=settings.relay_batch_size,
-            window_records=settings.relay_window_records,
-            window_bytes=settings.relay_window_bytes,
-            poll_interval=settings.relay_poll_interval.total_seconds(),
-            delivery_timeout=settings.relay_delivery_timeout.total_seconds(),
-            message_max_bytes=settings.relay_message_max_bytes,
-            kafka_extra=settings.kafka_security(),
-            session=settings.database_session(),
             tracer_provider=tracer_provider,
         )
 
@@ -231,18 +201,18 @@ class OutboxRelay:
         Never raises for PostgreSQL or Kafka outages: it backs off (1 s -> 60 s), reports
         degraded readiness and catches up when they return.
         """
-        self._stop = stop
+        self._pace.stop = stop
         log_event(_log, "relay started", batchSize=self._batch_size)
         try:
             while not stop.is_set():
-                self._beat()
+                self._pace.beat()
                 try:
                     delay = self._guarded(self._step)
                 except Exception as exc:
                     delay = self._db_backoff.next_delay()
                     self.state.degraded(report_failed_round(exc, delay))
                 if delay > 0:
-                    self._sleep(delay)
+                    self._pace.sleep(delay)
         finally:
             self.close()
             log_event(_log, "relay stopped")
@@ -259,7 +229,7 @@ class OutboxRelay:
             conn = self._look(force=True)
             if self.active:
                 self._pump.fill(conn, self._session.readable_lanes())
-                self._pump.drain(conn, self._beat, self._give_up)
+                self._pump.drain(conn, self._pace.beat, self._pace.give_up)
                 self._pump.flush()
                 self._release_idle(conn)
             self._finish_step(conn)
@@ -275,7 +245,10 @@ class OutboxRelay:
             self._finish_step(conn)
             return self._lock_retry_interval
         read = self._pump.cycle(
-            conn, self._session.readable_lanes(), on_tick=self._beat, give_up=self._give_up
+            conn,
+            self._session.readable_lanes(),
+            on_tick=self._pace.beat,
+            give_up=self._pace.give_up,
         )
         self._release_idle(conn)
         result = self._finish_step(conn)
@@ -285,7 +258,9 @@ class OutboxRelay:
         if read:
             self._kafka_backoff.reset()
         elif not len(self._pump.window):
-            self._session.wait_for_notify(self._poll_interval, stop=self._stop, on_tick=self._beat)
+            self._session.wait_for_notify(
+                self._poll_interval, stop=self._pace.stop, on_tick=self._pace.beat
+            )
         return 0.0
 
     def _look(self, *, force: bool) -> psycopg.Connection[TupleRow]:
@@ -313,16 +288,7 @@ class OutboxRelay:
         if self._gauges_due or tally.quarantined or idle:
             self._gauges_due = False
             refresh_gauges(conn, self.metrics)
-        result = RoundResult(
-            active=self.active,
-            read=tally.read,
-            published=tally.published,
-            failed=tally.failed,
-            quarantined=tally.quarantined,
-            first_id=tally.first_id,
-            last_published_id=tally.last_published_id,
-            error=tally.error,
-        )
+        result = tally.result(active=self.active)
         if result.error is None:
             self.state.ok()
         else:
@@ -339,39 +305,38 @@ class OutboxRelay:
             self._pump.forget()
             raise
 
-    def _sleep(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while (remaining := deadline - time.monotonic()) > 0:
-            if self._stop.wait(min(remaining, WAKE_SLICE)):
-                return
-            self._beat()
-
-    def _beat(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.beat()
-
-    def _give_up(self) -> bool:
-        """During a stop, in-flight deliveries get SHUTDOWN_GRACE more, then the wait ends."""
-        if not self._stop.is_set():
-            return False
-        now = time.monotonic()
-        self._stop_seen_at = self._stop_seen_at or now
-        return now >= self._stop_seen_at + SHUTDOWN_GRACE
-
     def close(self) -> None:
         """Settle what is in flight (short grace), give back the lanes, close both clients."""
         if len(self._pump.window) and self._session.lanes:
             deadline = time.monotonic() + SHUTDOWN_GRACE
             try:
                 self._pump.drain(
-                    self._session.connection(), self._beat, lambda: time.monotonic() > deadline
+                    self._session.connection(), self._pace.beat, lambda: time.monotonic() > deadline
                 )
             except Exception as exc:  # the rows stay in the outbox: sent again later
                 log_event(_log, "relay stop left rows in flight", logging.WARNING, error=str(exc))
         self._publisher.close(SHUTDOWN_GRACE)
         self._pump.forget()
+        self._pump.close()
         self._deleter.close(SHUTDOWN_GRACE)  # acknowledged rows go before the lanes do
         self._session.close()
+
+
+def _options(settings: Settings) -> dict[str, Any]:
+    """`OutboxRelay` arguments from the service's settings."""
+    return {
+        "dsn": settings.database_dsn.reveal(),
+        "bootstrap": settings.kafka_bootstrap,
+        "lanes": settings.outbox_lanes,
+        "batch_size": settings.relay_batch_size,
+        "window_records": settings.relay_window_records,
+        "window_bytes": settings.relay_window_bytes,
+        "poll_interval": settings.relay_poll_interval.total_seconds(),
+        "delivery_timeout": settings.relay_delivery_timeout.total_seconds(),
+        "message_max_bytes": settings.relay_message_max_bytes,
+        "kafka_extra": settings.kafka_security(),
+        "session": settings.database_session(),
+    }
 
 
 def _check(

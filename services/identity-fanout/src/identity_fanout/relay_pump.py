@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -32,13 +33,28 @@ from identity_fanout.relay_report import report_refusals, report_stopped
 from identity_fanout.relay_settlement import Settlement
 from identity_fanout.relay_window import InflightWindow
 
-__all__ = ["DELETE_BATCH", "Pump", "Tally"]
+__all__ = ["DELETE_BATCH", "Pump", "RoundResult", "Tally"]
 
 
 DELETE_BATCH: Final = 1000
 """Acknowledged rows deleted per statement while more keep coming (fewer when caught up)."""
 BUSY_WAIT: Final = 0.05
 """How long to wait for reports when the window is full or nothing new was read."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    """What one step did; `error` is why the flow stopped (a retriable failure), if it did."""
+
+    active: bool
+    read: int = 0
+    published: int = 0
+    failed: int = 0
+    """Rows left in the outbox by a stopped flow (to be sent again)."""
+    quarantined: int = 0
+    first_id: int | None = None
+    last_published_id: int | None = None
+    error: str | None = None
 
 
 @dataclass(slots=True)
@@ -53,6 +69,18 @@ class Tally:
     last_published_id: int | None = None
     error: str | None = None
     topics: set[str] = field(default_factory=set)
+
+    def result(self, *, active: bool) -> RoundResult:
+        return RoundResult(
+            active=active,
+            read=self.read,
+            published=self.published,
+            failed=self.failed,
+            quarantined=self.quarantined,
+            first_id=self.first_id,
+            last_published_id=self.last_published_id,
+            error=self.error,
+        )
 
 
 class Pump:
@@ -82,6 +110,11 @@ class Pump:
         self._probe = probe
         self._lanes = lanes
         self._cursors: dict[int, int] = {}
+        # The next read runs on the lanes' own connection (psycopg serializes its use) in
+        # this thread while the rows before it are produced: the database's latency and the
+        # producing overlap, and a lost connection still shows at the next read.
+        self._reader: ThreadPoolExecutor | None = None
+        self._ahead: tuple[tuple[tuple[int, ...], int], Future[list[OutboxRecord]]] | None = None
         self._to_delete: list[int] = []
         self._topics: set[str] = set()
         self.tally = Tally()
@@ -112,17 +145,42 @@ class Pump:
             limit = room - read
             if limit <= 0:
                 break
-            params = {"slots": slots_of(group, self._lanes), "after": after, "limit": limit}
-            # Binary: the payload (bytea) arrives as is instead of hex text to decode.
-            rows = conn.execute(q.READ_LANES, params, binary=True).fetchall()
-            if not rows:
+            slots = slots_of(group, self._lanes)
+            records = self._read(conn, slots, after, limit)
+            if not records:
                 continue
-            records = [record_from_row(r) for r in rows]
             for lane in group:  # every row of the group up to here is read
                 self._cursors[lane] = records[-1].id
             read += len(records)
+            if len(groups) == 1 and len(records) == limit:  # more is likely: read ahead
+                ahead = (tuple(slots), records[-1].id)
+                if self._reader is None:
+                    self._reader = ThreadPoolExecutor(1, thread_name_prefix="outbox-reader")
+                future = self._reader.submit(self._fetch, conn, slots, ahead[1], self._batch_size)
+                self._ahead = (ahead, future)
             self._produce(records)
         return read
+
+    def _read(
+        self, conn: psycopg.Connection[TupleRow], slots: list[int], after: int, limit: int
+    ) -> list[OutboxRecord]:
+        """The next rows: those read ahead if they are still what is asked (same slots, same
+        cursor; a database error surfaces here), else a read now."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            key, future = ahead
+            records = future.result()
+            if key == (tuple(slots), after) and records:
+                return records[:limit]
+        return self._fetch(conn, slots, after, limit)
+
+    def _fetch(
+        self, conn: psycopg.Connection[TupleRow], slots: list[int], after: int, limit: int
+    ) -> list[OutboxRecord]:
+        params = {"slots": slots, "after": after, "limit": limit}
+        # Binary: the payload (bytea) arrives as is instead of hex text to decode.
+        rows = conn.execute(q.READ_LANES, params, binary=True).fetchall()
+        return [record_from_row(r) for r in rows]
 
     def _produce(self, records: Sequence[OutboxRecord]) -> None:
         self.tally.read += len(records)
@@ -195,8 +253,15 @@ class Pump:
         self._cursors.clear()
         self._metrics.in_flight.set(0)
 
+    def close(self) -> None:
+        self._ahead = None
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.shutdown(wait=True, cancel_futures=True)
+
     def forget(self) -> None:
         """After the connection (and the lanes) are gone: nothing in flight is ours now."""
+        self._ahead = None
         self._publisher.purge()
         self.window.clear()
         self._to_delete.clear()
