@@ -46,7 +46,7 @@ Mutation = Callable[[dict[str, Any]], None]
 
 def outbox_record(conn: Conn, message_id: uuid.UUID | None = None) -> Message:
     """The outbox row as the relay publishes it (its own row -> record conversion)."""
-    every_slot = {"slots": list(range(SLOTS)), "after": 0, "limit": 10_000}
+    every_slot = {"slots": list(range(SLOTS)), "after": 0, "limit": 10_000, "budget": 1 << 40}
     rows = conn.execute(relay_queries.READ_LANES, every_slot).fetchall()
     records = [record_from_row(row) for row in rows]
     if message_id is not None:

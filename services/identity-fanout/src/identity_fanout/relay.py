@@ -93,7 +93,7 @@ class OutboxRelay:
         state: ComponentState | None = None,
         heartbeat: Heartbeat | None = None,
         lanes: int = DEFAULT_LANES,
-        batch_size: int = 2000,
+        batch_size: int = 5000,
         window_records: int = DEFAULT_WINDOW_RECORDS,
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         poll_interval: float = 1.0,

@@ -33,11 +33,9 @@ from identity_fanout.relay_report import report_refusals, report_stopped
 from identity_fanout.relay_settlement import Settlement
 from identity_fanout.relay_window import InflightWindow
 
-__all__ = ["DELETE_BATCH", "Pump", "RoundResult", "Tally"]
+__all__ = ["Pump", "RoundResult", "Tally"]
 
 
-DELETE_BATCH: Final = 1000
-"""Acknowledged rows deleted per statement while more keep coming (fewer when caught up)."""
 BUSY_WAIT: Final = 0.05
 """How long to wait for reports when the window is full or nothing new was read."""
 
@@ -140,15 +138,17 @@ class Pump:
         groups: dict[int, list[int]] = {}
         for lane, after in self._cursors.items():
             groups.setdefault(after, []).append(lane)
-        read = 0
+        read = read_bytes = 0
         for after, group in sorted(groups.items()):
             limit = room - read
             if limit <= 0:
                 break
             slots = slots_of(group, self._lanes)
-            records = self._read(conn, slots, after, limit)
+            budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
+            records = self._read(conn, slots, after, limit, budget)
             if not records:
                 continue
+            read_bytes += sum(len(r.value) for r in records)
             for lane in group:  # every row of the group up to here is read
                 self._cursors[lane] = records[-1].id
             read += len(records)
@@ -156,13 +156,21 @@ class Pump:
                 ahead = (tuple(slots), records[-1].id)
                 if self._reader is None:
                     self._reader = ThreadPoolExecutor(1, thread_name_prefix="outbox-reader")
-                future = self._reader.submit(self._fetch, conn, slots, ahead[1], self._batch_size)
+                budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
+                future = self._reader.submit(
+                    self._fetch, conn, slots, ahead[1], self._batch_size, budget
+                )
                 self._ahead = (ahead, future)
             self._produce(records)
         return read
 
     def _read(
-        self, conn: psycopg.Connection[TupleRow], slots: list[int], after: int, limit: int
+        self,
+        conn: psycopg.Connection[TupleRow],
+        slots: list[int],
+        after: int,
+        limit: int,
+        budget: int,
     ) -> list[OutboxRecord]:
         """The next rows: those read ahead if they are still what is asked (same slots, same
         cursor; a database error surfaces here), else a read now."""
@@ -172,12 +180,17 @@ class Pump:
             records = future.result()
             if key == (tuple(slots), after) and records:
                 return records[:limit]
-        return self._fetch(conn, slots, after, limit)
+        return self._fetch(conn, slots, after, limit, budget)
 
     def _fetch(
-        self, conn: psycopg.Connection[TupleRow], slots: list[int], after: int, limit: int
+        self,
+        conn: psycopg.Connection[TupleRow],
+        slots: list[int],
+        after: int,
+        limit: int,
+        budget: int,
     ) -> list[OutboxRecord]:
-        params = {"slots": slots, "after": after, "limit": limit}
+        params = {"slots": slots, "after": after, "limit": limit, "budget": budget}
         # Binary: the payload (bytea) arrives as is instead of hex text to decode.
         rows = conn.execute(q.READ_LANES, params, binary=True).fetchall()
         return [record_from_row(r) for r in rows]
@@ -279,7 +292,7 @@ class Pump:
         self._topics.update(topics)
         self._to_delete.extend(settlement.delete)
         if self._to_delete and (
-            flush or len(self._to_delete) >= DELETE_BATCH or not len(self.window)
+            flush or len(self._to_delete) >= self._batch_size or not len(self.window)
         ):
             self._submit()
         if self._probe is not None:

@@ -37,14 +37,19 @@ SELECT l.classid::bigint, l.objid::bigint, l.pid, a.application_name, a.client_a
 """Who is a relay instance (the shared member lock) and who holds which slot."""
 
 READ_LANES: Final = """
-SELECT id, topic, message_key, payload, headers::text, key_slot
-  FROM identity.outbox
- WHERE key_slot = ANY(%(slots)s::smallint[])
-   AND id > %(after)s
+SELECT id, topic, message_key, payload, headers, key_slot
+  FROM (SELECT *, sum(octet_length(payload)) OVER (ORDER BY id) - octet_length(payload) AS before
+          FROM (SELECT id, topic, message_key, payload, headers::text AS headers, key_slot
+                  FROM identity.outbox
+                 WHERE key_slot = ANY(%(slots)s::smallint[])
+                   AND id > %(after)s
+                 ORDER BY id
+                 LIMIT %(limit)s) AS head) AS sized
+ WHERE before < %(budget)s
  ORDER BY id
- LIMIT %(limit)s
 """
-"""The next rows of the held lanes after the last one in flight (`after` 0: from the head).
+"""The next rows of the held lanes after the last one in flight (`after` 0: from the head),
+at most `limit` rows and as many as start within `budget` payload bytes (at least one row).
 Only committed rows are visible (read committed, autocommit). A row committed late under a
 lower id than the cursor is read once the window is empty again (the cursor then restarts
 from the head)."""
