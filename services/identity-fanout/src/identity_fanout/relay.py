@@ -20,6 +20,7 @@ accounting), `Publisher` (the producer), `settle` (pure: delete, quarantine, or 
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 import threading
@@ -322,6 +323,21 @@ class OutboxRelay:
         self._session.close()
 
 
+GC_THRESHOLD: Final = (100_000, 50, 100)
+"""The relay process's collector thresholds (Python's: 700, 10, 10). The relay makes tens
+of thousands of short-lived objects per second (rows, records, delivery callbacks) and holds
+a window of them: with the default, the collector ran every 700 allocations and walked the
+window again and again, a third of the relay's CPU (bench/relay: 1.4 s -> 1.0 s of CPU for
+50,000 rows). Its objects form no cycles to speak of; garbage in cycles waits a little
+longer, bounded by the 100,000 allocations."""
+
+
+def _tune_gc() -> None:
+    """For the relay's own process only (`identity-fanout relay`), never the worker's."""
+    gc.freeze()  # what start-up made is permanent: never walked again
+    gc.set_threshold(*GC_THRESHOLD)
+
+
 def _options(settings: Settings) -> dict[str, Any]:
     """`OutboxRelay` arguments from the service's settings."""
     return {
@@ -387,6 +403,7 @@ def run_relay_process(settings: Settings) -> None:
     """`identity-fanout relay`: the relay alone, with its own ops server, until SIGTERM."""
     from identity_fanout.app import runtime  # noqa: PLC0415 - app imports the worker
 
+    _tune_gc()
     with runtime(settings, "relay") as rt:
         state = ComponentState()
         rt.ops.add_check("relay", state)

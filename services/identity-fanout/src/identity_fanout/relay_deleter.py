@@ -129,4 +129,6 @@ class Deleter:
     def _delete(self, ids: list[int]) -> int:
         if self._conn is None or self._conn.closed:
             self._conn = self._connect()
-        return self._conn.execute(q.DELETE_PUBLISHED, {"ids": ids}).rowcount
+        # An array literal built in C: psycopg would dump a list of ints element by element.
+        literal = "{" + ",".join(map(str, ids)) + "}"
+        return self._conn.execute(q.DELETE_PUBLISHED, {"ids": literal}).rowcount

@@ -58,7 +58,7 @@ SLOTS_OUTSIDE: Final = """
 SELECT EXISTS (SELECT 1 FROM identity.outbox WHERE NOT key_slot = ANY(%(slots)s::smallint[]))
 """
 
-DELETE_PUBLISHED: Final = "DELETE FROM identity.outbox WHERE id = ANY(%(ids)s)"
+DELETE_PUBLISHED: Final = "DELETE FROM identity.outbox WHERE id = ANY(%(ids)s::bigint[])"
 """Exactly the acknowledged ids, never a range: a writer that took a lower id may commit
 after this round read higher ones, and `id <= last` would delete its unpublished row."""
 
