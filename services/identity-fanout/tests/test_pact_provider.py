@@ -51,7 +51,10 @@ def outbox_record(conn: Conn, message_id: uuid.UUID | None = None) -> Message:
     records = [record_from_row(row) for row in rows]
     if message_id is not None:
         records = [
-            r for r in records if dict(r.headers).get("pin-message-id") == str(message_id).encode()
+            # Header values as read from the outbox are text (the producer encodes them).
+            r
+            for r in records
+            if dict(r.headers).get("pin-message-id") in {str(message_id), str(message_id).encode()}
         ]
     assert records, "the producer wrote no outbox row"
     record = records[-1]

@@ -37,7 +37,7 @@ from identity_fanout.lanes import MAX_LANES
 from identity_fanout.outbox import OUTBOX_CHANNEL
 from identity_fanout.relay_deleter import Deleter
 from identity_fanout.relay_metrics import RelayMetrics
-from identity_fanout.relay_pacing import SHUTDOWN_GRACE, Pacer
+from identity_fanout.relay_pacing import Pacer
 from identity_fanout.relay_publisher import Publisher
 from identity_fanout.relay_pump import Pump, RoundResult
 from identity_fanout.relay_report import refresh_gauges, report_failed_round
@@ -128,31 +128,19 @@ class OutboxRelay:
             on_change=self.metrics.set_lanes,
             probe=probe,
         )
-        publisher = Publisher(
-            bootstrap=bootstrap,
-            client_id=client_id,
-            message_max_bytes=message_max_bytes,
-            compression=compression,
-            extra=kafka_extra,
-            delivery_timeout=delivery_timeout,
-            tracer=(tracer_provider or trace.get_tracer_provider()).get_tracer(__name__),
-        )
-        self._publisher = publisher
-        self._deleter = Deleter(
-            lambda: psycopg.connect(
-                dsn,
-                autocommit=True,
-                connect_timeout=5,
-                application_name=f"{client_id}-delete@{socket.gethostname()}"[:63],
-                **limits.connect_kwargs(),
-            ),
-            self.metrics,
-        )
         self._pump = Pump(
-            publisher,
+            Publisher(
+                bootstrap=bootstrap,
+                client_id=client_id,
+                message_max_bytes=message_max_bytes,
+                compression=compression,
+                extra=kafka_extra,
+                delivery_timeout=delivery_timeout,
+                tracer=(tracer_provider or trace.get_tracer_provider()).get_tracer(__name__),
+            ),
             InflightWindow(max_records=window_records, max_bytes=window_bytes),
             self.metrics,
-            self._deleter,
+            Deleter(_connector(dsn, f"{client_id}-delete", limits), self.metrics),
             lanes=lanes,
             batch_size=batch_size,
             delivery_timeout=delivery_timeout,
@@ -307,19 +295,8 @@ class OutboxRelay:
             raise
 
     def close(self) -> None:
-        """Settle what is in flight (short grace), give back the lanes, close both clients."""
-        if len(self._pump.window) and self._session.lanes:
-            deadline = time.monotonic() + SHUTDOWN_GRACE
-            try:
-                self._pump.drain(
-                    self._session.connection(), self._pace.beat, lambda: time.monotonic() > deadline
-                )
-            except Exception as exc:  # the rows stay in the outbox: sent again later
-                log_event(_log, "relay stop left rows in flight", logging.WARNING, error=str(exc))
-        self._publisher.close(SHUTDOWN_GRACE)
-        self._pump.forget()
-        self._pump.close()
-        self._deleter.close(SHUTDOWN_GRACE)  # acknowledged rows go before the lanes do
+        """Settle what is in flight (short grace), give back the lanes, close the clients."""
+        self._pump.stop(self._session.connection if self._session.lanes else None)
         self._session.close()
 
 
@@ -336,6 +313,19 @@ def _tune_gc() -> None:
     """For the relay's own process only (`identity-fanout relay`), never the worker's."""
     gc.freeze()  # what start-up made is permanent: never walked again
     gc.set_threshold(*GC_THRESHOLD)
+
+
+def _connector(
+    dsn: str, name: str, limits: SessionLimits
+) -> Callable[[], psycopg.Connection[TupleRow]]:
+    """Connections of the deleter: autocommit, the service's session limits."""
+    return lambda: psycopg.connect(
+        dsn,
+        autocommit=True,
+        connect_timeout=5,
+        application_name=f"{name}@{socket.gethostname()}"[:63],
+        **limits.connect_kwargs(),
+    )
 
 
 def _options(settings: Settings) -> dict[str, Any]:

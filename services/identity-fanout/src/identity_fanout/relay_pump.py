@@ -13,28 +13,32 @@ row of a key never overtakes one that may yet be delivered.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Final
 
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout import relay_queries as q
 from identity_fanout.lanes import slots_of
 from identity_fanout.quarantine import quarantine_rows
 from identity_fanout.relay_deleter import Deleter
 from identity_fanout.relay_metrics import RelayMetrics
+from identity_fanout.relay_pacing import SHUTDOWN_GRACE
 from identity_fanout.relay_publisher import FLUSH_MARGIN, Publisher
-from identity_fanout.relay_records import OutboxRecord, record_from_row
+from identity_fanout.relay_reader import Reader
+from identity_fanout.relay_records import OutboxRecord
 from identity_fanout.relay_report import report_refusals, report_stopped
 from identity_fanout.relay_settlement import Settlement
 from identity_fanout.relay_window import InflightWindow
+from pin_runtime.logging import log_event
 
 __all__ = ["Pump", "RoundResult", "Tally"]
 
+
+_log = logging.getLogger("identity_fanout.relay")
 
 BUSY_WAIT: Final = 0.05
 """How long to wait for reports when the window is full or nothing new was read."""
@@ -108,11 +112,7 @@ class Pump:
         self._probe = probe
         self._lanes = lanes
         self._cursors: dict[int, int] = {}
-        # The next read runs on the lanes' own connection (psycopg serializes its use) in
-        # this thread while the rows before it are produced: the database's latency and the
-        # producing overlap, and a lost connection still shows at the next read.
-        self._reader: ThreadPoolExecutor | None = None
-        self._ahead: tuple[tuple[tuple[int, ...], int], Future[list[OutboxRecord]]] | None = None
+        self._reader = Reader()
         self._to_delete: list[int] = []
         self._topics: set[str] = set()
         self.tally = Tally()
@@ -145,7 +145,7 @@ class Pump:
                 break
             slots = slots_of(group, self._lanes)
             budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
-            records = self._read(conn, slots, after, limit, budget)
+            records = self._reader.read(conn, slots, after, limit, budget)
             if not records:
                 continue
             read_bytes += sum(len(r.value) for r in records)
@@ -153,47 +153,10 @@ class Pump:
                 self._cursors[lane] = records[-1].id
             read += len(records)
             if len(groups) == 1 and len(records) == limit:  # more is likely: read ahead
-                ahead = (tuple(slots), records[-1].id)
-                if self._reader is None:
-                    self._reader = ThreadPoolExecutor(1, thread_name_prefix="outbox-reader")
                 budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
-                future = self._reader.submit(
-                    self._fetch, conn, slots, ahead[1], self._batch_size, budget
-                )
-                self._ahead = (ahead, future)
+                self._reader.ahead(conn, slots, records[-1].id, self._batch_size, budget)
             self._produce(records)
         return read
-
-    def _read(
-        self,
-        conn: psycopg.Connection[TupleRow],
-        slots: list[int],
-        after: int,
-        limit: int,
-        budget: int,
-    ) -> list[OutboxRecord]:
-        """The next rows: those read ahead if they are still what is asked (same slots, same
-        cursor; a database error surfaces here), else a read now."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            key, future = ahead
-            records = future.result()
-            if key == (tuple(slots), after) and records:
-                return records[:limit]
-        return self._fetch(conn, slots, after, limit, budget)
-
-    def _fetch(
-        self,
-        conn: psycopg.Connection[TupleRow],
-        slots: list[int],
-        after: int,
-        limit: int,
-        budget: int,
-    ) -> list[OutboxRecord]:
-        params = {"slots": slots, "after": after, "limit": limit, "budget": budget}
-        # Binary: the payload (bytea) arrives as is instead of hex text to decode.
-        rows = conn.execute(q.READ_LANES, params, binary=True).fetchall()
-        return [record_from_row(r) for r in rows]
 
     def _produce(self, records: Sequence[OutboxRecord]) -> None:
         self.tally.read += len(records)
@@ -266,15 +229,23 @@ class Pump:
         self._cursors.clear()
         self._metrics.in_flight.set(0)
 
-    def close(self) -> None:
-        self._ahead = None
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.shutdown(wait=True, cancel_futures=True)
+    def stop(self, connection: Callable[[], psycopg.Connection[TupleRow]] | None) -> None:
+        """On stop: in-flight records get SHUTDOWN_GRACE (settled on `connection()` if the
+        lanes are still held), acknowledged rows are deleted, then every client closes."""
+        if len(self.window) and connection is not None:
+            deadline = time.monotonic() + SHUTDOWN_GRACE
+            try:
+                self.drain(connection(), lambda: None, lambda: time.monotonic() > deadline)
+            except Exception as exc:  # the rows stay in the outbox: sent again later
+                log_event(_log, "relay stop left rows in flight", logging.WARNING, error=str(exc))
+        self._publisher.close(SHUTDOWN_GRACE)
+        self.forget()
+        self._reader.close()
+        self._deleter.close(SHUTDOWN_GRACE)  # acknowledged rows go before the lanes do
 
     def forget(self) -> None:
         """After the connection (and the lanes) are gone: nothing in flight is ours now."""
-        self._ahead = None
+        self._reader.forget()
         self._publisher.purge()
         self.window.clear()
         self._to_delete.clear()
