@@ -78,6 +78,6 @@ demo: sync ## run the whole system on this machine and show what happens
 	$(RUN) python infra/local/demo.py
 
 .PHONY: bench
-bench: up ## benchmarks (not tests): fan-out of a 50k-user role, membership consumer drain
+bench: up ## benchmarks (not tests): fan-out of a 50k-user role, relay drain vs a plain producer, membership consumer drain
 	@set -e; eval "$$($(RUN) pin-local -q env)"; for b in $(wildcard bench/*/run.py); do \
 		echo "== $$b"; $(RUN) python $$b; done

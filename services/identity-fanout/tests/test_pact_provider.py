@@ -28,6 +28,7 @@ from psycopg.rows import TupleRow
 
 from identity_fanout import relay_queries
 from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.lanes import SLOTS
 from identity_fanout.membership import join_agency, leave_agency
 from identity_fanout.relay_records import record_from_row
 from identity_fanout.seed import Assignment, add_assignments, add_permissions, add_role
@@ -45,11 +46,15 @@ Mutation = Callable[[dict[str, Any]], None]
 
 def outbox_record(conn: Conn, message_id: uuid.UUID | None = None) -> Message:
     """The outbox row as the relay publishes it (its own row -> record conversion)."""
-    rows = conn.execute(relay_queries.READ_BATCH, {"limit": 10_000}).fetchall()
+    every_slot = {"slots": list(range(SLOTS)), "after": 0, "limit": 10_000, "budget": 1 << 40}
+    rows = conn.execute(relay_queries.READ_LANES, every_slot).fetchall()
     records = [record_from_row(row) for row in rows]
     if message_id is not None:
         records = [
-            r for r in records if dict(r.headers).get("pin-message-id") == str(message_id).encode()
+            # Header values as read from the outbox are text (the producer encodes them).
+            r
+            for r in records
+            if dict(r.headers).get("pin-message-id") in {str(message_id), str(message_id).encode()}
         ]
     assert records, "the producer wrote no outbox row"
     record = records[-1]

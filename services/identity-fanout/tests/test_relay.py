@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
 from identity_fanout.outbox_status import outbox_status
-from identity_fanout.relay import RELAY_LOCK_KEY, OutboxRelay
+from identity_fanout.relay import OutboxRelay
+from identity_fanout.relay_session import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS
 from pin_contracts import (
     MESSAGE_ID_HEADER,
     TRACEPARENT_HEADER,
@@ -336,26 +337,25 @@ def test_one_active_relay_and_take_over_when_its_connection_dies(
     consume(kafka_bootstrap, topic.name, 7)
 
 
-def test_running_relays_fail_over_within_seconds(
+def test_running_relays_share_the_lanes_and_fail_over_within_seconds(
     dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory
 ) -> None:
+    # Two instances share the 8 lanes (4 each); one stops: the other holds all 8 at once.
     first, second = make_relay(poll_interval=0.2), make_relay(poll_interval=0.2)
-    with RelayThread(first) as a, RelayThread(second) as b:
-        wait_until(lambda: first.active or second.active, 10, "one relay active")
-        (holder, holder_thread), (standby, _) = sorted(
-            [(first, a), (second, b)], key=lambda pair: not pair[0].active
+    with RelayThread(first) as a, RelayThread(second):
+        wait_until(
+            lambda: len(first.lanes) == 4 and len(second.lanes) == 4, 10, "lanes shared 4 + 4"
         )
-        wait_until(lambda: standby.last_round is not None, 10, "standby tried the lock")
-        assert not standby.active
+        assert first.lanes.isdisjoint(second.lanes)
 
-        holder_thread.stop.set()  # graceful stop: the holder releases the lock
-        holder_thread.thread.join(timeout=30)
-        assert not holder.active
-        took = wait_until(lambda: standby.active, 10, "standby takes over")
+        a.stop.set()  # graceful stop: the instance gives its lanes back
+        a.thread.join(timeout=30)
+        assert not first.active
+        took = wait_until(lambda: len(second.lanes) == 8, 10, "the other takes every lane")
         assert took < 5
-        write(dsn, [outbox_message(access_event(), topic) for _ in range(2)])
-        wait_until(lambda: outbox_count(dsn) == 0, 10, "the new holder publishes")
-    consume(kafka_bootstrap, topic.name, 2)
+        write(dsn, [outbox_message(access_event(), topic) for _ in range(20)])
+        wait_until(lambda: outbox_count(dsn) == 0, 10, "the remaining instance publishes")
+    consume(kafka_bootstrap, topic.name, 20)
 
 
 def test_notify_wakes_the_running_relay_long_before_the_poll_interval(
@@ -412,7 +412,10 @@ def test_metrics_follow_the_backlog(
     assert standby.run_once() == 0
     assert sample(standby_registry, "identity_outbox_backlog") == 3
     assert sample(standby_registry, "identity_outbox_relay_active") == 0
+    assert sample(standby_registry, "identity_outbox_lanes_held") == 0
+    assert sample(registry, "identity_outbox_lanes_held") == 8
 
+    standby.close()  # alone again: the relay keeps every lane (else it would hand 4 over)
     while relay.run_once():
         pass
     assert sample(registry, "identity_outbox_backlog") == 0
@@ -456,7 +459,13 @@ def test_outbox_status_figures(
         assert not outbox_status(conn).relay_active
 
 
-def test_lock_key_is_documented_recipe_and_distinct_from_migrations() -> None:
-    digest = hashlib.sha256(b"pin-outbox-relay:identity.outbox").digest()
-    assert int.from_bytes(digest[:8], "big", signed=True) == RELAY_LOCK_KEY
-    assert advisory_lock_key("identity") != RELAY_LOCK_KEY
+def test_lock_classes_are_documented_recipe_and_distinct() -> None:
+    for name, cls in (
+        (b"pin-outbox-relay:identity.outbox", LANE_LOCK_CLASS),
+        (b"pin-outbox-relay-members:identity.outbox", MEMBER_LOCK_CLASS),
+    ):
+        assert int.from_bytes(hashlib.sha256(name).digest()[:4], "big") & 0x7FFFFFFF == cls
+    assert LANE_LOCK_CLASS != MEMBER_LOCK_CLASS
+    # The migration lock is a bigint key (objsubid 1), these are two-int4 keys (objsubid 2):
+    # they can never be the same lock, whatever the numbers.
+    assert isinstance(advisory_lock_key("identity"), int)

@@ -204,7 +204,7 @@ def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
     )
 
 
-def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> None:
+def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lanes: int) -> None:
     from identity_fanout import quarantine as q  # noqa: PLC0415
     from identity_fanout.outbox_status import outbox_status, status_table  # noqa: PLC0415
     from identity_fanout.quarantine_view import (  # noqa: PLC0415
@@ -214,7 +214,7 @@ def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> Non
     )
 
     if args.outbox_command == "status":
-        _console.print(status_table(outbox_status(conn)))
+        _console.print(status_table(outbox_status(conn, lanes=lanes)))
     elif args.quarantine_command == "list":
         _console.print(quarantine_table(q.list_quarantined(conn, limit=args.limit)))
     elif args.quarantine_command == "show":
@@ -273,7 +273,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
             _tasks(conn, args)
     elif args.command == "outbox":
         with _connect(settings) as conn:
-            _outbox(conn, args)
+            _outbox(conn, args, lanes=settings.outbox_lanes)
     elif args.command == "memberships":
         with _connect(settings) as conn:
             if args.memberships_command == "join":

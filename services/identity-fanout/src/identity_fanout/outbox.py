@@ -16,6 +16,7 @@ from opentelemetry import propagate
 from psycopg import Connection
 from psycopg.types.json import Jsonb
 
+from identity_fanout.lanes import key_slot
 from pin_contracts import Envelope, EventPayload, encode, headers_for, kafka_key
 from pin_contracts.topics import Topic
 
@@ -23,10 +24,10 @@ OUTBOX_CHANNEL: Final = "identity_outbox"
 """NOTIFY channel the relay listens on; notified in the transaction that writes rows."""
 
 _COPY: Final = (
-    "COPY identity.outbox (topic, message_key, payload, headers, message_id, event_type) "
+    "COPY identity.outbox (topic, message_key, payload, headers, message_id, event_type, key_slot) "
     "FROM STDIN (FORMAT BINARY)"
 )
-_COPY_TYPES: Final = ["text", "text", "bytea", "jsonb", "uuid", "text"]
+_COPY_TYPES: Final = ["text", "text", "bytea", "jsonb", "uuid", "text", "int2"]
 
 P = TypeVar("P", bound=EventPayload)
 
@@ -92,6 +93,7 @@ def write_outbox(conn: Connection[tuple[object, ...]], messages: Sequence[Outbox
                         Jsonb(m.headers, dumps=_json_text),
                         m.message_id,
                         m.event_type,
+                        key_slot(m.key),  # its lane, for good (identity_fanout.lanes)
                     )
                 )
         cur.execute("SELECT pg_notify(%s, '')", (OUTBOX_CHANNEL,))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 import msgspec
@@ -10,17 +11,20 @@ from psycopg.rows import TupleRow
 from rich.table import Table
 
 from identity_fanout import relay_queries as q
+from identity_fanout.lanes import lane_of_slot, slots_of
 from identity_fanout.quarantine import quarantine_counts
-from identity_fanout.relay import RELAY_LOCK_KEY
+from identity_fanout.relay import DEFAULT_LANES
+from identity_fanout.relay_session import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS
 
 
 class RelayHolder(msgspec.Struct, frozen=True, kw_only=True):
-    """The session holding the relay lock (from pg_locks / pg_stat_activity)."""
+    """A relay session holding outbox lanes (from pg_locks / pg_stat_activity)."""
 
     pid: int
     application_name: str | None
     client_addr: str | None
-    backend_start: datetime | None
+    lanes: tuple[int, ...] = ()
+    """The lanes whose every slot this session holds."""
 
 
 class OutboxStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,40 +32,68 @@ class OutboxStatus(msgspec.Struct, frozen=True, kw_only=True):
 
     backlog: int
     oldest_created_at: datetime | None
-    """created_at of the next row to publish (lowest id)."""
+    """created_at of the oldest waiting row (lowest id)."""
     oldest_age_seconds: float | None
     by_topic: dict[str, int]
     relay_active: bool
+    """True while some relay instance holds a lane."""
     relay: RelayHolder | None
+    """The session holding the most lanes (None: nothing is being published)."""
+    lanes: int = DEFAULT_LANES
+    holders: tuple[RelayHolder, ...] = ()
+    """Every relay session holding lanes, most lanes first."""
+    instances: int = 0
+    """Running relay instances (holding lanes or not)."""
+    backlog_by_lane: dict[int, int] = msgspec.field(default_factory=dict)
     quarantined: dict[str, int] = msgspec.field(default_factory=dict)
     """Rows Kafka refused for good, by topic (`outbox quarantine list`)."""
 
 
-def outbox_status(conn: psycopg.Connection[TupleRow]) -> OutboxStatus:
-    """Backlog, head age, per-topic counts, the relay lock holder and the quarantine."""
+def outbox_status(
+    conn: psycopg.Connection[TupleRow], *, lanes: int = DEFAULT_LANES
+) -> OutboxStatus:
+    """Backlog, head age, per-topic and per-lane counts, who holds which lane, quarantine."""
     by_topic: dict[str, int] = dict(conn.execute(q.STATUS_BY_TOPIC).fetchall())
     head = conn.execute(q.STATUS_HEAD).fetchone()
-    high, low = (RELAY_LOCK_KEY >> 32) & 0xFFFFFFFF, RELAY_LOCK_KEY & 0xFFFFFFFF
-    holder_row = conn.execute(q.LOCK_HOLDER, {"high": high, "low": low}).fetchone()
-    holder = (
-        RelayHolder(
-            pid=holder_row[0],
-            application_name=holder_row[1],
-            client_addr=holder_row[2],
-            backend_start=holder_row[3],
-        )
-        if holder_row is not None
-        else None
-    )
+    locks = conn.execute(
+        q.LANE_LOCKS, {"class": LANE_LOCK_CLASS, "members": MEMBER_LOCK_CLASS}
+    ).fetchall()
+    holders = _holders(locks, lanes)
+    by_lane: dict[int, int] = {}
+    for slot, count in conn.execute(q.SLOT_BACKLOG).fetchall():
+        by_lane[lane_of_slot(slot, lanes)] = by_lane.get(lane_of_slot(slot, lanes), 0) + count
     return OutboxStatus(
         backlog=sum(by_topic.values()),
         oldest_created_at=head[0] if head else None,
         oldest_age_seconds=max(0.0, head[1]) if head else None,
         by_topic=by_topic,
-        relay_active=holder is not None,
-        relay=holder,
+        relay_active=bool(holders),
+        relay=holders[0] if holders else None,
+        lanes=lanes,
+        holders=tuple(holders),
+        instances=len({row[2] for row in locks if row[0] == MEMBER_LOCK_CLASS}),
+        backlog_by_lane=dict(sorted(by_lane.items())),
         quarantined=quarantine_counts(conn),
     )
+
+
+def _holders(locks: list[TupleRow], lanes: int) -> list[RelayHolder]:
+    slots: dict[int, set[int]] = {}
+    who: dict[int, tuple[str | None, str | None]] = {}
+    for cls, obj, pid, application_name, client_addr in locks:
+        if cls == LANE_LOCK_CLASS:
+            slots.setdefault(pid, set()).add(obj)
+            who[pid] = (application_name, client_addr)
+    holders = [
+        RelayHolder(
+            pid=pid,
+            application_name=who[pid][0],
+            client_addr=who[pid][1],
+            lanes=tuple(lane for lane in range(lanes) if set(slots_of([lane], lanes)) <= held),
+        )
+        for pid, held in slots.items()
+    ]
+    return sorted(holders, key=lambda h: (-len(h.lanes), h.pid))
 
 
 def status_table(status: OutboxStatus) -> Table:
@@ -81,12 +113,25 @@ def status_table(status: OutboxStatus) -> Table:
         table.add_row(f"topic {topic}", str(count))
     for topic, count in status.quarantined.items():
         table.add_row(f"quarantined {topic}", f"{count} (outbox quarantine list)")
-    holder = status.relay
-    table.add_row(
-        "relay",
-        "none holds the lock (nothing is being published)"
-        if holder is None
-        else f"active: pid {holder.pid}, {holder.application_name or '?'}"
-        f" from {holder.client_addr or 'local socket'}",
-    )
+    for lane, count in status.backlog_by_lane.items():
+        table.add_row(f"lane {lane}", str(count))
+    if not status.holders:
+        table.add_row(
+            "relay",
+            f"none holds a lane (nothing is being published; {status.instances} running)",
+        )
+    held = {lane for holder in status.holders for lane in holder.lanes}
+    for holder in status.holders:
+        table.add_row(
+            f"relay pid {holder.pid}",
+            f"lanes {_ranges(holder.lanes)}: {holder.application_name or '?'}"
+            f" from {holder.client_addr or 'local socket'}",
+        )
+    unheld = [lane for lane in range(status.lanes) if lane not in held]
+    if status.holders and unheld:
+        table.add_row("lanes unheld", f"{_ranges(unheld)} (taken within seconds by a relay)")
     return table
+
+
+def _ranges(lanes: Sequence[int]) -> str:
+    return ", ".join(str(lane) for lane in lanes) or "-"

@@ -47,13 +47,14 @@ WITH refused AS (
 )
 INSERT INTO identity.outbox_quarantine (
     outbox_id, topic, message_key, payload, headers, message_id, event_type, created_at,
-    error_code, error_reason, error_message, attempts, first_failed_at, last_failed_at
+    error_code, error_reason, error_message, attempts, first_failed_at, last_failed_at, key_slot
 )
 SELECT id, topic, message_key, payload, headers, message_id, event_type, created_at,
        error_code, error_reason, error_message,
        quarantine_attempts + 1,
        coalesce(first_failed_at, statement_timestamp()),
-       statement_timestamp()
+       statement_timestamp(),
+       key_slot
   FROM moved
  ORDER BY id
 RETURNING id, outbox_id, topic, message_key, message_id, event_type, attempts,
@@ -84,10 +85,10 @@ WITH moved AS (
 ), requeued AS (
     INSERT INTO identity.outbox (
         topic, message_key, payload, headers, message_id, event_type,
-        quarantine_attempts, first_failed_at
+        quarantine_attempts, first_failed_at, key_slot
     )
     SELECT topic, message_key, payload, headers, message_id, event_type,
-           attempts, first_failed_at
+           attempts, first_failed_at, key_slot
       FROM moved
      ORDER BY id
     RETURNING id, message_id
@@ -97,8 +98,8 @@ SELECT m.id, r.id, m.topic, m.message_key, m.attempts
   JOIN requeued AS r ON r.message_id = m.message_id
  ORDER BY r.id
 """
-"""Quarantined rows back to the tail of the outbox (new ids, in quarantine order), keeping
-their attempt count and first failure so that a second refusal counts on."""
+"""Quarantined rows back to the tail of the outbox (new ids, in quarantine order, the same
+key slot), keeping their attempt count and first failure so that a second refusal counts on."""
 
 NOTIFY: Final = "SELECT pg_notify(%(channel)s, '')"
 

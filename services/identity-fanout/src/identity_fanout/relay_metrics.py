@@ -35,7 +35,17 @@ class RelayMetrics:
         )
         self.relay_active = Gauge(
             "identity_outbox_relay_active",
-            "1 while this instance holds the relay lock and publishes, 0 on standby.",
+            "1 while this instance holds at least one outbox lane and publishes, 0 otherwise.",
+            registry=registry,
+        )
+        self.lanes_held = Gauge(
+            "identity_outbox_lanes_held",
+            "Outbox lanes this instance holds (publishes); summed over instances: the lane count.",
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "identity_outbox_in_flight",
+            "Records this instance produced and has not settled yet (its in-flight window).",
             registry=registry,
         )
         self.quarantined = Counter(
@@ -51,6 +61,10 @@ class RelayMetrics:
             registry=registry,
         )
         self._quarantine_topics: set[str] = set()
+
+    def set_lanes(self, lanes: frozenset[int]) -> None:
+        self.lanes_held.set(len(lanes))
+        self.relay_active.set(1 if lanes else 0)
 
     def set_quarantine_rows(self, by_topic: Mapping[str, int]) -> None:
         """Counts per topic; a topic whose rows were all retried goes back to 0."""

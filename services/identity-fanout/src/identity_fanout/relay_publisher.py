@@ -1,14 +1,15 @@
-"""Producing one round of outbox records and learning what became of each.
+"""Producing outbox records and learning what became of each.
 
-Every record's outcome is kept by `pin_runtime.delivery.DeliveryTracker`, keyed by its
-outbox id: acknowledged, refused (by `produce()` at once, or by the broker in a delivery
-report, each classified retriable or not), or still without an outcome when the bounded
-wait ended. What to do with each is `relay_settlement.settle`'s decision, not this module's.
+Every record's outcome is kept by the in-flight window's `pin_runtime.delivery.
+DeliveryTracker`, keyed by its outbox id: acknowledged, refused (by `produce()` at once, or
+by the broker in a delivery report, each classified retriable or not), or still without an
+outcome. What to do with each is `relay_settlement.settle`'s decision, not this module's.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
@@ -17,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from identity_fanout.relay_records import OutboxRecord, span_links
-from pin_runtime.delivery import DeliveryTracker
+from identity_fanout.relay_window import InflightWindow
 from pin_runtime.kafka import Compression, ConfigValue, create_producer
 from pin_runtime.logging import log_event
 
@@ -33,7 +34,7 @@ only covers scheduling slack."""
 
 
 class Publisher:
-    """The relay's producer: produce a round, wait for it (bounded), purge what is left.
+    """The relay's producer: produce into the in-flight window, serve reports, purge.
 
     A producer that hit a fatal error (e.g. the idempotent producer fenced) is replaced
     before the next round.
@@ -71,32 +72,23 @@ class Publisher:
         self._producer: Producer | None = None
         self._fatal = False
 
-    def publish(
-        self,
-        records: Sequence[OutboxRecord],
-        *,
-        on_tick: Callable[[], None] | None = None,
-        give_up: Callable[[], bool] | None = None,
-    ) -> DeliveryTracker[int]:
-        """Produce `records` in order; the tracker with every outcome known by the end."""
+    def produce(self, records: Sequence[OutboxRecord], window: InflightWindow) -> bool:
+        """Produce `records` in order into `window`, without waiting for acknowledgements.
+
+        False when a retriable refusal (a full queue, a fatal producer) stopped it: that
+        record is in the window with its failure, the rest were not produced.
+        """
         producer = self._current_producer()
-        tracker: DeliveryTracker[int] = DeliveryTracker()
-        topics = sorted({r.topic for r in records})
-        attributes: dict[str, str | int] = {
-            "messaging.system": "kafka",
-            "messaging.operation.type": "send",
-            "messaging.operation.name": "send",
-            "messaging.batch.message_count": len(records),
-            "messaging.client.id": self._client_id,
-        }
-        if len(topics) == 1:  # the conventions omit the destination of a mixed batch
-            attributes["messaging.destination.name"] = topics[0]
-        name = f"send {topics[0]}" if len(topics) == 1 else "send"
+        now = time.monotonic()
+        produced = True
+        name, attributes = _span(records, self._client_id)
         with self._tracer.start_as_current_span(
             name, kind=SpanKind.PRODUCER, attributes=attributes, links=span_links(records)
         ) as span:
+            window.add(records, now)
+            expect = window.expect
             for record in records:
-                on_delivery = tracker.expect(record.id)
+                on_delivery = expect(record)
                 try:
                     # Headers go out as stored: their traceparent is the writer's context.
                     producer.produce(
@@ -108,22 +100,39 @@ class Publisher:
                     )
                 except (BufferError, KafkaException) as exc:
                     # Too large for message.max.bytes: refused for good, the next goes on.
-                    # Queue full or a fatal producer: the rest waits for another round.
-                    if tracker.refused(record.id, exc).retriable:
+                    # Queue full or a fatal producer: the rest waits for the next read.
+                    failure = window.refused(record, exc)
+                    if failure.retriable:
+                        span.set_status(Status(StatusCode.ERROR, str(failure)))
+                        produced = False
                         break
-            timeout = self._delivery_timeout + FLUSH_MARGIN
-            if tracker.wait(producer, timeout, on_tick=on_tick, give_up=give_up) > 0:
-                # Not yet sent: drop from the queue so nothing lingers into the next round
-                # (those rows stay in the outbox). In-flight requests cannot be recalled; a
-                # late ack of one only means a duplicate when its row goes out again.
-                producer.purge(in_queue=True, in_flight=False)
-                producer.poll(0)
-            if tracker.failures or tracker.pending:
-                first = next(iter(tracker.failures.values()), None)
-                span.set_status(
-                    Status(StatusCode.ERROR, str(first) if first else "no acknowledgement")
-                )
-        return tracker
+            producer.poll(0)  # serve the reports already there; never blocks
+        return produced
+
+    def serve(self, timeout: float) -> None:
+        """Serve delivery reports for up to `timeout` seconds (returns at the first)."""
+        if self._producer is not None:
+            self._producer.poll(timeout)
+
+    def wait(
+        self,
+        window: InflightWindow,
+        *,
+        on_tick: Callable[[], None] | None = None,
+        give_up: Callable[[], bool] | None = None,
+    ) -> int:
+        """Wait (bounded) for every outcome in `window`; the records still without one."""
+        if self._producer is None:
+            return window.tracker.pending
+        timeout = self._delivery_timeout + FLUSH_MARGIN
+        return window.tracker.wait(self._producer, timeout, on_tick=on_tick, give_up=give_up)
+
+    def purge(self) -> None:
+        """Drop what is still queued (not sent): those rows stay in the outbox. In-flight
+        requests cannot be recalled; a late ack of one only means a duplicate later."""
+        if self._producer is not None:
+            self._producer.purge(in_queue=True, in_flight=False)
+            self._producer.poll(0)
 
     def close(self, grace: float) -> None:
         """Give in-flight deliveries `grace` seconds, then drop the rest and close."""
@@ -153,3 +162,18 @@ class Publisher:
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
             self._fatal = True
+
+
+def _span(records: Sequence[OutboxRecord], client_id: str) -> tuple[str, dict[str, str | int]]:
+    """Name and attributes of the span of one produced batch (messaging conventions)."""
+    topics = sorted({r.topic for r in records})
+    attributes: dict[str, str | int] = {
+        "messaging.system": "kafka",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.batch.message_count": len(records),
+        "messaging.client.id": client_id,
+    }
+    if len(topics) == 1:  # the conventions omit the destination of a mixed batch
+        attributes["messaging.destination.name"] = topics[0]
+    return (f"send {topics[0]}" if len(topics) == 1 else "send"), attributes

@@ -13,8 +13,7 @@ from psycopg.rows import TupleRow
 from identity_fanout import relay_queries as q
 from identity_fanout.quarantine import MovedRow, quarantine_counts
 from identity_fanout.relay_metrics import RelayMetrics
-from identity_fanout.relay_records import OutboxRecord
-from identity_fanout.relay_settlement import Settlement
+from identity_fanout.relay_settlement import Refusal, Settlement
 from pin_runtime.delivery import DeliveryFailure
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import is_retriable
@@ -23,8 +22,10 @@ __all__ = [
     "BACKLOG_EXACT_UP_TO",
     "refresh_gauges",
     "report_failed_round",
+    "report_published",
     "report_quarantined",
-    "report_round",
+    "report_refusals",
+    "report_stopped",
 ]
 
 _log = logging.getLogger("identity_fanout.relay")
@@ -36,39 +37,45 @@ BACKLOG_EXACT_UP_TO: Final = 100_000
 _KEY_FIELDS: Final = {"UserAccessChanged": "userId", "AgentMembershipChanged": "agentUserId"}
 
 
-def report_round(
-    metrics: RelayMetrics,
-    records: Sequence[OutboxRecord],
-    settlement: Settlement,
-    moved: Sequence[MovedRow],
-) -> None:
-    """Counters and log lines of one settled round."""
-    published = len(settlement.delete)
-    metrics.published.inc(published)
-    if published:
+def report_published(metrics: RelayMetrics, ids: Sequence[int], topics: Sequence[str]) -> None:
+    """`outbox published`: acknowledged rows just deleted (one line per delete batch)."""
+    metrics.published.inc(len(ids))
+    if ids:
         log_event(
             _log,
             "outbox published",
-            count=published,
-            firstId=min(settlement.delete),
-            lastId=max(settlement.delete),
-            topics=sorted({r.topic for r in records}),
+            count=len(ids),
+            firstId=min(ids),
+            lastId=max(ids),
+            topics=sorted(set(topics)),
         )
-    failures = {r.record.id: r.failure for r in settlement.quarantine}
+
+
+def report_refusals(
+    metrics: RelayMetrics, refusals: Sequence[Refusal], moved: Sequence[MovedRow]
+) -> None:
+    failures = {r.record.id: r.failure for r in refusals}
     for row in moved:
         report_quarantined(metrics, row, failures[row.outbox_id])
-    if settlement.stopped_at is not None:
-        metrics.delivery_failures.inc(settlement.waiting)
-        log_event(
-            _log,
-            "outbox delivery failed",
-            logging.WARNING,
-            error=settlement.stop_reason(),
-            failed=settlement.waiting,
-            published=published,
-            quarantined=len(moved),
-            firstFailedId=settlement.stopped_at.id,
-        )
+
+
+def report_stopped(
+    metrics: RelayMetrics, settlement: Settlement, *, published: int, quarantined: int
+) -> None:
+    """`outbox delivery failed`: the rows from the first unsettled one on go out again."""
+    if settlement.stopped_at is None:
+        return
+    metrics.delivery_failures.inc(settlement.waiting)
+    log_event(
+        _log,
+        "outbox delivery failed",
+        logging.WARNING,
+        error=settlement.stop_reason(),
+        failed=settlement.waiting,
+        published=published,
+        quarantined=quarantined,
+        firstFailedId=settlement.stopped_at.id,
+    )
 
 
 def report_quarantined(metrics: RelayMetrics, row: MovedRow, failure: DeliveryFailure) -> None:
@@ -109,7 +116,8 @@ def report_failed_round(exc: Exception, retry_in: float) -> str:
 
 
 def refresh_gauges(conn: psycopg.Connection[TupleRow], metrics: RelayMetrics) -> None:
-    """Backlog, head age and quarantine gauges, read from the database (every round)."""
+    """Backlog, head age and quarantine gauges, read from the database (every look at the
+    lanes). Every instance reports the whole outbox, whatever lanes it holds."""
     row = conn.execute(q.BACKLOG, {"exact_up_to": BACKLOG_EXACT_UP_TO}).fetchone()
     if row is not None:
         counted, span, _oldest, age = row

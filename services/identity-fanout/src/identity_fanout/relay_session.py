@@ -1,10 +1,11 @@
-"""The relay's database session: one connection that holds the relay lock and LISTENs.
+"""The relay's database session: one connection that holds its lanes' locks and LISTENs.
 
-The lock lives on the connection that also reads, deletes and quarantines rows, so losing
-that connection loses the lock (and a standby takes over) instead of two relays publishing.
-Every wait of the session is bounded by the service's `SessionLimits` (statement and lock
-timeouts, idle-in-transaction timeout, TCP keepalives on both ends: the server notices a
-vanished relay and frees its lock within about idle + interval * count seconds).
+The slot locks live on the connection that also reads, deletes and quarantines rows, so
+losing that connection loses the lanes (and the other instances take them over) instead of
+two relays publishing one lane. Every wait of the session is bounded by the service's
+`SessionLimits` (statement and lock timeouts, idle-in-transaction timeout, TCP keepalives
+on both ends: the server notices a vanished relay and frees its locks within about
+idle + interval * count seconds).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Final
 
 import psycopg
@@ -20,82 +21,160 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from identity_fanout import relay_queries as q
+from identity_fanout.lanes import lock_class, plan_lanes, slots_of
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import SessionLimits
 
-__all__ = ["LockedSession"]
+__all__ = ["LANE_LOCK_CLASS", "MEMBER_LOCK_CLASS", "WAKE_SLICE", "LaneSession"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("identity_fanout.relay")
 
 WAKE_SLICE: Final = 0.5
 """Longest uninterruptible wait: bounds the reaction to a stop request."""
+LANE_LOCK_CLASS: Final = lock_class("pin-outbox-relay:identity.outbox")
+"""First key of a slot's advisory lock `(LANE_LOCK_CLASS, slot)`."""
+MEMBER_LOCK_CLASS: Final = lock_class("pin-outbox-relay-members:identity.outbox")
+"""First key of the shared lock `(MEMBER_LOCK_CLASS, 0)` every running relay holds."""
+
+Probe = Callable[[str, int], None]
+"""`probe(event, lane)`: "acquired" after a lane's locks are taken, "releasing" before they
+are given back, "lost" when the connection (and every lock) is gone. For tests."""
 
 
-class LockedSession:
-    """An autocommit connection, the advisory lock `lock_key` on it, LISTEN `channel`.
+class LaneSession:
+    """An autocommit connection, the member lock, LISTEN `channel`, and the held lanes.
 
-    `connection()` (re)connects lazily; `acquire()` takes the lock if free; `drop()` after
-    any error forgets the connection and with it the lock. `on_active(bool)` follows the
-    lock (the relay's `identity_outbox_relay_active` gauge).
+    `connection()` (re)connects lazily; `rebalance()` moves towards this instance's share
+    of the lanes; `drop()` after any error forgets the connection and with it every lock.
+    `on_change(lanes)` follows the held lanes (the relay's gauges).
     """
 
     def __init__(
         self,
         dsn: str,
         *,
-        lock_key: int,
+        lanes: int,
         channel: str,
         application_name: str,
         limits: SessionLimits,
-        on_active: Callable[[bool], None] | None = None,
+        on_change: Callable[[frozenset[int]], None] | None = None,
+        probe: Probe | None = None,
     ) -> None:
         self._dsn = dsn
-        self._lock_key = lock_key
+        self._lanes = lanes
         self._channel = channel
         self._application_name = application_name[:63]
         self._limits = limits
-        self._on_active = on_active or (lambda _active: None)
+        self._on_change = on_change or (lambda _lanes: None)
+        self._probe = probe or (lambda _event, _lane: None)
         self._conn: psycopg.Connection[TupleRow] | None = None
-        self._holding = False
+        self._held: set[int] = set()
+        self._releasing: set[int] = set()
         self._standby_logged = False
 
     @property
-    def holding(self) -> bool:
-        """True while this session holds the lock."""
-        return self._holding
+    def lanes(self) -> frozenset[int]:
+        """Lanes whose locks this session holds (including those being handed over)."""
+        return frozenset(self._held)
+
+    def readable_lanes(self) -> frozenset[int]:
+        """Lanes to read new rows from: the held lanes not being handed over."""
+        return frozenset(self._held - self._releasing)
+
+    @property
+    def handing_over(self) -> bool:
+        """True while some held lane waits for its in-flight records before it goes back."""
+        return bool(self._releasing)
 
     def connection(self) -> psycopg.Connection[TupleRow]:
         if self._conn is not None and not self._conn.closed:
             return self._conn
         self.drop()
-        self._conn = psycopg.connect(
+        conn = psycopg.connect(
             self._dsn,
             autocommit=True,  # each statement its own transaction; LISTEN delivers at once
             connect_timeout=5,
             application_name=self._application_name,
             **self._limits.connect_kwargs(),
         )
-        return self._conn
+        try:
+            conn.execute(q.JOIN, {"members": MEMBER_LOCK_CLASS})
+            # LISTEN before the first read: a row committed after the read still wakes us.
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+        except Exception:
+            conn.close()
+            raise
+        self._conn = conn
+        return conn
 
-    def acquire(self) -> bool:
-        """Take the lock if it is free (True), or stay standby (False)."""
-        if self._holding:
-            return True
+    def rebalance(self) -> None:
+        """One look at the instances and the locks: take free lanes up to this instance's
+        share, mark the surplus for hand-over (`release_idle` gives them back)."""
         conn = self.connection()
-        row = conn.execute(q.TRY_LOCK, {"key": self._lock_key}).fetchone()
-        if row is None or not row[0]:
-            self._on_active(False)
-            if not self._standby_logged:
-                log_event(_log, "relay standby", lockKey=self._lock_key)
-                self._standby_logged = True
-            return False
-        # LISTEN before the first read: a row committed after the read still wakes us.
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-        self._holding = True
+        me = conn.info.backend_pid
+        rows = conn.execute(
+            q.LANE_LOCKS, {"class": LANE_LOCK_CLASS, "members": MEMBER_LOCK_CLASS}
+        ).fetchall()
+        members = len({pid for cls, _obj, pid, *_ in rows if cls == MEMBER_LOCK_CLASS})
+        others = {
+            obj % self._lanes for cls, obj, pid, *_ in rows if cls == LANE_LOCK_CLASS and pid != me
+        }
+        plan = plan_lanes(self._lanes, members, self._held, others)
+        self._releasing.update(plan.release)
+        if plan.acquire:
+            self._acquire(conn, plan.acquire)
+        if not self._held and not self._standby_logged:
+            log_event(_log, "relay standby", instances=members, lanes=self._lanes)
+            self._standby_logged = True
+
+    def release_idle(self, busy_slots: Collection[int]) -> None:
+        """Give back the lanes marked for hand-over that have no record in flight."""
+        idle = sorted(
+            lane
+            for lane in self._releasing
+            if not any(s in busy_slots for s in slots_of([lane], self._lanes))
+        )
+        if not idle or self._conn is None:
+            return
+        for lane in idle:
+            self._probe("releasing", lane)
+        self._conn.execute(
+            q.UNLOCK_SLOTS, {"class": LANE_LOCK_CLASS, "slots": slots_of(idle, self._lanes)}
+        )
+        self._held.difference_update(idle)
+        self._releasing.difference_update(idle)
+        log_event(_log, "relay lanes released", lanes=idle, held=sorted(self._held))
+        self._on_change(self.lanes)
+
+    def _acquire(self, conn: psycopg.Connection[TupleRow], wanted: Collection[int]) -> None:
+        slots = slots_of(wanted, self._lanes)
+        got = {
+            s
+            for s, ok in conn.execute(
+                q.TRY_LOCK_SLOTS, {"class": LANE_LOCK_CLASS, "slots": slots}
+            ).fetchall()
+            if ok
+        }
+        taken = [lane for lane in wanted if all(s in got for s in slots_of([lane], self._lanes))]
+        # A lane taken only in part (another instance counts lanes differently, during a
+        # change of the setting) is given back whole: a slot has one publisher or none.
+        partial = sorted(got - set(slots_of(taken, self._lanes)))
+        if partial:
+            conn.execute(q.UNLOCK_SLOTS, {"class": LANE_LOCK_CLASS, "slots": partial})
+        if not taken:
+            return
+        self._held.update(taken)
         self._standby_logged = False
-        self._on_active(True)
-        log_event(_log, "relay active", lockKey=self._lock_key, pid=conn.info.backend_pid)
-        return True
+        for lane in taken:
+            self._probe("acquired", lane)
+        log_event(
+            _log,
+            "relay lanes acquired",
+            lanes=taken,
+            held=sorted(self._held),
+            pid=conn.info.backend_pid,
+        )
+        self._on_change(self.lanes)
 
     def wait_for_notify(
         self, timeout: float, *, stop: threading.Event, on_tick: Callable[[], None]
@@ -118,28 +197,31 @@ class LockedSession:
             on_tick()
 
     def drop(self) -> None:
-        """Forget the connection after an error (closing it frees the lock server-side)."""
+        """Forget the connection after an error (closing it frees every lock server-side)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
-        if self._holding:
-            log_event(_log, "relay lock lost", logging.WARNING, lockKey=self._lock_key)
-        self._set_inactive()
+        if self._held:
+            log_event(_log, "relay lanes lost", logging.WARNING, lanes=sorted(self._held))
+            for lane in sorted(self._held):
+                self._probe("lost", lane)
+        self._forget()
 
     def close(self) -> None:
-        """Release the lock and close the connection (a graceful stop)."""
+        """Give every lane back and close the connection (a graceful stop)."""
+        for lane in sorted(self._held):
+            self._probe("releasing", lane)
         conn, self._conn = self._conn, None
         if conn is not None and not conn.closed:
-            try:
-                if self._holding:
-                    conn.execute(q.UNLOCK, {"key": self._lock_key})
-            except psycopg.Error:
-                pass  # closing the connection releases the lock all the same
-            finally:
-                conn.close()
-        self._set_inactive()
+            conn.close()  # ends the session: its advisory locks go with it
+        if self._held:
+            log_event(_log, "relay lanes released", lanes=sorted(self._held), held=[])
+        self._forget()
 
-    def _set_inactive(self) -> None:
-        self._holding = False
+    def _forget(self) -> None:
+        changed = bool(self._held)
+        self._held.clear()
+        self._releasing.clear()
         self._standby_logged = False
-        self._on_active(False)
+        if changed:
+            self._on_change(self.lanes)

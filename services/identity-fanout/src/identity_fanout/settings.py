@@ -53,12 +53,21 @@ class Settings(ClientSettings, frozen=True, kw_only=True):
     """A queued role with more active users than this is split into shards of about this
     many users, each claimed by its own worker (README "Sharded fan-out")."""
 
-    relay_batch_size: Annotated[int, Meta(ge=1, le=100_000)] = 2000
-    """Outbox rows the relay publishes per round trip."""
+    outbox_lanes: Annotated[int, Meta(ge=1, le=64)] = 8
+    """Lanes the outbox is split into by message key: the most relay instances that publish
+    at once. May be changed at any time, also by a rolling update (README "Relay lanes")."""
+    relay_batch_size: Annotated[int, Meta(ge=1, le=100_000)] = 5000
+    """Outbox rows the relay reads (and deletes) per round trip, within the window's bytes."""
+    relay_window_records: Annotated[int, Meta(ge=1, le=1_000_000)] = 20_000
+    """Records one relay instance keeps in flight (produced, not yet settled) at most."""
+    relay_window_bytes: Annotated[int, Meta(ge=1_000_000, le=4_000_000_000)] = 32 * 1024 * 1024
+    """Bytes of keys and values one relay instance keeps in flight at most (each read asks
+    for no more than what is left)."""
     relay_poll_interval: timedelta = timedelta(seconds=1)
     """How often the relay looks at the outbox when no NOTIFY woke it."""
     relay_delivery_timeout: timedelta = timedelta(seconds=30)
-    """How long the relay waits for the broker's acknowledgements of one round."""
+    """How long a record may wait for the broker's acknowledgement before it fails (and
+    goes out again after a backoff)."""
     relay_message_max_bytes: Annotated[int, Meta(ge=1000, le=1_000_000_000)] = (
         RELAY_MESSAGE_MAX_BYTES
     )

@@ -1,0 +1,299 @@
+"""Benchmark: one outbox relay draining N rows against a plain producer sending the same.
+
+Both send the same records (the outbox rows' keys, values and headers: access events of a
+role change) to topics of the same shape with the same producer settings (acks=all,
+idempotent, zstd, the relay's linger, batch.size and message.max.bytes), in the same run:
+
+- plain: a confluent-kafka producer fed from memory, produce everything, flush;
+- relay: `identity-fanout relay` as its own process (the chart's topology), idle and ready;
+  the clock starts when the N rows commit (one COPY) and stops when it has deleted the last
+  one (it deletes a row only after the broker acknowledged it).
+
+Each is measured `--rounds` times, alternating; the best of each is compared. Target: the
+relay at least 50% of the plain producer's rate.
+
+    uv run python bench/relay/run.py [--rows 50000] [--rounds 2] [--lanes 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from http import HTTPStatus
+from pathlib import Path
+
+import psycopg
+from confluent_kafka import KafkaError, Message, Producer
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from rich.console import Console
+from rich.table import Table
+
+from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
+from identity_fanout.relay import COMPRESSION
+from identity_fanout.relay_publisher import BATCH_SIZE_BYTES
+from identity_fanout.schema import migrate_database
+from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
+from pin_contracts import (
+    AccessChangeReason,
+    ActiveRoleAssignmentSnapshot,
+    Topic,
+    UserAccessChangedKafkaEvent,
+    envelope_for,
+)
+from pin_contracts.enums import ScopeType
+from pin_contracts.topics import USER_ACCESS_CHANGED
+from pin_runtime.kafka import producer_config
+from pin_testkit.local import ensure_up
+from pin_testkit.topics import TopicFactory
+
+console = Console()
+PARTITIONS = 6
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
+            return bool(response.status == HTTPStatus.OK)
+    except OSError:
+        return False
+
+
+RELAY_CPU: list[float] = []
+"""CPU seconds the relay process used during each drain (all its threads)."""
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def published(port: int) -> float:
+    """`identity_outbox_published_total` of the relay listening on `port`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("identity_outbox_published_total "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, pause: float = 0.01) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not done within {timeout}s")
+        time.sleep(pause)
+
+
+def create_topic(topics: TopicFactory) -> Topic:
+    name = topics.create(partitions=PARTITIONS, config=USER_ACCESS_CHANGED.config())
+    return Topic(
+        name=name,
+        partitions=PARTITIONS,
+        key_field=USER_ACCESS_CHANGED.key_field,
+        event_type=USER_ACCESS_CHANGED.event_type,
+        contract_version=USER_ACCESS_CHANGED.contract_version,
+    )
+
+
+def messages(topic: Topic, rows: int, role: uuid.UUID) -> list[OutboxMessage]:
+    """What a role change writes: one access event per user, a few assignments each."""
+    out = []
+    for _ in range(rows):
+        user = uuid.uuid4()
+        assignments = tuple(
+            ActiveRoleAssignmentSnapshot(
+                assignment_id=uuid.uuid4(),
+                role_id=role if i == 0 else uuid.uuid4(),
+                role_code=f"role-{i}",
+                scope_type=ScopeType.ORGANIZATION.value,
+                scope_organization_id=uuid.uuid4(),
+            )
+            for i in range(3)
+        )
+        event = UserAccessChangedKafkaEvent(
+            user_id=user,
+            company_id=role,
+            change_reason=AccessChangeReason.ROLE_PERMISSIONS_CHANGED.value,
+            active_assignments=assignments,
+            version=1,
+        )
+        out.append(outbox_message(envelope_for(event, correlation_id="bench"), topic))
+    return out
+
+
+def plain_producer(bootstrap: str, topic: Topic, batch: list[OutboxMessage]) -> float:
+    """Seconds for a plain producer to send `batch` and have every record acknowledged."""
+    config = producer_config(
+        bootstrap,
+        client_id="bench-plain",
+        compression=COMPRESSION,
+        extra={"message.max.bytes": RELAY_MESSAGE_MAX_BYTES, "batch.size": BATCH_SIZE_BYTES},
+    )
+    producer = Producer(config)
+    records: list[tuple[bytes, bytes, list[tuple[str, str | bytes | None]]]] = [
+        (m.key.encode(), m.value, [(n, v.encode()) for n, v in m.headers]) for m in batch
+    ]
+    failed: list[KafkaError] = []
+
+    def on_delivery(error: KafkaError | None, _message: Message) -> None:
+        if error is not None:
+            failed.append(error)
+
+    producer.list_topics(topic.name, timeout=10)  # connected and warm, like the idle relay
+    started = time.monotonic()
+    for key, value, headers in records:
+        while True:
+            try:
+                producer.produce(
+                    topic.name, key=key, value=value, headers=headers, on_delivery=on_delivery
+                )
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    remaining = producer.flush(120)
+    took = time.monotonic() - started
+    if remaining or failed:
+        raise RuntimeError(f"plain producer: {remaining} unsent, {len(failed)} failed")
+    return took
+
+
+def relay_drain(
+    dsn: str, bootstrap: str, topic: Topic, batch: list[OutboxMessage], lanes: int
+) -> float:
+    """Seconds from the commit of `batch` to the relay deleting its last row."""
+    port = free_port()
+    env = os.environ | {
+        "IDENTITY_FANOUT_DATABASE_DSN": dsn,
+        "IDENTITY_FANOUT_KAFKA_BOOTSTRAP": bootstrap,
+        "IDENTITY_FANOUT_METRICS_PORT": str(port),
+        "IDENTITY_FANOUT_LOG_LEVEL": "WARNING",
+        "IDENTITY_FANOUT_OUTBOX_LANES": str(lanes),
+    }
+    script = str(Path(sys.executable).with_name("identity-fanout"))
+    process = subprocess.Popen([script, "relay"], env=env)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as db:
+            wait_for(lambda: ready(port), 60, pause=0.1)
+            time.sleep(1.0)  # its first look at the lanes (they are free: it takes them all)
+            with db.transaction():
+                write_outbox(db, batch)
+            started, cpu_before = time.monotonic(), cpu_seconds(process.pid)
+            # Watched on its metrics (counted after each DELETE) every 50 ms: a count(*)
+            # every few ms would load the database the relay reads from, and scraping it
+            # more often would take the relay's own CPU.
+            wait_for(lambda: published(port) >= len(batch), 300, pause=0.05)
+            took = time.monotonic() - started
+            RELAY_CPU.append(cpu_seconds(process.pid) - cpu_before)
+            if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
+                raise RuntimeError("the relay reported more rows than it deleted")
+            return took
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--lanes", type=int, default=8)
+    args = parser.parse_args()
+
+    admin_dsn = os.environ.get("PIN_POSTGRES_DSN")
+    bootstrap = os.environ.get("PIN_KAFKA_BOOTSTRAP")
+    if not (admin_dsn and bootstrap):
+        services = ensure_up()
+        admin_dsn, bootstrap = services.postgres_dsn, services.kafka_bootstrap
+    dbname = f"pin_bench_relay_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    dsn = make_conninfo(admin_dsn, dbname=dbname)
+    topics = TopicFactory(bootstrap, prefix="pin-bench-relay")
+    plain: list[float] = []
+    relay: list[float] = []
+    try:
+        migrate_database(dsn)
+        with console.status(f"building {args.rows:,} access events"):
+            template = create_topic(topics)
+            batch = messages(template, args.rows, uuid.uuid4())
+        size = sum(len(m.value) for m in batch) / len(batch)
+        for round_ in range(args.rounds):
+            with console.status(f"round {round_ + 1}: plain producer"):
+                topic = create_topic(topics)
+                plain.append(plain_producer(bootstrap, topic, batch))
+            with console.status(f"round {round_ + 1}: relay"):
+                topic = create_topic(topics)
+                moved = [msg_for(m, topic) for m in batch]
+                relay.append(relay_drain(dsn, bootstrap, topic, moved, args.lanes))
+    finally:
+        topics.delete_all()
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
+            )
+    report(args.rows, size, args.lanes, plain, relay)
+
+
+def msg_for(message: OutboxMessage, topic: Topic) -> OutboxMessage:
+    """The same record for another topic (each measurement writes to a fresh topic)."""
+    return OutboxMessage(
+        topic=topic.name,
+        key=message.key,
+        value=message.value,
+        headers=message.headers,
+        message_id=message.message_id,
+        event_type=message.event_type,
+    )
+
+
+def report(rows: int, size: float, lanes: int, plain: list[float], relay: list[float]) -> None:
+    table = Table(
+        title=f"identity-fanout relay: drain {rows:,} outbox rows (~{size:.0f} B each, "
+        f"acks=all, idempotent, {COMPRESSION}; {lanes} lanes, one instance; "
+        f"{os.cpu_count()} cores shared with PostgreSQL and Kafka)",
+        title_justify="left",
+    )
+    for column in ("measure", "seconds (rounds)", "best rows/s", "ratio", "target"):
+        table.add_column(column, justify="left" if column == "measure" else "right")
+    plain_rate, relay_rate = rows / min(plain), rows / min(relay)
+    table.add_row(
+        "plain confluent-kafka producer",
+        ", ".join(f"{t:.2f}" for t in plain),
+        f"{plain_rate:,.0f}",
+        "1.00",
+        "",
+    )
+    table.add_row(
+        "relay (commit -> last row deleted)",
+        ", ".join(f"{t:.2f}" for t in relay),
+        f"{relay_rate:,.0f}",
+        f"{relay_rate / plain_rate:.2f}",
+        ">= 0.50",
+    )
+    table.add_row(
+        "relay process CPU during the drain",
+        ", ".join(f"{t:.2f}" for t in RELAY_CPU),
+        "",
+        "",
+        "",
+    )
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,354 @@
+"""Several relay instances share the outbox lanes (real PostgreSQL, real Kafka, a real
+`identity-fanout relay` process killed with SIGKILL): take-over, exclusivity, per-key order."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from prometheus_client import CollectorRegistry
+
+from identity_fanout.lanes import lane_of_slot
+from identity_fanout.outbox import outbox_message, write_outbox
+from identity_fanout.outbox_status import OutboxStatus, outbox_status
+from identity_fanout.relay import OutboxRelay
+from pin_contracts import (
+    AccessChangeReason,
+    Topic,
+    UserAccessChangedKafkaEvent,
+    decode_access_changed,
+    envelope_for,
+)
+from pin_runtime.kafka import create_consumer
+
+pytestmark = pytest.mark.integration
+
+LANES = 8
+PROCESS_APP = "identity-fanout-relay@"
+
+
+def access_topic(name: str) -> Topic:
+    return Topic(
+        name=name,
+        partitions=3,
+        key_field="UserId",
+        event_type=UserAccessChangedKafkaEvent.EVENT_TYPE,
+        contract_version=UserAccessChangedKafkaEvent.CONTRACT_VERSION,
+    )
+
+
+def write_versions(dsn: str, topic: Topic, users: list[uuid.UUID], versions: range) -> None:
+    """Version `v` of every user, interleaved, one transaction per 100 versions."""
+    for start in range(versions.start, versions.stop, 100):
+        messages = [
+            outbox_message(
+                envelope_for(
+                    UserAccessChangedKafkaEvent(
+                        user_id=user,
+                        company_id=user,
+                        change_reason=AccessChangeReason.ROLE_PERMISSIONS_CHANGED.value,
+                        active_assignments=(),
+                        version=v,
+                    ),
+                    correlation_id="lanes-test",
+                ),
+                topic,
+            )
+            for v in range(start, min(start + 100, versions.stop))
+            for user in users
+        ]
+        with psycopg.connect(dsn) as conn:
+            write_outbox(conn, messages)
+
+
+def outbox_count(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM identity.outbox").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def status(dsn: str) -> OutboxStatus:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return outbox_status(conn, lanes=LANES)
+
+
+def lanes_of(dsn: str, app_prefix: str) -> set[int]:
+    return {
+        lane
+        for holder in status(dsn).holders
+        if (holder.application_name or "").startswith(app_prefix)
+        for lane in holder.lanes
+    }
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def versions_by_user(
+    bootstrap: str, topic: str, want: dict[bytes, int], timeout: float = 90
+) -> dict[bytes, list[int]]:
+    """Versions per key in topic order, read until every key has all its versions."""
+    consumer = create_consumer(bootstrap, group_id=f"lanes-{uuid.uuid4().hex[:8]}", client_id="t")
+    seen: dict[bytes, list[int]] = defaultdict(list)
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + timeout
+        while any(len(set(seen[k])) < n for k, n in want.items()):
+            assert time.monotonic() < deadline, {k: len(set(v)) for k, v in seen.items()}
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            version = decode_access_changed(message.value() or b"").payload.version
+            seen[message.key() or b""].append(version)
+    finally:
+        consumer.close()
+    return seen
+
+
+def assert_in_order_but_for_repeated_suffixes(versions: list[int], count: int) -> None:
+    """Nothing lost, and no version goes out before an earlier one: a record seen again
+    (at-least-once, re-sent from the first unacknowledged row) is only ever a repeat."""
+    highest = 0
+    for version in versions:
+        assert version <= highest + 1, f"version {version} overtook {highest + 1}: {versions}"
+        highest = max(highest, version)
+    assert highest == count
+
+
+class RelayProcess:
+    """`identity-fanout relay` as the chart runs it, in its own process."""
+
+    def __init__(self, dsn: str, bootstrap: str, **settings: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = os.environ | {
+            "IDENTITY_FANOUT_DATABASE_DSN": dsn,
+            "IDENTITY_FANOUT_KAFKA_BOOTSTRAP": bootstrap,
+            "IDENTITY_FANOUT_METRICS_PORT": str(port),
+            "IDENTITY_FANOUT_METRICS_HOST": "127.0.0.1",
+            "IDENTITY_FANOUT_LOG_LEVEL": "WARNING",
+            "IDENTITY_FANOUT_OUTBOX_LANES": str(LANES),
+            **{f"IDENTITY_FANOUT_{k.upper()}": v for k, v in settings.items()},
+        }
+        script = str(Path(sys.executable).with_name("identity-fanout"))
+        self.process = subprocess.Popen([script, "relay"], env=env)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+@pytest.fixture
+def relay_process(relay_dsn: str, kafka_bootstrap: str) -> Iterator[Callable[..., RelayProcess]]:
+    """`identity-fanout relay` processes, logged in as the relay's runtime role."""
+    started: list[RelayProcess] = []
+
+    def start(**settings: str) -> RelayProcess:
+        started.append(RelayProcess(relay_dsn, kafka_bootstrap, **settings))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.close()
+
+
+class RelayThread:
+    def __init__(self, relay: OutboxRelay) -> None:
+        self.relay = relay
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=relay.run, args=(self.stop,), name="lanes-test")
+
+    def __enter__(self) -> RelayThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "relay did not stop within 30s"
+
+
+def make_relay(dsn: str, bootstrap: str, name: str, **overrides: Any) -> OutboxRelay:
+    options: dict[str, Any] = {
+        "dsn": dsn,
+        "bootstrap": bootstrap,
+        "registry": CollectorRegistry(),
+        "client_id": name,
+        "lanes": LANES,
+        "poll_interval": 0.2,
+        "delivery_timeout": 20.0,
+        "lock_retry_interval": 0.2,
+        "backoff_initial": 0.1,
+        "backoff_maximum": 0.5,
+    } | overrides
+    return OutboxRelay(**options)
+
+
+# -- tests --------------------------------------------------------------------------------
+
+
+def test_lane_takeover_after_a_relay_process_is_killed(
+    identity_dsn: str,
+    relay_dsn: str,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    relay_process: Callable[..., RelayProcess],
+) -> None:
+    topic = access_topic(kafka_topic(partitions=3))
+    killed = relay_process()
+    wait_until(lambda: len(lanes_of(identity_dsn, PROCESS_APP)) == LANES, 30, "process holds all")
+    survivor = make_relay(relay_dsn, kafka_bootstrap, "survivor")
+    with RelayThread(survivor):
+        wait_until(lambda: len(survivor.lanes) == LANES // 2, 15, "lanes shared 4 + 4")
+        assert lanes_of(identity_dsn, PROCESS_APP) == set(range(LANES)) - survivor.lanes
+        assert status(identity_dsn).instances == 2
+
+        killed.kill()  # no goodbye: its session's locks end with its connection
+        took = wait_until(lambda: len(survivor.lanes) == LANES, 10, "survivor takes every lane")
+        assert took < 5
+        users = [uuid.uuid4() for _ in range(40)]  # keys in (nearly) every lane
+        write_versions(identity_dsn, topic, users, range(1, 11))
+        wait_until(lambda: outbox_count(identity_dsn) == 0, 30, "survivor publishes everything")
+        after = status(identity_dsn)
+        assert after.instances == 1
+        assert [h.lanes for h in after.holders] == [tuple(range(LANES))]
+    seen = versions_by_user(kafka_bootstrap, topic.name, {str(u).encode(): 10 for u in users})
+    for versions in seen.values():
+        assert_in_order_but_for_repeated_suffixes(versions, 10)
+
+
+def test_two_relays_never_publish_one_lane_at_once(
+    identity_dsn: str, relay_dsn: str, kafka_bootstrap: str, kafka_topic: Callable[..., str]
+) -> None:
+    topic = access_topic(kafka_topic(partitions=3))
+    events: list[tuple[float, str, str, int]] = []
+    guard = threading.Lock()
+
+    def probe(name: str) -> Callable[[str, int], None]:
+        def record(event: str, lane_or_slot: int) -> None:
+            # Slot events ("produced", "settled") are turned into their lane.
+            lane = (
+                lane_or_slot
+                if event in {"acquired", "releasing", "lost"}
+                else lane_of_slot(lane_or_slot, LANES)
+            )
+            with guard:
+                events.append((time.monotonic(), name, event, lane))
+
+        return record
+
+    users = [uuid.uuid4() for _ in range(64)]
+    first = make_relay(
+        relay_dsn,
+        kafka_bootstrap,
+        "first",
+        probe=probe("first"),
+        batch_size=200,
+        window_records=400,
+    )
+    second = make_relay(
+        relay_dsn,
+        kafka_bootstrap,
+        "second",
+        probe=probe("second"),
+        batch_size=200,
+        window_records=400,
+    )
+    with RelayThread(first) as a:
+        wait_until(lambda: len(first.lanes) == LANES, 10, "first holds every lane")
+        writer = threading.Thread(
+            target=write_versions, args=(identity_dsn, topic, users, range(1, 101))
+        )
+        writer.start()
+        with RelayThread(second):
+            # The newcomer gets its share while rows flow; then the first leaves.
+            wait_until(lambda: len(second.lanes) == LANES // 2, 15, "lanes handed over")
+            a.stop.set()
+            a.thread.join(30)
+            wait_until(lambda: len(second.lanes) == LANES, 10, "second takes every lane")
+            writer.join(120)
+            wait_until(lambda: outbox_count(identity_dsn) == 0, 60, "everything published")
+
+    # Per lane: who held it when. A holder's interval runs from its "acquired" (after the
+    # locks were taken) to its "releasing" (before they were given back).
+    held: dict[int, list[tuple[str, float, float]]] = defaultdict(list)
+    opened: dict[tuple[str, int], float] = {}
+    for at, name, event, lane in events:
+        if event == "acquired":
+            opened[name, lane] = at
+        elif event in {"releasing", "lost"}:
+            held[lane].append((name, opened.pop((name, lane)), at))
+    assert not opened, opened  # both stopped: every lane was given back
+    handed_over = [
+        lane for lane, spans in held.items() if {n for n, *_ in spans} == {"first", "second"}
+    ]
+    assert len(handed_over) == LANES, held  # every lane changed hands at least once
+    for lane, spans in held.items():
+        spans.sort(key=lambda span: span[1])
+        for (_, _, end), (_, start, _) in itertools.pairwise(spans):
+            assert end <= start, f"lane {lane} held twice at once: {spans}"
+    published = [
+        (at, name, lane) for at, name, event, lane in events if event in {"produced", "settled"}
+    ]
+    assert published
+    for at, name, lane in published:
+        assert any(n == name and s <= at <= e for n, s, e in held[lane]), (
+            f"{name} published lane {lane} at {at} without holding it: {held[lane]}"
+        )
+    seen = versions_by_user(kafka_bootstrap, topic.name, {str(u).encode(): 100 for u in users})
+    for versions in seen.values():
+        assert_in_order_but_for_repeated_suffixes(versions, 100)
+
+
+def test_per_key_order_is_kept_across_a_takeover(
+    identity_dsn: str,
+    relay_dsn: str,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    relay_process: Callable[..., RelayProcess],
+) -> None:
+    topic = access_topic(kafka_topic(partitions=3))
+    users = [uuid.uuid4() for _ in range(5)]
+    write_versions(identity_dsn, topic, users, range(1, 2001))  # 10,000 rows
+    total = outbox_count(identity_dsn)
+    # Small reads and window: the process is still busy when it is killed.
+    killed = relay_process(relay_batch_size="100", relay_window_records="300")
+    wait_until(lambda: outbox_count(identity_dsn) < total, 30, "the process publishes")
+    killed.kill()
+    left = outbox_count(identity_dsn)
+    assert 0 < left < total  # killed midway
+
+    survivor = make_relay(relay_dsn, kafka_bootstrap, "survivor")
+    with RelayThread(survivor):
+        wait_until(lambda: outbox_count(identity_dsn) == 0, 60, "the survivor finishes")
+    seen = versions_by_user(kafka_bootstrap, topic.name, {str(u).encode(): 2000 for u in users})
+    assert set(seen) == {str(u).encode() for u in users}
+    for versions in seen.values():
+        assert_in_order_but_for_repeated_suffixes(versions, 2000)

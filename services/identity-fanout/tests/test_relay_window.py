@@ -1,0 +1,108 @@
+"""The relay's in-flight window without a broker or a database: limits and settled prefixes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+from identity_fanout.relay_records import OutboxRecord
+from identity_fanout.relay_window import InflightWindow
+
+
+def record(id_: int, *, slot: int = 0, size: int = 10) -> OutboxRecord:
+    return OutboxRecord(id=id_, topic="t", key=b"k", value=b"v" * (size - 1), headers=[], slot=slot)
+
+
+Callbacks = dict[int, Callable[[Any, Any], None]]
+
+
+def fill(window: InflightWindow, *ids: int, slot: int = 0, size: int = 10) -> Callbacks:
+    records = [record(i, slot=slot, size=size) for i in ids]
+    window.add(records, now=100.0)
+    return {r.id: window.expect(r) for r in records}
+
+
+def ack(callbacks: Callbacks, *ids: int) -> None:
+    for i in ids:
+        callbacks[i](None, None)
+
+
+def fail(callbacks: Callbacks, id_: int, code: int) -> None:
+    callbacks[id_](KafkaError(code), None)
+
+
+def test_room_is_bounded_by_records_and_by_bytes() -> None:
+    window = InflightWindow(max_records=5, max_bytes=1000)
+    fill(window, 1, 2, 3)
+    assert window.room() == 2
+    assert (len(window), window.bytes) == (3, 30)
+    big = InflightWindow(max_records=100, max_bytes=25)
+    fill(big, 1, 2)
+    assert big.room() == 98
+    fill(big, 3)
+    assert big.room() == 0  # 30 bytes >= 25: full, whatever the record count
+
+
+def test_only_the_acknowledged_prefix_is_settled_and_memory_is_given_back() -> None:
+    window = InflightWindow(max_records=10, max_bytes=10_000)
+    callbacks = fill(window, 1, 2, 3, 4)
+    ack(callbacks, 1, 2, 4)  # 3 is still in flight
+    settlement = window.settle()
+    assert settlement.delete == (1, 2)
+    assert settlement.stopped_at is not None
+    assert settlement.stopped_at.id == 3
+    assert settlement.stop_failure is None  # in flight: wait, not a failure
+    assert (len(window), window.bytes, window.last_id) == (2, 20, 4)
+    assert window.tracker.acknowledged == {4}  # settled tokens are forgotten
+
+    ack(callbacks, 3)
+    assert window.settle().delete == (3, 4)
+    assert (len(window), window.bytes, window.last_id, window.room()) == (0, 0, None, 10)
+    assert window.tracker.acknowledged == set()
+
+
+def test_a_refusal_for_good_is_quarantined_and_the_prefix_goes_on() -> None:
+    window = InflightWindow(max_records=10, max_bytes=10_000)
+    callbacks = fill(window, 1, 2, 3)
+    ack(callbacks, 1, 3)
+    fail(callbacks, 2, KafkaError.MSG_SIZE_TOO_LARGE)
+    settlement = window.settle()
+    assert settlement.delete == (1, 3)
+    assert [r.record.id for r in settlement.quarantine] == [2]
+    assert not settlement.stopped
+    assert len(window) == 0
+
+
+def test_a_retriable_failure_stops_there_and_keeps_the_rest() -> None:
+    window = InflightWindow(max_records=10, max_bytes=10_000)
+    callbacks = fill(window, 1, 2, 3)
+    ack(callbacks, 1, 3)
+    fail(callbacks, 2, KafkaError._MSG_TIMED_OUT)
+    settlement = window.settle()
+    assert settlement.delete == (1,)
+    assert settlement.stop_failure is not None
+    assert settlement.stop_failure.retriable
+    assert settlement.waiting == 2  # 2 and 3 go out again, 3 although acknowledged
+    window.clear()
+    assert (len(window), window.bytes, window.tracker.pending) == (0, 0, 0)
+
+
+def test_produce_refusals_and_busy_slots() -> None:
+    window = InflightWindow(max_records=10, max_bytes=10_000)
+    callbacks = fill(window, 1, slot=5)
+    fill(window, 2, slot=9)
+    refused = record(3, slot=9)
+    window.add([refused], now=100.0)
+    window.expect(refused)
+    failure = window.refused(refused, KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)))
+    assert not failure.retriable
+    assert window.busy_slots() == {5, 9}
+    ack(callbacks, 1)
+    window.settle()
+    assert window.busy_slots() == {9}  # lane of slot 5 may be handed over now
+    assert window.oldest_age(103.5) == 3.5
+    topics, slots = window.take_settled()
+    assert (topics, slots) == ({"t"}, {5})
+    assert window.take_settled() == (set(), set())
