@@ -17,6 +17,8 @@ from identity_fanout.enqueue import set_role_permissions
 
 pytestmark = pytest.mark.integration
 
+OUTBOX_LANES = 8  # IDENTITY_FANOUT_OUTBOX_LANES: the default, the workers set no other
+
 TASKS = 10
 USERS_PER_ROLE = 300
 BATCH_SIZE = 50
@@ -86,7 +88,21 @@ def test_two_workers_share_ten_tasks(
         stats.notes.append(f"tasks per worker: {completed}; users per worker: {fanned}")
         assert sum(completed) == TASKS
         assert sum(fanned) == TASKS * USERS_PER_ROLE
-        # One relay publishes (advisory lock), the other stands by.
-        assert sorted(m["identity_outbox_relay_active"] for m in per_worker) == [0, 1]
+
+        # The two relays share the outbox lanes: each lane has one holder (advisory locks),
+        # and once balanced both publish.
+        def lanes_held() -> list[int]:
+            return [int(w.metrics()["identity_outbox_lanes_held"]) for w in workers]
+
+        wait_until(
+            lambda: sum(lanes_held()) == OUTBOX_LANES and min(lanes_held()) >= 1,
+            timeout=30,
+            what=f"the {OUTBOX_LANES} lanes shared by both relays",
+            alive=workers,
+        )
+        assert [m["identity_outbox_relay_active"] for m in (w.metrics() for w in workers)] == [
+            1,
+            1,
+        ]
         for worker in workers:
             assert worker.terminate() == 0
