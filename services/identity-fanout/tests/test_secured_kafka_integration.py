@@ -15,7 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from identity_fanout.membership import join_agency
-from identity_fanout.relay import OutboxRelay
+from identity_fanout.relay import relay_from_settings
 from identity_fanout.settings import ENV_PREFIX, Settings
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, decode_membership_changed
 from pin_runtime.kafka import create_admin, create_consumer, ensure_topics
@@ -41,7 +41,7 @@ def test_relay_publishes_over_scram_and_tls(
     with psycopg.connect(producer_dsn) as conn:
         join_agency(conn, agent, uuid.uuid4())
 
-    with OutboxRelay.from_settings(settings, registry=CollectorRegistry()) as relay:
+    with relay_from_settings(settings, registry=CollectorRegistry()) as relay:
         assert relay.run_once() == 1
 
     consumer = create_consumer(

@@ -62,6 +62,7 @@ __all__ = [
     "OutboxRelay",
     "RelayMetrics",
     "RoundResult",
+    "relay_from_settings",
     "relay_main",
     "run_relay",
     "run_relay_process",
@@ -80,7 +81,7 @@ broker's limit applies to the compressed batch (README "Sizes")."""
 class OutboxRelay:
     """Publishes its lanes of `identity.outbox` to Kafka; see the module docstring.
 
-    Build with `OutboxRelay.from_settings(...)` or explicit arguments (durations in
+    Build with `relay_from_settings(...)` or explicit arguments (durations in
     seconds). Drive it with `run(stop)` in its own thread (pipelined), or `run_once()` from
     tests (one batch, waited for). Not thread-safe: one thread per instance.
     """
@@ -150,24 +151,6 @@ class OutboxRelay:
         self._next_look = 0.0
         self._gauges_due = False
         self.last_round: RoundResult | None = None
-
-    @classmethod
-    def from_settings(
-        cls,
-        settings: Settings,
-        *,
-        registry: CollectorRegistry,
-        state: ComponentState | None = None,
-        heartbeat: Heartbeat | None = None,
-        tracer_provider: trace.TracerProvider | None = None,
-    ) -> Self:
-        return cls(
-            **_options(settings),
-            registry=registry,
-            state=state,
-            heartbeat=heartbeat,
-            tracer_provider=tracer_provider,
-        )
 
     @property
     def active(self) -> bool:
@@ -365,6 +348,24 @@ def _check(
             raise ValueError(f"{name} must be > 0, got {value}")
 
 
+def relay_from_settings(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry,
+    state: ComponentState | None = None,
+    heartbeat: Heartbeat | None = None,
+    tracer_provider: trace.TracerProvider | None = None,
+) -> OutboxRelay:
+    """The relay the service's settings describe (what both entry points run)."""
+    return OutboxRelay(
+        **_options(settings),
+        registry=registry,
+        state=state,
+        heartbeat=heartbeat,
+        tracer_provider=tracer_provider,
+    )
+
+
 def run_relay(
     settings: Settings,
     *,
@@ -374,9 +375,7 @@ def run_relay(
     heartbeat: Heartbeat | None = None,
 ) -> None:
     """Run the relay until `stop` is set (the body of both entry points below)."""
-    OutboxRelay.from_settings(settings, registry=registry, state=state, heartbeat=heartbeat).run(
-        stop
-    )
+    relay_from_settings(settings, registry=registry, state=state, heartbeat=heartbeat).run(stop)
 
 
 def relay_main(rt: Runtime) -> None:
