@@ -19,12 +19,12 @@ poison records raise their alert in Prometheus.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import psycopg
 import pytest
 from pin_e2e.checks import PlannedChange, analyse_access, expected_snapshots
@@ -177,10 +177,11 @@ def test_one_poison_record_on_each_side_stops_nothing(
         )
 
         # Nothing lost: the whale's event is in the quarantine, with its reason.
-        listed = system.identity_cli("outbox", "quarantine", "list").stdout
-        assert "too-large" in listed, listed
-        [row_id] = re.findall(r"^\W+(\d+)\W", listed, flags=re.MULTILINE)
-        shown = system.identity_cli("outbox", "quarantine", "show", row_id).stdout
+        listed = system.identity_cli("outbox", "quarantine", "list", "--json").stdout
+        [quarantined] = [msgspec.json.decode(line) for line in listed.splitlines()]
+        assert quarantined["error_reason"] == "too-large", quarantined
+        assert quarantined["key"] == str(whale), quarantined
+        shown = system.identity_cli("outbox", "quarantine", "show", str(quarantined["id"])).stdout
         assert str(whale) in shown, shown
         assert "MSG_SIZE_TOO_LARGE" in shown, shown
         expected = expected_snapshots(system.identity_dsn, others)

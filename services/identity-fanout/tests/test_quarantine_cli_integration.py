@@ -9,6 +9,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import msgspec
 import psycopg
 import pytest
 from psycopg.rows import TupleRow
@@ -100,6 +101,14 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn
         "pin.identity.access.v1",
     ):
         assert text in listed.stdout, text
+
+    scripted = run(operator_dsn, "list", "--json")
+    assert scripted.returncode == 0, scripted.stderr
+    decoded = [msgspec.json.decode(line) for line in scripted.stdout.splitlines()]
+    assert [(r["id"], r["key"], r["error_reason"]) for r in decoded] == [
+        (first.id, str(first_user), "too-large"),
+        (second.id, str(second_user), "topic-authorization"),
+    ]
 
     status = cli(operator_dsn, "outbox", "status")
     assert status.returncode == 0, status.stderr

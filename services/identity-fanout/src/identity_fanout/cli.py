@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from uuid import UUID
 
+import msgspec
 import psycopg
 from psycopg.rows import TupleRow
 from rich.console import Console
@@ -103,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     ).add_subparsers(dest="quarantine_command", required=True, metavar="QUARANTINE_COMMAND")
     q_list = quarantine.add_parser("list", help="quarantined rows and why, oldest first")
     q_list.add_argument("--limit", type=_positive, default=100)
+    q_list.add_argument(
+        "--json", action="store_true", help="one JSON object per row (for scripts), no table"
+    )
     q_show = quarantine.add_parser("show", help="one quarantined row, every field")
     q_show.add_argument("row_id", type=_positive, metavar="ID")
     q_retry = quarantine.add_parser(
@@ -216,7 +220,11 @@ def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lan
     if args.outbox_command == "status":
         _console.print(status_table(outbox_status(conn, lanes=lanes)))
     elif args.quarantine_command == "list":
-        _console.print(quarantine_table(q.list_quarantined(conn, limit=args.limit)))
+        listed = q.list_quarantined(conn, limit=args.limit)
+        if args.json:
+            sys.stdout.writelines(msgspec.json.encode(r).decode() + "\n" for r in listed)
+        else:
+            _console.print(quarantine_table(listed))
     elif args.quarantine_command == "show":
         _console.print(quarantine_detail(q.get_quarantined(conn, args.row_id)))
     elif args.all:
