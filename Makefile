@@ -79,5 +79,7 @@ demo: sync ## run the whole system on this machine and show what happens
 
 .PHONY: bench
 bench: up ## benchmarks (not tests): fan-out of a 50k-user role, relay drain vs a plain producer, membership consumer drain
-	@set -e; eval "$$($(RUN) pin-local -q env)"; for b in $(wildcard bench/*/run.py); do \
-		echo "== $$b"; $(RUN) python $$b; done
+	@set -e; eval "$$($(RUN) pin-local -q env)"; \
+	export PIN_BENCH_RESULTS="$$(mktemp -t pin-bench.XXXXXX)"; \
+	for b in $(wildcard bench/*/run.py); do echo "== $$b"; $(RUN) python $$b; done; \
+	$(RUN) python -m pin_testkit.bench; rm -f "$$PIN_BENCH_RESULTS"

@@ -1,0 +1,106 @@
+"""Benchmark comparisons: each benchmark records its figure next to its limit, one table prints all.
+
+A benchmark script measures the subject (the service) and its limit (a plain client, one SQL
+statement) in the same run, because on a shared machine only the ratio is stable. It calls
+`record` for each comparison; `make bench` points `PIN_BENCH_RESULTS` at one file for every
+script and runs `python -m pin_testkit.bench` at the end to print them side by side.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["RESULTS_ENV", "Comparison", "load", "main", "record", "summary_table"]
+
+RESULTS_ENV = "PIN_BENCH_RESULTS"
+"""Path of the JSON-lines file the comparisons of one `make bench` run are appended to."""
+
+
+class Comparison(msgspec.Struct, frozen=True, kw_only=True):
+    """One measured figure and its limit, taken in the same run on the same records.
+
+    `better` says which way is good: "higher" for rates (rows/s), "lower" for durations.
+    `ratio` is always subject/limit; `target` is the ratio the benchmark promises, in the same
+    direction (a rate at least `target` of the limit, a duration at most `target` times it).
+    """
+
+    benchmark: str
+    subject: str
+    subject_value: float
+    limit: str
+    limit_value: float
+    unit: str
+    better: Literal["higher", "lower"]
+    target: float
+    note: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return self.subject_value / self.limit_value if self.limit_value else float("inf")
+
+    @property
+    def met(self) -> bool:
+        return self.ratio >= self.target if self.better == "higher" else self.ratio <= self.target
+
+
+def record(comparison: Comparison) -> None:
+    """Append the comparison to the run's results file (a no-op when run on its own)."""
+    path = os.environ.get(RESULTS_ENV)
+    if path:
+        with Path(path).open("ab") as out:
+            out.write(msgspec.json.encode(comparison) + b"\n")
+
+
+def load(path: Path) -> list[Comparison]:
+    if not path.exists():
+        return []
+    decoder = msgspec.json.Decoder(Comparison)
+    return [decoder.decode(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+_WHOLE = 100.0
+"""From here on a figure prints without decimals (rows/s); below it, seconds keep two."""
+
+
+def _figure(value: float, unit: str) -> str:
+    return f"{value:,.0f} {unit}" if value >= _WHOLE else f"{value:,.2f} {unit}"
+
+
+def summary_table(comparisons: list[Comparison]) -> Table:
+    table = Table(title="benchmarks: each figure next to its limit, same run", title_justify="left")
+    for column in ("benchmark", "subject", "limit", "ratio", "target", "met"):
+        table.add_column(column, overflow="fold")
+    for c in comparisons:
+        sign = ">=" if c.better == "higher" else "<="
+        table.add_row(
+            c.benchmark + (f"\n{c.note}" if c.note else ""),
+            f"{c.subject}\n{_figure(c.subject_value, c.unit)}",
+            f"{c.limit}\n{_figure(c.limit_value, c.unit)}",
+            f"{c.ratio:.2f}",
+            f"{sign} {c.target:g}",
+            "yes" if c.met else "NO",
+        )
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pin_testkit.bench [FILE]`: print the comparisons of one run as one table."""
+    args = sys.argv[1:] if argv is None else argv
+    source = args[0] if args else os.environ.get(RESULTS_ENV, "")
+    comparisons = load(Path(source)) if source else []
+    if not comparisons:
+        sys.stderr.write(f"no benchmark results in {source or '$' + RESULTS_ENV}\n")
+        return 1
+    Console(width=max(100, Console().width)).print(summary_table(comparisons))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""Benchmark comparisons: the ratio's direction, the results file, the summary's exit code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pin_testkit.bench import RESULTS_ENV, Comparison, load, main, record
+
+
+def rate(subject: float, limit: float, target: float = 0.5) -> Comparison:
+    return Comparison(
+        benchmark="relay drain",
+        subject="relay",
+        subject_value=subject,
+        limit="plain producer",
+        limit_value=limit,
+        unit="rows/s",
+        better="higher",
+        target=target,
+    )
+
+
+def duration(subject: float, limit: float, target: float = 3.0) -> Comparison:
+    return Comparison(
+        benchmark="fan-out",
+        subject="worker + relay",
+        subject_value=subject,
+        limit="one SQL statement",
+        limit_value=limit,
+        unit="s",
+        better="lower",
+        target=target,
+    )
+
+
+def test_a_rate_meets_its_target_from_above_and_a_duration_from_below() -> None:
+    assert rate(60_000, 100_000).met
+    assert not rate(40_000, 100_000).met
+    assert duration(5.9, 2.0).met
+    assert not duration(6.1, 2.0).met
+    assert duration(6.0, 2.0).ratio == pytest.approx(3.0)
+
+
+def test_records_append_to_the_runs_file_and_print_as_one_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = tmp_path / "results.jsonl"
+    monkeypatch.setenv(RESULTS_ENV, str(results))
+    record(rate(60_000, 100_000))
+    record(duration(9.0, 2.0))
+    assert load(results) == [rate(60_000, 100_000), duration(9.0, 2.0)]
+    assert main([str(results)]) == 0
+    printed = capsys.readouterr().out
+    assert "relay drain" in printed
+    assert "fan-out" in printed
+    assert "NO" in printed  # 4.5x the floor misses its 3x target
+
+
+def test_without_a_results_file_nothing_is_written_and_the_summary_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv(RESULTS_ENV, raising=False)
+    record(rate(1.0, 2.0))
+    assert list(tmp_path.iterdir()) == []
+    assert main([str(tmp_path / "missing.jsonl")]) == 1
+    assert "no benchmark results" in capsys.readouterr().err
