@@ -13,7 +13,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from identity_fanout import relay_queries as q
-from identity_fanout.relay_records import OutboxRecord, record_from_row
+from identity_fanout.relay_records import OutboxRecord, records_from_rows
 
 __all__ = ["Reader"]
 
@@ -75,4 +75,4 @@ def fetch(
     params = {"slots": slots, "after": after, "limit": limit, "budget": budget}
     # Binary: the payload (bytea) arrives as is instead of hex text to decode.
     rows = conn.execute(q.READ_LANES, params, binary=True).fetchall()
-    return [record_from_row(r) for r in rows]
+    return records_from_rows(rows)

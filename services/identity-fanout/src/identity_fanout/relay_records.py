@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, cast
 
 import msgspec
 from opentelemetry import trace
@@ -12,7 +12,7 @@ from psycopg.rows import TupleRow
 
 from pin_runtime.tracing import Headers, extract_context
 
-__all__ = ["MAX_SPAN_LINKS", "OutboxRecord", "record_from_row", "span_links"]
+__all__ = ["MAX_SPAN_LINKS", "OutboxRecord", "record_from_row", "records_from_rows", "span_links"]
 
 MAX_SPAN_LINKS: Final = 32
 """Links from a round's span to the traces that wrote its rows (distinct contexts, first N)."""
@@ -50,6 +50,30 @@ def record_from_row(row: TupleRow) -> OutboxRecord:
 
 
 _HeaderPairs = list[tuple[str, str | None]]
+_BATCH_HEADERS: Final = msgspec.json.Decoder(list[_HeaderPairs])
+
+
+def records_from_rows(rows: Sequence[TupleRow]) -> list[OutboxRecord]:
+    """`record_from_row` of a whole read, its headers decoded in one call.
+
+    The relay's hot path: one msgspec call over the read's joined header texts instead of
+    one per row (the per-call overhead was most of a row's cost). A read with a header set
+    of another shape (an object, non-string values) falls back to row by row.
+    """
+    if not rows:
+        return []
+    headers: Sequence[Headers]
+    try:
+        # str values are what the producer takes; the type only widens to Headers.
+        headers = cast(
+            "list[Headers]", _BATCH_HEADERS.decode("[" + ",".join([row[4] for row in rows]) + "]")
+        )
+    except msgspec.ValidationError:
+        headers = [_headers(row[4]) for row in rows]
+    return [
+        OutboxRecord(id_, topic, key.encode(), bytes(payload), pairs, slot)
+        for (id_, topic, key, payload, _, slot), pairs in zip(rows, headers, strict=True)
+    ]
 
 
 def _headers(raw: object) -> Headers:
