@@ -51,6 +51,7 @@ from pin_contracts import (
 from pin_contracts.enums import ScopeType
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_runtime.kafka import producer_config
+from pin_testkit.bench import Comparison, record
 from pin_testkit.local import ensure_up
 from pin_testkit.topics import TopicFactory
 
@@ -293,6 +294,19 @@ def report(rows: int, size: float, lanes: int, plain: list[float], relay: list[f
         "",
     )
     console.print(table)
+    record(
+        Comparison(
+            benchmark=f"2. relay drain, {rows:,} outbox rows, one instance, {lanes} lanes",
+            subject="relay (commit -> last row deleted)",
+            subject_value=relay_rate,
+            limit="plain confluent-kafka producer",
+            limit_value=plain_rate,
+            unit="rows/s",
+            better="higher",
+            target=0.5,
+            note=f"best of {len(relay)} rounds each",
+        )
+    )
 
 
 if __name__ == "__main__":
