@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka import KafkaError, Producer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pin_runtime.kafka import create_admin, ensure_topics
 from pin_testkit.local.toxiproxy import Proxy, ToxiproxyServer
+from pin_testkit.private import PrivateKafka
 
 
 @pytest.fixture
@@ -64,3 +68,29 @@ def test_a_reset_mid_transaction_breaks_that_session_and_commits_nothing(
     proxy.heal()
     with psycopg.connect(dsn) as after:
         assert after.execute("SELECT count(*) FROM t").fetchone() == (0,)
+
+
+def test_a_broker_behind_a_proxy_is_cut_off_and_healed(toxiproxy: ToxiproxyServer) -> None:
+    with PrivateKafka.launch(proxied=True) as broker:
+        listener = broker.proxied
+        proxy = toxiproxy.proxy("kafka", listener.upstream, port=listener.advertised_port)
+        topic = f"proxied-{uuid.uuid4().hex[:8]}"
+        ensure_topics(create_admin(broker.bootstrap, client_id="toxiproxy-test"), [(topic, 1)])
+
+        def deliver(timeout_ms: int) -> list[KafkaError | None]:
+            producer = Producer(
+                {"bootstrap.servers": listener.bootstrap, "message.timeout.ms": timeout_ms}
+            )
+            outcomes: list[KafkaError | None] = []
+            producer.produce(topic, b"v", on_delivery=lambda e, _m: outcomes.append(e))
+            producer.flush(timeout_ms / 1000 + 5)
+            return outcomes
+
+        assert deliver(10_000) == [None]
+        proxy.disable()
+        [cut] = deliver(2_000)
+        assert cut is not None
+        assert cut.code() == KafkaError._MSG_TIMED_OUT
+        assert broker.answers()  # only the proxied path was cut
+        proxy.heal()
+        assert deliver(10_000) == [None]

@@ -33,6 +33,7 @@ from pin_testkit.local.kafka import (
     JavaRuntime,
     Kafka,
     KafkaSecurity,
+    ProxiedListener,
     ScramUser,
     class_data_archive,
     ensure_libs,
@@ -93,8 +94,10 @@ class _Broker(Kafka):
         controller_port: int,
         shared_dir: Path,
         security: KafkaSecurity | None,
+        *,
+        proxied: ProxiedListener | None = None,
     ) -> None:
-        super().__init__(layout, port, controller_port, new_cluster_id(), security)
+        super().__init__(layout, port, controller_port, new_cluster_id(), security, proxied=proxied)
         self._shared_dir = shared_dir
 
     def write_config(self) -> bool:
@@ -125,6 +128,7 @@ class PrivateKafka:
         start_timeout: float = START_TIMEOUT,
         stop_timeout: float = STOP_TIMEOUT,
         secure: bool = False,
+        proxied: bool = False,
     ) -> None:
         sweep_orphans()
         self._shared = shared if shared is not None else resolve_layout()
@@ -136,7 +140,16 @@ class PrivateKafka:
         (self.state_dir / OWNER_FILE).write_text(f"{os.getpid()}\n", encoding="ascii")
         layout = Layout(repo_root=self._shared.repo_root, state_dir=self.state_dir)
         security = _security(self.state_dir, {port, controller_port}) if secure else None
-        self._broker = _Broker(layout, port, controller_port, self._shared.kafka_dir, security)
+        listener = None
+        if proxied:
+            taken = {port, controller_port}
+            if security is not None:
+                taken |= {security.sasl_port, security.ssl_port}
+            own = pick_port(taken)
+            listener = ProxiedListener(own, pick_port(taken | {own}))
+        self._broker = _Broker(
+            layout, port, controller_port, self._shared.kafka_dir, security, proxied=listener
+        )
         self._runtime: tuple[JavaRuntime, Path] | None = None
         self.last_start_seconds: float | None = None
         self.last_stop_seconds: float | None = None
@@ -149,14 +162,20 @@ class PrivateKafka:
         start_timeout: float = START_TIMEOUT,
         stop_timeout: float = STOP_TIMEOUT,
         secure: bool = False,
+        proxied: bool = False,
     ) -> Self:
         """A new broker, started and answering; closed again if it cannot start.
 
         ``secure=True`` adds a SASL_SSL (SCRAM) and an SSL (mutual TLS) listener: see
-        :attr:`secured`.
+        :attr:`secured`. ``proxied=True`` adds a listener for clients behind a proxy: see
+        :attr:`proxied`.
         """
         broker = cls(
-            shared=shared, start_timeout=start_timeout, stop_timeout=stop_timeout, secure=secure
+            shared=shared,
+            start_timeout=start_timeout,
+            stop_timeout=stop_timeout,
+            secure=secure,
+            proxied=proxied,
         )
         try:
             broker.start()
@@ -187,6 +206,16 @@ class PrivateKafka:
         if security is None:
             raise LocalInfraError("this private Kafka was launched without secure=True")
         return secured_of(self.bootstrap, security)
+
+    @property
+    def proxied(self) -> ProxiedListener:
+        """The listener for clients behind a proxy (``proxied=True`` only): start a proxy on
+        its ``advertised_port`` forwarding to its ``upstream``, give clients its
+        ``bootstrap``."""
+        listener = self._broker.config.proxied
+        if listener is None:
+            raise LocalInfraError("this private Kafka was launched without proxied=True")
+        return listener
 
     @property
     def cluster_id(self) -> str:

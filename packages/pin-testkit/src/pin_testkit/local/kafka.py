@@ -90,6 +90,26 @@ class KafkaSecurity:
 
 
 @dataclass(frozen=True, slots=True)
+class ProxiedListener:
+    """A plaintext listener on `port` that advertises `advertised_port` instead: a proxy
+    (Toxiproxy) listening there and forwarding to `port` sees every request of the clients
+    that bootstrap through it, since the metadata sends them back to the proxy."""
+
+    port: int
+    advertised_port: int
+
+    @property
+    def upstream(self) -> str:
+        """Where the proxy forwards to."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def bootstrap(self) -> str:
+        """What the proxied clients are given (the proxy's own address)."""
+        return f"127.0.0.1:{self.advertised_port}"
+
+
+@dataclass(frozen=True, slots=True)
 class KafkaConfig:
     port: int
     controller_port: int
@@ -97,6 +117,7 @@ class KafkaConfig:
     node_id: int = 1
     num_partitions: int = 3
     security: KafkaSecurity | None = None
+    proxied: ProxiedListener | None = None
 
 
 def _escape(value: str) -> str:
@@ -136,12 +157,17 @@ def render_server_properties(config: KafkaConfig) -> str:
             f",SASL_SSL://127.0.0.1:{security.sasl_port},SSL://127.0.0.1:{security.ssl_port}"
         )
         protocols += ",SASL_SSL:SASL_SSL,SSL:SSL"
+    advertised = listeners
+    if config.proxied is not None:
+        listeners += f",PROXIED://127.0.0.1:{config.proxied.port}"
+        advertised += f",PROXIED://127.0.0.1:{config.proxied.advertised_port}"
+        protocols += ",PROXIED:PLAINTEXT"
     settings = {
         "process.roles": "broker,controller",
         "node.id": str(config.node_id),
         "controller.quorum.bootstrap.servers": controller,
         "listeners": listeners,
-        "advertised.listeners": listeners,
+        "advertised.listeners": advertised,
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": protocols,
@@ -303,10 +329,16 @@ class Kafka:
         controller_port: int,
         cluster_id: str,
         security: KafkaSecurity | None = None,
+        *,
+        proxied: ProxiedListener | None = None,
     ) -> None:
         self.layout = layout
         self.config = KafkaConfig(
-            port=port, controller_port=controller_port, log_dir=layout.kafka_data, security=security
+            port=port,
+            controller_port=controller_port,
+            log_dir=layout.kafka_data,
+            security=security,
+            proxied=proxied,
         )
         self.cluster_id = cluster_id
 
@@ -396,9 +428,12 @@ class Kafka:
     @property
     def ports(self) -> tuple[int, ...]:
         """Every port the broker listens on."""
-        ports = (self.config.port, self.config.controller_port)
+        ports: tuple[int, ...] = (self.config.port, self.config.controller_port)
         security = self.config.security
-        return ports if security is None else (*ports, security.sasl_port, security.ssl_port)
+        if security is not None:
+            ports = (*ports, security.sasl_port, security.ssl_port)
+        proxied = self.config.proxied
+        return ports if proxied is None else (*ports, proxied.port)
 
     def start(self, java: JavaRuntime, libs: Path) -> int:
         """Start the broker detached (own session, output to logs/console.log); its pid."""
