@@ -71,16 +71,15 @@ def test_a_reset_mid_transaction_breaks_that_session_and_commits_nothing(
 
 
 def test_a_broker_behind_a_proxy_is_cut_off_and_healed(toxiproxy: ToxiproxyServer) -> None:
-    with PrivateKafka.launch(proxied=True) as broker:
-        listener = broker.proxied
+    with PrivateKafka.launch(proxied=2) as broker:
+        listener, other = broker.proxied
         proxy = toxiproxy.proxy("kafka", listener.upstream, port=listener.advertised_port)
+        untouched = toxiproxy.proxy("kafka-2", other.upstream, port=other.advertised_port)
         topic = f"proxied-{uuid.uuid4().hex[:8]}"
         ensure_topics(create_admin(broker.bootstrap, client_id="toxiproxy-test"), [(topic, 1)])
 
-        def deliver(timeout_ms: int) -> list[KafkaError | None]:
-            producer = Producer(
-                {"bootstrap.servers": listener.bootstrap, "message.timeout.ms": timeout_ms}
-            )
+        def deliver(timeout_ms: int, via: str = listener.bootstrap) -> list[KafkaError | None]:
+            producer = Producer({"bootstrap.servers": via, "message.timeout.ms": timeout_ms})
             outcomes: list[KafkaError | None] = []
             producer.produce(topic, b"v", on_delivery=lambda e, _m: outcomes.append(e))
             producer.flush(timeout_ms / 1000 + 5)
@@ -92,5 +91,7 @@ def test_a_broker_behind_a_proxy_is_cut_off_and_healed(toxiproxy: ToxiproxyServe
         assert cut is not None
         assert cut.code() == KafkaError._MSG_TIMED_OUT
         assert broker.answers()  # only the proxied path was cut
+        assert deliver(10_000, via=other.bootstrap) == [None]  # another process's path too
+        assert untouched.toxics() == []
         proxy.heal()
         assert deliver(10_000) == [None]

@@ -95,7 +95,7 @@ class _Broker(Kafka):
         shared_dir: Path,
         security: KafkaSecurity | None,
         *,
-        proxied: ProxiedListener | None = None,
+        proxied: tuple[ProxiedListener, ...] = (),
     ) -> None:
         super().__init__(layout, port, controller_port, new_cluster_id(), security, proxied=proxied)
         self._shared_dir = shared_dir
@@ -128,7 +128,7 @@ class PrivateKafka:
         start_timeout: float = START_TIMEOUT,
         stop_timeout: float = STOP_TIMEOUT,
         secure: bool = False,
-        proxied: bool = False,
+        proxied: int = 0,
     ) -> None:
         sweep_orphans()
         self._shared = shared if shared is not None else resolve_layout()
@@ -140,15 +140,22 @@ class PrivateKafka:
         (self.state_dir / OWNER_FILE).write_text(f"{os.getpid()}\n", encoding="ascii")
         layout = Layout(repo_root=self._shared.repo_root, state_dir=self.state_dir)
         security = _security(self.state_dir, {port, controller_port}) if secure else None
-        listener = None
-        if proxied:
-            taken = {port, controller_port}
-            if security is not None:
-                taken |= {security.sasl_port, security.ssl_port}
+        taken = {port, controller_port}
+        if security is not None:
+            taken |= {security.sasl_port, security.ssl_port}
+        listeners: list[ProxiedListener] = []
+        for _ in range(proxied):
             own = pick_port(taken)
-            listener = ProxiedListener(own, pick_port(taken | {own}))
+            advertised = pick_port(taken | {own})
+            taken |= {own, advertised}
+            listeners.append(ProxiedListener(own, advertised))
         self._broker = _Broker(
-            layout, port, controller_port, self._shared.kafka_dir, security, proxied=listener
+            layout,
+            port,
+            controller_port,
+            self._shared.kafka_dir,
+            security,
+            proxied=tuple(listeners),
         )
         self._runtime: tuple[JavaRuntime, Path] | None = None
         self.last_start_seconds: float | None = None
@@ -162,13 +169,13 @@ class PrivateKafka:
         start_timeout: float = START_TIMEOUT,
         stop_timeout: float = STOP_TIMEOUT,
         secure: bool = False,
-        proxied: bool = False,
+        proxied: int = 0,
     ) -> Self:
         """A new broker, started and answering; closed again if it cannot start.
 
         ``secure=True`` adds a SASL_SSL (SCRAM) and an SSL (mutual TLS) listener: see
-        :attr:`secured`. ``proxied=True`` adds a listener for clients behind a proxy: see
-        :attr:`proxied`.
+        :attr:`secured`. ``proxied=N`` adds N listeners for clients behind proxies (one per
+        process whose path to the broker a test cuts on its own): see :attr:`proxied`.
         """
         broker = cls(
             shared=shared,
@@ -208,14 +215,11 @@ class PrivateKafka:
         return secured_of(self.bootstrap, security)
 
     @property
-    def proxied(self) -> ProxiedListener:
-        """The listener for clients behind a proxy (``proxied=True`` only): start a proxy on
-        its ``advertised_port`` forwarding to its ``upstream``, give clients its
+    def proxied(self) -> tuple[ProxiedListener, ...]:
+        """The listeners for clients behind proxies (``proxied=N``): start a proxy on each
+        one's ``advertised_port`` forwarding to its ``upstream``, give clients its
         ``bootstrap``."""
-        listener = self._broker.config.proxied
-        if listener is None:
-            raise LocalInfraError("this private Kafka was launched without proxied=True")
-        return listener
+        return self._broker.config.proxied
 
     @property
     def cluster_id(self) -> str:

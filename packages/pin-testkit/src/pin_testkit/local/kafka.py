@@ -117,7 +117,7 @@ class KafkaConfig:
     node_id: int = 1
     num_partitions: int = 3
     security: KafkaSecurity | None = None
-    proxied: ProxiedListener | None = None
+    proxied: tuple[ProxiedListener, ...] = ()
 
 
 def _escape(value: str) -> str:
@@ -158,10 +158,10 @@ def render_server_properties(config: KafkaConfig) -> str:
         )
         protocols += ",SASL_SSL:SASL_SSL,SSL:SSL"
     advertised = listeners
-    if config.proxied is not None:
-        listeners += f",PROXIED://127.0.0.1:{config.proxied.port}"
-        advertised += f",PROXIED://127.0.0.1:{config.proxied.advertised_port}"
-        protocols += ",PROXIED:PLAINTEXT"
+    for n, proxied in enumerate(config.proxied):
+        listeners += f",PROXIED{n}://127.0.0.1:{proxied.port}"
+        advertised += f",PROXIED{n}://127.0.0.1:{proxied.advertised_port}"
+        protocols += f",PROXIED{n}:PLAINTEXT"
     settings = {
         "process.roles": "broker,controller",
         "node.id": str(config.node_id),
@@ -330,7 +330,7 @@ class Kafka:
         cluster_id: str,
         security: KafkaSecurity | None = None,
         *,
-        proxied: ProxiedListener | None = None,
+        proxied: tuple[ProxiedListener, ...] = (),
     ) -> None:
         self.layout = layout
         self.config = KafkaConfig(
@@ -432,8 +432,7 @@ class Kafka:
         security = self.config.security
         if security is not None:
             ports = (*ports, security.sasl_port, security.ssl_port)
-        proxied = self.config.proxied
-        return ports if proxied is None else (*ports, proxied.port)
+        return (*ports, *(p.port for p in self.config.proxied))
 
     def start(self, java: JavaRuntime, libs: Path) -> int:
         """Start the broker detached (own session, output to logs/console.log); its pid."""
