@@ -86,13 +86,16 @@ class OwnServers:
         assert kafka.stop(), "the e2e broker was not running"
         return time.monotonic() - started
 
-    def stop_postgres(self) -> float:
-        """``pg_ctl stop -m fast``: every session is terminated; seconds it took."""
+    def stop_postgres(self, *, mode: str = "fast") -> float:
+        """``pg_ctl stop -m fast`` (or ``immediate``: a crash, recovery at the next start):
+        every session is terminated; seconds it took."""
         started = time.monotonic()
         state = load_state(self.layout.state_file)
         assert state is not None
         self.stopped.add("postgres")
-        stopped = Postgres(self.layout, state.pg_port).stop(find_bindir(), server_account())
+        stopped = Postgres(self.layout, state.pg_port).stop(
+            find_bindir(), server_account(), mode=mode
+        )
         assert stopped, "the e2e PostgreSQL was not running"
         return time.monotonic() - started
 
