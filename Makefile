@@ -78,7 +78,7 @@ test: lint infra-check up pact ## lint, infra checks, pact, then every test on r
 .PHONY: chaos
 chaos: up ## chaos campaign: 50 random faults on the running system, invariants checked
 	eval "$$($(RUN) pin-local -q env)" && PIN_CHAOS_FAULTS=$${PIN_CHAOS_FAULTS:-50} \
-		$(RUN) pytest -p no:randomly tests-e2e/test_10_chaos_campaign.py
+		$(RUN) pytest tests-e2e/test_10_chaos_campaign.py
 
 .PHONY: demo
 demo: sync ## run the whole system on this machine and show what happens
