@@ -25,7 +25,7 @@ from rewards_membership.plan import Outcome
 from rewards_membership.records import key_text, offset_of, partition_of
 from rewards_membership.validation import EXPECTED_CONTRACT_VERSION, InvalidEvent, MembershipChange
 
-__all__ = ["BatchReporter", "Item"]
+__all__ = ["BatchReporter", "Item", "start_process_span", "start_receive_span"]
 
 _log = logging.getLogger("rewards_membership.consumer")
 Item = MembershipChange | InvalidEvent
@@ -213,16 +213,19 @@ def _fields(item: MembershipChange) -> dict[str, Any]:
 _MAX_LINKS = 32
 
 
-def receive_span(
+def start_receive_span(
     tracer: trace.Tracer, topic: str, group_id: str, records: Sequence[Message]
-) -> Any:
-    """The batch's `<topic> receive` span, linked to the records' own trace contexts."""
+) -> trace.Span:
+    """The batch's `<topic> receive` span, linked to the records' own trace contexts.
+
+    Started, not made current: a batch's work spans two turns of the loop and two threads
+    (`process_span` and the `pg apply batch` span below it carry it explicitly)."""
     links = []
     for message in records[:_MAX_LINKS]:
         context = trace.get_current_span(extract_context(message.headers())).get_span_context()
         if context.is_valid:
             links.append(Link(context))
-    return tracer.start_as_current_span(
+    return tracer.start_span(
         f"{topic} receive",
         kind=SpanKind.CONSUMER,
         links=links,
@@ -237,9 +240,12 @@ def receive_span(
     )
 
 
-def process_span(tracer: trace.Tracer, topic: str, count: int) -> Any:
-    return tracer.start_as_current_span(
+def start_process_span(
+    tracer: trace.Tracer, topic: str, count: int, receive: trace.Span
+) -> trace.Span:
+    return tracer.start_span(
         "membership batch process",
+        context=trace.set_span_in_context(receive),
         attributes={
             "messaging.operation.type": "process",
             "messaging.destination.name": topic,
