@@ -41,7 +41,7 @@ from rewards_membership.finish import BatchFinisher
 from rewards_membership.inflight import (
     Finished,
     InFlight,
-    first_offsets,
+    bounds,
     keep_partitions,
     reseek_offsets,
 )
@@ -208,10 +208,12 @@ class MembershipConsumer:
         process = start_process_span(self._tracer, topic, len(records), receive)
         with trace.use_span(process, end_on_exit=False):
             plan = self._lane.submit(items)
+        first, last = bounds(records)
         self._in_flight = InFlight(
             records=records,
             items=items,
-            first=first_offsets(records),
+            first=first,
+            last=last,
             started=self._clock(),
             receive=receive,
             process=process,

@@ -69,17 +69,16 @@ class BatchFinisher:
 
         try:
             plan = batch.plan.result()
+            partitions = [p for p in batch.first if ours(p)]
+            # The invalid records of our partitions (dead letters, and duplicates of ones
+            # this process dead-lettered in an earlier try of the batch).
             kept = [
                 (m, item, outcome)
                 for m, item, outcome in zip(batch.records, batch.items, plan.outcomes, strict=True)
-                if ours(partition_of(m))
+                if type(item) is InvalidEvent and partition_of(m) in partitions
             ]
             letters, receipts = self._dead_letter(kept)
-            done = {
-                partition_of(m): offset_of(m) + 1
-                for m, _, _ in kept
-                if partition_of(m) not in letters.failed
-            }
+            done = {p: batch.last[p] + 1 for p in partitions if p not in letters.failed}
             self._partitions.ledger.applied(done)
             self._partitions.commit(done, raise_errors=True)
         except Exception as exc:

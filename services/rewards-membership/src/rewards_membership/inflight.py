@@ -24,6 +24,7 @@ from rewards_membership.report import Item
 __all__ = [
     "Finished",
     "InFlight",
+    "bounds",
     "finished_records",
     "first_offsets",
     "keep_partitions",
@@ -39,6 +40,8 @@ class InFlight:
     items: Sequence[Item]
     first: dict[int, int]
     """Partition -> first offset of the batch: where a failed partition is sought back to."""
+    last: dict[int, int]
+    """Partition -> last offset of the batch."""
     started: float
     receive: Span
     process: Span
@@ -57,17 +60,26 @@ class Finished:
 
 
 def first_offsets(records: Sequence[Message]) -> dict[int, int]:
+    return bounds(records)[0]
+
+
+def bounds(records: Sequence[Message]) -> tuple[dict[int, int], dict[int, int]]:
+    """Partition -> (first offset, last offset) of the records, in one pass."""
     first: dict[int, int] = {}
+    last: dict[int, int] = {}
     for message in records:
-        first.setdefault(partition_of(message), offset_of(message))
-    return first
+        partition, offset = partition_of(message), offset_of(message)
+        if partition not in first:
+            first[partition] = offset
+        last[partition] = offset
+    return first, last
 
 
 def keep_partitions(
     records: Sequence[Message], items: Sequence[Item], keep: Callable[[int], bool]
 ) -> tuple[list[Message], list[Item]]:
     """The records (and their decoded items) of the partitions `keep` accepts, in order."""
-    if all(keep(partition_of(m)) for m in records):
+    if all(keep(p) for p in {m.partition() for m in records} if p is not None):
         return list(records), list(items)
     kept = [(m, i) for m, i in zip(records, items, strict=True) if keep(partition_of(m))]
     return [m for m, _ in kept], [i for _, i in kept]
@@ -94,6 +106,8 @@ def finished_records(
     receipts: Mapping[Position, Receipt],
 ) -> list[tuple[Message, Item, Outcome]]:
     """The committed records with the outcomes to report."""
+    if not receipts and all(p in done for p in {m.partition() for m in records}):
+        return list(zip(records, items, outcomes, strict=True))  # the usual whole batch
     finished = []
     for m, item, outcome in zip(records, items, outcomes, strict=True):
         if partition_of(m) not in done:
