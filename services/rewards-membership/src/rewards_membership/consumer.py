@@ -25,10 +25,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from opentelemetry import trace
 
 from pin_runtime.http import ComponentState, Heartbeat
@@ -43,12 +42,12 @@ from rewards_membership.inflight import (
     InFlight,
     bounds,
     keep_partitions,
-    reseek_offsets,
 )
 from rewards_membership.lag import LagReporter
 from rewards_membership.metrics import Metrics
 from rewards_membership.partitions import POSTGRESQL, PartitionControl
 from rewards_membership.pauser import PartitionPauser
+from rewards_membership.rebalance import RebalanceGuard
 from rewards_membership.records import offset_of, partition_of, topic_of
 from rewards_membership.report import (
     BatchReporter,
@@ -130,8 +129,13 @@ class MembershipConsumer:
         )
         self._in_flight: InFlight | None = None
         self._unreported: list[Finished] = []
-        self._touched: set[int] = set()
-        """Partitions revoked or lost during the current poll."""
+        self._rebalances = RebalanceGuard(
+            consumer,
+            topic=options.topic,
+            partitions=self._partitions,
+            settle=self._settle_and_report,
+            on_assigned=self._assigned,
+        )
 
     def run(self, stop: GracefulShutdown) -> None:
         """Poll until `stop` is requested; then finish the batch, commit, leave the group."""
@@ -144,11 +148,12 @@ class MembershipConsumer:
 
     def subscribe(self) -> None:
         self._probe_database()
+        rebalances = self._rebalances
         self._consumer.subscribe(
             [self._options.topic],
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
+            on_assign=rebalances.on_assign,
+            on_revoke=rebalances.on_revoke,
+            on_lost=rebalances.on_lost,
         )
 
     def close(self) -> None:
@@ -180,13 +185,11 @@ class MembershipConsumer:
         if self._heartbeat is not None:
             self._heartbeat.beat()
         self._partitions.resume_due(self._probe_database)
-        self._touched.clear()
+        self._rebalances.poll_started()
         messages = self._consumer.consume(
             num_messages=self._options.batch_size, timeout=self._options.poll_timeout
         )
-        records = [m for m in messages if _is_record(m)]
-        if self._touched:
-            records = self._drop_touched(records)
+        records = self._rebalances.keep_polled([m for m in messages if _is_record(m)])
         # Decoded while the batch before is in its transaction on the lane.
         items: list[Item] = [_keyed(m, validate(m.value())) for m in records]
         self._settle()
@@ -229,6 +232,14 @@ class MembershipConsumer:
         if finished is not None:
             self._unreported.append(finished)
 
+    def _settle_and_report(self, exclude: Sequence[int]) -> None:
+        self._settle(exclude)
+        self._report()
+
+    def _assigned(self) -> None:
+        self.kafka_state.ok()
+        self._lag.soon()
+
     def _report(self) -> None:
         unreported, self._unreported = self._unreported, []
         for finished in unreported:
@@ -241,32 +252,6 @@ class MembershipConsumer:
                 )
             finally:
                 finished.receive.end()
-
-    def _drop_touched(self, records: list[Message]) -> list[Message]:
-        """Drop the polled records of partitions revoked or lost during this poll; seek
-        those assigned back meanwhile to their first dropped record."""
-        pauser, touched = self._partitions.pauser, self._touched
-        reseek = reseek_offsets(records, touched, self._partitions.assigned, pauser.paused)
-        for partition, offset in sorted(reseek.items()):
-            try:
-                self._consumer.seek(TopicPartition(self._options.topic, partition, offset))
-            except KafkaException as error:
-                log_event(
-                    _log,
-                    "seek back failed",
-                    logging.WARNING,
-                    partition=partition,
-                    reason=str(error),
-                )
-        kept = [m for m in records if partition_of(m) not in touched]
-        log_event(
-            _log,
-            "prefetched records dropped",
-            partitions=sorted(touched & {partition_of(m) for m in records}),
-            records=len(records) - len(kept),
-            soughtBack=reseek,
-        )
-        return kept
 
     def _unreplayed(self) -> int | None:
         # Not while the database is known down: a connect attempt would stall the loop.
@@ -281,28 +266,6 @@ class MembershipConsumer:
             return False
         self.database_state.ok()
         return True
-
-    # -- rebalance callbacks (served inside consume(), on this thread) ---------------------
-
-    def _on_assign(self, consumer: Consumer, partitions: list[Any]) -> None:
-        self._partitions.on_assign(consumer, partitions)
-        self.kafka_state.ok()
-        self._lag.soon()
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # The batch in flight is finished and committed before its partitions move on.
-        self._touched.update(tp.partition for tp in partitions)
-        self._settle()
-        self._report()
-        self._partitions.on_revoke(consumer, partitions)
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Lost: another member may own them already; nothing of them is committed here.
-        numbers = [tp.partition for tp in partitions]
-        self._touched.update(numbers)
-        self._settle(exclude=numbers)
-        self._report()
-        self._partitions.on_lost(consumer, partitions)
 
     def _forget(self, partitions: Sequence[int]) -> None:
         for partition in partitions:
