@@ -7,9 +7,9 @@ duplicate deliveries, 5% stale reorders), each in a process of its own:
     producer, LOG_LEVEL=WARNING) draining the topic;
 (b) a plain confluent-kafka consumer, same client settings, that polls the same records and
     msgspec-decodes each value with the contract's decoder (no database);
-(c) the database's floor: the same events cut into batches of the same size, decided in
-    memory beforehand (untimed), then per batch one transaction of set-based statements
-    writing the batch's rows (one upsert) and inbox keys (one insert), no Kafka.
+(c) the database's floor: the same records read in batches of the same size and decided in
+    memory beforehand (untimed), then, timed, per batch one transaction of set-based
+    statements writing the batch's rows (one upsert) and inbox keys (one insert), no Kafka.
 
 Prints one table (msgs/s, ratios) and records two comparisons (`pin_testkit.bench`).
 """
@@ -213,27 +213,40 @@ def measure_consumer(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]
     }
 
 
-def floor_batches(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """Per batch of `batch_size` events: (rows document, inbox document), decided in memory
-    by the consumer's own planner against the state the batches before left."""
+def floor_batches(args: argparse.Namespace, bootstrap: str) -> list[tuple[str, str]]:
+    """Per batch of the topic's records (read like the consumer reads them, `batch_size` at
+    a time): (rows document, inbox document), decided in memory by the consumer's own
+    planner against the state the batches before left. Untimed."""
+    consumer = create_consumer(
+        bootstrap,
+        group_id=f"bench-floor-{uuid.uuid4().hex[:8]}",
+        client_id="bench-floor",
+        extra=_consumer_extra(),
+    )
+    consumer.subscribe([args.topic])
     seen: set[str] = set()
     rows: dict[RowKey, MembershipRow] = {}
-    shape = {"events": args.events, "agents": args.agents, "agencies": args.agencies}
-    values = [value for _, value, _ in workload(**shape, seed=args.seed)]
-    batches = []
-    for start in range(0, len(values), args.batch_size):
-        items = [validate(v) for v in values[start : start + args.batch_size]]
-        plan = plan_batch(items, seen, rows)
-        seen.update(key for key, _ in plan.inbox)
-        changed = plan.updates + plan.inserts
-        rows.update((row.key, row) for row in changed)
-        batches.append((rows_document(changed), inbox_document(plan.inbox)))
+    batches, read = [], 0
+    try:
+        while read < args.events:
+            messages = consumer.consume(num_messages=args.batch_size, timeout=0.5)
+            items = [validate(m.value()) for m in messages if m.error() is None]
+            if not items:
+                continue
+            read += len(items)
+            plan = plan_batch(items, seen, rows)
+            seen.update(key for key, _ in plan.inbox)
+            changed = plan.updates + plan.inserts
+            rows.update((row.key, row) for row in changed)
+            batches.append((rows_document(changed), inbox_document(plan.inbox)))
+    finally:
+        consumer.close()
     return batches
 
 
-def measure_floor(args: argparse.Namespace) -> dict[str, Any]:
+def measure_floor(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     """(c) the same batches' rows and inbox keys, set-based, one transaction per batch."""
-    batches = floor_batches(args)
+    batches = floor_batches(args, bootstrap)
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         started = time.monotonic()
         for rows_doc, marks_doc in batches:
@@ -341,14 +354,17 @@ def _measure(args: argparse.Namespace, bootstrap: str) -> None:
     elif args.measure == "consumer":
         result = measure_consumer(args, bootstrap)
     else:
-        result = measure_floor(args)
+        result = measure_floor(args, bootstrap)
     result["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(args.result).write_text(json.dumps(result))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=1_000_000)
+    # The issue's workload is 1,000,000 events (`--events 1000000`, about 6 to 11 minutes
+    # here with the loading); `make bench` runs the default, which keeps the same shape and
+    # finishes in a few minutes.
+    parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--agents", type=int, default=100_000)
     parser.add_argument("--agencies", type=int, default=1_000)
     parser.add_argument("--batch-size", type=int, default=5000)
@@ -381,7 +397,7 @@ def main() -> None:
         print(f"loaded {args.events:,} events in {loaded['wall']:.1f}s")
         plain = child("plain", args, topic=topic)
         real = child("consumer", args, topic=topic, dlq=dlq, dsn=real_dsn)
-        floor = child("floor", args, dsn=floor_dsn)
+        floor = child("floor", args, topic=topic, dsn=floor_dsn)
         report(args, plain, real, floor)
     finally:
         admin.delete_topics([topic, dlq], operation_timeout=10)
