@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg.rows import TupleRow
 
-from identity_fanout.seed import add_permissions, seed_role_with_users
+from pin_testkit.seeding import add_permissions, seed_role_with_users
 
 CLI = str(Path(sys.executable).with_name("identity-fanout"))
 

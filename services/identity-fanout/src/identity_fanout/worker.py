@@ -25,25 +25,25 @@ from opentelemetry import trace
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from identity_fanout import queries
 from identity_fanout.claim import (
+    claim_shard,
     claim_task,
     is_poisoned,
     record_failure,
+    record_shard_failure,
+    release_shard,
     release_task,
     retry_delay,
 )
-from identity_fanout.fanout import BatchResult, process_batch
-from identity_fanout.metrics import FanoutMetrics
-from identity_fanout.shard_claim import (
-    claim_shard,
-    record_shard_failure,
-    release_shard,
-    split_task,
-    splittable,
+from identity_fanout.fanout import (
+    BatchResult,
+    ShardBatchResult,
+    process_batch,
+    process_shard_batch,
 )
-from identity_fanout.shard_fanout import ShardBatchResult, process_shard_batch
+from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.shards import ClaimedShard
+from identity_fanout.split import split_task, splittable
 from identity_fanout.tasks import FanOutTask
 from identity_fanout.unit_run import Conn, Step, Unit, UnitOps, UnitRunner
 from identity_fanout.wakeup import Wakeup
@@ -51,8 +51,10 @@ from pin_contracts import FanOutTaskStatus
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import SessionLimits, is_retriable
+from pin_runtime.sql import load_queries
 
 _log = logging.getLogger(__name__)
+_tasks = load_queries("identity_fanout", "sql/tasks.sql")
 
 DEFAULT_SHARD_SIZE = 25_000
 
@@ -198,7 +200,7 @@ class FanoutWorker:
 
     def refresh_gauges(self) -> None:
         with self._pool.connection() as conn:
-            row = conn.execute(queries.QUEUE_STATE).fetchone()
+            row = conn.execute(_tasks.queue_state).fetchone()
         if row is not None:
             backlog, leased, failed, oldest = row
             self._metrics.queue_backlog.set(backlog)
