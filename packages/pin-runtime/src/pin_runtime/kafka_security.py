@@ -1,4 +1,4 @@
-"""How a Kafka client authenticates: a fail-fast check (and the settings, re-exported).
+"""Whether a Kafka client can authenticate: a fail-fast check at start-up.
 
 `KafkaClientSettings` and `security_config` live in `kafka_settings`, which loads no Kafka
 client library. `verify_connection` turns "the client can never authenticate" from an
@@ -17,27 +17,11 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from pin_runtime.errors import KafkaSetupError, KafkaUnreachableError
-from pin_runtime.kafka_settings import (
-    ConfigValue,
-    KafkaClientSettings,
-    KafkaConfig,
-    SaslMechanism,
-    SecurityProtocol,
-    security_config,
-)
+from pin_runtime.kafka_settings import ConfigValue, KafkaClientSettings
 from pin_runtime.logging import log_event
 from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE
 
-__all__ = [
-    "ConfigValue",
-    "KafkaClientSettings",
-    "KafkaConfig",
-    "SaslMechanism",
-    "SecurityProtocol",
-    "kafka_or_exit",
-    "security_config",
-    "verify_connection",
-]
+__all__ = ["kafka_or_exit", "verify_connection"]
 
 _SECRET_KEYS: Final = ("sasl.password", "ssl.key.password")
 # How librdkafka words TLS failures it reports as transport errors: a handshake it refused,

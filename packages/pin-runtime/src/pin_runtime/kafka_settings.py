@@ -15,15 +15,6 @@ import msgspec
 
 from pin_runtime.settings import Secret
 
-__all__ = [
-    "ConfigValue",
-    "KafkaClientSettings",
-    "KafkaConfig",
-    "SaslMechanism",
-    "SecurityProtocol",
-    "security_config",
-]
-
 ConfigValue = str | int | float | bool
 KafkaConfig = dict[str, ConfigValue]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
