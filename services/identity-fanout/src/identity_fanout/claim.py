@@ -3,7 +3,8 @@
 A unit is a task walked as one unit or one shard of a large task; both follow the same
 rules (claim with SKIP LOCKED, poison after MaxAttempts, fenced hand-back, shortened lease
 after a failure), so `sql/units.sql` writes each statement once, composed here for the two
-tables. Pure decisions (`is_poisoned`, `retry_delay`) sit next to them.
+tables, and a held claim (`Claim`) hands back or records a failure the same way for both.
+Pure decisions (`is_poisoned`, `retry_delay`) sit next to them.
 """
 
 from __future__ import annotations
@@ -104,21 +105,35 @@ def is_poisoned(unit: FanOutTask | FanOutShard) -> bool:
     return unit.status == FanOutTaskStatus.FAILED
 
 
-def _release(
-    conn: Connection[TupleRow], statements: UnitStatements, id_: UUID, attempt: int
-) -> bool:
-    with conn.transaction():
-        return conn.execute(statements.release, {"id": id_, "attempt": attempt}).rowcount == 1
+class Claim(NamedTuple):
+    """The claim a worker holds on a unit: the fencing token its hand-back and its failure
+    record match on (`attempt_count`, status InProgress), for the unit's table."""
+
+    statements: UnitStatements
+    id: UUID
+    attempt: int
+
+    def release(self, conn: Connection[TupleRow]) -> bool:
+        """Hand the unit back (graceful stop); False if the claim was no longer ours."""
+        params = {"id": self.id, "attempt": self.attempt}
+        with conn.transaction():
+            return conn.execute(self.statements.release, params).rowcount == 1
+
+    def record_failure(self, conn: Connection[TupleRow], error: str, retry_in: timedelta) -> bool:
+        """Keep why the batch failed and shorten the lease; False if the claim was lost."""
+        fence = {"id": self.id, "attempt": self.attempt}
+        failure = {"error": error[:2000], "retry_in": retry_in}
+        with conn.transaction():
+            cur = conn.execute(self.statements.record_failure, fence | failure)
+            return cur.rowcount == 1
 
 
-def release_task(conn: Connection[TupleRow], task: FanOutTask) -> bool:
-    """Hand a claimed task back (graceful stop); False if the claim was no longer ours."""
-    return _release(conn, TASK, task.id, task.attempt_count)
+def task_claim(task: FanOutTask) -> Claim:
+    return Claim(TASK, task.id, task.attempt_count)
 
 
-def release_shard(conn: Connection[TupleRow], shard: FanOutShard) -> bool:
-    """Hand a claimed shard back (graceful stop); False if the claim was no longer ours."""
-    return _release(conn, SHARD, shard.id, shard.attempt_count)
+def shard_claim(shard: FanOutShard) -> Claim:
+    return Claim(SHARD, shard.id, shard.attempt_count)
 
 
 def retry_delay(attempt: int, *, polling_interval: timedelta, lease: timedelta) -> timedelta:
@@ -127,35 +142,3 @@ def retry_delay(attempt: int, *, polling_interval: timedelta, lease: timedelta) 
     exponent = max(0, min(attempt - 1, 30))
     delay: timedelta = polling_interval * (2**exponent)
     return min(lease, delay)
-
-
-def _record_failure(
-    conn: Connection[TupleRow],
-    statements: UnitStatements,
-    *,
-    id_: UUID,
-    attempt: int,
-    error: str,
-    retry_in: timedelta,
-) -> bool:
-    params = {"id": id_, "attempt": attempt, "error": error[:2000], "retry_in": retry_in}
-    with conn.transaction():
-        return conn.execute(statements.record_failure, params).rowcount == 1
-
-
-def record_failure(
-    conn: Connection[TupleRow], task: FanOutTask, error: str, retry_in: timedelta
-) -> bool:
-    """Keep why the batch failed and shorten the lease; False if the claim was lost."""
-    return _record_failure(
-        conn, TASK, id_=task.id, attempt=task.attempt_count, error=error, retry_in=retry_in
-    )
-
-
-def record_shard_failure(
-    conn: Connection[TupleRow], shard: FanOutShard, error: str, retry_in: timedelta
-) -> bool:
-    """Keep why the shard's batch failed and shorten its lease; False if the claim was lost."""
-    return _record_failure(
-        conn, SHARD, id_=shard.id, attempt=shard.attempt_count, error=error, retry_in=retry_in
-    )

@@ -18,7 +18,7 @@ import msgspec
 from psycopg import Connection
 from psycopg.rows import TupleRow, class_row
 
-from identity_fanout.claim import SHARD, TASK, UnitStatements
+from identity_fanout.claim import Claim, shard_claim, task_claim
 from identity_fanout.errors import LeaseLostError
 from identity_fanout.outbox import current_trace_context, outbox_message, write_outbox
 from identity_fanout.shards import END, START, ClaimedShard, ShardState, roll_up
@@ -130,12 +130,10 @@ class BatchOptions(TypedDict):
 
 
 class _Unit(NamedTuple):
-    """What a batch needs of its unit: the statements of its table, the claim it fences
-    by, the role it fans out and the unit's range of UserIds (None: open)."""
+    """What a batch needs of its unit: the claim it fences by (and its table's statements),
+    the role it fans out and the unit's range of UserIds (None: open)."""
 
-    statements: UnitStatements
-    id: UUID
-    attempt: int
+    claim: Claim
     role_id: UUID
     company_id: UUID | None
     version: int
@@ -156,16 +154,17 @@ def _page(conn: Connection[TupleRow], unit: _Unit, **options: Unpack[BatchOption
     The fence (the unit's row lock, matched on this claim) comes first: it proves the claim
     is still ours before any event is built, so a fenced-off worker does no wasted work.
     """
-    fence = {"id": unit.id, "attempt": unit.attempt}
-    current = conn.execute(unit.statements.lock_cursor, fence).fetchone()
+    claim = unit.claim
+    fence = {"id": claim.id, "attempt": claim.attempt}
+    current = conn.execute(claim.statements.lock_cursor, fence).fetchone()
     if current is None:
-        raise LeaseLostError(unit.id, unit.attempt)
+        raise LeaseLostError(claim.id, claim.attempt)
     cursor: UUID | None = current[0]
     batch_size = options["batch_size"]
     users = page_users(conn, unit.role_id, cursor or unit.lower, batch_size, upper=unit.upper)
     last = len(users) < batch_size
     checkpoint = conn.execute(
-        unit.statements.checkpoint,
+        claim.statements.checkpoint,
         {
             **fence,
             "cursor": users[-1] if users else None,
@@ -175,7 +174,7 @@ def _page(conn: Connection[TupleRow], unit: _Unit, **options: Unpack[BatchOption
         },
     ).fetchone()
     if checkpoint is None:  # cannot happen under the row lock taken above; kept as a fence
-        raise LeaseLostError(unit.id, unit.attempt)
+        raise LeaseLostError(claim.id, claim.attempt)
     events = snapshot_events(
         conn, users, role_id=unit.role_id, role_company_id=unit.company_id, version=unit.version
     )
@@ -192,9 +191,7 @@ def process_batch(
     conn: Connection[TupleRow], task: FanOutTask, **options: Unpack[BatchOptions]
 ) -> BatchResult:
     """Fan out the next page of ``task`` in one transaction; raise LeaseLostError if fenced."""
-    unit = _Unit(
-        TASK, task.id, task.attempt_count, task.role_id, task.company_id, task.role_version
-    )
+    unit = _Unit(task_claim(task), task.role_id, task.company_id, task.role_version)
     with conn.transaction():
         page = _page(conn, unit, **options)
     return BatchResult(
@@ -213,9 +210,7 @@ def process_shard_batch(
     LeaseLostError if fenced."""
     shard = claimed.shard
     unit = _Unit(
-        SHARD,
-        shard.id,
-        shard.attempt_count,
+        shard_claim(shard),
         claimed.role_id,
         claimed.company_id,
         claimed.role_version,

@@ -29,13 +29,12 @@ from identity_fanout.claim import (
     claim_shard,
     claim_task,
     is_poisoned,
-    record_failure,
-    record_shard_failure,
-    release_shard,
-    release_task,
     retry_delay,
+    shard_claim,
+    task_claim,
 )
 from identity_fanout.fanout import (
+    BatchOptions,
     BatchResult,
     ShardBatchResult,
     process_batch,
@@ -187,7 +186,7 @@ class FanoutWorker:
         except Exception as exc:
             self._runner.on_failure(
                 _task_unit(task),
-                lambda conn, error, retry_in: record_failure(conn, task, error, retry_in),
+                task_claim(task).record_failure,
                 str(uuid.uuid4()),
                 exc,
             )
@@ -210,58 +209,38 @@ class FanoutWorker:
 
     # -- one unit -------------------------------------------------------------------------
 
+    def _options(self, correlation_id: str) -> BatchOptions:
+        return BatchOptions(
+            batch_size=self._config.batch_size,
+            lease=self._config.max_lease_duration,
+            correlation_id=correlation_id,
+        )
+
     def process_task(self, task: FanOutTask) -> None:
         """Walk ``task`` as one unit from its Cursor to the end (or stop, fence, failure)."""
 
         def batch(conn: Conn, correlation_id: str) -> Step:
-            result = process_batch(
-                conn,
-                task,
-                batch_size=self._config.batch_size,
-                lease=self._config.max_lease_duration,
-                correlation_id=correlation_id,
-            )
+            result = process_batch(conn, task, **self._options(correlation_id))
             if self._on_batch is not None:
                 self._on_batch(task, result)
             return _task_step(result)
 
-        self._runner.walk(
-            _task_unit(task),
-            UnitOps(
-                batch=batch,
-                release=lambda conn: release_task(conn, task),
-                record_failure=lambda conn, error, retry_in: record_failure(
-                    conn, task, error, retry_in
-                ),
-            ),
-        )
+        claim = task_claim(task)
+        ops = UnitOps(batch=batch, release=claim.release, record_failure=claim.record_failure)
+        self._runner.walk(_task_unit(task), ops)
 
     def process_shard(self, claimed: ClaimedShard) -> None:
         """Walk one shard of a large task from its cursor to its upper bound."""
 
         def batch(conn: Conn, correlation_id: str) -> Step:
-            result = process_shard_batch(
-                conn,
-                claimed,
-                batch_size=self._config.batch_size,
-                lease=self._config.max_lease_duration,
-                correlation_id=correlation_id,
-            )
+            result = process_shard_batch(conn, claimed, **self._options(correlation_id))
             if self._on_shard_batch is not None:
                 self._on_shard_batch(claimed, result)
             return _shard_step(result)
 
-        shard = claimed.shard
-        self._runner.walk(
-            _shard_unit(claimed),
-            UnitOps(
-                batch=batch,
-                release=lambda conn: release_shard(conn, shard),
-                record_failure=lambda conn, error, retry_in: record_shard_failure(
-                    conn, shard, error, retry_in
-                ),
-            ),
-        )
+        claim = shard_claim(claimed.shard)
+        ops = UnitOps(batch=batch, release=claim.release, record_failure=claim.record_failure)
+        self._runner.walk(_shard_unit(claimed), ops)
 
     def _beat(self) -> None:
         if self._heartbeat is not None:
