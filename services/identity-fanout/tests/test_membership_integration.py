@@ -19,17 +19,17 @@ from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 
-from identity_fanout.errors import (
-    IdentityFanoutError,
-    InvalidMembershipChangeError,
-    MembershipAlreadyActiveError,
-    MembershipNotActiveError,
-)
+from identity_fanout.errors import IdentityFanoutError
 from identity_fanout.membership import (
     MembershipChange,
     join_agency,
     leave_agency,
     record_membership_change,
+)
+from identity_fanout.membership.errors import (
+    InvalidMembershipChangeError,
+    MembershipAlreadyActiveError,
+    MembershipNotActiveError,
 )
 from identity_fanout.relay import OutboxRelay
 from pin_contracts import (

@@ -19,10 +19,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
+from identity_fanout.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS
 from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
 from identity_fanout.outbox_status import outbox_status
 from identity_fanout.relay import OutboxRelay
-from identity_fanout.relay_session import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS
 from pin_contracts import (
     MESSAGE_ID_HEADER,
     TRACEPARENT_HEADER,

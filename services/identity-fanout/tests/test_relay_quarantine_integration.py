@@ -33,7 +33,6 @@ from identity_fanout.membership import join_agency
 from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
 from identity_fanout.quarantine import list_quarantined, retry_all, retry_quarantined
 from identity_fanout.relay import OutboxRelay
-from identity_fanout.seed import Assignment, add_assignments, add_permissions, add_role
 from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
@@ -50,6 +49,7 @@ from pin_contracts import (
 from pin_runtime.http import ComponentState
 from pin_runtime.kafka import create_admin
 from pin_runtime.logging import JsonFormatter
+from pin_testkit.seeding import Assignment, add_assignments, add_permissions, add_role
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from rich.table import Table
 from identity_fanout.app import run_worker
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import IdentityFanoutError
-from identity_fanout.membership import MembershipChange, join_agency, leave_agency
+from identity_fanout.membership import command as membership_command
 from identity_fanout.runbook import get_task, list_shards, list_tasks, replay_task
 from identity_fanout.schema import migrate_database
 from identity_fanout.settings import ENV_PREFIX, Settings
@@ -116,44 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("row_id", type=_positive, nargs="?", metavar="ID")
     which.add_argument("--all", action="store_true", help="every quarantined row")
 
-    memberships = commands.add_parser(
-        "memberships", help="agent membership commands (AgentMembershipChanged events)"
-    ).add_subparsers(dest="memberships_command", required=True, metavar="MEMBERSHIPS_COMMAND")
-    join = memberships.add_parser("join", help="the agent becomes Active in the agency")
-    join.add_argument("agent_user_id", type=_uuid, metavar="AGENT_USER_ID")
-    join.add_argument("company_id", type=_uuid, metavar="COMPANY_ID")
-    join.add_argument("--invitation", type=_uuid, default=None, metavar="INVITATION_ID")
-    leave = memberships.add_parser("leave", help="the agent's membership becomes Left")
-    leave.add_argument("agent_user_id", type=_uuid, metavar="AGENT_USER_ID")
-    leave.add_argument("company_id", type=_uuid, metavar="COMPANY_ID")
-    # Checked by the producer (exit 1 with the known values), not by argparse choices.
-    leave.add_argument("--reason", required=True, metavar="SelfLeave|ExcludedByAgency")
-    leave.add_argument(
-        "--effective-at",
-        type=_iso_datetime,
-        default=None,
-        metavar="ISO8601",
-        help="when the leave takes effect (default: now, the moment it is recorded)",
-    )
+    membership_command.add_commands(commands, _uuid)
     return parser
-
-
-def _iso_datetime(text: str) -> datetime:
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 datetime: {text!r}") from None
-
-
-def _membership_line(change: MembershipChange) -> str:
-    m = change.membership
-    line = (
-        f"membership {m.id}: agent {m.agent_user_id} {m.status.value} in agency "
-        f"{m.company_id}, version {m.version}"
-    )
-    if m.reason is not None and m.effective_at is not None:
-        line += f", {m.reason.value} effective {m.effective_at.isoformat()}"
-    return f"{line}, event {change.message_id}"
 
 
 def _when(value: datetime | None) -> str:
@@ -284,19 +248,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
             _outbox(conn, args, lanes=settings.outbox_lanes)
     elif args.command == "memberships":
         with _connect(settings) as conn:
-            if args.memberships_command == "join":
-                recorded = join_agency(
-                    conn, args.agent_user_id, args.company_id, invitation_id=args.invitation
-                )
-            else:
-                recorded = leave_agency(
-                    conn,
-                    args.agent_user_id,
-                    args.company_id,
-                    reason=args.reason,
-                    effective_at=args.effective_at,
-                )
-        _console.print(_membership_line(recorded), markup=False, highlight=False)
+            recorded = membership_command.run(conn, args)
+        _console.print(membership_command.change_line(recorded), markup=False, highlight=False)
 
 
 def _needs_kafka(args: argparse.Namespace) -> bool:
