@@ -29,6 +29,7 @@ from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.errors import MigrationError
+from pin_runtime.logging import configure_logging
 from pin_runtime.settings import redact, settings_or_exit
 
 # Plain messages never wrap (scripts parse them); tables take the terminal's width.
@@ -115,6 +116,17 @@ def _parser() -> argparse.ArgumentParser:
     which = q_retry.add_mutually_exclusive_group(required=True)
     which.add_argument("row_id", type=_positive, nargs="?", metavar="ID")
     which.add_argument("--all", action="store_true", help="every quarantined row")
+    q_discard = quarantine.add_parser(
+        "discard",
+        help="delete a quarantined row (or all) for good, after its key was dealt with "
+        "(see the IdentityOutboxQuarantined runbook)",
+    )
+    gone = q_discard.add_mutually_exclusive_group(required=True)
+    gone.add_argument("row_id", type=_positive, nargs="?", metavar="ID")
+    gone.add_argument("--all", action="store_true", help="every quarantined row")
+    q_discard.add_argument(
+        "--reason", required=True, help="why (logged with each row: the audit trail)"
+    )
 
     membership_command.add_commands(commands, _uuid)
     return parser
@@ -176,6 +188,7 @@ def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lan
     from identity_fanout import quarantine as q  # noqa: PLC0415
     from identity_fanout.outbox_status import outbox_status, status_table  # noqa: PLC0415
     from identity_fanout.quarantine_view import (  # noqa: PLC0415
+        discarded_line,
         quarantine_detail,
         quarantine_table,
         requeued_line,
@@ -191,6 +204,13 @@ def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lan
             _console.print(quarantine_table(listed))
     elif args.quarantine_command == "show":
         _console.print(quarantine_detail(q.get_quarantined(conn, args.row_id)))
+    elif args.quarantine_command == "discard":
+        discarded = q.discard_quarantined(
+            conn, None if args.all else args.row_id, reason=args.reason
+        )
+        for gone in discarded:
+            _console.print(discarded_line(gone), markup=False, highlight=False)
+        _console.print(f"{len(discarded)} row(s) discarded", markup=False)
     elif args.all:
         requeued = q.retry_all(conn)
         for row in requeued:
@@ -245,6 +265,9 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
             _tasks(conn, args)
     elif args.command == "outbox":
         with _connect(settings) as conn:
+            if getattr(args, "quarantine_command", None) == "discard":
+                # The audit line of each discarded row, as JSON on stderr (stdout: the table).
+                configure_logging(settings.log_level, "identity-fanout", stream=sys.stderr)
             _outbox(conn, args, lanes=settings.outbox_lanes)
     elif args.command == "memberships":
         with _connect(settings) as conn:

@@ -9,6 +9,7 @@ carrying its attempt count and first failure, in one transaction with a NOTIFY f
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
@@ -21,15 +22,18 @@ from psycopg.rows import TupleRow, class_row, kwargs_row
 
 from identity_fanout.channels import OUTBOX_CHANNEL, notify
 from identity_fanout.errors import QuarantinedRowNotFoundError
+from pin_runtime.logging import log_event
 from pin_runtime.sql import load_queries
 
 if TYPE_CHECKING:  # the relay's type only: the operator commands load no Kafka client
     from identity_fanout.relay_settlement import Refusal
 
 __all__ = [
+    "DiscardedRow",
     "MovedRow",
     "QuarantinedRow",
     "RequeuedRow",
+    "discard_quarantined",
     "get_quarantined",
     "list_quarantined",
     "quarantine_counts",
@@ -38,9 +42,22 @@ __all__ = [
     "retry_quarantined",
 ]
 
+_log = logging.getLogger("identity_fanout.quarantine")
 _q = load_queries("identity_fanout", "sql/quarantine.sql")
 _LIST: Final = _q.compose("select_quarantined", filter=sql.SQL(_q.oldest_first))
 _GET: Final = _q.compose("select_quarantined", filter=sql.SQL(_q.by_id))
+
+
+class DiscardedRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A quarantined row an operator discarded (what the audit log line names)."""
+
+    quarantine_id: int
+    topic: str
+    key: str
+    message_id: UUID
+    event_type: str
+    error_reason: str
+    attempts: int
 
 
 class MovedRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,3 +170,32 @@ def retry_quarantined(conn: psycopg.Connection[TupleRow], row_id: int) -> Requeu
 def retry_all(conn: psycopg.Connection[TupleRow]) -> list[RequeuedRow]:
     """Every quarantined row back to the tail of the outbox, in the order they were refused."""
     return _requeue(conn, ids=[], everything=True)
+
+
+def discard_quarantined(
+    conn: psycopg.Connection[TupleRow], row_id: int | None, *, reason: str
+) -> list[DiscardedRow]:
+    """Delete quarantined row `row_id` (None: every row) for good, with one WARNING log line
+    per row naming its key and the operator's `reason` (the audit trail).
+
+    `QuarantinedRowNotFoundError` when `row_id` is not there."""
+    with conn.transaction(), conn.cursor(row_factory=class_row(DiscardedRow)) as cur:
+        rows = cur.execute(
+            _q.discard, {"all": row_id is None, "ids": [] if row_id is None else [row_id]}
+        ).fetchall()
+    if row_id is not None and not rows:
+        raise QuarantinedRowNotFoundError(row_id)
+    for row in rows:
+        log_event(
+            _log,
+            "outbox quarantined row discarded",
+            logging.WARNING,
+            quarantine_id=row.quarantine_id,
+            topic=row.topic,
+            key=row.key,
+            message_id=str(row.message_id),
+            event_type=row.event_type,
+            error_reason=row.error_reason,
+            reason=reason,
+        )
+    return rows

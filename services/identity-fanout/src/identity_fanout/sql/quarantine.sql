@@ -68,3 +68,11 @@ SELECT m.id AS quarantine_id, r.id AS outbox_id, m.topic, m.message_key AS key, 
   FROM moved AS m
   JOIN requeued AS r ON r.message_id = m.message_id
  ORDER BY r.id
+
+-- name: discard --
+-- Quarantined rows an operator gave up on (the event will never be published; the runbook
+-- says what to do for its key first), gone for good; what they were, for the audit log line.
+DELETE FROM identity.outbox_quarantine
+ WHERE (%(all)s OR id = ANY(%(ids)s))
+RETURNING id AS quarantine_id, topic, message_key AS key, message_id, event_type,
+          error_reason, attempts
