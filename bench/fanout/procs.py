@@ -87,6 +87,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_jiffies() -> tuple[int, int]:
+    """(all, idle + iowait) CPU time of the whole machine so far, in clock ticks."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields), fields[3] + fields[4]
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Share of the machine's CPU time busy (anyone's) between two `machine_jiffies()`."""
+    total = after[0] - before[0]
+    return 1 - (after[1] - before[1]) / total if total else float("nan")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -26,8 +26,10 @@ import scale
 from procs import (
     RELAY,
     WORKER,
+    busy_share,
     console,
     launched,
+    machine_jiffies,
     peak_rss_mib,
     published,
     scratch_database,
@@ -90,6 +92,7 @@ class Timings(NamedTuple):
     acknowledged_s: float
     worker_rss_mib: float
     relay_rss_mib: float | None
+    machine_busy: float
 
 
 def seed(dsn: str, users: int) -> UUID:
@@ -140,6 +143,7 @@ def measure(
         launched(dsn, commands, env) as processes,
         psycopg.connect(runtime_dsn(dsn, "identity_fanout_operator"), autocommit=True) as db,
     ):
+        machine = machine_jiffies()
         started = time.monotonic()
         change = set_role_permissions(db, role, PERMISSION_SETS[run % 2], inline_threshold=1000)
         committed = time.monotonic()
@@ -159,6 +163,7 @@ def measure(
         # would load the database the relay reads from.
         wait_for(lambda: sum(published(p.port) for p in processes) >= users, 600)
         acknowledged = time.monotonic()
+        busy = busy_share(machine, machine_jiffies())
         if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
             raise RuntimeError("the relay reported more rows than it deleted")
         return Timings(
@@ -167,6 +172,7 @@ def measure(
             acknowledged_s=acknowledged - committed,
             worker_rss_mib=peak_rss_mib(processes[0].pid),
             relay_rss_mib=peak_rss_mib(processes[1].pid) if len(processes) > 1 else None,
+            machine_busy=busy,
         )
 
 
@@ -206,6 +212,7 @@ def report(users: int, batch_size: int, results: dict[str, Timings], floor: list
         "relay peak RSS",
         [f"{t.relay_rss_mib:.0f} MiB" if t.relay_rss_mib else "(in the worker)" for t in timings],
     )
+    row("machine CPU busy (anyone's work)", [f"{t.machine_busy:.0%}" for t in timings])
     console.print(table)
 
 

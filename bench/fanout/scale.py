@@ -27,9 +27,11 @@ import psycopg
 from procs import (
     RELAY,
     WORKER,
+    busy_share,
     console,
     cpu_seconds,
     launched,
+    machine_jiffies,
     peak_rss_mib,
     published,
     scratch_database,
@@ -108,6 +110,8 @@ class Result(NamedTuple):
     relay_rss_mib: list[float]
     worker_cpu_s: list[float]
     relay_cpu_s: list[float]
+    machine_busy: float
+    """Share of the whole machine's CPU busy during the run (anyone's work, not only ours)."""
 
 
 def seed_role(db: psycopg.Connection[tuple[object, ...]], users: int, code: str) -> UUID:
@@ -178,6 +182,7 @@ def measure(
         workers, relays = processes[:instances], processes[instances:]
         wait_for(lambda: relays_settled(db, instances), 60, pause=0.2)
         cpu = [cpu_seconds(p.pid) for p in processes]
+        machine = machine_jiffies()
         change = set_role_permissions(db, role, PERMISSION_SETS[run % 2], inline_threshold=1000)
         committed = time.monotonic()
         if change.task_id is None:
@@ -194,6 +199,7 @@ def measure(
         completed = time.monotonic()
         wait_for(lambda: sum(published(p.port) for p in relays) >= users, 1800, pause=0.05)
         acknowledged = time.monotonic()
+        busy = busy_share(machine, machine_jiffies())
         used = [cpu_seconds(p.pid) - before for p, before in zip(processes, cpu, strict=True)]
         shards = db.execute(
             "SELECT shard_count FROM identity.access_fanout_tasks WHERE id = %s",
@@ -211,11 +217,13 @@ def measure(
             relay_rss_mib=[peak_rss_mib(p.pid) for p in relays],
             worker_cpu_s=used[:instances],
             relay_cpu_s=used[instances:],
+            machine_busy=busy,
         )
 
 
-def _mib(values: list[float]) -> str:
-    return " / ".join(f"{v:.0f}" for v in values)
+def _each(values: list[float], digits: int = 0) -> str:
+    """One figure per process, instance by instance."""
+    return " / ".join(f"{v:.{digits}f}" for v in values)
 
 
 def report(results: list[Result], small: Result) -> None:
@@ -238,6 +246,7 @@ def report(results: list[Result], small: Result) -> None:
         "relay peak RSS MiB",
         "worker CPU s",
         "relay CPU s",
+        "machine CPU busy",
     ):
         table.add_column(column, justify="right")
     for r in [small, *results]:
@@ -252,10 +261,11 @@ def report(results: list[Result], small: Result) -> None:
             f"{r.users / r.seconds:,.0f}",
             speed_up,
             "" if first else target,
-            _mib(r.worker_rss_mib),
-            _mib(r.relay_rss_mib),
-            _mib(r.worker_cpu_s),
-            _mib(r.relay_cpu_s),
+            _each(r.worker_rss_mib),
+            _each(r.relay_rss_mib),
+            _each(r.worker_cpu_s, 1),
+            _each(r.relay_cpu_s, 1),
+            f"{r.machine_busy:.0%}",
         )
     console.print(table)
     ratio = max(base.worker_rss_mib) / max(small.worker_rss_mib)
