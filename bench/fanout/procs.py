@@ -87,6 +87,50 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def database_cpu(dbname: str) -> dict[int, float]:
+    """CPU seconds so far of each PostgreSQL process working for `dbname` (its backends,
+    autovacuum workers), found by their process titles (`postgres: <user> <db> ...`)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            title = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if title.startswith("postgres: ") and dbname in title.split():
+                found[int(proc.name)] = cpu_seconds(int(proc.name))
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def database_cpu_since(dbname: str, before: dict[int, float]) -> float:
+    """CPU seconds the database's processes used since `before` (those still running)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in database_cpu(dbname).items())
+
+
+_LISTEN = "0A"
+"""State of a listening socket in /proc/net/tcp."""
+
+
+def listener_pid(port: int) -> int | None:
+    """The local process listening on TCP `port` (the Kafka broker of the bootstrap), if any."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == _LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) in inodes:
+                    return int(proc.name)
+    return None
+
+
 def machine_jiffies() -> tuple[int, int]:
     """(all, idle + iowait) CPU time of the whole machine so far, in clock ticks."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]

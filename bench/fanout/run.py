@@ -93,6 +93,7 @@ class Timings(NamedTuple):
     worker_rss_mib: float
     relay_rss_mib: float | None
     machine_busy: float
+    load: float
 
 
 def seed(dsn: str, users: int) -> UUID:
@@ -173,6 +174,7 @@ def measure(
             worker_rss_mib=peak_rss_mib(processes[0].pid),
             relay_rss_mib=peak_rss_mib(processes[1].pid) if len(processes) > 1 else None,
             machine_busy=busy,
+            load=os.getloadavg()[0],
         )
 
 
@@ -213,6 +215,7 @@ def report(users: int, batch_size: int, results: dict[str, Timings], floor: list
         [f"{t.relay_rss_mib:.0f} MiB" if t.relay_rss_mib else "(in the worker)" for t in timings],
     )
     row("machine CPU busy (anyone's work)", [f"{t.machine_busy:.0%}" for t in timings])
+    row("load average (1 min) at the end", [f"{t.load:.1f}" for t in timings])
     console.print(table)
 
 

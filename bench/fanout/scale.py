@@ -30,7 +30,10 @@ from procs import (
     busy_share,
     console,
     cpu_seconds,
+    database_cpu,
+    database_cpu_since,
     launched,
+    listener_pid,
     machine_jiffies,
     peak_rss_mib,
     published,
@@ -112,6 +115,14 @@ class Result(NamedTuple):
     relay_cpu_s: list[float]
     machine_busy: float
     """Share of the whole machine's CPU busy during the run (anyone's work, not only ours)."""
+    load: float
+    """The machine's 1-minute load average at the end of the run: how many wanted the cores."""
+    postgres_cpu_s: float
+    """CPU seconds of the PostgreSQL processes working for the benchmark's database."""
+    kafka_cpu_s: float | None
+    """CPU seconds of the Kafka broker (a local one: also serving anyone else's clients)."""
+    machine_cpu_s: float
+    """CPU seconds the whole machine was busy (every core, anyone's work)."""
 
 
 def seed_role(db: psycopg.Connection[tuple[object, ...]], users: int, code: str) -> UUID:
@@ -183,6 +194,10 @@ def measure(
         wait_for(lambda: relays_settled(db, instances), 60, pause=0.2)
         cpu = [cpu_seconds(p.pid) for p in processes]
         machine = machine_jiffies()
+        dbname = str(db.info.dbname)
+        postgres = database_cpu(dbname)
+        broker = listener_pid(int(bootstrap.split(",", maxsplit=1)[0].rsplit(":", 1)[1]))
+        kafka = cpu_seconds(broker) if broker else 0.0
         change = set_role_permissions(db, role, PERMISSION_SETS[run % 2], inline_threshold=1000)
         committed = time.monotonic()
         if change.task_id is None:
@@ -200,6 +215,8 @@ def measure(
         wait_for(lambda: sum(published(p.port) for p in relays) >= users, 1800, pause=0.05)
         acknowledged = time.monotonic()
         busy = busy_share(machine, machine_jiffies())
+        postgres_cpu = database_cpu_since(dbname, postgres)
+        kafka_cpu = cpu_seconds(broker) - kafka if broker else None
         used = [cpu_seconds(p.pid) - before for p, before in zip(processes, cpu, strict=True)]
         shards = db.execute(
             "SELECT shard_count FROM identity.access_fanout_tasks WHERE id = %s",
@@ -218,12 +235,20 @@ def measure(
             worker_cpu_s=used[:instances],
             relay_cpu_s=used[instances:],
             machine_busy=busy,
+            load=os.getloadavg()[0],
+            postgres_cpu_s=postgres_cpu,
+            kafka_cpu_s=kafka_cpu,
+            machine_cpu_s=busy * (os.cpu_count() or 1) * (acknowledged - committed),
         )
 
 
 def _each(values: list[float], digits: int = 0) -> str:
     """One figure per process, instance by instance."""
     return " / ".join(f"{v:.{digits}f}" for v in values)
+
+
+def _label(r: Result, small: Result) -> str:
+    return f"{r.instances}" + (f" ({r.users:,} users)" if r is small else "")
 
 
 def report(results: list[Result], small: Result) -> None:
@@ -244,28 +269,21 @@ def report(results: list[Result], small: Result) -> None:
         "target",
         "worker peak RSS MiB",
         "relay peak RSS MiB",
-        "worker CPU s",
-        "relay CPU s",
-        "machine CPU busy",
     ):
         table.add_column(column, justify="right")
     for r in [small, *results]:
         first = r is small
-        speed_up = "" if first else f"{base.seconds / r.seconds:.2f}x"
         target = {2: f">= {SPEED_UP_TARGET:g}x", 4: "(information)"}.get(r.instances, "")
         table.add_row(
-            f"{r.instances}" + (f" ({r.users:,} users)" if first else ""),
+            _label(r, small),
             str(r.shards),
             f"{r.completed_s:.1f} s",
             f"{r.seconds:.1f} s",
             f"{r.users / r.seconds:,.0f}",
-            speed_up,
+            "" if first else f"{base.seconds / r.seconds:.2f}x",
             "" if first else target,
             _each(r.worker_rss_mib),
             _each(r.relay_rss_mib),
-            _each(r.worker_cpu_s, 1),
-            _each(r.relay_cpu_s, 1),
-            f"{r.machine_busy:.0%}",
         )
     console.print(table)
     ratio = max(base.worker_rss_mib) / max(small.worker_rss_mib)
@@ -274,6 +292,33 @@ def report(results: list[Result], small: Result) -> None:
         f"users vs {max(small.worker_rss_mib):.0f} MiB at {small.users:,}: "
         f"{ratio:.2f}x (target <= {RSS_TARGET:g}x)"
     )
+    # Where the cores went during each run: on a shared machine the speed-up is bounded by
+    # the CPU left over by everything else, not by the service alone.
+    cpu = Table(title="CPU seconds during each run", title_justify="left")
+    for column in (
+        "instances",
+        "workers",
+        "relays",
+        "PostgreSQL (this database)",
+        "Kafka broker",
+        "rest of the machine (other work)",
+        "machine busy",
+        "load average",
+    ):
+        cpu.add_column(column, justify="right")
+    for r in [small, *results]:
+        ours = sum(r.worker_cpu_s) + sum(r.relay_cpu_s) + r.postgres_cpu_s + (r.kafka_cpu_s or 0)
+        cpu.add_row(
+            _label(r, small),
+            _each(r.worker_cpu_s, 1),
+            _each(r.relay_cpu_s, 1),
+            f"{r.postgres_cpu_s:.1f}",
+            "(not local)" if r.kafka_cpu_s is None else f"{r.kafka_cpu_s:.1f}",
+            f"{r.machine_cpu_s - ours:.1f}",
+            f"{r.machine_busy:.0%} of {os.cpu_count()} cores",
+            f"{r.load:.1f}",
+        )
+    console.print(cpu)
 
 
 def record_all(results: list[Result], small: Result) -> None:
