@@ -45,6 +45,7 @@ from psycopg import sql
 from rich.table import Table
 
 from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.lanes import SLOTS
 from identity_fanout.relay_session import LANE_LOCK_CLASS
 from identity_fanout.seed import add_permissions, add_role
 from identity_fanout.settings import Settings
@@ -172,8 +173,8 @@ def seed(dsn: str, users: int) -> tuple[UUID, UUID]:
 
 def relays_settled(db: psycopg.Connection[tuple[object, ...]], relays: int) -> bool:
     held = [int(str(n)) for _, n in db.execute(SLOT_HOLDERS, {"class": LANE_LOCK_CLASS})]
-    most = math.ceil(LANES / relays) * 64 // LANES
-    return len(held) == relays and sum(held) == 64 and max(held) <= most  # noqa: PLR2004
+    most = math.ceil(LANES / relays) * SLOTS // LANES
+    return len(held) == relays and sum(held) == SLOTS and max(held) <= most
 
 
 def measure(
