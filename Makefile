@@ -92,7 +92,7 @@ demo: sync ## run the whole system on this machine and show what happens
 	$(RUN) python infra/local/demo.py
 
 .PHONY: bench
-bench: up ## benchmarks (not tests): fan-out of a 50k-user role, relay drain vs a plain producer, membership consumer drain
+bench: up ## benchmarks (not tests): 50k-user fan-out vs the database floor, 1M-user role by 1/2/4 instances, relay drain vs a plain producer, membership consumer drain
 	@set -e; eval "$$($(RUN) pin-local -q env)"; \
 	export PIN_BENCH_RESULTS="$$(mktemp -t pin-bench.XXXXXX)"; \
 	for b in $(wildcard bench/*/run.py); do echo "== $$b"; $(RUN) python $$b; done; \

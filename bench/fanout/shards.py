@@ -20,10 +20,11 @@ from typing import NamedTuple
 from uuid import UUID
 
 import psycopg
+from procs import console, cpu_seconds, free_port, ready, wait_for
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from rich.table import Table
-from run import PERMISSION_SETS, console, free_port, ready, seed, wait_for
+from run import PERMISSION_SETS, seed
 
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.schema import migrate_database
@@ -50,11 +51,6 @@ class Result(NamedTuple):
     lock_waits: float
     """Share of those statements waiting for a lock."""
     worker_cpu: list[float]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(dsn: str, role: UUID, *, workers: int, shard_size: str, run: int) -> Result:

@@ -15,7 +15,7 @@ class RelayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.backlog = Gauge(
             "identity_outbox_backlog",
-            "Outbox rows waiting to be published (exact up to 100000, then the id span).",
+            "Outbox rows waiting to be published (exact up to 10000, then the id span).",
             registry=registry,
         )
         self.oldest_age_seconds = Gauge(

@@ -26,10 +26,15 @@ DELETE FROM identity.outbox WHERE id = ANY(%(ids)s::bigint[])
 -- name: backlog --
 -- Cheap every round: an exact count up to a cap, the id span beyond it (an upper bound,
 -- two primary-key lookups), and the age of the head row, the one the relay publishes next.
+-- The count walks the primary key, not the heap: rows the relay deleted stay in the heap as
+-- dead tuples until VACUUM, at its head, and a sequential count read through all of them at
+-- every idle step (after each batch a writer commits), 40-130 ms for 100,000 dead rows and
+-- growing with the table; the index skips entries already found dead (~2 ms).
 WITH head AS (
     SELECT id, created_at FROM identity.outbox ORDER BY id LIMIT 1
 )
-SELECT (SELECT count(*) FROM (SELECT 1 FROM identity.outbox LIMIT %(exact_up_to)s) AS s),
+SELECT (SELECT count(*) FROM (
+            SELECT 1 FROM identity.outbox ORDER BY id LIMIT %(exact_up_to)s) AS s),
        (SELECT max(id) FROM identity.outbox) - (SELECT id FROM head) + 1,
        (SELECT created_at FROM head),
        extract(epoch FROM clock_timestamp() - (SELECT created_at FROM head))::float8

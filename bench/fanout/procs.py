@@ -1,0 +1,226 @@
+"""What every fan-out benchmark needs around the service: a scratch database, the service's
+processes as the chart runs them (each as its runtime login), and deadline-bounded waits.
+
+One set of helpers for `run.py`, `scale.py` and `shards.py`: they differ in what they
+measure, not in how they start, watch and stop the service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from http import HTTPStatus
+from pathlib import Path
+from typing import NamedTuple
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from rich.console import Console
+
+from identity_fanout.schema import migrate_database
+from pin_testkit.local import ensure_up
+from pin_testkit.runtime_roles import all_logins, ensure_login, runtime_dsn
+
+console = Console(width=max(150, Console().width))
+"""Wide enough for the tables when the output is a file or a pipe (`make bench | tee`)."""
+
+SCRIPT = str(Path(sys.executable).with_name("identity-fanout"))
+"""The service's console script of the environment the benchmark runs in."""
+
+WORKER = ("worker", "--no-relay")
+RELAY = ("relay",)
+"""The chart's topology: the fan-out and the relay as separate Deployments."""
+
+
+class Services(NamedTuple):
+    admin_dsn: str
+    bootstrap: str
+
+
+def services() -> Services:
+    """PostgreSQL and Kafka from the environment (`pin-local env`), else the local ones."""
+    admin_dsn = os.environ.get("PIN_POSTGRES_DSN")
+    bootstrap = os.environ.get("PIN_KAFKA_BOOTSTRAP")
+    if not (admin_dsn and bootstrap):
+        local = ensure_up()
+        admin_dsn, bootstrap = local.postgres_dsn, local.kafka_bootstrap
+    return Services(admin_dsn, bootstrap)
+
+
+@contextlib.contextmanager
+def scratch_database(admin_dsn: str, prefix: str) -> Iterator[str]:
+    """A migrated database of its own (runtime logins ensured), dropped again afterwards."""
+    dbname = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    try:
+        dsn = make_conninfo(admin_dsn, dbname=dbname)
+        migrate_database(dsn)
+        for _, groups in all_logins():
+            ensure_login(admin_dsn, *groups)
+        yield dsn
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
+            )
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def database_cpu(dbname: str) -> dict[int, float]:
+    """CPU seconds so far of each PostgreSQL process working for `dbname` (its backends,
+    autovacuum workers), found by their process titles (`postgres: <user> <db> ...`)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            title = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if title.startswith("postgres: ") and dbname in title.split():
+                found[int(proc.name)] = cpu_seconds(int(proc.name))
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def database_cpu_since(dbname: str, before: dict[int, float]) -> float:
+    """CPU seconds the database's processes used since `before` (those still running)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in database_cpu(dbname).items())
+
+
+_LISTEN = "0A"
+"""State of a listening socket in /proc/net/tcp."""
+
+
+def listener_pid(port: int) -> int | None:
+    """The local process listening on TCP `port` (the Kafka broker of the bootstrap), if any."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == _LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) in inodes:
+                    return int(proc.name)
+    return None
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(all, idle + iowait) CPU time of the whole machine so far, in clock ticks."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields), fields[3] + fields[4]
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Share of the machine's CPU time busy (anyone's) between two `machine_jiffies()`."""
+    total = after[0] - before[0]
+    return 1 - (after[1] - before[1]) / total if total else float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
+            return bool(response.status == HTTPStatus.OK)
+    except OSError:
+        return False
+
+
+def published(port: int) -> float:
+    """`identity_outbox_published_total` of the relay listening on `port` (counted after the
+    DELETE of acknowledged rows, so it is what Kafka acknowledged and the outbox let go)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("identity_outbox_published_total "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, pause: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not done within {timeout}s")
+        time.sleep(pause)
+
+
+def login_of(args: Sequence[str]) -> tuple[str, ...]:
+    """The runtime roles a process logs in as (as deployed: README "Database roles")."""
+    if args[0] == "relay":
+        return ("identity_fanout_relay",)
+    if "--no-relay" in args:
+        return ("identity_fanout_worker",)
+    return ("identity_fanout_worker", "identity_fanout_relay")
+
+
+class Process(NamedTuple):
+    args: tuple[str, ...]
+    port: int
+    popen: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+@contextlib.contextmanager
+def launched(
+    dsn: str, commands: Sequence[Sequence[str]], env: Mapping[str, str]
+) -> Iterator[list[Process]]:
+    """`identity-fanout <command>` processes, each as its runtime login and with a metrics
+    port of its own; ready (`/readyz`) when this yields, terminated when it ends."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
+    processes: list[Process] = []
+    try:
+        for args in commands:
+            port = free_port()
+            popen = subprocess.Popen(
+                [SCRIPT, *args],
+                env=base
+                | {"IDENTITY_FANOUT_LOG_LEVEL": "WARNING"}
+                | dict(env)
+                | {
+                    "IDENTITY_FANOUT_METRICS_PORT": str(port),
+                    "IDENTITY_FANOUT_DATABASE_DSN": runtime_dsn(dsn, *login_of(args)),
+                },
+            )
+            processes.append(Process(tuple(args), port, popen))
+        for process in processes:  # measured from idle, ready processes
+            wait_for(lambda process=process: ready(process.port), 60, pause=0.1)  # type: ignore[misc]
+        yield processes
+    finally:
+        for process in processes:
+            process.popen.terminate()
+        for process in processes:
+            process.popen.wait(60)
