@@ -48,7 +48,9 @@ log = logging.getLogger(__name__)
 
 ROLE_SIZES: Final = {"chaos-large": 3000, "chaos-medium": 300, "chaos-small": 30}
 BATCH_SIZE: Final = 100  # the workers' BATCH_SIZE (pin_e2e.system.WORKER_DEFAULTS)
-POISON_ALERTS: Final = frozenset({"IdentityOutboxQuarantined", "RewardsMembershipDeadLetters"})
+QUARANTINE_ALERT: Final = "IdentityOutboxQuarantined"
+DEAD_LETTER_ALERT: Final = "RewardsMembershipDeadLetters"
+POISON_ALERTS: Final = frozenset({QUARANTINE_ALERT, DEAD_LETTER_ALERT})
 CACHE_RESET_LIMIT: Final = 60.0
 CONVERGE_TIMEOUT: Final = 300.0
 SAMPLE_EVERY: Final = 1.0
@@ -240,6 +242,16 @@ def _run(
 
     wait_until(caches_reset, timeout=CONVERGE_TIMEOUT, what="access caches reset", interval=0.5)
     player.sample()
+    # The operator's part: the relay's poison row can never go out; once dealt with, it is
+    # discarded, and its alert must resolve.
+    system.base.identity_cli("outbox", "quarantine", "discard", "--all", "--reason", "chaos")
+    player.note("quarantined rows discarded by the operator")
+    wait_until(
+        lambda: QUARANTINE_ALERT not in prometheus.firing(),
+        timeout=CONVERGE_TIMEOUT,
+        what=f"{QUARANTINE_ALERT} resolved after the discard",
+        interval=1.0,
+    )
     report.firing_at_end = prometheus.firing()
     access = read_topic(system.bootstrap, USER_ACCESS_CHANGED.name)
     report.access_events = len(access)
@@ -269,8 +281,9 @@ def _run(
             f"fired: {', '.join(sorted(report.alerts)) or 'none'}",
         ),
         Invariant(
-            "no other alert still firing once converged",
-            not (report.firing_at_end - POISON_ALERTS),
+            # Dead letters wait for an operator's replay: their alert stays until then.
+            "no alert firing once converged but the dead letters'",
+            not (report.firing_at_end - {DEAD_LETTER_ALERT}),
             f"firing at the end: {', '.join(sorted(report.firing_at_end)) or 'none'}",
         ),
     ]
