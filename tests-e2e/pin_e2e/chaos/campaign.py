@@ -242,6 +242,7 @@ def _run(
 
     wait_until(caches_reset, timeout=CONVERGE_TIMEOUT, what="access caches reset", interval=0.5)
     player.sample()
+    quarantined = _quarantined(identity_dsn)
     # The operator's part: the relay's poison row can never go out; once dealt with, it is
     # discarded, and its alert must resolve.
     system.base.identity_cli("outbox", "quarantine", "discard", "--all", "--reason", "chaos")
@@ -269,7 +270,7 @@ def _run(
             rewards_rows(system.base.rewards_dsn, agents),
         ),
         poison_isolated_once(
-            _quarantined(identity_dsn),
+            quarantined,
             relay_poison,
             read_topic(system.bootstrap, IDENTITY_MEMBERSHIP_DLQ.name),
             consumer_poison,
