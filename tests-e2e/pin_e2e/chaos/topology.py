@@ -53,7 +53,13 @@ CHAOS_IDENTITY: Final = {
     "DB_STATEMENT_TIMEOUT": "10s",
     "DB_LOCK_TIMEOUT": "3s",
 }
-CHAOS_REWARDS: Final = {**CONSUMER_DEFAULTS, "DB_STATEMENT_TIMEOUT": "10s", "DB_LOCK_TIMEOUT": "3s"}
+CHAOS_REWARDS: Final = {
+    **CONSUMER_DEFAULTS,
+    "DB_STATEMENT_TIMEOUT": "10s",
+    "DB_LOCK_TIMEOUT": "3s",
+    # Rebalances and pauses are logged at INFO: the timeline a failed campaign needs.
+    "LOG_LEVEL": "INFO",
+}
 
 
 @dataclass

@@ -70,12 +70,18 @@ START_TIMEOUT: Final = 120.0
 STOP_TIMEOUT: Final = 30.0
 LIBS_LOCK_TIMEOUT: Final = 1800.0  # the first Maven copy of the jars may take minutes
 PROBE_TIMEOUT: Final = 2.0
+PORT_ATTEMPTS: Final = 3
+_PORT_LOST: Final = ("Unable to start acceptor", "Address already in use", "taken by another")
 PRIVATE_SETTINGS: Final = {
     # After a crash (kill()) the controller refuses the new incarnation of the broker until
     # the old one's session expires (DUPLICATE_BROKER_REGISTRATION): 9 s by default.
     "broker.heartbeat.interval.ms": "500",
     "broker.session.timeout.ms": "3000",
 }
+
+
+def _lost_a_port(message: str) -> bool:
+    return any(sign in message for sign in _PORT_LOST)
 
 
 class _Broker(Kafka):
@@ -177,19 +183,29 @@ class PrivateKafka:
         :attr:`secured`. ``proxied=N`` adds N listeners for clients behind proxies (one per
         process whose path to the broker a test cuts on its own): see :attr:`proxied`.
         """
-        broker = cls(
-            shared=shared,
-            start_timeout=start_timeout,
-            stop_timeout=stop_timeout,
-            secure=secure,
-            proxied=proxied,
-        )
-        try:
-            broker.start()
-        except BaseException:
-            broker.close()
-            raise
-        return broker
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            broker = cls(
+                shared=shared,
+                start_timeout=start_timeout,
+                stop_timeout=stop_timeout,
+                secure=secure,
+                proxied=proxied,
+            )
+            try:
+                broker.start()
+            except LocalInfraError as exc:
+                broker.close()
+                # Ports are picked free, then bound by the JVM seconds later: on a busy
+                # machine another process may take one in between. New ports, new broker.
+                if attempt == PORT_ATTEMPTS or not _lost_a_port(str(exc)):
+                    raise
+                log.warning("private kafka: a port was taken during start-up, new ports")
+                continue
+            except BaseException:
+                broker.close()
+                raise
+            return broker
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     # -- addresses ------------------------------------------------------------------------
 
