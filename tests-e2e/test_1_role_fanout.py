@@ -6,10 +6,11 @@ from collections.abc import Callable
 
 import pytest
 from pin_e2e.checks import analyse_access, expected_snapshots
-from pin_e2e.procs import wait_until
 from pin_e2e.report import Recorder
 from pin_e2e.steps import change_role_permissions, outbox_backlog, seed_role, task_row
 from pin_e2e.system import System
+
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 import pytest
 from pin_e2e.checks import MembershipPlan, analyse_access, expected_snapshots
-from pin_e2e.procs import wait_until
 from pin_e2e.report import Recorder
 from pin_e2e.steps import (
     BackgroundRecorder,
@@ -26,6 +25,7 @@ from pin_e2e.steps import (
 from pin_e2e.system import System
 
 from pin_contracts import decode_membership_changed
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

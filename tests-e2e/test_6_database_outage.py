@@ -15,7 +15,6 @@ from uuid import UUID
 
 import pytest
 from pin_e2e.checks import MembershipPlan, analyse_access, expected_snapshots
-from pin_e2e.procs import ServiceProcess, wait_until
 from pin_e2e.report import Recorder, ScenarioStats
 from pin_e2e.steps import (
     applied_total,
@@ -30,6 +29,8 @@ from pin_e2e.steps import (
 from pin_e2e.system import System
 
 from pin_contracts import decode_membership_changed
+from pin_testkit.service import ServiceProcess
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

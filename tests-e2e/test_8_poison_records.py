@@ -28,9 +28,7 @@ import msgspec
 import psycopg
 import pytest
 from pin_e2e.checks import PlannedChange, analyse_access, expected_snapshots
-from pin_e2e.infra import OwnServers
 from pin_e2e.kafka_io import produce
-from pin_e2e.procs import wait_until
 from pin_e2e.report import Recorder
 from pin_e2e.steps import (
     change_role_permissions,
@@ -52,6 +50,8 @@ from pin_contracts import (
     kafka_key,
 )
 from pin_testkit.local.prometheus import PrometheusServer
+from pin_testkit.private_servers import PrivateServers
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -112,7 +112,7 @@ def poison_membership_event(topic_limit: int) -> tuple[bytes | None, bytes | Non
 
 
 def test_one_poison_record_on_each_side_stops_nothing(
-    e2e_servers: OwnServers,
+    e2e_servers: PrivateServers,
     make_system: Callable[[str], System],
     recorder: Recorder,
     tmp_path: Path,

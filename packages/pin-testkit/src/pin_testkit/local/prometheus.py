@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,6 +24,7 @@ from typing import Any, Final, Self
 from pin_testkit.local.errors import LocalInfraError
 from pin_testkit.local.layout import find_repo_root
 from pin_testkit.local.procs import Deadline, tail, terminate, write_atomic
+from pin_testkit.ports import free_port
 
 __all__ = ["PrometheusServer", "prometheus_binary", "repository_rule_files"]
 
@@ -57,12 +57,6 @@ def prometheus_binary() -> Path:
 def repository_rule_files() -> list[Path]:
     """Every alert rule file of `infra/monitoring/rules/`."""
     return sorted((_repo_root() / "infra" / "monitoring" / "rules").glob("*.rules.yml"))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PrometheusServer:
@@ -116,7 +110,7 @@ class PrometheusServer:
         config_file = self._workdir / "prometheus.yml"
         # JSON is YAML: no YAML library needed to write the configuration.
         write_atomic(config_file, json.dumps(config, indent=2))
-        self.port = _free_port()
+        self.port = free_port()
         log = (self._workdir / "prometheus.log").open("ab")
         self._process = subprocess.Popen(  # noqa: S603 - a binary of the tools cache
             [
