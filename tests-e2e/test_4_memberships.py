@@ -18,7 +18,6 @@ from pin_e2e.checks import (
     membership_differences,
     rewards_rows,
 )
-from pin_e2e.kafka_io import commit_group_offsets
 from pin_e2e.report import Recorder
 from pin_e2e.steps import (
     applied_total,
@@ -31,6 +30,7 @@ from pin_e2e.steps import (
 from pin_e2e.system import System
 
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, decode_membership_changed
+from pin_testkit.records import commit_group_offsets
 from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from pin_e2e.checks import PlannedChange, rewards_rows
-from pin_e2e.kafka_io import Delivered, Record, produce
 from pin_e2e.report import Recorder
 from pin_e2e.steps import projection_converged, record_changes_cli
 from pin_e2e.system import System
@@ -48,6 +47,7 @@ from pin_contracts import (
     kafka_key,
 )
 from pin_testkit.private_servers import PrivateServers
+from pin_testkit.records import Delivered, Record, produce
 from pin_testkit.service import ServiceProcess
 from pin_testkit.waiting import wait_until
 

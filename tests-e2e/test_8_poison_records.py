@@ -28,7 +28,6 @@ import msgspec
 import psycopg
 import pytest
 from pin_e2e.checks import PlannedChange, analyse_access, expected_snapshots
-from pin_e2e.kafka_io import produce
 from pin_e2e.report import Recorder
 from pin_e2e.steps import (
     change_role_permissions,
@@ -51,6 +50,7 @@ from pin_contracts import (
 )
 from pin_testkit.local.prometheus import PrometheusServer
 from pin_testkit.private_servers import PrivateServers
+from pin_testkit.records import produce
 from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration

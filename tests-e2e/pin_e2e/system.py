@@ -13,10 +13,10 @@ from pin_contracts import (
     REWARDS_MEMBERSHIP_CONSUMER_GROUP,
     USER_ACCESS_CHANGED,
 )
-from pin_e2e.kafka_io import Offsets, Record, commit_group_offsets, end_offsets, read_topic
 from pin_testkit.databases import create_database
 from pin_testkit.ports import free_port
 from pin_testkit.private_servers import PrivateServers
+from pin_testkit.records import Offsets, Record, commit_group_offsets, end_offsets, read_topic
 from pin_testkit.runtime_roles import runtime_dsn
 from pin_testkit.service import CommandResult, ServiceProcess, run_cli, service_environment
 
