@@ -16,7 +16,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, RUNTIME_ROLES, WORKER
-from pin_testkit.runtime_roles import RUNTIME_GROUPS
+from pin_testkit.runtime_roles import RUNTIME_GROUPS, assert_exact_privileges, refused
 
 pytestmark = pytest.mark.integration
 
@@ -34,41 +34,10 @@ TABLES = (
     "schema_migrations",
 )
 CLI = str(Path(sys.executable).with_name("identity-fanout"))
-PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 
 
-def refused(dsn: str, statement: str) -> str:
-    """The SQLSTATE `statement` fails with when run by `dsn`'s user."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        try:
-            conn.execute(statement.encode())
-        except psycopg.errors.InsufficientPrivilege as exc:
-            return str(exc.sqlstate)
-    pytest.fail(f"not refused: {statement}")
-
-
-def test_the_database_holds_exactly_the_declared_privileges(db: Conn) -> None:
-    for role in RUNTIME_ROLES:
-        declared = {(g.table, p) for g in role.grants for p in g.privileges}
-        for table in TABLES:
-            for privilege in PRIVILEGES:
-                [(held,)] = db.execute(
-                    "SELECT has_table_privilege(%s, %s, %s)",
-                    (role.name, f"identity.{table}", privilege),
-                ).fetchall()
-                assert held == ((table, privilege) in declared), (role.name, table, privilege)
-        [(usage, create)] = db.execute(
-            "SELECT has_schema_privilege(%(r)s, 'identity', 'USAGE'), "
-            "has_schema_privilege(%(r)s, 'identity', 'CREATE')",
-            {"r": role.name},
-        ).fetchall()
-        assert (usage, create) == (True, False), role.name
-        [(owns,)] = db.execute(
-            "SELECT count(*) FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner "
-            "WHERE r.rolname = %s",
-            (role.name,),
-        ).fetchall()
-        assert owns == 0
+def test_the_database_holds_exactly_the_declared_privileges(identity_dsn: str) -> None:
+    assert_exact_privileges(identity_dsn, schema="identity", tables=TABLES, roles=RUNTIME_ROLES)
 
 
 def test_ddl_and_other_processes_tables_are_refused(

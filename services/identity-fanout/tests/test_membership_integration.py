@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,9 +14,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Message
-from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
+from relay_support import RelayFactory
 
 from identity_fanout.errors import (
     IdentityFanoutError,
@@ -31,7 +29,6 @@ from identity_fanout.membership import (
     leave_agency,
     record_membership_change,
 )
-from identity_fanout.relay import OutboxRelay
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
     EMPTY_GUID,
@@ -41,7 +38,7 @@ from pin_contracts import (
     decode_membership_changed,
     header_text,
 )
-from pin_runtime.kafka import create_consumer
+from pin_testkit.records import consume
 
 pytestmark = pytest.mark.integration
 
@@ -352,28 +349,12 @@ def test_cli_naive_effective_at_is_refused(db: Conn, producer_dsn: str) -> None:
 # -- the relay ------------------------------------------------------------------------------
 
 
-def consume(bootstrap: str, topic: str, count: int, timeout: float = 60.0) -> list[Message]:
-    consumer = create_consumer(
-        bootstrap, group_id=f"membership-test-{uuid.uuid4().hex[:8]}", client_id="membership-test"
-    )
-    received: list[Message] = []
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + timeout
-        while len(received) < count and (remaining := deadline - time.monotonic()) > 0:
-            message = consumer.poll(min(remaining, 1.0))
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            received.append(message)
-    finally:
-        consumer.close()
-    assert len(received) == count, f"{len(received)} of {count} records within {timeout}s"
-    return received
-
-
 def test_relay_publishes_membership_events_keyed_by_agent(
-    conn: Conn, db: Conn, kafka_bootstrap: str, kafka_topic: Callable[..., str], relay_dsn: str
+    conn: Conn,
+    db: Conn,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    make_relay: RelayFactory,
 ) -> None:
     topic = kafka_topic(partitions=3)
     agent, agency = uuid.uuid4(), uuid.uuid4()
@@ -385,19 +366,7 @@ def test_relay_publishes_membership_events_keyed_by_agent(
     # The producer writes the catalogue's topic; this test's unique topic stands in for it.
     db.execute("UPDATE identity.outbox SET topic = %s", (topic,))
 
-    relay = OutboxRelay(
-        dsn=relay_dsn,
-        bootstrap=kafka_bootstrap,
-        registry=CollectorRegistry(),
-        delivery_timeout=20.0,
-        lock_retry_interval=0.2,
-        backoff_initial=0.1,
-        backoff_maximum=0.5,
-    )
-    try:
-        assert relay.run_once() == 3
-    finally:
-        relay.close()
+    assert make_relay().run_once() == 3
     assert counts(db) == (1, 0)
 
     records = consume(kafka_bootstrap, topic, 3)
