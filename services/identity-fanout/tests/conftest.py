@@ -8,6 +8,8 @@ the migrations did not grant to that role fails the test with SQLSTATE 42501.
 
 from __future__ import annotations
 
+import io
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +23,7 @@ from psycopg.rows import TupleRow
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
 from identity_fanout.relay import OutboxRelay
 from identity_fanout.schema import migrate_database
+from pin_runtime.logging import JsonFormatter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # relay_support, for the test modules
 
@@ -105,3 +108,18 @@ def make_relay(relay_dsn: str, kafka_bootstrap: str) -> Iterator[RelayFactory]:
     yield make
     for relay in relays:
         relay.close()
+
+
+@pytest.fixture
+def json_logs() -> Iterator[io.StringIO]:
+    """The service's log lines (INFO and up) as the JSON a log pipeline receives."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter(service="identity-fanout"))
+    logger = logging.getLogger("identity_fanout")
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    yield stream
+    logger.removeHandler(handler)
+    logger.setLevel(previous)

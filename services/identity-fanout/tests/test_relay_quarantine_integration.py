@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import io
 import json
-import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -49,7 +48,6 @@ from pin_contracts import (
 )
 from pin_runtime.http import ComponentState
 from pin_runtime.kafka import create_admin
-from pin_runtime.logging import JsonFormatter
 from pin_testkit.records import read_messages
 from pin_testkit.waiting import wait_until
 
@@ -100,20 +98,6 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
 def make_relay(make_relay: RelayFactory) -> RelayFactory:
     """conftest's relays with a 0.2 s polling interval, so a round follows a change soon."""
     return functools.partial(make_relay, poll_interval=0.2)
-
-
-@pytest.fixture
-def json_logs() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter(service="identity-fanout"))
-    logger = logging.getLogger("identity_fanout")
-    logger.addHandler(handler)
-    previous = logger.level
-    logger.setLevel(logging.INFO)
-    yield stream
-    logger.removeHandler(handler)
-    logger.setLevel(previous)
 
 
 def log_lines(stream: io.StringIO, event: str) -> list[dict[str, Any]]:
