@@ -17,7 +17,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Final, Self
 
 from pin_testkit.local import LocalServices, down, ensure_up
@@ -77,12 +76,7 @@ class PrivateServers:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.close()
 
     # -- faults -------------------------------------------------------------------------------

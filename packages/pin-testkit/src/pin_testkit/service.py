@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from types import TracebackType
 from typing import Final, Self
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -213,12 +212,7 @@ class ServiceProcess:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.cleanup()
 
     def _started(self) -> subprocess.Popen[bytes]:
