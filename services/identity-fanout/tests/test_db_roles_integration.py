@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -17,6 +13,7 @@ from psycopg.rows import TupleRow
 
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, RUNTIME_ROLES, WORKER
 from pin_testkit.runtime_roles import RUNTIME_GROUPS, assert_exact_privileges, refused
+from pin_testkit.service import run_cli, service_environment
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +30,6 @@ TABLES = (
     "agent_memberships",
     "schema_migrations",
 )
-CLI = str(Path(sys.executable).with_name("identity-fanout"))
 
 
 def test_the_database_holds_exactly_the_declared_privileges(identity_dsn: str) -> None:
@@ -82,11 +78,12 @@ def test_roles_of_pin_local_are_the_declared_ones() -> None:
 
 
 def test_a_bad_role_prefix_is_a_config_error() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
-    env |= {"IDENTITY_FANOUT_DATABASE_DSN": "x", "IDENTITY_FANOUT_DB_ROLE_PREFIX": "Prod-"}
-    result = subprocess.run(
-        [CLI, "migrate"], env=env, capture_output=True, text=True, timeout=60, check=False
+    env = service_environment(
+        ("IDENTITY_FANOUT_",),
+        IDENTITY_FANOUT_DATABASE_DSN="x",
+        IDENTITY_FANOUT_DB_ROLE_PREFIX="Prod-",
     )
+    result = run_cli("identity-fanout", ["migrate"], env, timeout=60, check=False)
     assert result.returncode == 2
     assert result.stderr.startswith("config error: IDENTITY_FANOUT_DB_ROLE_PREFIX:")
 
@@ -104,17 +101,13 @@ def test_migrate_without_createrole_names_the_roles_to_create(postgres_admin_dsn
                 sql.Identifier(database), sql.Identifier(owner)
             )
         )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
-    env |= {
-        "IDENTITY_FANOUT_DATABASE_DSN": make_conninfo(
-            postgres_admin_dsn, dbname=database, user=owner
-        ),
-        "IDENTITY_FANOUT_DB_ROLE_PREFIX": prefix,
-    }
+    env = service_environment(
+        ("IDENTITY_FANOUT_",),
+        IDENTITY_FANOUT_DATABASE_DSN=make_conninfo(postgres_admin_dsn, dbname=database, user=owner),
+        IDENTITY_FANOUT_DB_ROLE_PREFIX=prefix,
+    )
     try:
-        refused = subprocess.run(
-            [CLI, "migrate"], env=env, capture_output=True, text=True, timeout=60, check=False
-        )
+        refused = run_cli("identity-fanout", ["migrate"], env, timeout=60, check=False)
         assert refused.returncode == 1, refused.stderr
         [line] = refused.stderr.strip().splitlines()
         assert line.startswith("error: database role(s) ")
@@ -123,9 +116,7 @@ def test_migrate_without_createrole_names_the_roles_to_create(postgres_admin_dsn
         with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
             for role in roles:
                 admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
-        granted = subprocess.run(
-            [CLI, "migrate"], env=env, capture_output=True, text=True, timeout=60, check=False
-        )
+        granted = run_cli("identity-fanout", ["migrate"], env, timeout=60, check=False)
         assert granted.returncode == 0, granted.stderr
         with psycopg.connect(make_conninfo(postgres_admin_dsn, dbname=database)) as conn:
             [(held,)] = conn.execute(

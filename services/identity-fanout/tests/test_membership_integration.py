@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -39,11 +35,11 @@ from pin_contracts import (
     header_text,
 )
 from pin_testkit.records import consume
+from pin_testkit.service import CommandResult, run_cli, service_environment
 
 pytestmark = pytest.mark.integration
 
 Conn = psycopg.Connection[TupleRow]
-CLI = str(Path(sys.executable).with_name("identity-fanout"))
 
 
 @pytest.fixture
@@ -245,44 +241,38 @@ def test_concurrent_first_joins_of_one_pair_record_one(db: Conn, producer_dsn: s
 # -- the CLI --------------------------------------------------------------------------------
 
 
-def run_cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
-    env |= {"IDENTITY_FANOUT_DATABASE_DSN": dsn, "COLUMNS": "250"}
-    return subprocess.run(
-        [CLI, "memberships", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+def memberships_cli(dsn: str, *args: str) -> CommandResult:
+    env = service_environment(
+        ("IDENTITY_FANOUT_",), IDENTITY_FANOUT_DATABASE_DSN=dsn, COLUMNS="250"
     )
+    return run_cli("identity-fanout", ["memberships", *args], env, timeout=60, check=False)
 
 
 def test_cli_join_leave_and_refusals(db: Conn, producer_dsn: str) -> None:
     agent, agency, invitation = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
 
-    joined = run_cli(producer_dsn, "join", agent, agency, "--invitation", invitation)
+    joined = memberships_cli(producer_dsn, "join", agent, agency, "--invitation", invitation)
     assert joined.returncode == 0, joined.stderr
     assert f"agent {agent} Active in agency {agency}, version 1, event " in joined.stdout
 
-    again = run_cli(producer_dsn, "join", agent, agency)
+    again = memberships_cli(producer_dsn, "join", agent, agency)
     assert again.returncode == 1
     assert again.stderr.strip() == f"error: agent {agent} is already Active in agency {agency}"
 
-    unknown = run_cli(producer_dsn, "leave", agent, agency, "--reason", "Fired")
+    unknown = memberships_cli(producer_dsn, "leave", agent, agency, "--reason", "Fired")
     assert unknown.returncode == 1
     assert unknown.stderr.strip().splitlines() == [
         "error: invalid membership change: Reason: unknown value 'Fired' "
         "(known: SelfLeave, ExcludedByAgency)"
     ]
 
-    empty = run_cli(producer_dsn, "join", str(EMPTY_GUID), agency)
+    empty = memberships_cli(producer_dsn, "join", str(EMPTY_GUID), agency)
     assert empty.returncode == 1
     assert "AgentUserId: must not be Guid.Empty" in empty.stderr
 
     assert counts(db) == (1, 1)
 
-    left = run_cli(
+    left = memberships_cli(
         producer_dsn,
         "leave",
         agent,
@@ -296,7 +286,7 @@ def test_cli_join_leave_and_refusals(db: Conn, producer_dsn: str) -> None:
     assert "Left in agency" in left.stdout
     assert "version 2, ExcludedByAgency effective 2031-01-31T00:00:00+03:00" in left.stdout
 
-    twice = run_cli(producer_dsn, "leave", agent, agency, "--reason", "SelfLeave")
+    twice = memberships_cli(producer_dsn, "leave", agent, agency, "--reason", "SelfLeave")
     assert twice.returncode == 1
     assert twice.stderr.strip() == (
         f"error: agent {agent} is Left in agency {agency}; only an Active member leaves"
@@ -324,14 +314,14 @@ def test_cli_join_leave_and_refusals(db: Conn, producer_dsn: str) -> None:
     ],
 )
 def test_cli_usage_errors_exit_2(args: tuple[str, ...], producer_dsn: str) -> None:
-    result = run_cli(producer_dsn, *args)
+    result = memberships_cli(producer_dsn, *args)
     assert result.returncode == 2
 
 
 def test_cli_naive_effective_at_is_refused(db: Conn, producer_dsn: str) -> None:
     agent, agency = str(uuid.uuid4()), str(uuid.uuid4())
-    assert run_cli(producer_dsn, "join", agent, agency).returncode == 0
-    naive = run_cli(
+    assert memberships_cli(producer_dsn, "join", agent, agency).returncode == 0
+    naive = memberships_cli(
         producer_dsn,
         "leave",
         agent,
