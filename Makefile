@@ -73,6 +73,20 @@ test: lint infra-check up pact ## lint, infra checks, pact, then every test on r
 	eval "$$($(RUN) pin-local -q env)" && $(RUN) pytest $(TEST_PATHS) \
 		$(addprefix --ignore=,$(PACT_CONSUMER_TESTS) $(PACT_PROVIDER_TESTS))
 
+# The long chaos campaign: 50 faults (or PIN_CHAOS_FAULTS) over PIN_CHAOS_SPAN seconds (default
+# 6 per fault); PIN_CHAOS_SEED replays a campaign. `make test` runs a short one (10 faults).
+.PHONY: chaos
+chaos: up ## chaos campaign: 50 random faults on the running system, invariants checked
+	eval "$$($(RUN) pin-local -q env)" && PIN_CHAOS_FAULTS=$${PIN_CHAOS_FAULTS:-50} \
+		$(RUN) pytest tests-e2e/test_10_chaos_campaign.py
+
+# Whole-path fuzzing with many more examples than `make test` runs (a few hundred each).
+FUZZ_TESTS := $(wildcard services/*/tests/test_fuzz_integration.py)
+.PHONY: fuzz
+fuzz: up ## fuzz the consumer and the relay through real Kafka and PostgreSQL (10,000 examples each)
+	eval "$$($(RUN) pin-local -q env)" && PIN_FUZZ_EXAMPLES=$${PIN_FUZZ_EXAMPLES:-10000} \
+		$(RUN) pytest $(FUZZ_TESTS)
+
 .PHONY: demo
 demo: sync ## run the whole system on this machine and show what happens
 	$(RUN) python infra/local/demo.py

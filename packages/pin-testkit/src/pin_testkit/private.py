@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import tempfile
 import time
 import uuid
@@ -33,6 +32,7 @@ from pin_testkit.local.kafka import (
     JavaRuntime,
     Kafka,
     KafkaSecurity,
+    ProxiedListener,
     ScramUser,
     class_data_archive,
     ensure_libs,
@@ -56,6 +56,7 @@ from pin_testkit.local.procs import (
 from pin_testkit.local.secure import secured_of
 from pin_testkit.local.state import new_cluster_id, pick_port
 from pin_testkit.local.tls import write_tls_files
+from pin_testkit.ports import listens
 from pin_testkit.secured import SecuredKafka
 
 __all__ = ["PrivateKafka"]
@@ -93,8 +94,10 @@ class _Broker(Kafka):
         controller_port: int,
         shared_dir: Path,
         security: KafkaSecurity | None,
+        *,
+        proxied: tuple[ProxiedListener, ...] = (),
     ) -> None:
-        super().__init__(layout, port, controller_port, new_cluster_id(), security)
+        super().__init__(layout, port, controller_port, new_cluster_id(), security, proxied=proxied)
         self._shared_dir = shared_dir
 
     def write_config(self) -> bool:
@@ -125,6 +128,7 @@ class PrivateKafka:
         start_timeout: float = START_TIMEOUT,
         stop_timeout: float = STOP_TIMEOUT,
         secure: bool = False,
+        proxied: int = 0,
     ) -> None:
         sweep_orphans()
         self._shared = shared if shared is not None else resolve_layout()
@@ -136,7 +140,23 @@ class PrivateKafka:
         (self.state_dir / OWNER_FILE).write_text(f"{os.getpid()}\n", encoding="ascii")
         layout = Layout(repo_root=self._shared.repo_root, state_dir=self.state_dir)
         security = _security(self.state_dir, {port, controller_port}) if secure else None
-        self._broker = _Broker(layout, port, controller_port, self._shared.kafka_dir, security)
+        taken = {port, controller_port}
+        if security is not None:
+            taken |= {security.sasl_port, security.ssl_port}
+        listeners: list[ProxiedListener] = []
+        for _ in range(proxied):
+            own = pick_port(taken)
+            advertised = pick_port(taken | {own})
+            taken |= {own, advertised}
+            listeners.append(ProxiedListener(own, advertised))
+        self._broker = _Broker(
+            layout,
+            port,
+            controller_port,
+            self._shared.kafka_dir,
+            security,
+            proxied=tuple(listeners),
+        )
         self._runtime: tuple[JavaRuntime, Path] | None = None
         self.last_start_seconds: float | None = None
         self.last_stop_seconds: float | None = None
@@ -149,14 +169,20 @@ class PrivateKafka:
         start_timeout: float = START_TIMEOUT,
         stop_timeout: float = STOP_TIMEOUT,
         secure: bool = False,
+        proxied: int = 0,
     ) -> Self:
         """A new broker, started and answering; closed again if it cannot start.
 
         ``secure=True`` adds a SASL_SSL (SCRAM) and an SSL (mutual TLS) listener: see
-        :attr:`secured`.
+        :attr:`secured`. ``proxied=N`` adds N listeners for clients behind proxies (one per
+        process whose path to the broker a test cuts on its own): see :attr:`proxied`.
         """
         broker = cls(
-            shared=shared, start_timeout=start_timeout, stop_timeout=stop_timeout, secure=secure
+            shared=shared,
+            start_timeout=start_timeout,
+            stop_timeout=stop_timeout,
+            secure=secure,
+            proxied=proxied,
         )
         try:
             broker.start()
@@ -189,6 +215,13 @@ class PrivateKafka:
         return secured_of(self.bootstrap, security)
 
     @property
+    def proxied(self) -> tuple[ProxiedListener, ...]:
+        """The listeners for clients behind proxies (``proxied=N``): start a proxy on each
+        one's ``advertised_port`` forwarding to its ``upstream``, give clients its
+        ``bootstrap``."""
+        return self._broker.config.proxied
+
+    @property
     def cluster_id(self) -> str:
         return self._broker.cluster_id
 
@@ -207,7 +240,7 @@ class PrivateKafka:
 
     def refuses_connections(self) -> bool:
         """Whether nothing listens on any of the broker's ports."""
-        return not any(_listens(p) for p in self._broker.ports)
+        return not any(listens(p) for p in self._broker.ports)
 
     # -- fault injection ------------------------------------------------------------------
 
@@ -220,7 +253,7 @@ class PrivateKafka:
         deadline = Deadline.after(self.start_timeout if timeout is None else timeout)
         pid = self._broker.pid()
         if pid is None:
-            taken = [p for p in self._broker.ports if _listens(p)]
+            taken = [p for p in self._broker.ports if listens(p)]
             if taken:
                 raise LocalInfraError(
                     f"private Kafka cannot restart: port(s) {taken} on 127.0.0.1 were taken "
@@ -358,12 +391,6 @@ def _security(state_dir: Path, taken: set[int]) -> KafkaSecurity:
         tls=write_tls_files(state_dir / "tls"),
         users=(ScramUser("pin-client", secrets.token_urlsafe(18)),),
     )
-
-
-def _listens(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def sweep_orphans(root: Path | None = None) -> list[Path]:

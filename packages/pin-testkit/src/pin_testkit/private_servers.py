@@ -93,12 +93,16 @@ class PrivateServers:
             raise LocalInfraError(f"the broker of {self.state_dir} was not running")
         return time.monotonic() - started
 
-    def stop_postgres(self) -> float:
-        """``pg_ctl stop -m fast``: every session is terminated; the seconds it took."""
+    def stop_postgres(self, *, mode: str = "fast") -> float:
+        """``pg_ctl stop -m fast`` (or ``immediate``: a crash, recovery at the next start):
+        every session is terminated; the seconds it took."""
         started = time.monotonic()
         state = self._state()
         self.stopped.add("postgres")
-        if not Postgres(self.layout, state.pg_port).stop(find_bindir(), server_account()):
+        stopped = Postgres(self.layout, state.pg_port).stop(
+            find_bindir(), server_account(), mode=mode
+        )
+        if not stopped:
             raise LocalInfraError(f"the PostgreSQL of {self.state_dir} was not running")
         return time.monotonic() - started
 

@@ -62,8 +62,7 @@ class BatchApplier:
         ):
             conn = self._store.connection()
             with conn.transaction():
-                seen = self._store.seen_keys(conn, keys)
-                rows = self._store.lock_rows(conn, row_keys(items))
+                seen, rows = self._store.read(conn, keys, row_keys(items))
                 plan = plan_batch(items, seen, rows)
                 self._store.write(conn, plan)
         return plan

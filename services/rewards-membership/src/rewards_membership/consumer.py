@@ -1,50 +1,60 @@
-"""The membership consumer loop: batches from Kafka, no single record stopping the flow.
+"""The membership consumer loop: batches from Kafka, Kafka and PostgreSQL overlapped.
 
-One batch = one `consume()`:
+While the database lane (`db_lane.py`) applies batch N in its transaction, this thread
+reports batch N-1, polls batch N+1 and decodes it; then it finishes N (`finish.py`: dead
+letters, inbox marks, offset commit, or pause and seek back on failure) and only then hands
+N+1 to the lane. So:
 
-1. validate every record (pure) and key it for the inbox (MessageId, else its position);
-2. ONE transaction: inbox lookup first (spec step 1: a processed or dead-lettered MessageId
-   is a duplicate), lock rows, decide in memory, write rows and inbox keys (`BatchApplier`);
-3. write the dead letters (`DeadLetterer`): each once, a reference record when the DLQ
-   refuses the copy for good; a retriable failure fails only that record's partition;
-4. mark the acknowledged dead letters in the inbox;
-5. commit the offsets of every partition that finished (`PartitionControl`); pause and seek
-   back the partitions that did not, each with its own backoff (1 s -> 60 s).
+- offsets are committed only after their batch's transaction committed, and one batch at
+  a time is in the database (inbox + projection in one transaction per batch, in order);
+- every call on the Kafka consumer (poll, commit, seek, pause, rebalance callbacks) is made
+  by this thread: librdkafka's consumer is not used from two threads;
+- the prefetched batch keeps only records of partitions still ours and not paused when it
+  is handed on: a failure of N pauses and seeks back N's partitions (their prefetched
+  records are read again after the pause), a revoked or lost partition's prefetched
+  records are dropped (never applied, never committed here);
+- a revocation first finishes the batch in flight and commits it, so the next owner starts
+  exactly after it; a loss waits for it but commits nothing of the lost partitions.
 
-A database failure in 2 or 4 concerns the whole batch: every partition of it is paused and
-retried after a `SELECT 1` probe. Stall gauges are refreshed every lag interval whatever
-happens (`LagReporter`).
+Stall gauges are refreshed every lag interval whatever happens (`LagReporter`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
-import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
 
-from pin_runtime.errors import DeliveryError
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import is_retriable
 from pin_runtime.shutdown import GracefulShutdown
 from rewards_membership.applier import BatchApplier
-from rewards_membership.deadletter import DeadLetterer, DeadLetterResult, Position, Receipt
-from rewards_membership.errors import ConcurrentApplyError, is_infrastructure
+from rewards_membership.db_lane import DatabaseLane
+from rewards_membership.deadletter import DeadLetterer
+from rewards_membership.finish import BatchFinisher
+from rewards_membership.inflight import (
+    Finished,
+    InFlight,
+    bounds,
+    keep_partitions,
+)
 from rewards_membership.lag import LagReporter
 from rewards_membership.metrics import Metrics
 from rewards_membership.partitions import POSTGRESQL, PartitionControl
 from rewards_membership.pauser import PartitionPauser
-from rewards_membership.plan import Outcome
+from rewards_membership.rebalance import RebalanceGuard
 from rewards_membership.records import offset_of, partition_of, topic_of
-from rewards_membership.report import BatchReporter, Item, process_span, receive_span
+from rewards_membership.report import (
+    BatchReporter,
+    Item,
+    start_process_span,
+    start_receive_span,
+)
 from rewards_membership.store import MembershipStore
 from rewards_membership.validation import InvalidEvent, position_key, validate
 
@@ -89,7 +99,7 @@ class MembershipConsumer:
         self.kafka_state = kafka_state or ComponentState()
         self._tracer = tracer or trace.get_tracer("rewards_membership")
         self._clock = clock
-        self._applier = BatchApplier(store, self._tracer)
+        self._lane = DatabaseLane(BatchApplier(store, self._tracer))
         self._lag = LagReporter(
             consumer,
             topic=options.topic,
@@ -107,8 +117,24 @@ class MembershipConsumer:
             on_committed=lambda p, offset: dead_letters.forget(p, below=offset),
             on_forget=self._forget,
         )
+        self._finisher = BatchFinisher(
+            lane=self._lane,
+            dead_letters=dead_letters,
+            partitions=self._partitions,
+            database_state=self.database_state,
+            kafka_state=self.kafka_state,
+        )
         self._reporter = BatchReporter(
             metrics=metrics, tracer=self._tracer, topic=options.topic, group_id=options.group_id
+        )
+        self._in_flight: InFlight | None = None
+        self._unreported: list[Finished] = []
+        self._rebalances = RebalanceGuard(
+            consumer,
+            topic=options.topic,
+            partitions=self._partitions,
+            settle=self._settle_and_report,
+            on_assigned=self._assigned,
         )
 
     def run(self, stop: GracefulShutdown) -> None:
@@ -122,23 +148,28 @@ class MembershipConsumer:
 
     def subscribe(self) -> None:
         self._probe_database()
-        p = self._partitions
+        rebalances = self._rebalances
         self._consumer.subscribe(
             [self._options.topic],
-            on_assign=self._on_assign,
-            on_revoke=p.on_revoke,
-            on_lost=p.on_lost,
+            on_assign=rebalances.on_assign,
+            on_revoke=rebalances.on_revoke,
+            on_lost=rebalances.on_lost,
         )
 
     def close(self) -> None:
-        """Commit what is applied, leave the group (close), release the database."""
+        """Finish the batch in flight, commit what is applied, leave the group (close),
+        release the database."""
         try:
-            self._partitions.commit(raise_errors=False)
+            try:
+                self._settle()
+                self._report()
+            finally:
+                self._partitions.commit(raise_errors=False)
         finally:
             try:
                 self._consumer.close()
             finally:
-                self._applier.close()
+                self._lane.close()
         log_event(_log, "consumer closed", topic=self._options.topic)
 
     @property
@@ -150,144 +181,96 @@ class MembershipConsumer:
         return frozenset(self._partitions.assigned)
 
     def poll_once(self) -> int:
-        """One turn of the loop; returns the number of records handled."""
+        """One turn of the loop; returns the number of records handed to the database."""
         if self._heartbeat is not None:
             self._heartbeat.beat()
         self._partitions.resume_due(self._probe_database)
+        self._rebalances.poll_started()
         messages = self._consumer.consume(
             num_messages=self._options.batch_size, timeout=self._options.poll_timeout
         )
-        pauser = self._partitions.pauser
-        # A record of a partition paused meanwhile is read again after its seek back.
-        records = [m for m in messages if _is_record(m) and not pauser.is_paused(partition_of(m))]
-        if records:
-            self._handle(records)
-        self._lag.maybe_report(
-            self._partitions.assigned, pauser.paused_for(self._clock()), self._unreplayed
+        records = self._rebalances.keep_polled([m for m in messages if _is_record(m)])
+        # Decoded while the batch before is in its transaction on the lane.
+        items: list[Item] = [_keyed(m, validate(m.value())) for m in records]
+        self._settle()
+        pauser, assigned = self._partitions.pauser, self._partitions.assigned
+        # A partition paused meanwhile (the batch before failed) was sought back: its
+        # records are read again after the pause.
+        records, items = keep_partitions(
+            records, items, lambda p: p in assigned and not pauser.is_paused(p)
         )
+        self._lag.maybe_report(assigned, pauser.paused_for(self._clock()), self._unreplayed)
+        if records:
+            self._start(records, items)
+        self._report()
         return len(records)
 
-    def _handle(self, records: Sequence[Message]) -> None:
-        started = self._clock()
-        first: dict[int, int] = {}
-        for message in records:
-            first.setdefault(partition_of(message), offset_of(message))
-        topic, group = self._options.topic, self._options.group_id
-        with receive_span(self._tracer, topic, group, records) as span:
+    def _start(self, records: Sequence[Message], items: Sequence[Item]) -> None:
+        topic = self._options.topic
+        receive = start_receive_span(self._tracer, topic, self._options.group_id, records)
+        process = start_process_span(self._tracer, topic, len(records), receive)
+        with trace.use_span(process, end_on_exit=False):
+            plan = self._lane.submit(items)
+        first, last = bounds(records)
+        self._in_flight = InFlight(
+            records=records,
+            items=items,
+            first=first,
+            last=last,
+            started=self._clock(),
+            receive=receive,
+            process=process,
+            plan=plan,
+        )
+
+    def _settle(self, exclude: Sequence[int] = ()) -> None:
+        """Finish the batch in flight, if any (waits for its transaction)."""
+        batch, self._in_flight = self._in_flight, None
+        if batch is None:
+            return
+        finished = self._finisher.finish(batch, now=self._clock(), exclude=exclude)
+        if finished is not None:
+            self._unreported.append(finished)
+
+    def _settle_and_report(self, exclude: Sequence[int]) -> None:
+        self._settle(exclude)
+        self._report()
+
+    def _assigned(self) -> None:
+        self.kafka_state.ok()
+        self._lag.soon()
+
+    def _report(self) -> None:
+        unreported, self._unreported = self._unreported, []
+        for finished in unreported:
             try:
-                with process_span(self._tracer, topic, len(records)):
-                    items = [_keyed(m, validate(m.value())) for m in records]
-                    plan = self._applier.apply(items)
-                    letters, receipts = self._dead_letter(records, items, plan.outcomes)
-                    done = {
-                        partition_of(m): offset_of(m) + 1
-                        for m in records
-                        if partition_of(m) not in letters.failed
-                    }
-                    self._partitions.ledger.applied(done)
-                    self._partitions.commit(done, raise_errors=True)
-            except Exception as exc:
-                if not is_infrastructure(exc):
-                    span.record_exception(exc)
-                    raise
-                span.set_status(Status(StatusCode.ERROR, str(exc)))
-                self._fail(first, exc)
-                return
-            for partition, failure in letters.failed.items():
-                # Only this partition: its dead letter could not be written.
-                self._fail({partition: first[partition]}, DeliveryError(str(failure)), batch=False)
-            self._partitions.pauser.succeeded(done)
-            self._healthy()
-            self._reporter.report(
-                _finished(records, items, plan.outcomes, done, receipts),
-                receipts,
-                elapsed_ms=(self._clock() - started) * 1000.0,
-                batch_context=span.get_span_context(),
-            )
-
-    def _dead_letter(
-        self, records: Sequence[Message], items: Sequence[Item], outcomes: Sequence[Outcome]
-    ) -> tuple[DeadLetterResult, dict[Position, Receipt]]:
-        """Write the batch's dead letters, mark the acknowledged ones in the inbox; say where
-        every invalid record of the batch is in the DLQ (taken now: a commit forgets it)."""
-        dead = [
-            (m, item)
-            for m, item, outcome in zip(records, items, outcomes, strict=True)
-            if isinstance(item, InvalidEvent) and outcome is Outcome.DEAD_LETTERED
-        ]
-        letters = self._dead_letters.write(dead)
-        acknowledged = [item.key for m, item in dead if item.key and _at(m) in letters.acknowledged]
-        self._applier.mark_dead_lettered(acknowledged)
-        receipts = {
-            _at(m): receipt
-            for m, item in zip(records, items, strict=True)
-            if isinstance(item, InvalidEvent)
-            and (receipt := self._dead_letters.receipt(_at(m))) is not None
-        }
-        return letters, receipts
-
-    def _fail(self, first: dict[int, int], exc: BaseException, *, batch: bool = True) -> None:
-        dependency = _dependency(exc)
-        reason = f"{type(exc).__name__}: {exc}".strip()[:300]
-        if dependency == POSTGRESQL:
-            self._applier.discard()
-            self.database_state.degraded(reason)
-        else:
-            self.kafka_state.degraded(reason)
-        event = "batch rolled back, partitions paused" if batch else "dead letter not written"
-        self._partitions.pause(first, dependency=dependency, reason=reason, event=event)
+                self._reporter.report(
+                    finished.done,
+                    finished.receipts,
+                    elapsed_ms=finished.elapsed_ms,
+                    batch_context=finished.receive.get_span_context(),
+                )
+            finally:
+                finished.receive.end()
 
     def _unreplayed(self) -> int | None:
         # Not while the database is known down: a connect attempt would stall the loop.
         if self._partitions.pauser.down(POSTGRESQL) is not None:
             return None
-        return self._applier.count_unreplayed()
-
-    def _healthy(self) -> None:
-        self.database_state.ok()
-        if "kafka" not in self._partitions.pauser.dependencies():
-            self.kafka_state.ok()
+        return self._lane.count_unreplayed()
 
     def _probe_database(self) -> bool:
-        error = self._applier.probe()
+        error = self._lane.probe()
         if error is not None:
             self.database_state.degraded(f"{type(error).__name__}: {error}".strip()[:300])
             return False
         self.database_state.ok()
         return True
 
-    def _on_assign(self, consumer: Consumer, partitions: list[Any]) -> None:
-        self._partitions.on_assign(consumer, partitions)
-        self.kafka_state.ok()
-        self._lag.soon()
-
     def _forget(self, partitions: Sequence[int]) -> None:
         for partition in partitions:
             self._dead_letters.forget(partition)
         self._lag.forget(partitions)
-
-
-def _finished(
-    records: Sequence[Message],
-    items: Sequence[Item],
-    outcomes: Sequence[Outcome],
-    done: Mapping[int, int],
-    receipts: Mapping[Position, Receipt],
-) -> list[tuple[Message, Item, Outcome]]:
-    """The committed records with the outcomes to report."""
-    finished = []
-    for m, item, outcome in zip(records, items, outcomes, strict=True):
-        if partition_of(m) not in done:
-            continue
-        # A duplicate we dead-lettered ourselves in an earlier try of this batch (marked,
-        # then the batch failed): it is the dead letter it was.
-        reported = Outcome.DEAD_LETTERED if _at(m) in receipts else outcome
-        finished.append((m, item, reported))
-    return finished
-
-
-def _at(message: Message) -> tuple[int, int]:
-    return (partition_of(message), offset_of(message))
 
 
 def _keyed(message: Message, item: Item) -> Item:
@@ -314,11 +297,3 @@ def _is_record(message: Message) -> bool:
         if error.fatal():
             raise KafkaException(error)
     return False
-
-
-def _dependency(exc: BaseException) -> str:
-    if isinstance(exc, psycopg.Error | ConcurrentApplyError) or (
-        not isinstance(exc, KafkaException | DeliveryError) and is_retriable(exc)
-    ):
-        return POSTGRESQL
-    return "kafka"

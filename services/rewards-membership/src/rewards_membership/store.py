@@ -1,7 +1,8 @@
 """SQL of the rewards schema, and the one connection the consumer applies batches on.
 
-A batch is four statements whatever its size: read the inbox keys it carries, lock the rows
-it touches, then (pipelined) update/insert rows and insert inbox keys from arrays.
+A batch is five set-based statements whatever its size (`batch_sql.py`), in two round trips:
+read the inbox keys it carries and lock the rows it touches (pipelined), then update/insert
+rows and insert inbox keys (pipelined).
 """
 
 from __future__ import annotations
@@ -16,6 +17,18 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from pin_runtime.postgres import SessionLimits
+from rewards_membership.batch_sql import (
+    INSERT_INBOX,
+    INSERT_ROWS,
+    LOCK_ROWS,
+    SELECT_SEEN_KEYS,
+    UPDATE_ROWS,
+    decode_rows,
+    inbox_document,
+    keys_document,
+    row_keys_document,
+    rows_document,
+)
 from rewards_membership.errors import ConcurrentApplyError
 from rewards_membership.guard import MembershipRow
 from rewards_membership.plan import BatchPlan, RowKey
@@ -33,69 +46,8 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# Array parameters use binary placeholders (%(x)b): text-dumping a 2,000-element array
-# quotes every element through a regex, which dominated the batch's Python time.
-
-# -- select_seen_keys: which of the batch's idempotency keys were already processed
-SELECT_SEEN_KEYS: Final = """
-SELECT idempotency_key FROM rewards.inbox WHERE idempotency_key = ANY(%(keys)b::text[])
-"""
-
-# -- lock_rows: the existing rows of the batch's (agent, agency) pairs, locked for the batch.
-# Ordered by key so two instances locking overlapping sets never deadlock.
-LOCK_ROWS: Final = """
-SELECT ap.agent_user_id, ap.company_id, ap.membership_status, ap.leave_reason, ap.left_at,
-       ap.effective_at, ap.first_activity_at, ap.last_activity_at,
-       ap.last_membership_version, ap.version
-FROM rewards.agent_performance AS ap
-JOIN unnest(%(agents)b::uuid[], %(companies)b::uuid[]) AS k (agent_user_id, company_id)
-  ON ap.agent_user_id = k.agent_user_id AND ap.company_id = k.company_id
-ORDER BY ap.agent_user_id, ap.company_id
-FOR UPDATE OF ap
-"""
-
-# -- update_rows: membership columns only; earned metrics are not named here on purpose.
-# The version condition repeats the guard in SQL: the rows are locked, so it always holds.
-UPDATE_ROWS: Final = """
-UPDATE rewards.agent_performance AS ap
-SET membership_status = u.membership_status,
-    leave_reason = u.leave_reason,
-    left_at = u.left_at,
-    effective_at = u.effective_at,
-    first_activity_at = u.first_activity_at,
-    last_activity_at = u.last_activity_at,
-    last_membership_version = u.last_membership_version,
-    version = u.version,
-    updated_at = now()
-FROM unnest(
-    %(agents)b::uuid[], %(companies)b::uuid[], %(statuses)b::text[], %(reasons)b::text[],
-    %(left_at)b::timestamptz[], %(effective_at)b::timestamptz[],
-    %(first_activity_at)b::timestamptz[], %(last_activity_at)b::timestamptz[],
-    %(last_membership_versions)b::bigint[], %(versions)b::bigint[]
-) AS u (agent_user_id, company_id, membership_status, leave_reason, left_at, effective_at,
-        first_activity_at, last_activity_at, last_membership_version, version)
-WHERE ap.agent_user_id = u.agent_user_id AND ap.company_id = u.company_id
-  AND ap.last_membership_version < u.last_membership_version
-"""
-
-# -- insert_rows: lazily created rows; earned metrics take their zero defaults. No ON
-# CONFLICT: a row another instance created meanwhile fails the batch, which is re-decided.
-INSERT_ROWS: Final = """
-INSERT INTO rewards.agent_performance (
-    agent_user_id, company_id, membership_status, leave_reason, left_at, effective_at,
-    first_activity_at, last_activity_at, last_membership_version, version)
-SELECT * FROM unnest(
-    %(agents)b::uuid[], %(companies)b::uuid[], %(statuses)b::text[], %(reasons)b::text[],
-    %(left_at)b::timestamptz[], %(effective_at)b::timestamptz[],
-    %(first_activity_at)b::timestamptz[], %(last_activity_at)b::timestamptz[],
-    %(last_membership_versions)b::bigint[], %(versions)b::bigint[])
-"""
-
-# -- insert_inbox: idempotency marks; a key another instance recorded first fails the batch.
-INSERT_INBOX: Final = """
-INSERT INTO rewards.inbox (idempotency_key, outcome)
-SELECT * FROM unnest(%(keys)b::text[], %(outcomes)b::text[])
-"""
+# Array parameters use binary placeholders (%(x)b): text-dumping an array quotes every
+# element through a regex. The batch statements pass JSON documents instead (batch_sql.py).
 
 # -- mark_dead_lettered: inbox marks of dead letters whose DLQ copy the broker acknowledged.
 # ON CONFLICT: a mark already there (another instance, an earlier try) is the same fact.
@@ -176,21 +128,6 @@ def connect(
     )
 
 
-def _row_params(rows: Sequence[MembershipRow]) -> dict[str, list[Any]]:
-    return {
-        "agents": [r.agent_user_id for r in rows],
-        "companies": [r.company_id for r in rows],
-        "statuses": [r.membership_status for r in rows],
-        "reasons": [r.leave_reason for r in rows],
-        "left_at": [r.left_at for r in rows],
-        "effective_at": [r.effective_at for r in rows],
-        "first_activity_at": [r.first_activity_at for r in rows],
-        "last_activity_at": [r.last_activity_at for r in rows],
-        "last_membership_versions": [r.last_membership_version for r in rows],
-        "versions": [r.version for r in rows],
-    }
-
-
 class MembershipStore:
     """The consumer's database side: one connection, (re)opened lazily after a failure.
 
@@ -225,54 +162,39 @@ class MembershipStore:
             _log.debug("closing a failed connection failed", exc_info=True)
 
     @staticmethod
-    def seen_keys(conn: psycopg.Connection[TupleRow], keys: Sequence[str]) -> set[str]:
-        if not keys:
-            return set()
-        return {key for (key,) in conn.execute(SELECT_SEEN_KEYS, {"keys": list(keys)})}
-
-    @staticmethod
-    def lock_rows(
-        conn: psycopg.Connection[TupleRow], keys: Sequence[RowKey]
-    ) -> dict[RowKey, MembershipRow]:
-        if not keys:
-            return {}
-        cursor = conn.execute(
-            LOCK_ROWS,
-            {"agents": [a for a, _ in keys], "companies": [c for _, c in keys]},
-        )
-        rows: dict[RowKey, MembershipRow] = {}
-        for agent, company, status, reason, left, effective, first, last, lmv, ver in cursor:
-            rows[(agent, company)] = MembershipRow(
-                agent_user_id=agent,
-                company_id=company,
-                membership_status=status,
-                leave_reason=reason,
-                left_at=left,
-                effective_at=effective,
-                first_activity_at=first,
-                last_activity_at=last,
-                last_membership_version=lmv,
-                version=ver,
-            )
-        return rows
+    def read(
+        conn: psycopg.Connection[TupleRow], keys: Sequence[str], row_keys: Sequence[RowKey]
+    ) -> tuple[set[str], dict[RowKey, MembershipRow]]:
+        """The batch's keys already in the inbox, and its existing rows locked: one round
+        trip (both statements pipelined)."""
+        seen_cursor, rows_cursor = conn.cursor(), conn.cursor()
+        try:
+            with conn.pipeline():
+                if keys:
+                    seen_cursor.execute(SELECT_SEEN_KEYS, {"keys": keys_document(keys)})
+                if row_keys:
+                    rows_cursor.execute(LOCK_ROWS, {"keys": row_keys_document(row_keys)})
+            seen = {key for (key,) in seen_cursor} if keys else set()
+            rows: dict[RowKey, MembershipRow] = {}
+            if row_keys:
+                (document,) = rows_cursor.fetchone() or ("[]",)
+                rows = {row.key: row for row in decode_rows(document)}
+        finally:
+            seen_cursor.close()
+            rows_cursor.close()
+        return seen, rows
 
     @staticmethod
     def write(conn: psycopg.Connection[TupleRow], plan: BatchPlan) -> None:
-        """Rows and inbox marks of a decided batch, pipelined (one round trip)."""
+        """Rows and inbox marks of a decided batch, one statement each, pipelined."""
         try:
             with conn.pipeline(), conn.cursor() as cursor:
                 if plan.updates:
-                    cursor.execute(UPDATE_ROWS, _row_params(plan.updates))
+                    cursor.execute(UPDATE_ROWS, {"rows": rows_document(plan.updates)})
                 if plan.inserts:
-                    cursor.execute(INSERT_ROWS, _row_params(plan.inserts))
+                    cursor.execute(INSERT_ROWS, {"rows": rows_document(plan.inserts)})
                 if plan.inbox:
-                    cursor.execute(
-                        INSERT_INBOX,
-                        {
-                            "keys": [key for key, _ in plan.inbox],
-                            "outcomes": [outcome.value for _, outcome in plan.inbox],
-                        },
-                    )
+                    cursor.execute(INSERT_INBOX, {"marks": inbox_document(plan.inbox)})
         except psycopg.errors.UniqueViolation as exc:
             # Another instance created the row or recorded the key after our read.
             raise ConcurrentApplyError(str(exc)) from exc

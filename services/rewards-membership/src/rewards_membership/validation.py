@@ -13,6 +13,7 @@ from uuid import UUID
 import msgspec
 
 from pin_contracts import (
+    EMPTY_GUID,
     REWARDS_MEMBERSHIP_EVENT_INVALID,
     AgentMembershipChanged,
     AgentMembershipStatus,
@@ -20,7 +21,6 @@ from pin_contracts import (
     LeaveReason,
     UnknownEnumValue,
     decode_membership_changed,
-    is_empty_guid,
 )
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
 
 EXPECTED_CONTRACT_VERSION: Final = AgentMembershipChanged.CONTRACT_VERSION
 IDEMPOTENCY_PREFIX: Final = "rewards:identity-membership:"
+_EMPTY_GUID_INT: Final = EMPTY_GUID.int
 _VIOLATION_FQCN: Final = f"{ContractViolation.__module__}.{ContractViolation.__qualname__}"
 
 
@@ -118,7 +119,9 @@ def validate(value: bytes | None) -> MembershipChange | InvalidEvent:
         ("$.Payload.AgentUserId", payload.agent_user_id),
         ("$.Payload.CompanyId", payload.company_id),
     ):
-        if is_empty_guid(guid):
+        # is_empty_guid, on the integer: UUID.__eq__ is Python code, and this runs twice
+        # for every event consumed.
+        if guid.int == _EMPTY_GUID_INT:
             return InvalidEvent(
                 path=path,
                 reason="must not be Guid.Empty",

@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pin_testkit.local.procs import (
     write_atomic,
 )
 from pin_testkit.local.tls import TlsFiles
+from pin_testkit.ports import listens
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,26 @@ class KafkaSecurity:
 
 
 @dataclass(frozen=True, slots=True)
+class ProxiedListener:
+    """A plaintext listener on `port` that advertises `advertised_port` instead: a proxy
+    (Toxiproxy) listening there and forwarding to `port` sees every request of the clients
+    that bootstrap through it, since the metadata sends them back to the proxy."""
+
+    port: int
+    advertised_port: int
+
+    @property
+    def upstream(self) -> str:
+        """Where the proxy forwards to."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def bootstrap(self) -> str:
+        """What the proxied clients are given (the proxy's own address)."""
+        return f"127.0.0.1:{self.advertised_port}"
+
+
+@dataclass(frozen=True, slots=True)
 class KafkaConfig:
     port: int
     controller_port: int
@@ -97,6 +117,7 @@ class KafkaConfig:
     node_id: int = 1
     num_partitions: int = 3
     security: KafkaSecurity | None = None
+    proxied: tuple[ProxiedListener, ...] = ()
 
 
 def _escape(value: str) -> str:
@@ -136,12 +157,17 @@ def render_server_properties(config: KafkaConfig) -> str:
             f",SASL_SSL://127.0.0.1:{security.sasl_port},SSL://127.0.0.1:{security.ssl_port}"
         )
         protocols += ",SASL_SSL:SASL_SSL,SSL:SSL"
+    advertised = listeners
+    for n, proxied in enumerate(config.proxied):
+        listeners += f",PROXIED{n}://127.0.0.1:{proxied.port}"
+        advertised += f",PROXIED{n}://127.0.0.1:{proxied.advertised_port}"
+        protocols += f",PROXIED{n}:PLAINTEXT"
     settings = {
         "process.roles": "broker,controller",
         "node.id": str(config.node_id),
         "controller.quorum.bootstrap.servers": controller,
         "listeners": listeners,
-        "advertised.listeners": listeners,
+        "advertised.listeners": advertised,
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": protocols,
@@ -303,10 +329,16 @@ class Kafka:
         controller_port: int,
         cluster_id: str,
         security: KafkaSecurity | None = None,
+        *,
+        proxied: tuple[ProxiedListener, ...] = (),
     ) -> None:
         self.layout = layout
         self.config = KafkaConfig(
-            port=port, controller_port=controller_port, log_dir=layout.kafka_data, security=security
+            port=port,
+            controller_port=controller_port,
+            log_dir=layout.kafka_data,
+            security=security,
+            proxied=proxied,
         )
         self.cluster_id = cluster_id
 
@@ -396,13 +428,15 @@ class Kafka:
     @property
     def ports(self) -> tuple[int, ...]:
         """Every port the broker listens on."""
-        ports = (self.config.port, self.config.controller_port)
+        ports: tuple[int, ...] = (self.config.port, self.config.controller_port)
         security = self.config.security
-        return ports if security is None else (*ports, security.sasl_port, security.ssl_port)
+        if security is not None:
+            ports = (*ports, security.sasl_port, security.ssl_port)
+        return (*ports, *(p.port for p in self.config.proxied))
 
     def start(self, java: JavaRuntime, libs: Path) -> int:
         """Start the broker detached (own session, output to logs/console.log); its pid."""
-        taken = [port for port in self.ports if not _nothing_listens(port)]
+        taken = [port for port in self.ports if listens(port)]
         if taken:
             raise LocalInfraError(
                 f"port(s) {taken} on 127.0.0.1 taken by another process: "
@@ -441,7 +475,7 @@ class Kafka:
 
     def answers(self, timeout: float = 3.0) -> bool:
         """Whether the broker answers a metadata request with this state's cluster id."""
-        if _nothing_listens(self.config.port):
+        if not listens(self.config.port):
             return False  # nothing listens yet: skip librdkafka's connection-refused noise
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
         try:
@@ -493,9 +527,3 @@ class Kafka:
             else:
                 partial.unlink(missing_ok=True)
         return True
-
-
-def _nothing_listens(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex(("127.0.0.1", port)) != 0

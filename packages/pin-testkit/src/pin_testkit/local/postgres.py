@@ -297,8 +297,11 @@ class Postgres:
                 )
             time.sleep(POLL_INTERVAL)
 
-    def stop(self, bindir: Path, account: RunAs, timeout: float = 60.0) -> bool:
-        """``pg_ctl stop -m fast`` (then ``immediate``); False when it was not running."""
+    def stop(
+        self, bindir: Path, account: RunAs, timeout: float = 60.0, *, mode: str = "fast"
+    ) -> bool:
+        """``pg_ctl stop -m <mode>`` (fast, then immediate if that fails; immediate is a
+        crash: recovery runs at the next start); False when it was not running."""
         if not self.initialised():
             return False
         pg_ctl, data = str(bindir / "pg_ctl"), str(self.layout.pg_data)
@@ -308,7 +311,7 @@ class Postgres:
         log.info("postgres: stopping")
         seconds = str(int(timeout))
         done = self._run(
-            [pg_ctl, "stop", "-D", data, "-m", "fast", "-w", "-t", seconds, "-s"],
+            [pg_ctl, "stop", "-D", data, "-m", mode, "-w", "-t", seconds, "-s"],
             account,
             timeout + 10,
         )

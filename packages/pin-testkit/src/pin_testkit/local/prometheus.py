@@ -11,7 +11,6 @@ The binary is Debian's (`infra/checks/tools.sh prometheus` extracts it once per 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 import urllib.error
@@ -22,8 +21,8 @@ from pathlib import Path
 from typing import Any, Final, Self
 
 from pin_testkit.local.errors import LocalInfraError
-from pin_testkit.local.layout import find_repo_root
 from pin_testkit.local.procs import Deadline, tail, terminate, write_atomic
+from pin_testkit.local.tools import repo_root, tool_binary
 from pin_testkit.ports import free_port
 
 __all__ = ["PrometheusServer", "prometheus_binary", "repository_rule_files"]
@@ -33,30 +32,14 @@ PROMETHEUS_ENV: Final = "PIN_PROMETHEUS"
 READY_TIMEOUT: Final = 60.0
 
 
-def _repo_root() -> Path:
-    root = find_repo_root(Path(__file__).resolve().parent, Path.cwd().resolve())
-    if root is None:
-        raise LocalInfraError("cannot find the repository (infra/local/kafka/pom.xml)")
-    return root
-
-
 def prometheus_binary() -> Path:
     """`$PIN_PROMETHEUS`, or the tools cache's binary (extracted on first use)."""
-    override = os.environ.get(PROMETHEUS_ENV, "").strip()
-    if override:
-        return Path(override)
-    tools = _repo_root() / "infra" / "checks" / "tools.sh"
-    result = subprocess.run(  # noqa: S603 - the repository's own script
-        ["/bin/bash", str(tools), "prometheus"], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise LocalInfraError(f"cannot install prometheus: {result.stderr.strip()[-500:]}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return tool_binary("prometheus", PROMETHEUS_ENV)
 
 
 def repository_rule_files() -> list[Path]:
     """Every alert rule file of `infra/monitoring/rules/`."""
-    return sorted((_repo_root() / "infra" / "monitoring" / "rules").glob("*.rules.yml"))
+    return sorted((repo_root() / "infra" / "monitoring" / "rules").glob("*.rules.yml"))
 
 
 class PrometheusServer:

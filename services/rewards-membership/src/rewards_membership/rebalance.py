@@ -1,0 +1,92 @@
+"""Rebalance callbacks around the batch in flight and the records polled meanwhile.
+
+Served inside `consume()`, on the poll thread. A revocation first finishes the batch in
+flight (its transaction, dead letters and commit), so the next owner starts exactly after
+what was applied; a loss waits for it but commits nothing of the lost partitions. The
+partitions revoked or lost during a poll are remembered until the poll returns: records it
+returned for them are dropped (never applied or committed here), and a partition assigned
+back within the same poll is sought back to the first dropped record.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+
+from pin_runtime.logging import log_event
+from rewards_membership.inflight import reseek_offsets
+from rewards_membership.partitions import PartitionControl
+from rewards_membership.records import partition_of
+
+__all__ = ["RebalanceGuard"]
+
+_log = logging.getLogger("rewards_membership.consumer")
+
+
+class RebalanceGuard:
+    def __init__(
+        self,
+        consumer: Consumer,
+        *,
+        topic: str,
+        partitions: PartitionControl,
+        settle: Callable[[Sequence[int]], None],
+        on_assigned: Callable[[], None],
+    ) -> None:
+        self._consumer = consumer
+        self._topic = topic
+        self._partitions = partitions
+        self._settle = settle
+        """Finish the batch in flight, leaving out the given (lost) partitions."""
+        self._on_assigned = on_assigned
+        self._touched: set[int] = set()
+
+    def poll_started(self) -> None:
+        self._touched.clear()
+
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._partitions.on_assign(consumer, partitions)
+        self._on_assigned()
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._touched.update(tp.partition for tp in partitions)
+        self._settle(())
+        self._partitions.on_revoke(consumer, partitions)
+
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Lost: another member may own them already; nothing of them is committed here.
+        numbers = [tp.partition for tp in partitions]
+        self._touched.update(numbers)
+        self._settle(numbers)
+        self._partitions.on_lost(consumer, partitions)
+
+    def keep_polled(self, records: list[Message]) -> list[Message]:
+        """The polled records minus those of partitions revoked or lost during the poll."""
+        touched = self._touched
+        if not touched:
+            return records
+        pauser = self._partitions.pauser
+        reseek = reseek_offsets(records, touched, self._partitions.assigned, pauser.paused)
+        for partition, offset in sorted(reseek.items()):
+            try:
+                self._consumer.seek(TopicPartition(self._topic, partition, offset))
+            except KafkaException as error:
+                log_event(
+                    _log,
+                    "seek back failed",
+                    logging.WARNING,
+                    partition=partition,
+                    reason=str(error),
+                )
+        kept = [m for m in records if partition_of(m) not in touched]
+        if len(kept) < len(records):
+            log_event(
+                _log,
+                "prefetched records dropped",
+                partitions=sorted(touched & {partition_of(m) for m in records}),
+                records=len(records) - len(kept),
+                soughtBack=reseek,
+            )
+        return kept

@@ -1,0 +1,229 @@
+"""Kafka and PostgreSQL overlapped: a batch in its transaction while the next is polled.
+
+The guarantees hold with a batch in flight and a prefetched one: a rebalance loses and
+repeats nothing, a failed transaction is replayed from its first records (the prefetched
+records behind it are read again), and no offset passes a transaction not yet committed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Message, TopicPartition
+
+from pin_contracts import AgentMembershipChanged
+from pin_runtime.kafka import create_consumer
+from rewards_membership.consumer import MembershipConsumer
+from rewards_membership.inflight import bounds, keep_partitions, reseek_offsets
+from rewards_membership.settings import Settings
+from rewards_membership.validation import InvalidEvent
+
+Event = Callable[..., AgentMembershipChanged]
+Sql = Callable[..., list[tuple[Any, ...]]]
+
+
+def stream(event: Event, agents: int, versions: int) -> list[AgentMembershipChanged]:
+    """Per agent (one agency) versions 1..n, alternating Active / Left: every event applies."""
+    company = uuid.uuid4()
+    payloads = []
+    for agent in (uuid.uuid4() for _ in range(agents)):
+        for version in range(1, versions + 1):
+            left = version % 2 == 0
+            payloads.append(
+                event(
+                    agent,
+                    company,
+                    version,
+                    "Left" if left else "Active",
+                    reason="SelfLeave" if left else None,
+                )
+            )
+    return payloads
+
+
+def assert_applied_once_each(sql: Sql, payloads: list[AgentMembershipChanged]) -> None:
+    """Every event has its inbox mark and was applied exactly once (row version = count)."""
+    (marks,) = sql("SELECT count(*) FROM rewards.inbox")[0]
+    assert marks == len(payloads)
+    expected: dict[tuple[uuid.UUID, uuid.UUID], int] = {}
+    for p in payloads:
+        expected[(p.agent_user_id, p.company_id)] = (
+            expected.get((p.agent_user_id, p.company_id), 0) + 1
+        )
+    found = {
+        (a, c): (version, last)
+        for a, c, version, last in sql(
+            "SELECT agent_user_id, company_id, version, last_membership_version"
+            " FROM rewards.agent_performance"
+        )
+    }
+    assert found == {key: (n, n) for key, n in expected.items()}
+
+
+def committed_offsets(settings: Settings) -> dict[int, int]:
+    """The group's committed offsets (an offset fetch; it does not join the group)."""
+    reader = create_consumer(
+        settings.kafka_bootstrap, group_id=settings.group_id, client_id="offset-reader"
+    )
+    try:
+        tps = [TopicPartition(settings.topic, p) for p in range(3)]
+        return {tp.partition: tp.offset for tp in reader.committed(tps, timeout=10)}
+    finally:
+        reader.close()
+
+
+# -- pure parts -------------------------------------------------------------------------------
+
+
+def _message(partition: int, offset: int) -> Message:
+    return Message(topic="t", partition=partition, offset=offset, value=b"{}")
+
+
+def test_bounds_are_first_and_last_offset_per_partition() -> None:
+    records = [_message(0, 5), _message(1, 9), _message(0, 6), _message(0, 7)]
+    assert bounds(records) == ({0: 5, 1: 9}, {0: 7, 1: 9})
+
+
+def test_the_prefetch_keeps_only_partitions_still_ours_in_order() -> None:
+    records = [_message(0, 5), _message(1, 9), _message(0, 6), _message(2, 1)]
+    items: list[Any] = [InvalidEvent(path="$", reason=str(i)) for i in range(4)]
+    kept, kept_items = keep_partitions(records, items, lambda p: p != 0)
+    assert [(m.partition(), m.offset()) for m in kept] == [(1, 9), (2, 1)]
+    assert kept_items == [items[1], items[3]]
+    same, same_items = keep_partitions(records, items, lambda p: True)
+    assert same == records
+    assert same_items == items
+
+
+def test_dropped_records_of_a_partition_back_again_are_sought_to_the_first_of_them() -> None:
+    records = [_message(0, 5), _message(1, 9), _message(0, 6), _message(2, 1)]
+    # 0 revoked and assigned back in the same poll, 1 revoked for good, 2 untouched; a paused
+    # partition keeps the position its pause sought it to.
+    assert reseek_offsets(records, {0, 1}, assigned={0, 2}, paused=set()) == {0: 5}
+    assert reseek_offsets(records, {0, 1}, assigned={0, 2}, paused={0}) == {}
+
+
+# -- real Kafka and PostgreSQL -----------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_a_rebalance_with_a_batch_in_flight_loses_and_repeats_nothing(
+    *,
+    kafka: Any,
+    settings: Settings,
+    start_consumer: Any,
+    event: Event,
+    sql: Sql,
+    wait: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    revokes: list[bool] = []
+    settle = MembershipConsumer._settle_and_report
+
+    def watched(self: MembershipConsumer, exclude: Any) -> None:
+        # Called by the revoke (and loss) callback: was a batch in its transaction then?
+        revokes.append(self._in_flight is not None)
+        settle(self, exclude)
+
+    monkeypatch.setattr(MembershipConsumer, "_settle_and_report", watched)
+    payloads = stream(event, agents=150, versions=20)  # 3,000 events, batches of 50
+    kafka.send(*payloads)
+    first = start_consumer(batch_size=50)
+    first.wait_handled(300)
+    second = start_consumer(batch_size=50)
+    wait(
+        lambda: bool(second.consumer.assigned_partitions),
+        what="the second consumer took partitions over",
+    )
+    wait(
+        lambda: first.handled + second.handled >= len(payloads),
+        timeout=120,
+        what="every event handled by the two consumers",
+    )
+    # The first consumer gave partitions up while a batch of them was in its transaction
+    # (and the next one polled): that batch was finished and committed before they moved.
+    assert any(revokes)
+    assert first.handled + second.handled == len(payloads)
+    # No redelivery at all: the second consumer started exactly after what the first applied.
+    duplicates = "rewards_membership_skipped_duplicate_total"
+    assert first.total(duplicates) + second.total(duplicates) == 0
+    assert_applied_once_each(sql, payloads)
+    first.close()
+    second.close()
+    assert sum(committed_offsets(settings).values()) == len(payloads)
+
+
+@pytest.mark.integration
+def test_a_failed_transaction_with_the_next_batch_polled_replays_and_commits_nothing_early(
+    *,
+    kafka: Any,
+    start_consumer: Any,
+    event: Event,
+    sql: Sql,
+    database: str,
+    settings: Settings,
+    wait: Callable[..., None],
+) -> None:
+    blocked_agent, company = uuid.uuid4(), uuid.uuid4()
+    sql(
+        "INSERT INTO rewards.agent_performance (agent_user_id, company_id, membership_status,"
+        " last_membership_version, version) VALUES (%(a)s, %(c)s, 'Active', 1, 1)",
+        {"a": blocked_agent, "c": company},
+    )
+    blocked = event(blocked_agent, company, 2, "Left", reason="SelfLeave")
+    payloads = stream(event, agents=60, versions=10)
+    # The batch holding `blocked` waits on a row lock held here (and fails at the lock
+    # timeout, again and again); the records behind it are polled meanwhile.
+    records = [*payloads[:40], blocked, *payloads[40:]]
+    with psycopg.connect(database) as blocker:
+        blocker.execute(
+            "SELECT 1 FROM rewards.agent_performance WHERE agent_user_id = %s FOR UPDATE",
+            (blocked_agent,),
+        )
+        envelopes = kafka.send(*records)
+        blocked_key = f"rewards:identity-membership:{envelopes[40].message_id}"
+        consumer = start_consumer(batch_size=50, db_lock_timeout=timedelta(seconds=1))
+        for attempt in (1, 2, 3):
+            wait(
+                lambda attempt=attempt: (
+                    consumer.value("rewards_membership_retries_total", dependency="postgresql")
+                    >= attempt
+                ),
+                what=f"the blocked batch failed (attempt {attempt})",
+            )
+            # An offset never passes a transaction that did not commit: every record below
+            # the committed offsets has its inbox mark (all records are valid and distinct).
+            committed = sum(max(0, o) for o in committed_offsets(settings).values())
+            (marks,) = sql("SELECT count(*) FROM rewards.inbox")[0]
+            assert committed <= marks
+            assert sql(
+                "SELECT count(*) FROM rewards.inbox WHERE idempotency_key = %s", (blocked_key,)
+            ) == [(0,)]
+        assert consumer.handled < len(records)
+        blocker.rollback()
+    consumer.wait_handled(len(records), timeout=120)
+    wait(lambda: consumer.consumer.database_state().status == "ok", what="ready again")
+    # Each record reported once: the failed batch and the records polled behind it were
+    # read again and applied once, none twice.
+    assert consumer.handled == len(records)
+    assert consumer.total("rewards_membership_applied_total") == len(records)
+    consumer.close()
+    assert sum(committed_offsets(settings).values()) == len(records)
+    assert sql(
+        "SELECT membership_status, last_membership_version, version"
+        " FROM rewards.agent_performance WHERE agent_user_id = %s",
+        (blocked_agent,),
+    ) == [("Left", 2, 2)]
+    others = sql(
+        "SELECT agent_user_id, version, last_membership_version"
+        " FROM rewards.agent_performance WHERE agent_user_id <> %s",
+        (blocked_agent,),
+    )
+    assert sorted((v, last) for _, v, last in others) == [(10, 10)] * 60
+    (marks,) = sql("SELECT count(*) FROM rewards.inbox")[0]
+    assert marks == len(records)

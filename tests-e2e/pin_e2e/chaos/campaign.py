@@ -1,0 +1,277 @@
+"""One chaos campaign: the system up, the workload on, the schedule played, convergence, checks.
+
+`run_campaign` returns a `CampaignReport` (faults with their timeline, alerts seen during
+which faults, the invariants); the caller prints its table and fails on any violation with
+the seed, so the same campaign can be replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+from uuid import UUID
+
+import psycopg
+
+from pin_contracts import AGENT_MEMBERSHIP_CHANGED, IDENTITY_MEMBERSHIP_DLQ, USER_ACCESS_CHANGED
+from pin_e2e.chaos.faults import Fault, schedule
+from pin_e2e.chaos.injector import Heal, inject
+from pin_e2e.chaos.invariants import (
+    Invariant,
+    access_delivered,
+    cache_reset_in_time,
+    duplicates_bounded,
+    last_event_is_final,
+    memberships_match,
+    poison_isolated_once,
+)
+from pin_e2e.chaos.topology import ACCESS_CACHE, PROCESS_LABELS, ChaosSystem
+from pin_e2e.chaos.workload import Driver, Role, seed_roles, write_relay_poison
+from pin_e2e.checks import expected_snapshots, identity_memberships, rewards_rows
+from pin_e2e.poison import NOT_JSON, empty_agent_event, oversized_dead_letter_event
+from pin_testkit.local.prometheus import PrometheusServer
+from pin_testkit.local.toxiproxy import ToxiproxyServer
+from pin_testkit.private import PrivateKafka
+from pin_testkit.private_servers import PrivateServers
+from pin_testkit.records import produce, read_topic
+from pin_testkit.waiting import wait_until
+
+__all__ = ["CampaignReport", "run_campaign"]
+
+log = logging.getLogger(__name__)
+
+ROLE_SIZES: Final = {"chaos-large": 3000, "chaos-medium": 300, "chaos-small": 30}
+BATCH_SIZE: Final = 100  # the workers' BATCH_SIZE (pin_e2e.system.WORKER_DEFAULTS)
+POISON_ALERTS: Final = frozenset({"IdentityOutboxQuarantined", "RewardsMembershipDeadLetters"})
+CACHE_RESET_LIMIT: Final = 60.0
+CONVERGE_TIMEOUT: Final = 300.0
+SAMPLE_EVERY: Final = 1.0
+
+
+@dataclass
+class CampaignReport:
+    seed: int
+    faults: list[Fault]
+    timeline: list[tuple[float, str]] = field(default_factory=list)
+    alerts: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    """Alert name -> the faults (numbers) active while it fired, or "poison"/"after"."""
+    firing_at_end: set[str] = field(default_factory=set)
+    invariants: list[Invariant] = field(default_factory=list)
+    role_changes: int = 0
+    membership_changes: int = 0
+    access_events: int = 0
+    converged_after: float = 0.0
+
+    @property
+    def violated(self) -> list[Invariant]:
+        return [i for i in self.invariants if not i.holds]
+
+
+@dataclass
+class _Player:
+    """Plays the schedule: injects each fault at its time, heals it when it is over, and
+    samples the firing alerts in between."""
+
+    system: ChaosSystem
+    prometheus: PrometheusServer
+    report: CampaignReport
+    started: float = field(default_factory=time.monotonic)
+    active: dict[int, tuple[float, Heal]] = field(default_factory=dict)
+    _next_sample: float = 0.0
+
+    def note(self, what: str) -> None:
+        self.report.timeline.append((time.monotonic() - self.started, what))
+
+    def play(self, faults: list[Fault]) -> None:
+        for fault in faults:
+            self.idle_until(self.started + fault.at)
+            self.note(f"#{fault.number} {fault.describe()}")
+            heal = inject(self.system, fault)
+            self.active[fault.number] = (time.monotonic() + fault.duration, heal)
+        self.idle_until(max((end for end, _ in self.active.values()), default=0.0))
+
+    def idle_until(self, moment: float) -> None:
+        while True:
+            now = time.monotonic()
+            for number, (end, heal) in sorted(self.active.items()):
+                if end <= now:
+                    heal()
+                    del self.active[number]
+                    self.note(f"#{number} healed")
+            if now >= self._next_sample:
+                self.sample()
+                self._next_sample = now + SAMPLE_EVERY
+            if now >= moment:
+                return
+            time.sleep(min(0.1, moment - now))  # the schedule's clock: nothing to await
+
+    def sample(self) -> None:
+        try:
+            firing = self.prometheus.firing()
+        except OSError:
+            return
+        during = [f"#{n}" for n in sorted(self.active)] or ["between faults"]
+        for alert in firing:
+            self.report.alerts[alert].update(during)
+
+
+def _consumer_poison(bootstrap: str) -> list[tuple[int, int]]:
+    limit = AGENT_MEMBERSHIP_CHANGED.max_message_bytes
+    records = [NOT_JSON, empty_agent_event(uuid.uuid4()), oversized_dead_letter_event(limit)]
+    delivered = produce(bootstrap, AGENT_MEMBERSHIP_CHANGED.name, records, max_message_bytes=limit)
+    return [(d.partition, d.offset) for d in delivered]
+
+
+def _final_versions(identity_dsn: str, roles: list[Role]) -> dict[str, int]:
+    with psycopg.connect(identity_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT code, version FROM identity.role_definitions WHERE id = ANY(%s)",
+            ([r.id for r in roles],),
+        ).fetchall()
+    return {str(code): int(version) for code, version in rows}
+
+
+def _quarantined(identity_dsn: str) -> dict[UUID, int]:
+    with psycopg.connect(identity_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT message_id, count(*) FROM identity.outbox_quarantine GROUP BY message_id"
+        ).fetchall()
+    return {UUID(str(m)): int(n) for m, n in rows}
+
+
+def _outbox_empty(identity_dsn: str) -> Callable[[], bool]:
+    def empty() -> bool:
+        try:
+            with psycopg.connect(identity_dsn, autocommit=True, connect_timeout=3) as conn:
+                row = conn.execute("SELECT count(*) FROM identity.outbox").fetchone()
+        except psycopg.OperationalError:
+            return False
+        return row is not None and row[0] == 0
+
+    return empty
+
+
+def run_campaign(
+    servers: PrivateServers, workdir: Path, *, seed: int, faults: int, span: float
+) -> CampaignReport:
+    with (
+        ToxiproxyServer(workdir / "toxiproxy") as toxiproxy,
+        PrivateKafka.launch(proxied=len(PROCESS_LABELS)) as broker,
+        PrometheusServer(workdir / "prometheus") as prometheus,
+    ):
+        system = ChaosSystem.create(servers, broker, toxiproxy, workdir)
+        try:
+            return _run(system, prometheus, seed=seed, count=faults, span=span)
+        finally:
+            system.stop_all()
+
+
+def _run(
+    system: ChaosSystem, prometheus: PrometheusServer, *, seed: int, count: int, span: float
+) -> CampaignReport:
+    identity_dsn = system.base.identity_dsn
+    roles = seed_roles(identity_dsn, ROLE_SIZES)
+    system.build()
+    plan = schedule(seed, count, system.dependencies(), span=span)
+    report = CampaignReport(seed, plan)
+    for member in system.members.values():
+        member.process.start()
+    for label, member in system.members.items():
+        member.process.wait_ready()
+        job = "access-cache" if label == ACCESS_CACHE else member.process.program
+        prometheus.scrape(job, f"127.0.0.1:{member.process.metrics_port}")
+    player = _Player(system, prometheus, report)
+    relay_poison = [
+        write_relay_poison(identity_dsn, 2 * AGENT_MEMBERSHIP_CHANGED.max_message_bytes)
+    ]
+    consumer_poison = _consumer_poison(system.bootstrap)
+    player.note("poison records written (1 outbox row, 3 membership records)")
+    driver = Driver(identity_dsn, roles, seed).start()
+    player.note("workload started")
+    try:
+        player.play(plan)
+    finally:
+        driver.stop()
+        system.toxiproxy.heal_all()
+    player.note("faults over, workload stopped")
+    for member in system.members.values():
+        if not member.process.running():
+            member.process.start()
+    driver.change_every_role()
+    changed_at = time.time()
+    player.note("last change of every role")
+    processes = system.processes()
+    final = _final_versions(identity_dsn, roles)
+    report.converged_after = wait_until(
+        _outbox_empty(identity_dsn),
+        timeout=CONVERGE_TIMEOUT,
+        what="outbox drained",
+        interval=0.5,
+        alive=processes,
+    )
+    agents = driver.agent_ids
+
+    def memberships_converged() -> bool:
+        return memberships_match(
+            identity_memberships(identity_dsn, agents),
+            rewards_rows(system.base.rewards_dsn, agents),
+        ).holds
+
+    report.converged_after += wait_until(
+        memberships_converged,
+        timeout=CONVERGE_TIMEOUT,
+        what="projection converged",
+        interval=0.5,
+        alive=processes,
+    )
+    player.note("converged")
+    user_versions = {u: final[r.code] for r in roles for u in r.users}
+
+    def caches_reset() -> bool:
+        return cache_reset_in_time(
+            system.applied_log, user_versions, changed_at, float("inf")
+        ).holds
+
+    wait_until(caches_reset, timeout=CONVERGE_TIMEOUT, what="access caches reset", interval=0.5)
+    player.sample()
+    report.firing_at_end = prometheus.firing()
+    access = read_topic(system.bootstrap, USER_ACCESS_CHANGED.name)
+    report.access_events = len(access)
+    report.role_changes = driver.role_changes
+    report.membership_changes = driver.membership_changes
+    expected = {
+        r.code: (final[r.code], expected_snapshots(identity_dsn, list(r.users))) for r in roles
+    }
+    report.invariants = [
+        access_delivered(access, expected),
+        last_event_is_final(access, user_versions),
+        duplicates_bounded(access, count, BATCH_SIZE),
+        memberships_match(
+            identity_memberships(identity_dsn, agents),
+            rewards_rows(system.base.rewards_dsn, agents),
+        ),
+        poison_isolated_once(
+            _quarantined(identity_dsn),
+            relay_poison,
+            read_topic(system.bootstrap, IDENTITY_MEMBERSHIP_DLQ.name),
+            consumer_poison,
+        ),
+        cache_reset_in_time(system.applied_log, user_versions, changed_at, CACHE_RESET_LIMIT),
+        Invariant(
+            "the poison records raised their alerts",
+            set(report.alerts) >= POISON_ALERTS,
+            f"fired: {', '.join(sorted(report.alerts)) or 'none'}",
+        ),
+        Invariant(
+            "no other alert still firing once converged",
+            not (report.firing_at_end - POISON_ALERTS),
+            f"firing at the end: {', '.join(sorted(report.firing_at_end)) or 'none'}",
+        ),
+    ]
+    return report

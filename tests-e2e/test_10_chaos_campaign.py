@@ -1,0 +1,49 @@
+"""Scenario 10: a chaos campaign, a seeded random schedule of faults on the running system.
+
+`make test` runs a short campaign (PIN_CHAOS_FAULTS, default 10 faults over PIN_CHAOS_SPAN
+seconds); `make chaos` a long one (50 faults and more). PIN_CHAOS_SEED replays a schedule;
+without it a new seed is drawn and printed. Any violated invariant fails the scenario with
+the seed and the timeline.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from pin_e2e.chaos.campaign import run_campaign
+from pin_e2e.chaos.report import render
+from pin_e2e.report import Recorder
+
+from pin_testkit.private_servers import PrivateServers
+
+pytestmark = pytest.mark.integration
+
+
+def _setting(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw else default
+
+
+def test_chaos_campaign(
+    e2e_servers: PrivateServers,
+    recorder: Recorder,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    seed = _setting("PIN_CHAOS_SEED", random.SystemRandom().randrange(1, 1_000_000))
+    faults = _setting("PIN_CHAOS_FAULTS", 10)
+    span = _setting("PIN_CHAOS_SPAN", 6 * faults)
+    with recorder.scenario(10, f"chaos campaign, seed {seed}") as stats:
+        report = run_campaign(e2e_servers, tmp_path, seed=seed, faults=faults, span=span)
+        printed = render(report)
+        with capsys.disabled():
+            print(f"\n{printed}")  # noqa: T201 - the campaign's table is its output
+        stats.faults = [f.describe() for f in report.faults]
+        stats.events = report.access_events
+        stats.notes.append(f"rerun with PIN_CHAOS_SEED={seed} PIN_CHAOS_FAULTS={faults}")
+        violated = report.violated
+        stats.lost = 0 if not violated else None
+        assert not violated, f"seed {seed}: {[v.name for v in violated]}\n{printed}"
