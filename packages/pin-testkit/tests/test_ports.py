@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from pin_testkit.ports import free_port
+from pin_testkit.ports import free_port, listens
 
 
 def test_free_port_can_be_bound_and_refuses_connections_until_then() -> None:
@@ -24,3 +24,13 @@ def test_free_ports_differ_while_held() -> None:
         first = free_port()
         held.bind(("127.0.0.1", first))
         assert free_port() != first
+
+
+def test_listens_sees_a_listening_socket_and_not_a_free_port() -> None:
+    port = free_port()
+    assert not listens(port)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        assert listens(port)
+    assert not listens(port)
