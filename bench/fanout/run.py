@@ -33,9 +33,9 @@ from rich.table import Table
 
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.schema import migrate_database
-from identity_fanout.seed import add_permissions, seed_role_with_users
 from pin_testkit.local import ensure_up
 from pin_testkit.runtime_roles import all_logins, ensure_login, runtime_dsn
+from pin_testkit.seeding import add_permissions, seed_role_with_users
 
 console = Console()
 

@@ -12,9 +12,9 @@ from demo_support import Service, console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from identity_fanout.seed import add_permissions, seed_role_with_users
 from pin_contracts import Envelope, UserAccessChangedKafkaEvent, decode_access_changed
 from pin_contracts.topics import USER_ACCESS_CHANGED
+from pin_testkit.seeding import add_permissions, seed_role_with_users
 
 DEMO_USERS = 20_000
 TOPIC = USER_ACCESS_CHANGED.name

@@ -14,7 +14,6 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from identity_fanout.membership import join_agency, leave_agency
-from identity_fanout.seed import add_permissions, seed_role_with_users
 from pin_e2e.checks import (
     PlannedChange,
     identity_memberships,
@@ -22,6 +21,7 @@ from pin_e2e.checks import (
     rewards_rows,
 )
 from pin_e2e.system import System
+from pin_testkit.seeding import add_permissions, seed_role_with_users
 
 __all__ = [
     "BackgroundRecorder",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 
 import psycopg
 import pytest
 from psycopg.rows import TupleRow
 
-from identity_fanout.seed import add_permissions, seed_role_with_users
+from pin_testkit.seeding import add_permissions, seed_role_with_users
 from pin_testkit.service import CommandResult, run_cli, service_environment
 
 
@@ -110,3 +112,16 @@ def test_database_down_is_one_line_not_a_traceback() -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("error: database unavailable:")
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["identity_fanout.cli", "identity_fanout.outbox_status", "identity_fanout.quarantine"],
+)
+def test_operator_commands_load_no_kafka_client(module: str) -> None:
+    # The runbook commands never talk to Kafka: librdkafka stays out of their process.
+    probe = f"import sys, {module}; print('confluent_kafka' in sys.modules)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert loaded.stdout.strip() == "False"

@@ -19,10 +19,10 @@ from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import LeaseLostError
 from identity_fanout.fanout import BatchResult, process_batch
 from identity_fanout.metrics import FanoutMetrics
-from identity_fanout.seed import Assignment, add_assignments, add_role, seed_role_with_users
 from identity_fanout.tasks import FanOutTask
 from identity_fanout.worker import FanoutWorker, WorkerConfig
 from pin_contracts import Envelope, UserAccessChangedKafkaEvent, decode_access_changed
+from pin_testkit.seeding import Assignment, add_assignments, add_role, seed_role_with_users
 from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -7,18 +7,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from identity_fanout.errors import (
-    InvalidMembershipChangeError,
-    MembershipAlreadyActiveError,
-    MembershipNotActiveError,
-)
-from identity_fanout.membership import (
+from identity_fanout.membership.decisions import (
     Membership,
     MembershipRequest,
     membership_event,
     membership_message,
     next_membership,
     parse_request,
+)
+from identity_fanout.membership.errors import (
+    InvalidMembershipChangeError,
+    MembershipAlreadyActiveError,
+    MembershipNotActiveError,
 )
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,

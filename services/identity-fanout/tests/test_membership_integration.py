@@ -13,17 +13,17 @@ import pytest
 from psycopg.rows import TupleRow
 from relay_support import RelayFactory
 
-from identity_fanout.errors import (
-    IdentityFanoutError,
-    InvalidMembershipChangeError,
-    MembershipAlreadyActiveError,
-    MembershipNotActiveError,
-)
+from identity_fanout.errors import IdentityFanoutError
 from identity_fanout.membership import (
     MembershipChange,
     join_agency,
     leave_agency,
     record_membership_change,
+)
+from identity_fanout.membership.errors import (
+    InvalidMembershipChangeError,
+    MembershipAlreadyActiveError,
+    MembershipNotActiveError,
 )
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,

@@ -19,8 +19,8 @@ from psycopg_pool import ConnectionPool
 
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.metrics import FanoutMetrics
-from identity_fanout.seed import add_permissions, seed_role_with_users
 from identity_fanout.worker import FanoutWorker, WorkerConfig
+from pin_testkit.seeding import add_permissions, seed_role_with_users
 
 pytestmark = pytest.mark.integration
 

@@ -3,6 +3,7 @@ runs them (a real PostgreSQL; rows are refused through the store the relay uses)
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import msgspec
@@ -146,3 +147,34 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn
     assert len(outbox_ids(db)) == 2
     nothing = run(operator_dsn, "retry", "--all")
     assert (nothing.returncode, nothing.stdout.strip()) == (0, "0 row(s) back in the outbox")
+
+
+def test_discard_deletes_for_good_and_leaves_an_audit_line(db: Conn, operator_dsn: str) -> None:
+    first_user, second_user, third_user = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    for user in (first_user, second_user, third_user):
+        refuse(db, "pin.identity.access.v1", user, TOO_LARGE)
+    first, _second, _third = list_quarantined(db)
+
+    for bad in (
+        ["discard", str(first.id)],
+        ["discard", "--reason", "x"],
+        ["discard", "1", "--all"],
+    ):
+        assert run(operator_dsn, *bad).returncode == 2, bad  # a reason and one target, always
+    missing = run(operator_dsn, "discard", "999999", "--reason", "typo")
+    assert (missing.returncode, missing.stderr.strip()) == (1, "error: no quarantined row 999999")
+
+    one = run(operator_dsn, "discard", str(first.id), "--reason", "access reset by hand")
+    assert one.returncode == 0, one.stderr
+    assert f"quarantined row {first.id} discarded" in one.stdout
+    assert str(first_user) in one.stdout
+    audit = [json.loads(line) for line in one.stderr.splitlines() if line.startswith("{")]
+    [line] = [a for a in audit if a.get("event") == "outbox quarantined row discarded"]
+    assert (line["key"], line["reason"]) == (str(first_user), "access reset by hand")
+    assert {r.key for r in list_quarantined(db)} == {str(second_user), str(third_user)}
+
+    rest = run(operator_dsn, "discard", "--all", "--reason", "drill")
+    assert rest.returncode == 0, rest.stderr
+    assert "2 row(s) discarded" in rest.stdout
+    assert list_quarantined(db) == []
+    assert outbox_ids(db) == []  # discarded, not sent again

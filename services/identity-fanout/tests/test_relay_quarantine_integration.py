@@ -36,7 +36,6 @@ from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.membership import join_agency
 from identity_fanout.outbox import OutboxMessage, outbox_message
 from identity_fanout.quarantine import list_quarantined, retry_all, retry_quarantined
-from identity_fanout.seed import Assignment, add_assignments, add_permissions, add_role
 from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
@@ -49,6 +48,7 @@ from pin_contracts import (
 from pin_runtime.http import ComponentState
 from pin_runtime.kafka import create_admin
 from pin_testkit.records import read_messages
+from pin_testkit.seeding import Assignment, add_assignments, add_permissions, add_role
 from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration

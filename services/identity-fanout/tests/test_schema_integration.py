@@ -8,13 +8,15 @@ import psycopg
 import pytest
 from psycopg.rows import TupleRow
 
-from identity_fanout import queries
 from identity_fanout.schema import migrate_database
-from identity_fanout.seed import seed_role_with_users
+from identity_fanout.shards import END
+from pin_runtime.sql import load_queries
+from pin_testkit.seeding import seed_role_with_users
 
 pytestmark = pytest.mark.integration
 
 Conn = psycopg.Connection[TupleRow]
+_fanout = load_queries("identity_fanout", "sql/fanout.sql")
 
 
 def test_migrate_twice_is_a_no_op(fresh_database: str) -> None:
@@ -80,8 +82,12 @@ def test_page_and_snapshot_queries_read_the_partial_indexes(db: Conn) -> None:
     role, users = seed_role_with_users(db, users=20_000, other_roles=1)
     db.execute("VACUUM ANALYZE identity.role_assignments")
 
-    page = _plan(db, queries.PAGE_USERS, {"role_id": role, "after": users[100], "limit": 500})
-    snapshot = _plan(db, queries.SNAPSHOT_ROWS, {"user_ids": users[:200]})
+    page = _plan(
+        db,
+        _fanout.page_users,
+        {"role_id": role, "after": users[100], "upper": END, "limit": 500},
+    )
+    snapshot = _plan(db, _fanout.snapshot_rows, {"user_ids": users[:200]})
 
     assert "Index Only Scan using ix_role_assignments_role_active_user" in page
     assert "ix_role_assignments_user_active" in snapshot

@@ -19,7 +19,6 @@ from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.outbox import outbox_message, write_outbox
 from identity_fanout.relay import OutboxRelay
-from identity_fanout.seed import add_permissions, seed_role_with_users
 from identity_fanout.worker import FanoutWorker, WorkerConfig
 from pin_contracts import (
     USER_ACCESS_CHANGED,
@@ -29,6 +28,7 @@ from pin_contracts import (
 )
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import SessionLimits, create_pool
+from pin_testkit.seeding import add_permissions, seed_role_with_users
 from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -23,16 +23,16 @@ from psycopg.rows import TupleRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from identity_fanout import worker as worker_module
-from identity_fanout.claim import claim_task
+from identity_fanout.claim import claim_shard, claim_task
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import LeaseLostError
+from identity_fanout.fanout import ShardBatchResult, process_shard_batch
 from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.runbook import list_shards, replay_task
-from identity_fanout.seed import seed_role_with_users
-from identity_fanout.shard_claim import claim_shard, split_task
-from identity_fanout.shard_fanout import ShardBatchResult, process_shard_batch
 from identity_fanout.shards import ClaimedShard
+from identity_fanout.split import split_task
 from identity_fanout.worker import FanoutWorker, WorkerConfig
+from pin_testkit.seeding import seed_role_with_users
 from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -25,8 +25,8 @@ from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import IdentityFanoutError
 from identity_fanout.membership import join_agency, leave_agency
 from identity_fanout.outbox import OutboxMessage, write_outbox
-from identity_fanout.seed import add_permissions, seed_role_with_users
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, LeaveReason
+from pin_testkit.seeding import add_permissions, seed_role_with_users
 
 __all__ = ["Driver", "Role", "seed_roles", "write_relay_poison"]
 

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from pin_runtime.kafka import KafkaClientSettings
+from pin_runtime.kafka_settings import KafkaClientSettings
 from pin_runtime.postgres import SessionLimits
 
 __all__ = ["ClientSettings"]

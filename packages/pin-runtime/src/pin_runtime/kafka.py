@@ -18,14 +18,14 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from pin_runtime.errors import KafkaSetupError
-from pin_runtime.kafka_security import (
+from pin_runtime.kafka_security import verify_connection
+from pin_runtime.kafka_settings import (
     ConfigValue,
     KafkaClientSettings,
     KafkaConfig,
     SaslMechanism,
     SecurityProtocol,
     security_config,
-    verify_connection,
 )
 from pin_runtime.logging import log_event
 

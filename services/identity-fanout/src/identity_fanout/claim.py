@@ -1,15 +1,61 @@
-"""Taking a task from the queue, handing it back, and the retry policy of a failed batch."""
+"""Taking a unit of work from the queue, handing it back, and recording a failed batch.
+
+A unit is a task walked as one unit or one shard of a large task; both follow the same
+rules (claim with SKIP LOCKED, poison after MaxAttempts, fenced hand-back, shortened lease
+after a failure), so `sql/units.sql` writes each statement once, composed here for the two
+tables, and a held claim (`Claim`) hands back or records a failure the same way for both.
+Pure decisions (`is_poisoned`, `retry_delay`) sit next to them.
+"""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any, Final, LiteralString, NamedTuple
+from uuid import UUID
 
-from psycopg import Connection
-from psycopg.rows import TupleRow, class_row
+from psycopg import Connection, sql
+from psycopg.rows import TupleRow, class_row, kwargs_row
 
-from identity_fanout import queries
+from identity_fanout.shards import ClaimedShard, FanOutShard
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
+from pin_runtime.sql import columns, load_queries
+
+_units = load_queries("identity_fanout", "sql/units.sql")
+_shards = load_queries("identity_fanout", "sql/shards.sql")
+
+
+class UnitStatements(NamedTuple):
+    """The statements of `sql/units.sql` for one table (tasks or shards)."""
+
+    claim: LiteralString
+    lock_cursor: LiteralString
+    checkpoint: LiteralString
+    record_failure: LiteralString
+    release: LiteralString
+
+
+def _statements(table: str, candidate: LiteralString, returning: sql.Composable) -> UnitStatements:
+    unit = sql.Identifier("identity", table)
+    return UnitStatements(
+        claim=_units.compose("claim", unit=unit, candidate=sql.SQL(candidate), returning=returning),
+        lock_cursor=_units.compose("lock_cursor", unit=unit),
+        checkpoint=_units.compose("checkpoint", unit=unit),
+        record_failure=_units.compose("record_failure", unit=unit),
+        release=_units.compose("release", unit=unit),
+    )
+
+
+TASK: Final = _statements(
+    "access_fanout_tasks", _units.task_candidate, columns(FanOutTask, prefix="u")
+)
+SHARD: Final = _statements(
+    "access_fanout_shards",
+    _units.shard_candidate,
+    sql.SQL(", ").join(
+        [columns(FanOutShard, prefix="u"), sql.SQL("p.role_id, p.company_id, p.role_version")]
+    ),
+)
 
 
 def claim_task(
@@ -22,41 +68,77 @@ def claim_task(
     caller logs and counts it.
     """
     with conn.transaction(), conn.cursor(row_factory=class_row(FanOutTask)) as cur:
-        cur.execute(queries.CLAIM_TASK, {"lease": lease, "max_attempts": max_attempts})
+        cur.execute(TASK.claim, {"lease": lease, "max_attempts": max_attempts})
         return cur.fetchone()
 
 
-def is_poisoned(task: FanOutTask) -> bool:
-    return task.status == FanOutTaskStatus.FAILED
+def _claimed_shard(
+    *, role_id: UUID, company_id: UUID | None, role_version: int, **shard: Any
+) -> ClaimedShard:
+    return ClaimedShard(
+        shard=FanOutShard(**shard),
+        role_id=role_id,
+        company_id=company_id,
+        role_version=role_version,
+    )
 
 
-def release_task(conn: Connection[TupleRow], task: FanOutTask) -> bool:
-    """Hand a claimed task back (graceful stop); False if the claim was no longer ours."""
+def claim_shard(
+    conn: Connection[TupleRow], *, lease: timedelta, max_attempts: int
+) -> ClaimedShard | None:
+    """Claim the next available shard, or None. A Failed one is poison: its task failed."""
     with conn.transaction():
-        cur = conn.execute(queries.RELEASE, {"id": task.id, "attempt": task.attempt_count})
-        return cur.rowcount == 1
+        with conn.cursor(row_factory=kwargs_row(_claimed_shard)) as cur:
+            claimed = cur.execute(
+                SHARD.claim, {"lease": lease, "max_attempts": max_attempts}
+            ).fetchone()
+        if claimed is not None and is_poisoned(claimed.shard):
+            shard = claimed.shard
+            conn.execute(
+                _shards.fail_task,
+                {"id": shard.task_id, "error": f"shard {shard.shard_no}: {shard.last_error}"},
+            )
+    return claimed
+
+
+def is_poisoned(unit: FanOutTask | FanOutShard) -> bool:
+    return unit.status == FanOutTaskStatus.FAILED
+
+
+class Claim(NamedTuple):
+    """The claim a worker holds on a unit: the fencing token its hand-back and its failure
+    record match on (`attempt_count`, status InProgress), for the unit's table."""
+
+    statements: UnitStatements
+    id: UUID
+    attempt: int
+
+    def release(self, conn: Connection[TupleRow]) -> bool:
+        """Hand the unit back (graceful stop); False if the claim was no longer ours."""
+        params = {"id": self.id, "attempt": self.attempt}
+        with conn.transaction():
+            return conn.execute(self.statements.release, params).rowcount == 1
+
+    def record_failure(self, conn: Connection[TupleRow], error: str, retry_in: timedelta) -> bool:
+        """Keep why the batch failed and shorten the lease; False if the claim was lost."""
+        fence = {"id": self.id, "attempt": self.attempt}
+        failure = {"error": error[:2000], "retry_in": retry_in}
+        with conn.transaction():
+            cur = conn.execute(self.statements.record_failure, fence | failure)
+            return cur.rowcount == 1
+
+
+def task_claim(task: FanOutTask) -> Claim:
+    return Claim(TASK, task.id, task.attempt_count)
+
+
+def shard_claim(shard: FanOutShard) -> Claim:
+    return Claim(SHARD, shard.id, shard.attempt_count)
 
 
 def retry_delay(attempt: int, *, polling_interval: timedelta, lease: timedelta) -> timedelta:
-    """How soon a task whose batch failed may be claimed again: doubling from the polling
+    """How soon a unit whose batch failed may be claimed again: doubling from the polling
     interval with each attempt, never longer than the lease it would have waited anyway."""
     exponent = max(0, min(attempt - 1, 30))
     delay: timedelta = polling_interval * (2**exponent)
     return min(lease, delay)
-
-
-def record_failure(
-    conn: Connection[TupleRow], task: FanOutTask, error: str, retry_in: timedelta
-) -> bool:
-    """Keep why the batch failed and shorten the lease; False if the claim was lost."""
-    with conn.transaction():
-        cur = conn.execute(
-            queries.RECORD_FAILURE,
-            {
-                "id": task.id,
-                "attempt": task.attempt_count,
-                "error": error[:2000],
-                "retry_in": retry_in,
-            },
-        )
-        return cur.rowcount == 1

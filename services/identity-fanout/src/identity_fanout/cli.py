@@ -21,7 +21,7 @@ from rich.table import Table
 from identity_fanout.app import run_worker
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import IdentityFanoutError
-from identity_fanout.membership import MembershipChange, join_agency, leave_agency
+from identity_fanout.membership import command as membership_command
 from identity_fanout.runbook import get_task, list_shards, list_tasks, replay_task
 from identity_fanout.schema import migrate_database
 from identity_fanout.settings import ENV_PREFIX, Settings
@@ -29,6 +29,7 @@ from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.errors import MigrationError
+from pin_runtime.logging import configure_logging
 from pin_runtime.settings import redact, settings_or_exit
 
 # Plain messages never wrap (scripts parse them); tables take the terminal's width.
@@ -115,45 +116,20 @@ def _parser() -> argparse.ArgumentParser:
     which = q_retry.add_mutually_exclusive_group(required=True)
     which.add_argument("row_id", type=_positive, nargs="?", metavar="ID")
     which.add_argument("--all", action="store_true", help="every quarantined row")
-
-    memberships = commands.add_parser(
-        "memberships", help="agent membership commands (AgentMembershipChanged events)"
-    ).add_subparsers(dest="memberships_command", required=True, metavar="MEMBERSHIPS_COMMAND")
-    join = memberships.add_parser("join", help="the agent becomes Active in the agency")
-    join.add_argument("agent_user_id", type=_uuid, metavar="AGENT_USER_ID")
-    join.add_argument("company_id", type=_uuid, metavar="COMPANY_ID")
-    join.add_argument("--invitation", type=_uuid, default=None, metavar="INVITATION_ID")
-    leave = memberships.add_parser("leave", help="the agent's membership becomes Left")
-    leave.add_argument("agent_user_id", type=_uuid, metavar="AGENT_USER_ID")
-    leave.add_argument("company_id", type=_uuid, metavar="COMPANY_ID")
-    # Checked by the producer (exit 1 with the known values), not by argparse choices.
-    leave.add_argument("--reason", required=True, metavar="SelfLeave|ExcludedByAgency")
-    leave.add_argument(
-        "--effective-at",
-        type=_iso_datetime,
-        default=None,
-        metavar="ISO8601",
-        help="when the leave takes effect (default: now, the moment it is recorded)",
+    q_discard = quarantine.add_parser(
+        "discard",
+        help="delete a quarantined row (or all) for good, after its key was dealt with "
+        "(see the IdentityOutboxQuarantined runbook)",
     )
+    gone = q_discard.add_mutually_exclusive_group(required=True)
+    gone.add_argument("row_id", type=_positive, nargs="?", metavar="ID")
+    gone.add_argument("--all", action="store_true", help="every quarantined row")
+    q_discard.add_argument(
+        "--reason", required=True, help="why (logged with each row: the audit trail)"
+    )
+
+    membership_command.add_commands(commands, _uuid)
     return parser
-
-
-def _iso_datetime(text: str) -> datetime:
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 datetime: {text!r}") from None
-
-
-def _membership_line(change: MembershipChange) -> str:
-    m = change.membership
-    line = (
-        f"membership {m.id}: agent {m.agent_user_id} {m.status.value} in agency "
-        f"{m.company_id}, version {m.version}"
-    )
-    if m.reason is not None and m.effective_at is not None:
-        line += f", {m.reason.value} effective {m.effective_at.isoformat()}"
-    return f"{line}, event {change.message_id}"
 
 
 def _when(value: datetime | None) -> str:
@@ -212,6 +188,7 @@ def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lan
     from identity_fanout import quarantine as q  # noqa: PLC0415
     from identity_fanout.outbox_status import outbox_status, status_table  # noqa: PLC0415
     from identity_fanout.quarantine_view import (  # noqa: PLC0415
+        discarded_line,
         quarantine_detail,
         quarantine_table,
         requeued_line,
@@ -227,6 +204,13 @@ def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lan
             _console.print(quarantine_table(listed))
     elif args.quarantine_command == "show":
         _console.print(quarantine_detail(q.get_quarantined(conn, args.row_id)))
+    elif args.quarantine_command == "discard":
+        discarded = q.discard_quarantined(
+            conn, None if args.all else args.row_id, reason=args.reason
+        )
+        for gone in discarded:
+            _console.print(discarded_line(gone), markup=False, highlight=False)
+        _console.print(f"{len(discarded)} row(s) discarded", markup=False)
     elif args.all:
         requeued = q.retry_all(conn)
         for row in requeued:
@@ -281,22 +265,14 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
             _tasks(conn, args)
     elif args.command == "outbox":
         with _connect(settings) as conn:
+            if getattr(args, "quarantine_command", None) == "discard":
+                # The audit line of each discarded row, as JSON on stderr (stdout: the table).
+                configure_logging(settings.log_level, "identity-fanout", stream=sys.stderr)
             _outbox(conn, args, lanes=settings.outbox_lanes)
     elif args.command == "memberships":
         with _connect(settings) as conn:
-            if args.memberships_command == "join":
-                recorded = join_agency(
-                    conn, args.agent_user_id, args.company_id, invitation_id=args.invitation
-                )
-            else:
-                recorded = leave_agency(
-                    conn,
-                    args.agent_user_id,
-                    args.company_id,
-                    reason=args.reason,
-                    effective_at=args.effective_at,
-                )
-        _console.print(_membership_line(recorded), markup=False, highlight=False)
+            recorded = membership_command.run(conn, args)
+        _console.print(membership_command.change_line(recorded), markup=False, highlight=False)
 
 
 def _needs_kafka(args: argparse.Namespace) -> bool:

@@ -1,4 +1,7 @@
-"""Errors of identity-fanout. Each names what an operator or caller must fix."""
+"""Errors of identity-fanout. Each names what an operator or caller must fix.
+
+The membership producer's refusals live with it (`identity_fanout.membership.errors`).
+"""
 
 from __future__ import annotations
 
@@ -50,40 +53,6 @@ class LeaseLostError(IdentityFanoutError):
         super().__init__(f"lease of task {task_id} (attempt {attempt}) was lost")
         self.task_id = task_id
         self.attempt = attempt
-
-
-class InvalidMembershipChangeError(IdentityFanoutError):
-    """A membership change request the producer refuses before writing anything.
-
-    ``field`` names the input (``AgentUserId``, ``Reason``, ...), ``problem`` what is wrong.
-    """
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"invalid membership change: {field}: {problem}")
-        self.field = field
-        self.problem = problem
-
-
-class MembershipNotActiveError(IdentityFanoutError):
-    """leave-agency for an agent who is not an Active member of that agency."""
-
-    def __init__(self, agent_user_id: UUID, company_id: UUID, status: str | None) -> None:
-        where = "has never been a member" if status is None else f"is {status}"
-        super().__init__(
-            f"agent {agent_user_id} {where} in agency {company_id}; only an Active member leaves"
-        )
-        self.agent_user_id = agent_user_id
-        self.company_id = company_id
-        self.status = status
-
-
-class MembershipAlreadyActiveError(IdentityFanoutError):
-    """accept-invitation for an agent who already is an Active member of that agency."""
-
-    def __init__(self, agent_user_id: UUID, company_id: UUID) -> None:
-        super().__init__(f"agent {agent_user_id} is already Active in agency {company_id}")
-        self.agent_user_id = agent_user_id
-        self.company_id = company_id
 
 
 class QuarantinedRowNotFoundError(IdentityFanoutError):

@@ -1,29 +1,46 @@
-"""One batch of a fan-out task: page, snapshot, outbox rows and the fenced checkpoint.
+"""One batch of a unit of work: page, snapshot, outbox rows and the fenced checkpoint.
 
 Everything of a batch commits together or not at all (spec step 7): either the batch's
 events are in the outbox and the Cursor moved past them, or neither happened and a restart
-repeats at most this one batch.
+repeats at most this one batch. A task walked as one unit and a shard of a large task run
+the same batch (`_page`); a shard's batch then rolls its task row up, last in the
+transaction, so the task row's lock is held only for the roll-up and the commit: workers on
+other shards of the same task wait for each other only that long.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Final
+from typing import NamedTuple, TypedDict, Unpack
 from uuid import UUID
 
 import msgspec
 from psycopg import Connection
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, class_row
 
-from identity_fanout import queries
+from identity_fanout.claim import Claim, shard_claim, task_claim
 from identity_fanout.errors import LeaseLostError
 from identity_fanout.outbox import current_trace_context, outbox_message, write_outbox
+from identity_fanout.shards import END, START, ClaimedShard, ShardState, roll_up
 from identity_fanout.snapshot import AssignmentRow, build_events
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import USER_ACCESS_CHANGED, UserAccessChangedKafkaEvent, envelope_for
+from pin_runtime.sql import load_queries
 
-# Below every real UserId (the schema forbids the nil UUID): the first page's lower bound.
-START: Final = UUID(int=0)
+__all__ = [
+    "BatchOptions",
+    "BatchResult",
+    "ShardBatchResult",
+    "count_users_up_to",
+    "page_users",
+    "process_batch",
+    "process_shard_batch",
+    "snapshot_events",
+    "write_events",
+]
+
+_fanout = load_queries("identity_fanout", "sql/fanout.sql")
+_shards = load_queries("identity_fanout", "sql/shards.sql")
 
 
 class BatchResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,14 +51,35 @@ class BatchResult(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
 
 
+class ShardBatchResult(msgspec.Struct, frozen=True, kw_only=True):
+    users: int
+    cursor: UUID | None
+    shard_completed: bool
+    task_completed: bool
+    """This batch completed the whole task (its last shard): observe and log it once."""
+    task_processed_count: int
+    created_at: datetime
+    started_at: datetime | None
+
+
+def count_users_up_to(conn: Connection[TupleRow], role_id: UUID, limit: int) -> int:
+    """The role's distinct active users, counted up to ``limit`` at most."""
+    row = conn.execute(_fanout.count_users_up_to, {"role_id": role_id, "limit": limit}).fetchone()
+    return int(row[0]) if row else 0
+
+
 def page_users(
-    conn: Connection[TupleRow], role_id: UUID, after: UUID | None, limit: int
+    conn: Connection[TupleRow],
+    role_id: UUID,
+    after: UUID | None,
+    limit: int,
+    *,
+    upper: UUID | None = None,
 ) -> list[UUID]:
-    """The next ``limit`` distinct users of the role's Active assignments after ``after``."""
-    rows = conn.execute(
-        queries.PAGE_USERS, {"role_id": role_id, "after": after or START, "limit": limit}
-    ).fetchall()
-    return [row[0] for row in rows]
+    """The next ``limit`` distinct users of the role's Active assignments after ``after``
+    (up to ``upper`` inclusive: a shard's range)."""
+    params = {"role_id": role_id, "after": after or START, "upper": upper or END, "limit": limit}
+    return [row[0] for row in conn.execute(_fanout.page_users, params)]
 
 
 def snapshot_events(
@@ -55,13 +93,10 @@ def snapshot_events(
     """Each user's event with the full snapshot of their active assignments, one query."""
     if not user_ids:
         return []
-    rows = conn.execute(queries.SNAPSHOT_ROWS, {"user_ids": user_ids}).fetchall()
+    with conn.cursor(row_factory=class_row(AssignmentRow)) as cur:
+        rows = cur.execute(_fanout.snapshot_rows, {"user_ids": user_ids}).fetchall()
     return build_events(
-        user_ids,
-        (AssignmentRow(*row) for row in rows),
-        role_id=role_id,
-        role_company_id=role_company_id,
-        version=version,
+        user_ids, rows, role_id=role_id, role_company_id=role_company_id, version=version
     )
 
 
@@ -86,58 +121,127 @@ def write_events(
     )
 
 
-def process_batch(
-    conn: Connection[TupleRow],
-    task: FanOutTask,
-    *,
-    batch_size: int,
-    lease: timedelta,
-    correlation_id: str,
-) -> BatchResult:
-    """Fan out the next page of ``task`` in one transaction; raise LeaseLostError if fenced.
+class BatchOptions(TypedDict):
+    """How a unit's batch runs (the worker's settings and the run's jobRunId)."""
 
-    The checkpoint is written first: it takes the task row's lock and proves the claim is
-    still ours before any event is built, so a fenced-off worker does no wasted work.
+    batch_size: int
+    lease: timedelta
+    correlation_id: str
+
+
+class _Unit(NamedTuple):
+    """What a batch needs of its unit: the claim it fences by (and its table's statements),
+    the role it fans out and the unit's range of UserIds (None: open)."""
+
+    claim: Claim
+    role_id: UUID
+    company_id: UUID | None
+    version: int
+    lower: UUID | None = None
+    upper: UUID | None = None
+
+
+class _Page(msgspec.Struct, frozen=True, kw_only=True):
+    users: int
+    cursor: UUID | None
+    last: bool
+    processed_count: int
+
+
+def _page(conn: Connection[TupleRow], unit: _Unit, **options: Unpack[BatchOptions]) -> _Page:
+    """The batch of one unit, inside the caller's transaction; LeaseLostError if fenced.
+
+    The fence (the unit's row lock, matched on this claim) comes first: it proves the claim
+    is still ours before any event is built, so a fenced-off worker does no wasted work.
     """
-    with conn.transaction():
-        # The cursor is re-read from the row through the fenced update, never trusted from
-        # memory: the row is the checkpoint.
-        current = conn.execute(
-            "SELECT cursor FROM identity.access_fanout_tasks "
-            "WHERE id = %(id)s AND attempt_count = %(attempt)s AND status = 'InProgress' "
-            "FOR UPDATE",
-            {"id": task.id, "attempt": task.attempt_count},
-        ).fetchone()
-        if current is None:
-            raise LeaseLostError(task.id, task.attempt_count)
-        cursor: UUID | None = current[0]
-        users = page_users(conn, task.role_id, cursor, batch_size)
-        last = len(users) < batch_size
-        checkpoint = conn.execute(
-            queries.CHECKPOINT,
-            {
-                "id": task.id,
-                "attempt": task.attempt_count,
-                "cursor": users[-1] if users else None,
-                "count": len(users),
-                "last": last,
-                "lease": lease,
-            },
-        ).fetchone()
-        if checkpoint is None:  # cannot happen under the row lock taken above; kept as a fence
-            raise LeaseLostError(task.id, task.attempt_count)
-        events = snapshot_events(
-            conn,
-            users,
-            role_id=task.role_id,
-            role_company_id=task.company_id,
-            version=task.role_version,
-        )
-        write_events(conn, events, correlation_id=correlation_id)
-    return BatchResult(
+    claim = unit.claim
+    fence = {"id": claim.id, "attempt": claim.attempt}
+    current = conn.execute(claim.statements.lock_cursor, fence).fetchone()
+    if current is None:
+        raise LeaseLostError(claim.id, claim.attempt)
+    cursor: UUID | None = current[0]
+    batch_size = options["batch_size"]
+    users = page_users(conn, unit.role_id, cursor or unit.lower, batch_size, upper=unit.upper)
+    last = len(users) < batch_size
+    checkpoint = conn.execute(
+        claim.statements.checkpoint,
+        {
+            **fence,
+            "cursor": users[-1] if users else None,
+            "count": len(users),
+            "last": last,
+            "lease": options["lease"],
+        },
+    ).fetchone()
+    if checkpoint is None:  # cannot happen under the row lock taken above; kept as a fence
+        raise LeaseLostError(claim.id, claim.attempt)
+    events = snapshot_events(
+        conn, users, role_id=unit.role_id, role_company_id=unit.company_id, version=unit.version
+    )
+    write_events(conn, events, correlation_id=options["correlation_id"])
+    return _Page(
         users=len(users),
         cursor=users[-1] if users else cursor,
-        completed=last,
+        last=last,
         processed_count=checkpoint[0],
-        created_at=checkpoint[1],
+    )
+
+
+def process_batch(
+    conn: Connection[TupleRow], task: FanOutTask, **options: Unpack[BatchOptions]
+) -> BatchResult:
+    """Fan out the next page of ``task`` in one transaction; raise LeaseLostError if fenced."""
+    unit = _Unit(task_claim(task), task.role_id, task.company_id, task.role_version)
+    with conn.transaction():
+        page = _page(conn, unit, **options)
+    return BatchResult(
+        users=page.users,
+        cursor=page.cursor,
+        completed=page.last,
+        processed_count=page.processed_count,
+        created_at=task.created_at,
+    )
+
+
+def process_shard_batch(
+    conn: Connection[TupleRow], claimed: ClaimedShard, **options: Unpack[BatchOptions]
+) -> ShardBatchResult:
+    """Fan out the next page of the shard and roll its task up, in one transaction;
+    LeaseLostError if fenced."""
+    shard = claimed.shard
+    unit = _Unit(
+        shard_claim(shard),
+        claimed.role_id,
+        claimed.company_id,
+        claimed.role_version,
+        lower=shard.lower_bound,
+        upper=shard.upper_bound,
+    )
+    with conn.transaction():
+        page = _page(conn, unit, **options)
+        locked = conn.execute(_shards.lock_task, {"id": shard.task_id}).fetchone()
+        task_status: str = locked[0] if locked else "Failed"
+        with conn.cursor(row_factory=class_row(ShardState)) as cur:
+            states = cur.execute(_shards.shard_states, {"task_id": shard.task_id}).fetchall()
+        rollup = roll_up(task_status, states)
+        task = conn.execute(
+            _shards.task_rollup,
+            {
+                "id": shard.task_id,
+                "processed": rollup.processed_count,
+                "cursor": rollup.cursor,
+                "status": rollup.status,
+                "completed": rollup.completed_now,
+            },
+        ).fetchone()
+        if task is None:  # the task row is locked above and cascades to its shards
+            raise LeaseLostError(shard.id, shard.attempt_count)
+    return ShardBatchResult(
+        users=page.users,
+        cursor=page.cursor,
+        shard_completed=page.last,
+        task_completed=rollup.completed_now,
+        task_processed_count=rollup.processed_count,
+        created_at=task[0],
+        started_at=task[1],
     )

@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
+    "DEFAULT_LANES",
+    "LANE_LOCK_CLASS",
     "MAX_LANES",
+    "MEMBER_LOCK_CLASS",
     "SLOTS",
     "LanePlan",
     "key_slot",
@@ -39,12 +42,20 @@ SLOTS: Final = 64
 """Fixed for good: a key's slot is stored with its rows, and a different modulus would move
 keys between slots while rows wait. The lane count is at most this."""
 MAX_LANES: Final = SLOTS
+DEFAULT_LANES: Final = 8
+"""`IDENTITY_FANOUT_OUTBOX_LANES` unless set."""
 
 
 def lock_class(name: str) -> int:
     """A positive int4 advisory-lock class from a name: sha256's first 4 bytes, top bit off
     (positive, so it reads the same in `pg_locks.classid`, an unsigned oid)."""
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+LANE_LOCK_CLASS: Final = lock_class("pin-outbox-relay:identity.outbox")
+"""First key of a slot's advisory lock `(LANE_LOCK_CLASS, slot)`."""
+MEMBER_LOCK_CLASS: Final = lock_class("pin-outbox-relay-members:identity.outbox")
+"""First key of the shared lock `(MEMBER_LOCK_CLASS, 0)` every running relay holds."""
 
 
 def key_slot(key: str) -> int:

@@ -16,17 +16,13 @@ from opentelemetry import propagate
 from psycopg import Connection
 from psycopg.types.json import Jsonb
 
+from identity_fanout.channels import OUTBOX_CHANNEL, notify
 from identity_fanout.lanes import key_slot
 from pin_contracts import Envelope, EventPayload, encode, headers_for, kafka_key
 from pin_contracts.topics import Topic
+from pin_runtime.sql import load_queries
 
-OUTBOX_CHANNEL: Final = "identity_outbox"
-"""NOTIFY channel the relay listens on; notified in the transaction that writes rows."""
-
-_COPY: Final = (
-    "COPY identity.outbox (topic, message_key, payload, headers, message_id, event_type, key_slot) "
-    "FROM STDIN (FORMAT BINARY)"
-)
+_q = load_queries("identity_fanout", "sql/outbox.sql")
 _COPY_TYPES: Final = ["text", "text", "bytea", "jsonb", "uuid", "text", "int2"]
 
 P = TypeVar("P", bound=EventPayload)
@@ -81,20 +77,19 @@ def write_outbox(conn: Connection[tuple[object, ...]], messages: Sequence[Outbox
     """Add ``messages`` to the outbox in the caller's transaction; the number written."""
     if not messages:
         return 0
-    with conn.cursor() as cur:
-        with cur.copy(_COPY) as copy:
-            copy.set_types(_COPY_TYPES)
-            for m in messages:
-                copy.write_row(
-                    (
-                        m.topic,
-                        m.key,
-                        m.value,
-                        Jsonb(m.headers, dumps=_json_text),
-                        m.message_id,
-                        m.event_type,
-                        key_slot(m.key),  # its lane, for good (identity_fanout.lanes)
-                    )
+    with conn.cursor() as cur, cur.copy(_q.copy_outbox) as copy:
+        copy.set_types(_COPY_TYPES)
+        for m in messages:
+            copy.write_row(
+                (
+                    m.topic,
+                    m.key,
+                    m.value,
+                    Jsonb(m.headers, dumps=_json_text),
+                    m.message_id,
+                    m.event_type,
+                    key_slot(m.key),  # its lane, for good (identity_fanout.lanes)
                 )
-        cur.execute("SELECT pg_notify(%s, '')", (OUTBOX_CHANNEL,))
+            )
+    notify(conn, OUTBOX_CHANNEL)
     return len(messages)

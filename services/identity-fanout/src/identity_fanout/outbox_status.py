@@ -10,11 +10,18 @@ import psycopg
 from psycopg.rows import TupleRow
 from rich.table import Table
 
-from identity_fanout import relay_queries as q
-from identity_fanout.lanes import lane_of_slot, slots_of
+from identity_fanout.lanes import (
+    DEFAULT_LANES,
+    LANE_LOCK_CLASS,
+    MEMBER_LOCK_CLASS,
+    lane_of_slot,
+    slots_of,
+)
 from identity_fanout.quarantine import quarantine_counts
-from identity_fanout.relay import DEFAULT_LANES
-from identity_fanout.relay_session import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS
+from pin_runtime.sql import load_queries
+
+_outbox = load_queries("identity_fanout", "sql/outbox.sql")
+_lanes = load_queries("identity_fanout", "sql/lanes.sql")
 
 
 class RelayHolder(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,14 +60,14 @@ def outbox_status(
     conn: psycopg.Connection[TupleRow], *, lanes: int = DEFAULT_LANES
 ) -> OutboxStatus:
     """Backlog, head age, per-topic and per-lane counts, who holds which lane, quarantine."""
-    by_topic: dict[str, int] = dict(conn.execute(q.STATUS_BY_TOPIC).fetchall())
-    head = conn.execute(q.STATUS_HEAD).fetchone()
+    by_topic: dict[str, int] = dict(conn.execute(_outbox.status_by_topic).fetchall())
+    head = conn.execute(_outbox.status_head).fetchone()
     locks = conn.execute(
-        q.LANE_LOCKS, {"class": LANE_LOCK_CLASS, "members": MEMBER_LOCK_CLASS}
+        _lanes.lane_locks, {"class": LANE_LOCK_CLASS, "members": MEMBER_LOCK_CLASS}
     ).fetchall()
     holders = _holders(locks, lanes)
     by_lane: dict[int, int] = {}
-    for slot, count in conn.execute(q.SLOT_BACKLOG).fetchall():
+    for slot, count in conn.execute(_outbox.slot_backlog).fetchall():
         by_lane[lane_of_slot(slot, lanes)] = by_lane.get(lane_of_slot(slot, lanes), 0) + count
     return OutboxStatus(
         backlog=sum(by_topic.values()),

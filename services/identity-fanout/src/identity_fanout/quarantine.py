@@ -9,23 +9,31 @@ carrying its attempt count and first failure, in one transaction with a NOTIFY f
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 from uuid import UUID
 
 import msgspec
 import psycopg
-from psycopg.rows import TupleRow
+from psycopg import sql
+from psycopg.rows import TupleRow, class_row, kwargs_row
 
+from identity_fanout.channels import OUTBOX_CHANNEL, notify
 from identity_fanout.errors import QuarantinedRowNotFoundError
-from identity_fanout.outbox import OUTBOX_CHANNEL
-from identity_fanout.relay_settlement import Refusal
+from pin_runtime.logging import log_event
+from pin_runtime.sql import load_queries
+
+if TYPE_CHECKING:  # the relay's type only: the operator commands load no Kafka client
+    from identity_fanout.relay_settlement import Refusal
 
 __all__ = [
+    "DiscardedRow",
     "MovedRow",
     "QuarantinedRow",
     "RequeuedRow",
+    "discard_quarantined",
     "get_quarantined",
     "list_quarantined",
     "quarantine_counts",
@@ -34,74 +42,22 @@ __all__ = [
     "retry_quarantined",
 ]
 
-MOVE: Final = """
-WITH refused AS (
-    SELECT *
-      FROM unnest(%(ids)s::bigint[], %(codes)s::text[], %(reasons)s::text[], %(messages)s::text[])
-           AS r (outbox_id, error_code, error_reason, error_message)
-), moved AS (
-    DELETE FROM identity.outbox AS o
-     USING refused AS r
-     WHERE o.id = r.outbox_id
-    RETURNING o.*, r.error_code, r.error_reason, r.error_message
-)
-INSERT INTO identity.outbox_quarantine (
-    outbox_id, topic, message_key, payload, headers, message_id, event_type, created_at,
-    error_code, error_reason, error_message, attempts, first_failed_at, last_failed_at, key_slot
-)
-SELECT id, topic, message_key, payload, headers, message_id, event_type, created_at,
-       error_code, error_reason, error_message,
-       quarantine_attempts + 1,
-       coalesce(first_failed_at, statement_timestamp()),
-       statement_timestamp(),
-       key_slot
-  FROM moved
- ORDER BY id
-RETURNING id, outbox_id, topic, message_key, message_id, event_type, attempts,
-          octet_length(payload)
-"""
-"""Refused rows out of the outbox and into the quarantine, one statement (one transaction).
-A row already gone from the outbox (deleted by hand meanwhile) is simply not moved."""
+_log = logging.getLogger("identity_fanout.quarantine")
+_q = load_queries("identity_fanout", "sql/quarantine.sql")
+_LIST: Final = _q.compose("select_quarantined", filter=sql.SQL(_q.oldest_first))
+_GET: Final = _q.compose("select_quarantined", filter=sql.SQL(_q.by_id))
 
-COUNT_BY_TOPIC: Final = """
-SELECT topic, count(*) FROM identity.outbox_quarantine GROUP BY topic ORDER BY topic
-"""
 
-_COLUMNS: Final = """
-id, outbox_id, topic, message_key, message_id, event_type, created_at, error_code,
-error_reason, error_message, attempts, first_failed_at, last_failed_at, octet_length(payload),
-headers
-"""
+class DiscardedRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A quarantined row an operator discarded (what the audit log line names)."""
 
-LIST: Final = f"SELECT {_COLUMNS} FROM identity.outbox_quarantine ORDER BY id LIMIT %(limit)s"
-
-GET: Final = f"SELECT {_COLUMNS} FROM identity.outbox_quarantine WHERE id = %(id)s"
-
-REQUEUE: Final = """
-WITH moved AS (
-    DELETE FROM identity.outbox_quarantine
-     WHERE (%(all)s OR id = ANY(%(ids)s))
-    RETURNING *
-), requeued AS (
-    INSERT INTO identity.outbox (
-        topic, message_key, payload, headers, message_id, event_type,
-        quarantine_attempts, first_failed_at, key_slot
-    )
-    SELECT topic, message_key, payload, headers, message_id, event_type,
-           attempts, first_failed_at, key_slot
-      FROM moved
-     ORDER BY id
-    RETURNING id, message_id
-)
-SELECT m.id, r.id, m.topic, m.message_key, m.attempts
-  FROM moved AS m
-  JOIN requeued AS r ON r.message_id = m.message_id
- ORDER BY r.id
-"""
-"""Quarantined rows back to the tail of the outbox (new ids, in quarantine order, the same
-key slot), keeping their attempt count and first failure so that a second refusal counts on."""
-
-NOTIFY: Final = "SELECT pg_notify(%(channel)s, '')"
+    quarantine_id: int
+    topic: str
+    key: str
+    message_id: UUID
+    event_type: str
+    error_reason: str
+    attempts: int
 
 
 class MovedRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -154,53 +110,25 @@ def quarantine_rows(
     """Move the refused rows into the quarantine (autocommit: one statement, atomic)."""
     if not refusals:
         return []
-    rows = conn.execute(
-        MOVE,
-        {
-            "ids": [r.record.id for r in refusals],
-            "codes": [r.failure.code for r in refusals],
-            "reasons": [r.failure.reason for r in refusals],
-            "messages": [r.failure.message for r in refusals],
-        },
-    ).fetchall()
-    return [
-        MovedRow(
-            quarantine_id=row[0],
-            outbox_id=row[1],
-            topic=row[2],
-            key=row[3],
-            message_id=row[4],
-            event_type=row[5],
-            attempts=row[6],
-            size=row[7],
-        )
-        for row in rows
-    ]
+    params = {
+        "ids": [r.record.id for r in refusals],
+        "codes": [r.failure.code for r in refusals],
+        "reasons": [r.failure.reason for r in refusals],
+        "messages": [r.failure.message for r in refusals],
+    }
+    with conn.cursor(row_factory=class_row(MovedRow)) as cur:
+        return cur.execute(_q.move, params).fetchall()
 
 
 def quarantine_counts(conn: psycopg.Connection[TupleRow]) -> dict[str, int]:
-    return dict(conn.execute(COUNT_BY_TOPIC).fetchall())
+    return dict(conn.execute(_q.count_by_topic).fetchall())
 
 
-def _quarantined(row: TupleRow) -> QuarantinedRow:
-    raw_headers = row[14]
-    pairs = raw_headers.items() if isinstance(raw_headers, dict) else (raw_headers or [])
+def _quarantined(*, headers: Any, **fields: Any) -> QuarantinedRow:
+    # Headers are stored as a JSON array of [name, value] pairs; an object is read as well.
+    pairs = headers.items() if isinstance(headers, dict) else (headers or [])
     return QuarantinedRow(
-        id=row[0],
-        outbox_id=row[1],
-        topic=row[2],
-        key=row[3],
-        message_id=row[4],
-        event_type=row[5],
-        created_at=row[6],
-        error_code=row[7],
-        error_reason=row[8],
-        error_message=row[9],
-        attempts=row[10],
-        first_failed_at=row[11],
-        last_failed_at=row[12],
-        size=row[13],
-        headers=tuple((str(n), None if v is None else str(v)) for n, v in pairs),
+        **fields, headers=tuple((str(n), None if v is None else str(v)) for n, v in pairs)
     )
 
 
@@ -208,27 +136,27 @@ def list_quarantined(
     conn: psycopg.Connection[TupleRow], *, limit: int = 100
 ) -> list[QuarantinedRow]:
     """The quarantine in the order rows were refused (oldest first)."""
-    return [_quarantined(row) for row in conn.execute(LIST, {"limit": limit}).fetchall()]
+    with conn.cursor(row_factory=kwargs_row(_quarantined)) as cur:
+        return cur.execute(_LIST, {"limit": limit}).fetchall()
 
 
 def get_quarantined(conn: psycopg.Connection[TupleRow], row_id: int) -> QuarantinedRow:
-    row = conn.execute(GET, {"id": row_id}).fetchone()
+    with conn.cursor(row_factory=kwargs_row(_quarantined)) as cur:
+        row = cur.execute(_GET, {"id": row_id}).fetchone()
     if row is None:
         raise QuarantinedRowNotFoundError(row_id)
-    return _quarantined(row)
+    return row
 
 
 def _requeue(
     conn: psycopg.Connection[TupleRow], *, ids: list[int], everything: bool
 ) -> list[RequeuedRow]:
     with conn.transaction():
-        rows = conn.execute(REQUEUE, {"all": everything, "ids": ids}).fetchall()
+        with conn.cursor(row_factory=class_row(RequeuedRow)) as cur:
+            rows = cur.execute(_q.requeue, {"all": everything, "ids": ids}).fetchall()
         if rows:
-            conn.execute(NOTIFY, {"channel": OUTBOX_CHANNEL})
-    return [
-        RequeuedRow(quarantine_id=r[0], outbox_id=r[1], topic=r[2], key=r[3], attempts=r[4])
-        for r in rows
-    ]
+            notify(conn, OUTBOX_CHANNEL)
+    return rows
 
 
 def retry_quarantined(conn: psycopg.Connection[TupleRow], row_id: int) -> RequeuedRow:
@@ -242,3 +170,32 @@ def retry_quarantined(conn: psycopg.Connection[TupleRow], row_id: int) -> Requeu
 def retry_all(conn: psycopg.Connection[TupleRow]) -> list[RequeuedRow]:
     """Every quarantined row back to the tail of the outbox, in the order they were refused."""
     return _requeue(conn, ids=[], everything=True)
+
+
+def discard_quarantined(
+    conn: psycopg.Connection[TupleRow], row_id: int | None, *, reason: str
+) -> list[DiscardedRow]:
+    """Delete quarantined row `row_id` (None: every row) for good, with one WARNING log line
+    per row naming its key and the operator's `reason` (the audit trail).
+
+    `QuarantinedRowNotFoundError` when `row_id` is not there."""
+    with conn.transaction(), conn.cursor(row_factory=class_row(DiscardedRow)) as cur:
+        rows = cur.execute(
+            _q.discard, {"all": row_id is None, "ids": [] if row_id is None else [row_id]}
+        ).fetchall()
+    if row_id is not None and not rows:
+        raise QuarantinedRowNotFoundError(row_id)
+    for row in rows:
+        log_event(
+            _log,
+            "outbox quarantined row discarded",
+            logging.WARNING,
+            quarantine_id=row.quarantine_id,
+            topic=row.topic,
+            key=row.key,
+            message_id=str(row.message_id),
+            event_type=row.event_type,
+            error_reason=row.error_reason,
+            reason=reason,
+        )
+    return rows

@@ -7,9 +7,9 @@ from datetime import datetime
 
 from rich.table import Table
 
-from identity_fanout.quarantine import QuarantinedRow, RequeuedRow
+from identity_fanout.quarantine import DiscardedRow, QuarantinedRow, RequeuedRow
 
-__all__ = ["quarantine_detail", "quarantine_table", "requeued_line"]
+__all__ = ["discarded_line", "quarantine_detail", "quarantine_table", "requeued_line"]
 
 
 def _when(value: datetime) -> str:
@@ -71,4 +71,11 @@ def requeued_line(row: RequeuedRow) -> str:
     return (
         f"quarantined row {row.quarantine_id} is back in the outbox as id {row.outbox_id} "
         f"(topic {row.topic}, key {row.key}, {row.attempts} refusal(s) so far)"
+    )
+
+
+def discarded_line(row: DiscardedRow) -> str:
+    return (
+        f"quarantined row {row.quarantine_id} discarded "
+        f"(topic {row.topic}, key {row.key}, {row.error_reason}, {row.attempts} refusal(s))"
     )

@@ -33,8 +33,8 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 
-from identity_fanout.lanes import MAX_LANES
-from identity_fanout.outbox import OUTBOX_CHANNEL
+from identity_fanout.channels import OUTBOX_CHANNEL
+from identity_fanout.lanes import DEFAULT_LANES, MAX_LANES
 from identity_fanout.relay_deleter import Deleter
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_pacing import Pacer
@@ -70,7 +70,6 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_LANES: Final = 8
 LOCK_RETRY_INTERVAL: Final = 2.0
 """Seconds between an instance's looks at the lanes: its take-over and hand-over delay."""
 COMPRESSION: Final[Compression] = "zstd"

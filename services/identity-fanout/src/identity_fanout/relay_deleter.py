@@ -20,14 +20,15 @@ from typing import Final
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout import relay_queries as q
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_report import report_published
 from pin_runtime.logging import log_event
+from pin_runtime.sql import load_queries
 
 __all__ = ["Deleter"]
 
 _log = logging.getLogger("identity_fanout.relay")
+_q = load_queries("identity_fanout", "sql/relay.sql")
 
 RETRY_PAUSE: Final = 0.5
 
@@ -131,4 +132,4 @@ class Deleter:
             self._conn = self._connect()
         # An array literal built in C: psycopg would dump a list of ints element by element.
         literal = "{" + ",".join(map(str, ids)) + "}"
-        return self._conn.execute(q.DELETE_PUBLISHED, {"ids": literal}).rowcount
+        return self._conn.execute(_q.delete_published, {"ids": literal}).rowcount

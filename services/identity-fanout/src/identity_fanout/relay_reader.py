@@ -12,10 +12,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout import relay_queries as q
 from identity_fanout.relay_records import OutboxRecord, records_from_rows
+from pin_runtime.sql import load_queries
 
 __all__ = ["Reader"]
+
+_q = load_queries("identity_fanout", "sql/relay.sql")
 
 _Key = tuple[tuple[int, ...], int]
 
@@ -74,5 +76,5 @@ def fetch(
 ) -> list[OutboxRecord]:
     params = {"slots": slots, "after": after, "limit": limit, "budget": budget}
     # Binary: the payload (bytea) arrives as is instead of hex text to decode.
-    rows = conn.execute(q.READ_LANES, params, binary=True).fetchall()
+    rows = conn.execute(_q.read_lanes, params, binary=True).fetchall()
     return records_from_rows(rows)

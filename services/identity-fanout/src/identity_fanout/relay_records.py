@@ -19,7 +19,7 @@ MAX_SPAN_LINKS: Final = 32
 
 
 class OutboxRecord(NamedTuple):
-    """One row of `relay_queries.READ_LANES`: its outbox id and the record it becomes.
+    """One row of `read_lanes` (sql/relay.sql): its outbox id and the record it becomes.
 
     A named tuple: tens of thousands are built per second on the relay's hot path."""
 

@@ -10,13 +10,13 @@ from typing import Final
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout import relay_queries as q
 from identity_fanout.quarantine import MovedRow, quarantine_counts
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_settlement import Refusal, Settlement
 from pin_runtime.delivery import DeliveryFailure
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import is_retriable
+from pin_runtime.sql import load_queries
 
 __all__ = [
     "BACKLOG_EXACT_UP_TO",
@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger("identity_fanout.relay")
+_q = load_queries("identity_fanout", "sql/relay.sql")
 
 BACKLOG_EXACT_UP_TO: Final = 100_000
 """The backlog gauge counts rows exactly up to here, then reports the id span (cheap)."""
@@ -118,7 +119,7 @@ def report_failed_round(exc: Exception, retry_in: float) -> str:
 def refresh_gauges(conn: psycopg.Connection[TupleRow], metrics: RelayMetrics) -> None:
     """Backlog, head age and quarantine gauges, read from the database (every look at the
     lanes). Every instance reports the whole outbox, whatever lanes it holds."""
-    row = conn.execute(q.BACKLOG, {"exact_up_to": BACKLOG_EXACT_UP_TO}).fetchone()
+    row = conn.execute(_q.backlog, {"exact_up_to": BACKLOG_EXACT_UP_TO}).fetchone()
     if row is not None:
         counted, span, _oldest, age = row
         metrics.backlog.set(counted if counted < BACKLOG_EXACT_UP_TO else (span or counted))

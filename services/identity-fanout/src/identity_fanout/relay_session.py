@@ -17,24 +17,21 @@ from collections.abc import Callable, Collection
 from typing import Final
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import TupleRow
 
-from identity_fanout import relay_queries as q
-from identity_fanout.lanes import lock_class, plan_lanes, slots_of
+from identity_fanout.channels import listen
+from identity_fanout.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS, plan_lanes, slots_of
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import SessionLimits
+from pin_runtime.sql import load_queries
 
-__all__ = ["LANE_LOCK_CLASS", "MEMBER_LOCK_CLASS", "WAKE_SLICE", "LaneSession"]
+__all__ = ["WAKE_SLICE", "LaneSession"]
 
 _log = logging.getLogger("identity_fanout.relay")
+_q = load_queries("identity_fanout", "sql/lanes.sql")
 
 WAKE_SLICE: Final = 0.5
 """Longest uninterruptible wait: bounds the reaction to a stop request."""
-LANE_LOCK_CLASS: Final = lock_class("pin-outbox-relay:identity.outbox")
-"""First key of a slot's advisory lock `(LANE_LOCK_CLASS, slot)`."""
-MEMBER_LOCK_CLASS: Final = lock_class("pin-outbox-relay-members:identity.outbox")
-"""First key of the shared lock `(MEMBER_LOCK_CLASS, 0)` every running relay holds."""
 
 Probe = Callable[[str, int], None]
 """`probe(event, lane)`: "acquired" after a lane's locks are taken, "releasing" before they
@@ -98,9 +95,9 @@ class LaneSession:
             **self._limits.connect_kwargs(),
         )
         try:
-            conn.execute(q.JOIN, {"members": MEMBER_LOCK_CLASS})
+            conn.execute(_q.join_members, {"members": MEMBER_LOCK_CLASS})
             # LISTEN before the first read: a row committed after the read still wakes us.
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+            listen(conn, self._channel)
         except Exception:
             conn.close()
             raise
@@ -113,7 +110,7 @@ class LaneSession:
         conn = self.connection()
         me = conn.info.backend_pid
         rows = conn.execute(
-            q.LANE_LOCKS, {"class": LANE_LOCK_CLASS, "members": MEMBER_LOCK_CLASS}
+            _q.lane_locks, {"class": LANE_LOCK_CLASS, "members": MEMBER_LOCK_CLASS}
         ).fetchall()
         members = len({pid for cls, _obj, pid, *_ in rows if cls == MEMBER_LOCK_CLASS})
         others = {
@@ -139,7 +136,7 @@ class LaneSession:
         for lane in idle:
             self._probe("releasing", lane)
         self._conn.execute(
-            q.UNLOCK_SLOTS, {"class": LANE_LOCK_CLASS, "slots": slots_of(idle, self._lanes)}
+            _q.unlock_slots, {"class": LANE_LOCK_CLASS, "slots": slots_of(idle, self._lanes)}
         )
         self._held.difference_update(idle)
         self._releasing.difference_update(idle)
@@ -151,7 +148,7 @@ class LaneSession:
         got = {
             s
             for s, ok in conn.execute(
-                q.TRY_LOCK_SLOTS, {"class": LANE_LOCK_CLASS, "slots": slots}
+                _q.try_lock_slots, {"class": LANE_LOCK_CLASS, "slots": slots}
             ).fetchall()
             if ok
         }
@@ -160,7 +157,7 @@ class LaneSession:
         # change of the setting) is given back whole: a slot has one publisher or none.
         partial = sorted(got - set(slots_of(taken, self._lanes)))
         if partial:
-            conn.execute(q.UNLOCK_SLOTS, {"class": LANE_LOCK_CLASS, "slots": partial})
+            conn.execute(_q.unlock_slots, {"class": LANE_LOCK_CLASS, "slots": partial})
         if not taken:
             return
         self._held.update(taken)

@@ -5,27 +5,30 @@ from __future__ import annotations
 from typing import Final
 from uuid import UUID
 
-from psycopg import Connection
+from psycopg import Connection, sql
 from psycopg.rows import TupleRow, class_row
 
-from identity_fanout import shard_queries
+from identity_fanout.channels import TASKS_CHANNEL, notify
 from identity_fanout.errors import TaskNotFailedError, TaskNotFoundError
-from identity_fanout.queries import NOTIFY_TASKS, TASK_COLUMNS
 from identity_fanout.shards import FanOutShard
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
+from pin_runtime.sql import columns, load_queries
 
-_SELECT: Final = f"SELECT {', '.join(TASK_COLUMNS)} FROM identity.access_fanout_tasks"
+_tasks = load_queries("identity_fanout", "sql/tasks.sql")
+_shards = load_queries("identity_fanout", "sql/shards.sql")
 
-# Spec runbook "Failed-задачи (poison)": Status -> Pending, AttemptCount = 0, after the cause
-# is fixed. The snapshot semantics make a repeat safe. The Cursor is kept: users before it
-# already received this RoleVersion's events.
-_REPLAY: Final = """
-UPDATE identity.access_fanout_tasks
-SET status = 'Pending', attempt_count = 0, lease_expires_at = NULL, completed_at = NULL,
-    updated_at = now()
-WHERE id = %(id)s AND status = 'Failed' AND shard_count = 0
-"""
+
+def _select_tasks(filter_: str) -> str:
+    return _tasks.compose(
+        "select_tasks", columns=columns(FanOutTask), filter=sql.SQL(_tasks[filter_])
+    )
+
+
+_NEWEST: Final = _select_tasks("newest_first")
+_NEWEST_WITH_STATUS: Final = _select_tasks("newest_first_with_status")
+_BY_ID: Final = _select_tasks("by_id")
+_SHARDS: Final = _shards.compose("select_shards", columns=columns(FanOutShard))
 
 
 def list_tasks(
@@ -34,18 +37,13 @@ def list_tasks(
     """Newest first; only ``status`` when given."""
     with conn.cursor(row_factory=class_row(FanOutTask)) as cur:
         if status is None:
-            cur.execute(f"{_SELECT} ORDER BY created_at DESC, id LIMIT %(limit)s", {"limit": limit})
-        else:
-            cur.execute(
-                f"{_SELECT} WHERE status = %(status)s ORDER BY created_at DESC, id LIMIT %(limit)s",
-                {"status": status.value, "limit": limit},
-            )
-        return cur.fetchall()
+            return cur.execute(_NEWEST, {"limit": limit}).fetchall()
+        return cur.execute(_NEWEST_WITH_STATUS, {"status": status.value, "limit": limit}).fetchall()
 
 
 def get_task(conn: Connection[TupleRow], task_id: UUID) -> FanOutTask:
     with conn.cursor(row_factory=class_row(FanOutTask)) as cur:
-        task = cur.execute(f"{_SELECT} WHERE id = %(id)s", {"id": task_id}).fetchone()
+        task = cur.execute(_BY_ID, {"id": task_id}).fetchone()
     if task is None:
         raise TaskNotFoundError(task_id)
     return task
@@ -54,7 +52,7 @@ def get_task(conn: Connection[TupleRow], task_id: UUID) -> FanOutTask:
 def list_shards(conn: Connection[TupleRow], task_id: UUID) -> list[FanOutShard]:
     """The shards of a task in range order; empty for a task fanned out as one unit."""
     with conn.cursor(row_factory=class_row(FanOutShard)) as cur:
-        return cur.execute(shard_queries.SELECT_SHARDS, {"task_id": task_id}).fetchall()
+        return cur.execute(_SHARDS, {"task_id": task_id}).fetchall()
 
 
 def replay_task(conn: Connection[TupleRow], task_id: UUID) -> FanOutTask:
@@ -65,12 +63,9 @@ def replay_task(conn: Connection[TupleRow], task_id: UUID) -> FanOutTask:
     """
     with conn.transaction():
         # Shards before the task: the order in which workers lock them (no deadlock).
-        conn.execute(shard_queries.REPLAY_SHARDS, {"task_id": task_id})
-        updated = conn.execute(_REPLAY, {"id": task_id}).rowcount
-        if updated != 1:
-            updated = conn.execute(shard_queries.REPLAY_SHARDED_TASK, {"id": task_id}).rowcount
-        if updated != 1:
+        conn.execute(_shards.replay_shards, {"task_id": task_id})
+        if conn.execute(_tasks.replay_task, {"id": task_id}).rowcount != 1:
             current = get_task(conn, task_id)
             raise TaskNotFailedError(task_id, current.status)
-        conn.execute(NOTIFY_TASKS, {"task_id": task_id})
+        notify(conn, TASKS_CHANNEL, str(task_id))
     return get_task(conn, task_id)

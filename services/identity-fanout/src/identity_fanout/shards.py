@@ -26,23 +26,8 @@ from pin_contracts import FanOutTaskStatus
 
 # Below every real UserId (the schema forbids the nil UUID): shard 1's lower bound.
 START: Final = UUID(int=0)
-
-SHARD_COLUMNS: Final = (
-    "id",
-    "task_id",
-    "shard_no",
-    "lower_bound",
-    "upper_bound",
-    "status",
-    "cursor",
-    "processed_count",
-    "attempt_count",
-    "lease_expires_at",
-    "last_error",
-    "started_at",
-    "completed_at",
-    "updated_at",
-)
+# The largest UUID: the upper bound of a task walked as one unit (and of the last shard).
+END: Final = UUID(int=(1 << 128) - 1)
 
 
 class FanOutShard(msgspec.Struct, frozen=True, kw_only=True):

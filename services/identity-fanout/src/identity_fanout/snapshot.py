@@ -16,7 +16,7 @@ from pin_contracts import (
 
 
 class AssignmentRow(NamedTuple):
-    """A row of queries.SNAPSHOT_ROWS, in its column order."""
+    """A row of `snapshot_rows` (sql/fanout.sql), read by column name (class_row)."""
 
     user_id: UUID
     assignment_id: UUID

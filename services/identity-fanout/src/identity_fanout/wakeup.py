@@ -11,7 +11,7 @@ from datetime import timedelta
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout import queries
+from identity_fanout.channels import TASKS_CHANNEL, listen
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import SessionLimits
 
@@ -68,7 +68,7 @@ class Wakeup:
                 connect_timeout=5,
                 **self._session.connect_kwargs(),
             )
-            self._listener.execute(f"LISTEN {queries.TASKS_CHANNEL}")
+            listen(self._listener, TASKS_CHANNEL)
         except psycopg.Error as exc:
             log_event(_log, "listen failed; polling only", logging.WARNING, exception=repr(exc))
             self.close()

@@ -25,25 +25,24 @@ from opentelemetry import trace
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from identity_fanout import queries
 from identity_fanout.claim import (
+    claim_shard,
     claim_task,
     is_poisoned,
-    record_failure,
-    release_task,
     retry_delay,
+    shard_claim,
+    task_claim,
 )
-from identity_fanout.fanout import BatchResult, process_batch
+from identity_fanout.fanout import (
+    BatchOptions,
+    BatchResult,
+    ShardBatchResult,
+    process_batch,
+    process_shard_batch,
+)
 from identity_fanout.metrics import FanoutMetrics
-from identity_fanout.shard_claim import (
-    claim_shard,
-    record_shard_failure,
-    release_shard,
-    split_task,
-    splittable,
-)
-from identity_fanout.shard_fanout import ShardBatchResult, process_shard_batch
 from identity_fanout.shards import ClaimedShard
+from identity_fanout.split import split_task, splittable
 from identity_fanout.tasks import FanOutTask
 from identity_fanout.unit_run import Conn, Step, Unit, UnitOps, UnitRunner
 from identity_fanout.wakeup import Wakeup
@@ -51,8 +50,10 @@ from pin_contracts import FanOutTaskStatus
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import SessionLimits, is_retriable
+from pin_runtime.sql import load_queries
 
 _log = logging.getLogger(__name__)
+_tasks = load_queries("identity_fanout", "sql/tasks.sql")
 
 DEFAULT_SHARD_SIZE = 25_000
 
@@ -185,7 +186,7 @@ class FanoutWorker:
         except Exception as exc:
             self._runner.on_failure(
                 _task_unit(task),
-                lambda conn, error, retry_in: record_failure(conn, task, error, retry_in),
+                task_claim(task).record_failure,
                 str(uuid.uuid4()),
                 exc,
             )
@@ -198,7 +199,7 @@ class FanoutWorker:
 
     def refresh_gauges(self) -> None:
         with self._pool.connection() as conn:
-            row = conn.execute(queries.QUEUE_STATE).fetchone()
+            row = conn.execute(_tasks.queue_state).fetchone()
         if row is not None:
             backlog, leased, failed, oldest = row
             self._metrics.queue_backlog.set(backlog)
@@ -208,58 +209,38 @@ class FanoutWorker:
 
     # -- one unit -------------------------------------------------------------------------
 
+    def _options(self, correlation_id: str) -> BatchOptions:
+        return BatchOptions(
+            batch_size=self._config.batch_size,
+            lease=self._config.max_lease_duration,
+            correlation_id=correlation_id,
+        )
+
     def process_task(self, task: FanOutTask) -> None:
         """Walk ``task`` as one unit from its Cursor to the end (or stop, fence, failure)."""
 
         def batch(conn: Conn, correlation_id: str) -> Step:
-            result = process_batch(
-                conn,
-                task,
-                batch_size=self._config.batch_size,
-                lease=self._config.max_lease_duration,
-                correlation_id=correlation_id,
-            )
+            result = process_batch(conn, task, **self._options(correlation_id))
             if self._on_batch is not None:
                 self._on_batch(task, result)
             return _task_step(result)
 
-        self._runner.walk(
-            _task_unit(task),
-            UnitOps(
-                batch=batch,
-                release=lambda conn: release_task(conn, task),
-                record_failure=lambda conn, error, retry_in: record_failure(
-                    conn, task, error, retry_in
-                ),
-            ),
-        )
+        claim = task_claim(task)
+        ops = UnitOps(batch=batch, release=claim.release, record_failure=claim.record_failure)
+        self._runner.walk(_task_unit(task), ops)
 
     def process_shard(self, claimed: ClaimedShard) -> None:
         """Walk one shard of a large task from its cursor to its upper bound."""
 
         def batch(conn: Conn, correlation_id: str) -> Step:
-            result = process_shard_batch(
-                conn,
-                claimed,
-                batch_size=self._config.batch_size,
-                lease=self._config.max_lease_duration,
-                correlation_id=correlation_id,
-            )
+            result = process_shard_batch(conn, claimed, **self._options(correlation_id))
             if self._on_shard_batch is not None:
                 self._on_shard_batch(claimed, result)
             return _shard_step(result)
 
-        shard = claimed.shard
-        self._runner.walk(
-            _shard_unit(claimed),
-            UnitOps(
-                batch=batch,
-                release=lambda conn: release_shard(conn, shard),
-                record_failure=lambda conn, error, retry_in: record_shard_failure(
-                    conn, shard, error, retry_in
-                ),
-            ),
-        )
+        claim = shard_claim(claimed.shard)
+        ops = UnitOps(batch=batch, release=claim.release, record_failure=claim.record_failure)
+        self._runner.walk(_shard_unit(claimed), ops)
 
     def _beat(self) -> None:
         if self._heartbeat is not None:

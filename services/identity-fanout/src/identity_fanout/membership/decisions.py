@@ -1,4 +1,4 @@
-"""Agent memberships in agencies, and the AgentMembershipChanged events that announce them.
+"""The membership producer's decisions: pure, no database.
 
 The producer side of ``pin.identity.agent-membership-changed.v1`` (producer table of the
 rewards consumer spec): accept-invitation / become-agent -> Active; leave-agency /
@@ -6,30 +6,26 @@ become-investor -> Left with Reason and EffectiveAt. One row per (agent, agency)
 keeps it as Left, joining again reactivates it with Version + 1, so every consumer's per-row
 guard (Version > LastMembershipVersion) sees one monotonic sequence per pair.
 
-The row change and its outbox row commit in one transaction, or neither does; the outbox
-relay publishes the event after commit (key AgentUserId, so per-agent order holds).
-Deciding (``parse_request``, ``next_membership``, ``membership_event``) is pure; only
-``record_membership_change`` touches the database.
+Deciding (``parse_request``, ``next_membership``, ``membership_event``,
+``membership_message``) happens here; ``identity_fanout.membership.record`` runs it in a
+transaction with the row and its outbox row.
 """
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import TypedDict
 from uuid import UUID
 
 import msgspec
-from psycopg import Connection
-from psycopg.rows import TupleRow
 
-from identity_fanout.errors import (
+from identity_fanout.membership.errors import (
     InvalidMembershipChangeError,
     MembershipAlreadyActiveError,
     MembershipNotActiveError,
 )
-from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
+from identity_fanout.outbox import OutboxMessage, outbox_message
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
     AgentMembershipChanged,
@@ -43,46 +39,15 @@ from pin_contracts import (
 )
 
 __all__ = [
+    "ChangeDetails",
     "Membership",
     "MembershipChange",
     "MembershipRequest",
-    "join_agency",
-    "leave_agency",
     "membership_event",
     "membership_message",
     "next_membership",
     "parse_request",
-    "record_membership_change",
 ]
-
-_COLUMNS: Final = (
-    "id, agent_user_id, company_id, status, reason, effective_at, joined_at, left_at, "
-    "invitation_id, version"
-)
-_LOCK_MEMBERSHIP: Final = f"""
-SELECT {_COLUMNS} FROM identity.agent_memberships
-WHERE agent_user_id = %(agent_user_id)s AND company_id = %(company_id)s
-FOR UPDATE
-"""
-# A concurrent first join of the same pair wins the unique key; the loser sees no row
-# returned, locks the winner's row and decides again (it is then "already Active").
-_INSERT: Final = """
-INSERT INTO identity.agent_memberships
-    (id, agent_user_id, company_id, status, reason, effective_at, joined_at, left_at,
-     invitation_id, version)
-VALUES (%(id)s, %(agent_user_id)s, %(company_id)s, %(status)s, %(reason)s, %(effective_at)s,
-        %(joined_at)s, %(left_at)s, %(invitation_id)s, %(version)s)
-ON CONFLICT (agent_user_id, company_id) DO NOTHING
-RETURNING id
-"""
-# The row is locked above, so the version condition is a guard against a bug, not a race.
-_UPDATE: Final = """
-UPDATE identity.agent_memberships
-   SET status = %(status)s, reason = %(reason)s, effective_at = %(effective_at)s,
-       joined_at = %(joined_at)s, left_at = %(left_at)s, invitation_id = %(invitation_id)s,
-       version = %(version)s, updated_at = now()
- WHERE id = %(id)s AND version = %(version)s - 1
-"""
 
 
 class Membership(msgspec.Struct, frozen=True, kw_only=True):
@@ -137,6 +102,15 @@ class MembershipChange:
 def _aware(name: str, value: datetime | None) -> None:
     if value is not None and value.utcoffset() is None:
         raise InvalidMembershipChangeError(name, "datetime must carry a UTC offset")
+
+
+class ChangeDetails(TypedDict, total=False):
+    """The optional keywords of `parse_request`, as callers pass them through."""
+
+    reason: LeaveReason | str | None
+    effective_at: datetime | None
+    invitation_id: UUID | None
+    occurred_at: datetime | None
 
 
 def parse_request(
@@ -263,134 +237,3 @@ def membership_message(
         membership_event(membership), correlation_id=correlation_id, occurred_at=occurred_at
     )
     return envelope, outbox_message(envelope, AGENT_MEMBERSHIP_CHANGED)
-
-
-def _row(values: tuple[object, ...]) -> Membership:
-    names = (
-        "id",
-        "agent_user_id",
-        "company_id",
-        "status",
-        "reason",
-        "effective_at",
-        "joined_at",
-        "left_at",
-        "invitation_id",
-        "version",
-    )
-    # msgspec.convert turns the stored text back into the enum members (CHECKs keep it valid).
-    return msgspec.convert(dict(zip(names, values, strict=True)), Membership, strict=False)
-
-
-def _params(m: Membership) -> dict[str, object]:
-    return {
-        "id": m.id,
-        "agent_user_id": m.agent_user_id,
-        "company_id": m.company_id,
-        "status": m.status.value,
-        "reason": None if m.reason is None else m.reason.value,
-        "effective_at": m.effective_at,
-        "joined_at": m.joined_at,
-        "left_at": m.left_at,
-        "invitation_id": m.invitation_id,
-        "version": m.version,
-    }
-
-
-def _lock(conn: Connection[TupleRow], request: MembershipRequest) -> Membership | None:
-    found = conn.execute(
-        _LOCK_MEMBERSHIP,
-        {"agent_user_id": request.agent_user_id, "company_id": request.company_id},
-    ).fetchone()
-    return None if found is None else _row(found)
-
-
-def record_membership_change(
-    conn: Connection[TupleRow],
-    *,
-    agent_user_id: UUID,
-    company_id: UUID,
-    status: AgentMembershipStatus | str,
-    reason: LeaveReason | str | None = None,
-    effective_at: datetime | None = None,
-    invitation_id: UUID | None = None,
-    occurred_at: datetime | None = None,
-    correlation_id: str | None = None,
-) -> MembershipChange:
-    """Record a join (Active) or a leave (Left) and put its event into the outbox.
-
-    One transaction (a savepoint when the caller has one open): the row, its Version bump
-    and the outbox row commit together. Typed errors (InvalidMembershipChangeError,
-    MembershipAlreadyActiveError, MembershipNotActiveError) leave nothing written.
-    """
-    request = parse_request(
-        agent_user_id=agent_user_id,
-        company_id=company_id,
-        status=status,
-        reason=reason,
-        effective_at=effective_at,
-        invitation_id=invitation_id,
-        occurred_at=occurred_at,
-    )
-    correlation = correlation_id or str(uuid.uuid4())
-    with conn.transaction():
-        current = _lock(conn, request)
-        updated = next_membership(current, request, new_id=uuid.uuid4())
-        if current is None:
-            inserted = conn.execute(_INSERT, _params(updated)).fetchone()
-            if inserted is None:  # lost a race for the first join of this pair
-                current = _lock(conn, request)
-                updated = next_membership(current, request, new_id=uuid.uuid4())
-        if current is not None:
-            changed = conn.execute(_UPDATE, _params(updated)).rowcount
-            if changed != 1:
-                raise RuntimeError(f"membership {updated.id} changed under its row lock")
-        envelope, message = membership_message(
-            updated, occurred_at=request.occurred_at, correlation_id=correlation
-        )
-        write_outbox(conn, [message])
-    return MembershipChange(membership=updated, envelope=envelope, message=message)
-
-
-def join_agency(
-    conn: Connection[TupleRow],
-    agent_user_id: UUID,
-    company_id: UUID,
-    *,
-    invitation_id: UUID | None = None,
-    occurred_at: datetime | None = None,
-    correlation_id: str | None = None,
-) -> MembershipChange:
-    """accept-invitation / become-agent: the agent becomes Active in the agency."""
-    return record_membership_change(
-        conn,
-        agent_user_id=agent_user_id,
-        company_id=company_id,
-        status=AgentMembershipStatus.ACTIVE,
-        invitation_id=invitation_id,
-        occurred_at=occurred_at,
-        correlation_id=correlation_id,
-    )
-
-
-def leave_agency(
-    conn: Connection[TupleRow],
-    agent_user_id: UUID,
-    company_id: UUID,
-    *,
-    reason: LeaveReason | str,
-    effective_at: datetime | None = None,
-    occurred_at: datetime | None = None,
-    correlation_id: str | None = None,
-) -> MembershipChange:
-    """leave-agency / become-investor: the agent's membership becomes Left."""
-    return record_membership_change(
-        conn,
-        agent_user_id=agent_user_id,
-        company_id=company_id,
-        status=AgentMembershipStatus.LEFT,
-        reason=reason,
-        effective_at=effective_at,
-        occurred_at=occurred_at,
-        correlation_id=correlation_id,
-    )

@@ -1,7 +1,8 @@
-"""Synthetic role data for the demo, the benchmark and the tests.
+"""Synthetic identity role data for the demo, the benchmarks and the tests.
 
-Writes with COPY: the benchmark seeds 150,000 assignments, and row-by-row inserts would
-time the seeding instead of the fan-out.
+Not part of any service: it writes straight into the `identity` tables as their owner.
+Assignments go in with COPY: the benchmark seeds 150,000 of them, and row-by-row inserts
+would time the seeding instead of the fan-out.
 """
 
 from __future__ import annotations
@@ -17,24 +18,11 @@ from psycopg import Connection
 from psycopg.rows import TupleRow
 
 from pin_contracts import ScopeType
+from pin_runtime.sql import columns, load_queries
 
-_COPY_ASSIGNMENTS: Final = (
-    "COPY identity.role_assignments (id, role_id, user_id, company_id, status, scope_type, "
-    "scope_organization_id, scope_project_group_id, scope_project_id, expires_at) "
-    "FROM STDIN (FORMAT BINARY)"
-)
-_ASSIGNMENT_TYPES: Final = [
-    "uuid",
-    "uuid",
-    "uuid",
-    "uuid",
-    "text",
-    "text",
-    "uuid",
-    "uuid",
-    "uuid",
-    "timestamptz",
-]
+__all__ = ["Assignment", "add_assignments", "add_permissions", "add_role", "seed_role_with_users"]
+
+_q = load_queries("pin_testkit", "sql/seeding.sql")
 
 
 class Assignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,12 +38,24 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True):
     id: UUID = msgspec.field(default_factory=uuid.uuid4)
 
 
+_COPY_ASSIGNMENTS: Final = _q.compose("copy_assignments", columns=columns(Assignment))
+# The binary COPY's types, by field (Assignment's order).
+_ASSIGNMENT_TYPES: Final = {
+    "role_id": "uuid",
+    "user_id": "uuid",
+    "company_id": "uuid",
+    "status": "text",
+    "scope_type": "text",
+    "scope_organization_id": "uuid",
+    "scope_project_group_id": "uuid",
+    "scope_project_id": "uuid",
+    "expires_at": "timestamptz",
+    "id": "uuid",
+}
+
+
 def add_permissions(conn: Connection[TupleRow], codes: Iterable[str]) -> None:
-    conn.execute(
-        "INSERT INTO identity.permissions (code) SELECT unnest(%(codes)s::text[]) "
-        "ON CONFLICT DO NOTHING",
-        {"codes": list(codes)},
-    )
+    conn.execute(_q.add_permissions, {"codes": list(codes)})
 
 
 def add_role(
@@ -69,40 +69,19 @@ def add_role(
 ) -> UUID:
     """A role with ``permissions`` (added to the catalogue too); its id."""
     rid = role_id or uuid.uuid4()
-    conn.execute(
-        "INSERT INTO identity.role_definitions (id, company_id, code, status) "
-        "VALUES (%s, %s, %s, %s)",
-        (rid, company_id, code, status),
-    )
+    conn.execute(_q.add_role, {"id": rid, "company_id": company_id, "code": code, "status": status})
     if permissions:
         add_permissions(conn, permissions)
-        conn.execute(
-            "INSERT INTO identity.role_permissions (role_id, permission_code) "
-            "SELECT %s, unnest(%s::text[])",
-            (rid, list(permissions)),
-        )
+        conn.execute(_q.add_role_permissions, {"role_id": rid, "codes": list(permissions)})
     return rid
 
 
 def add_assignments(conn: Connection[TupleRow], assignments: Iterable[Assignment]) -> int:
     count = 0
     with conn.cursor() as cur, cur.copy(_COPY_ASSIGNMENTS) as copy:
-        copy.set_types(_ASSIGNMENT_TYPES)
+        copy.set_types([_ASSIGNMENT_TYPES[name] for name in Assignment.__struct_fields__])
         for a in assignments:
-            copy.write_row(
-                (
-                    a.id,
-                    a.role_id,
-                    a.user_id,
-                    a.company_id,
-                    a.status,
-                    a.scope_type,
-                    a.scope_organization_id,
-                    a.scope_project_group_id,
-                    a.scope_project_id,
-                    a.expires_at,
-                )
-            )
+            copy.write_row(msgspec.structs.astuple(a))
             count += 1
     return count
 

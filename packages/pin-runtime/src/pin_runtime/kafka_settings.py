@@ -1,0 +1,147 @@
+"""How a Kafka client authenticates: the settings and their librdkafka form. No client.
+
+`KafkaClientSettings` refuses what would leak a password (SASL PLAIN over a connection without
+TLS) unless explicitly allowed, and half-configured TLS client certificates. Every service's
+`Settings` inherits it, so this module imports no Kafka client library: a command that never
+talks to Kafka (the runbook commands) does not load librdkafka. The fail-fast check lives in
+`kafka_security`.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+import msgspec
+
+from pin_runtime.settings import Secret
+
+ConfigValue = str | int | float | bool
+KafkaConfig = dict[str, ConfigValue]
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+_TLS_PROTOCOLS: Final = frozenset({"SSL", "SASL_SSL"})
+
+
+def security_config(
+    *,
+    protocol: SecurityProtocol = "PLAINTEXT",
+    sasl_mechanism: SaslMechanism | None = None,
+    sasl_username: str | None = None,
+    sasl_password: str | None = None,
+    ssl_ca_location: str | None = None,
+    ssl_certificate_location: str | None = None,
+    ssl_key_location: str | None = None,
+    ssl_key_password: str | None = None,
+    allow_plaintext_sasl_plain: bool = False,
+) -> KafkaConfig:
+    """librdkafka settings for how a client authenticates, from the services' settings.
+
+    Raises `ValueError` for SASL without credentials, SASL PLAIN without TLS (the password
+    would cross the network in clear text) unless `allow_plaintext_sasl_plain`, and a client
+    certificate without its key (or the reverse).
+    """
+    config: KafkaConfig = {"security.protocol": protocol}
+    if protocol.startswith("SASL"):
+        if not (sasl_mechanism and sasl_username and sasl_password):
+            raise ValueError(f"{protocol} needs a SASL mechanism, username and password")
+        if (
+            protocol == "SASL_PLAINTEXT"
+            and sasl_mechanism == "PLAIN"
+            and not allow_plaintext_sasl_plain
+        ):
+            raise ValueError(_PLAIN_IN_CLEAR)
+        config |= {
+            "sasl.mechanism": sasl_mechanism,
+            "sasl.username": sasl_username,
+            "sasl.password": sasl_password,
+        }
+    if ssl_ca_location:
+        config["ssl.ca.location"] = ssl_ca_location
+    if bool(ssl_certificate_location) != bool(ssl_key_location):
+        raise ValueError("a client certificate needs both its certificate and its key")
+    if ssl_certificate_location and ssl_key_location:
+        if protocol not in _TLS_PROTOCOLS:
+            raise ValueError(f"a client certificate needs SSL or SASL_SSL, not {protocol}")
+        config["ssl.certificate.location"] = ssl_certificate_location
+        config["ssl.key.location"] = ssl_key_location
+        if ssl_key_password:
+            config["ssl.key.password"] = ssl_key_password
+    return config
+
+
+_PLAIN_IN_CLEAR: Final = (
+    "SASL_PLAINTEXT with mechanism PLAIN sends the password in clear text; use SASL_SSL or a "
+    "SCRAM mechanism, or set KAFKA_ALLOW_PLAINTEXT_SASL_PLAIN=true to accept that"
+)
+
+
+class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The Kafka connection settings every service reads, as fields of its own Settings.
+
+    A service's `Settings` inherits them, so `<PREFIX>KAFKA_BOOTSTRAP` and friends mean
+    the same thing in every service.
+    """
+
+    kafka_bootstrap: str = ""
+    """Bootstrap servers; required by the commands that talk to Kafka."""
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: SaslMechanism | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: Secret | None = None
+    kafka_ssl_ca_location: str | None = None
+    """PEM file of the CA that signs the brokers' certificates; unset: the system CAs."""
+    kafka_ssl_certificate_location: str | None = None
+    """PEM client certificate for mutual TLS (with `kafka_ssl_key_location`)."""
+    kafka_ssl_key_location: str | None = None
+    """PEM private key of the client certificate."""
+    kafka_ssl_key_password: Secret | None = None
+    """Password of an encrypted client key."""
+    kafka_allow_plaintext_sasl_plain: bool = False
+    """SASL PLAIN over SASL_PLAINTEXT puts the password on the wire; refused unless true."""
+
+    def __post_init__(self) -> None:
+        # Named by field (upper-cased, no prefix): `load_settings` adds the service's prefix.
+        protocol = self.kafka_security_protocol
+        if protocol.startswith("SASL"):
+            for name in ("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password"):
+                if not getattr(self, name):
+                    raise ValueError(f"{name.upper()}: required with {protocol}")
+        if (
+            protocol == "SASL_PLAINTEXT"
+            and self.kafka_sasl_mechanism == "PLAIN"
+            and not self.kafka_allow_plaintext_sasl_plain
+        ):
+            raise ValueError(f"KAFKA_SECURITY_PROTOCOL: {_PLAIN_IN_CLEAR}")
+        certificate, key = self.kafka_ssl_certificate_location, self.kafka_ssl_key_location
+        if certificate and not key:
+            raise ValueError("KAFKA_SSL_KEY_LOCATION: required with KAFKA_SSL_CERTIFICATE_LOCATION")
+        if key and not certificate:
+            raise ValueError("KAFKA_SSL_CERTIFICATE_LOCATION: required with KAFKA_SSL_KEY_LOCATION")
+        if certificate and protocol not in _TLS_PROTOCOLS:
+            raise ValueError(
+                f"KAFKA_SSL_CERTIFICATE_LOCATION: a client certificate needs "
+                f"KAFKA_SECURITY_PROTOCOL SSL or SASL_SSL, not {protocol}"
+            )
+        if self.kafka_ssl_key_password is not None and not key:
+            raise ValueError("KAFKA_SSL_KEY_PASSWORD: set without KAFKA_SSL_KEY_LOCATION")
+
+    def kafka_security(self) -> KafkaConfig:
+        """The librdkafka settings of this authentication, for every client's `extra`."""
+        return security_config(
+            protocol=self.kafka_security_protocol,
+            sasl_mechanism=self.kafka_sasl_mechanism,
+            sasl_username=self.kafka_sasl_username,
+            sasl_password=self.kafka_sasl_password.reveal() if self.kafka_sasl_password else None,
+            ssl_ca_location=self.kafka_ssl_ca_location,
+            ssl_certificate_location=self.kafka_ssl_certificate_location,
+            ssl_key_location=self.kafka_ssl_key_location,
+            ssl_key_password=(
+                self.kafka_ssl_key_password.reveal() if self.kafka_ssl_key_password else None
+            ),
+            allow_plaintext_sasl_plain=self.kafka_allow_plaintext_sasl_plain,
+        )
+
+    def kafka_connection(self) -> KafkaConfig:
+        """Bootstrap servers and authentication: what `verify_connection` needs."""
+        return {"bootstrap.servers": self.kafka_bootstrap, **self.kafka_security()}

@@ -1,0 +1,74 @@
+"""`identity-fanout memberships join|leave`: the membership producer from the command line."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from datetime import datetime
+from uuid import UUID
+
+from psycopg import Connection
+from psycopg.rows import TupleRow
+
+from identity_fanout.membership.decisions import MembershipChange
+from identity_fanout.membership.record import join_agency, leave_agency
+
+__all__ = ["add_commands", "change_line", "run"]
+
+
+def _iso_datetime(text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 datetime: {text!r}") from None
+
+
+def add_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    uuid_type: Callable[[str], UUID],
+) -> None:
+    """The `memberships` command and its `join` / `leave` subcommands."""
+    memberships = commands.add_parser(
+        "memberships", help="agent membership commands (AgentMembershipChanged events)"
+    ).add_subparsers(dest="memberships_command", required=True, metavar="MEMBERSHIPS_COMMAND")
+    join = memberships.add_parser("join", help="the agent becomes Active in the agency")
+    join.add_argument("agent_user_id", type=uuid_type, metavar="AGENT_USER_ID")
+    join.add_argument("company_id", type=uuid_type, metavar="COMPANY_ID")
+    join.add_argument("--invitation", type=uuid_type, default=None, metavar="INVITATION_ID")
+    leave = memberships.add_parser("leave", help="the agent's membership becomes Left")
+    leave.add_argument("agent_user_id", type=uuid_type, metavar="AGENT_USER_ID")
+    leave.add_argument("company_id", type=uuid_type, metavar="COMPANY_ID")
+    # Checked by the producer (exit 1 with the known values), not by argparse choices.
+    leave.add_argument("--reason", required=True, metavar="SelfLeave|ExcludedByAgency")
+    leave.add_argument(
+        "--effective-at",
+        type=_iso_datetime,
+        default=None,
+        metavar="ISO8601",
+        help="when the leave takes effect (default: now, the moment it is recorded)",
+    )
+
+
+def run(conn: Connection[TupleRow], args: argparse.Namespace) -> MembershipChange:
+    """Record the join or leave the arguments ask for."""
+    if args.memberships_command == "join":
+        return join_agency(conn, args.agent_user_id, args.company_id, invitation_id=args.invitation)
+    return leave_agency(
+        conn,
+        args.agent_user_id,
+        args.company_id,
+        reason=args.reason,
+        effective_at=args.effective_at,
+    )
+
+
+def change_line(change: MembershipChange) -> str:
+    """What the command prints: one line, never wrapped (scripts parse it)."""
+    m = change.membership
+    line = (
+        f"membership {m.id}: agent {m.agent_user_id} {m.status.value} in agency "
+        f"{m.company_id}, version {m.version}"
+    )
+    if m.reason is not None and m.effective_at is not None:
+        line += f", {m.reason.value} effective {m.effective_at.isoformat()}"
+    return f"{line}, event {change.message_id}"

@@ -1,0 +1,27 @@
+-- The advisory locks of the outbox lanes (identity_fanout.lanes): which relay instance
+-- publishes which slots. Session-level locks on the relay's own connection: they end with it.
+
+-- name: join_members --
+-- Session-level and shared: every running relay instance holds it, so the holders counted
+-- in pg_locks are the instances the lanes are shared among; it ends with the connection.
+SELECT pg_advisory_lock_shared(%(members)s, 0)
+
+-- name: try_lock_slots --
+-- Session-level locks of a lane's slots: held until released or until the connection
+-- ends (crash, network loss).
+SELECT s, pg_try_advisory_lock(%(class)s, s) FROM unnest(%(slots)s::int[]) AS s
+
+-- name: unlock_slots --
+SELECT count(*) FILTER (WHERE pg_advisory_unlock(%(class)s, s)) FROM unnest(%(slots)s::int[]) AS s
+
+-- name: lane_locks --
+-- Who is a relay instance (the shared member lock) and who holds which slot.
+SELECT l.classid::bigint, l.objid::bigint, l.pid, a.application_name, a.client_addr::text
+  FROM pg_locks AS l
+  LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory'
+   AND l.granted
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   -- A two-int4 key shows as classid = first key, objid = second key, objsubid = 2.
+   AND l.objsubid = 2
+   AND l.classid::bigint IN (%(class)s, %(members)s)

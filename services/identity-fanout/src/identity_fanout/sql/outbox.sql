@@ -1,0 +1,19 @@
+-- The transactional outbox: how rows go in, and what `outbox status` reads.
+
+-- name: copy_outbox --
+-- One binary COPY per batch: a fan-out batch writes hundreds of rows and a per-row INSERT
+-- round trip would dominate its cost. key_slot is the row's lane for good.
+COPY identity.outbox (topic, message_key, payload, headers, message_id, event_type, key_slot)
+FROM STDIN (FORMAT BINARY)
+
+-- name: status_by_topic --
+SELECT topic, count(*) FROM identity.outbox GROUP BY topic ORDER BY topic
+
+-- name: status_head --
+SELECT created_at, extract(epoch FROM clock_timestamp() - created_at)::float8
+  FROM identity.outbox
+ ORDER BY id
+ LIMIT 1
+
+-- name: slot_backlog --
+SELECT key_slot, count(*) FROM identity.outbox GROUP BY key_slot

@@ -1,0 +1,35 @@
+-- The outbox relay's reads and deletes. Every statement runs on an autocommit connection,
+-- so each is its own short transaction and nothing holds row locks between reads.
+
+-- name: read_lanes --
+-- The next rows of the held lanes after the last one in flight (after 0: from the head),
+-- at most limit rows and as many as start within budget payload bytes (at least one row).
+-- Only committed rows are visible (read committed, autocommit). A row committed late under a
+-- lower id than the cursor is read once the window is empty again (the cursor then restarts
+-- from the head).
+SELECT id, topic, message_key, payload, headers, key_slot
+  FROM (SELECT *, sum(octet_length(payload)) OVER (ORDER BY id) - octet_length(payload) AS before
+          FROM (SELECT id, topic, message_key, payload, headers::text AS headers, key_slot
+                  FROM identity.outbox
+                 WHERE key_slot = ANY(%(slots)s::smallint[])
+                   AND id > %(after)s
+                 ORDER BY id
+                 LIMIT %(limit)s) AS head) AS sized
+ WHERE before < %(budget)s
+ ORDER BY id
+
+-- name: delete_published --
+-- Exactly the acknowledged ids, never a range: a writer that took a lower id may commit
+-- after this round read higher ones, and id <= last would delete its unpublished row.
+DELETE FROM identity.outbox WHERE id = ANY(%(ids)s::bigint[])
+
+-- name: backlog --
+-- Cheap every round: an exact count up to a cap, the id span beyond it (an upper bound,
+-- two primary-key lookups), and the age of the head row, the one the relay publishes next.
+WITH head AS (
+    SELECT id, created_at FROM identity.outbox ORDER BY id LIMIT 1
+)
+SELECT (SELECT count(*) FROM (SELECT 1 FROM identity.outbox LIMIT %(exact_up_to)s) AS s),
+       (SELECT max(id) FROM identity.outbox) - (SELECT id FROM head) + 1,
+       (SELECT created_at FROM head),
+       extract(epoch FROM clock_timestamp() - (SELECT created_at FROM head))::float8

@@ -1,0 +1,72 @@
+-- Shards of a large task: the split, the roll-up onto the task row, the runbook's view.
+-- Claiming, fencing, checkpoints, failures and hand-backs of a shard are in units.sql.
+
+-- name: split_bounds --
+-- The inner shard bounds: every step-th of the role's distinct users in UserId order, so
+-- the shards hold about equal numbers of users. The index-only scan already yields them in
+-- order: numbering them costs no sort (percentile_disc would sort them all).
+SELECT user_id FROM (
+    SELECT user_id, row_number() OVER (ORDER BY user_id) AS rn
+    FROM (
+        SELECT DISTINCT user_id FROM identity.role_assignments
+        WHERE role_id = %(role_id)s AND status = 'Active'
+    ) AS users
+) AS numbered
+WHERE rn %% %(step)s = 0
+ORDER BY rn
+LIMIT %(bounds)s
+
+-- name: mark_split --
+-- The task stays InProgress without a lease of its own: its shards carry the leases. With
+-- shard_count > 0 the task claim never takes it as a unit again.
+UPDATE identity.access_fanout_tasks
+SET shard_count = %(shards)s, lease_expires_at = NULL, updated_at = now()
+WHERE id = %(id)s AND attempt_count = %(attempt)s AND status = 'InProgress'
+  AND shard_count = 0
+
+-- name: insert_shards --
+INSERT INTO identity.access_fanout_shards (id, task_id, shard_no, lower_bound, upper_bound)
+SELECT gen_random_uuid(), %(task_id)s, ord::integer, lower_bound, upper_bound
+FROM unnest(%(lowers)s::uuid[], %(uppers)s::uuid[]) WITH ORDINALITY
+    AS b(lower_bound, upper_bound, ord)
+
+-- name: fail_task --
+-- A poisoned shard fails its task: the Failed-task gauge and alert see it as today.
+UPDATE identity.access_fanout_tasks
+SET status = 'Failed', lease_expires_at = NULL, last_error = %(error)s, updated_at = now()
+WHERE id = %(id)s AND status = 'InProgress'
+
+-- name: lock_task --
+-- The roll-up onto the task row, last in the batch's transaction so its row lock is held
+-- only for the roll-up and the commit. The lock is its own statement: the shard states are
+-- read by the next statement, whose snapshot sees every roll-up committed before ours
+-- (two shards finishing at once cannot both miss the other's completion).
+SELECT status FROM identity.access_fanout_tasks WHERE id = %(id)s FOR UPDATE
+
+-- name: shard_states --
+SELECT shard_no, status, lower_bound, cursor, processed_count
+FROM identity.access_fanout_shards WHERE task_id = %(task_id)s
+
+-- name: task_rollup --
+UPDATE identity.access_fanout_tasks
+SET processed_count = %(processed)s,
+    cursor = %(cursor)s,
+    status = %(status)s,
+    completed_at = CASE WHEN %(completed)s THEN now() ELSE completed_at END,
+    last_error = CASE WHEN %(completed)s THEN NULL ELSE last_error END,
+    updated_at = now()
+WHERE id = %(id)s
+RETURNING created_at, started_at
+
+-- name: select_shards --
+-- The shards of a task in range order ({columns}: identity_fanout.shards.FanOutShard).
+SELECT {columns} FROM identity.access_fanout_shards
+WHERE task_id = %(task_id)s ORDER BY shard_no
+
+-- name: replay_shards --
+-- Replay of a sharded task: its Failed shards start over from their cursors (attempts
+-- reset); finished shards are not repeated.
+UPDATE identity.access_fanout_shards
+SET status = 'Pending', attempt_count = 0, lease_expires_at = NULL, completed_at = NULL,
+    updated_at = now()
+WHERE task_id = %(task_id)s AND status = 'Failed'

@@ -1,0 +1,49 @@
+-- The queue of fan-out tasks as the worker's gauges and the runbook commands see it.
+
+-- name: queue_state --
+-- A sharded task (no lease of its own) is waiting while one of its shards waits for a
+-- worker, and leased while one of its shards is under a live lease.
+SELECT
+    count(*) FILTER (
+        WHERE t.status = 'Pending' OR t.lease_expires_at < now() OR EXISTS (
+            SELECT 1 FROM identity.access_fanout_shards AS s
+            WHERE s.task_id = t.id AND s.status IN ('Pending', 'InProgress')
+              AND (s.status = 'Pending' OR s.lease_expires_at < now()))
+    ) AS backlog,
+    count(*) FILTER (
+        WHERE t.status = 'InProgress' AND (t.lease_expires_at >= now() OR EXISTS (
+            SELECT 1 FROM identity.access_fanout_shards AS s
+            WHERE s.task_id = t.id AND s.status = 'InProgress' AND s.lease_expires_at >= now()))
+    ) AS leased,
+    (SELECT count(*) FROM identity.access_fanout_tasks WHERE status = 'Failed') AS failed,
+    extract(epoch FROM now() - min(t.created_at)) AS oldest_age_seconds
+FROM identity.access_fanout_tasks AS t
+WHERE t.status IN ('Pending', 'InProgress')
+
+-- name: enqueue_task --
+INSERT INTO identity.access_fanout_tasks (id, role_id, company_id, role_version, reason, status)
+VALUES (%(task_id)s, %(role_id)s, %(company_id)s, %(version)s, %(reason)s, %(status)s)
+
+-- name: select_tasks --
+-- Tasks ({columns}: identity_fanout.tasks.FanOutTask) {filter}: one of the fragments below.
+SELECT {columns} FROM identity.access_fanout_tasks {filter}
+
+-- name: newest_first --
+ORDER BY created_at DESC, id LIMIT %(limit)s
+
+-- name: newest_first_with_status --
+WHERE status = %(status)s ORDER BY created_at DESC, id LIMIT %(limit)s
+
+-- name: by_id --
+WHERE id = %(id)s
+
+-- name: replay_task --
+-- Spec runbook "Failed-задачи (poison)": Status -> Pending, AttemptCount = 0, after the
+-- cause is fixed. The snapshot semantics make a repeat safe. The Cursor is kept: users
+-- before it already received this RoleVersion's events. A sharded task returns to
+-- InProgress instead, the state whose shards are claimable (Pending would let the task
+-- claim take it as one unit); its shards are replayed first (shards.sql replay_shards).
+UPDATE identity.access_fanout_tasks
+SET status = CASE WHEN shard_count = 0 THEN 'Pending' ELSE 'InProgress' END,
+    attempt_count = 0, lease_expires_at = NULL, completed_at = NULL, updated_at = now()
+WHERE id = %(id)s AND status = 'Failed'

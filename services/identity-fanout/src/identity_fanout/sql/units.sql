@@ -1,0 +1,94 @@
+-- A unit of work is a task walked whole or one shard of a large task. Both walk the same
+-- way (spec "Алгоритм", "Идемпотентность и retry"), so their statements are written once,
+-- with {unit} the table (identity.access_fanout_tasks or identity.access_fanout_shards),
+-- composed at import by identity_fanout.claim.
+
+-- name: claim --
+-- Claim one unit: the {candidate} row, Pending or InProgress with an expired lease.
+-- SKIP LOCKED (in the candidate) lets parallel workers pass over a unit another worker is
+-- claiming right now. A unit that already had max_attempts claims is not claimed again but
+-- marked Failed in the same statement (poison), so it cannot block the queue.
+WITH candidate AS (
+{candidate}
+), poisoned AS (
+    SELECT c.*, u.attempt_count >= %(max_attempts)s AS poisoned
+    FROM {unit} AS u JOIN candidate AS c USING (id)
+)
+UPDATE {unit} AS u
+SET status = CASE WHEN p.poisoned THEN 'Failed' ELSE 'InProgress' END,
+    attempt_count = CASE WHEN p.poisoned THEN u.attempt_count ELSE u.attempt_count + 1 END,
+    lease_expires_at = CASE WHEN p.poisoned THEN NULL ELSE now() + %(lease)s END,
+    last_error = CASE
+        WHEN p.poisoned THEN coalesce(u.last_error, 'lease expired without completing')
+        ELSE u.last_error
+    END,
+    started_at = coalesce(u.started_at, now()),
+    updated_at = now()
+FROM poisoned AS p
+WHERE u.id = p.id
+RETURNING {returning}
+
+-- name: task_candidate --
+-- The oldest task that is Pending or whose lease expired (its worker died or stalled), not
+-- split into shards. The first condition repeats the partial index's predicate so the
+-- planner can use it.
+SELECT id
+FROM identity.access_fanout_tasks
+WHERE status IN ('Pending', 'InProgress')
+  AND (status = 'Pending' OR lease_expires_at < now())
+  AND shard_count = 0
+ORDER BY created_at, id
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+
+-- name: shard_candidate --
+-- A shard of a live sharded task, oldest task first, with what its batches need from the
+-- task (the shard rows are locked, the task rows are not).
+SELECT s.id, t.role_id, t.company_id, t.role_version
+FROM identity.access_fanout_shards AS s
+JOIN identity.access_fanout_tasks AS t ON t.id = s.task_id
+WHERE s.status IN ('Pending', 'InProgress') AND t.status = 'InProgress'
+  AND (s.status = 'Pending' OR s.lease_expires_at < now())
+ORDER BY t.created_at, s.task_id, s.shard_no
+LIMIT 1 FOR UPDATE OF s SKIP LOCKED
+
+-- name: lock_cursor --
+-- The fence of a batch: the unit's row, locked, only while this worker's claim is the
+-- current one (same attempt_count, still InProgress). No row: the lease was lost to another
+-- worker and the batch is rolled back. The cursor is re-read here, never trusted from memory.
+SELECT cursor FROM {unit}
+WHERE id = %(id)s AND attempt_count = %(attempt)s AND status = 'InProgress'
+FOR UPDATE
+
+-- name: checkpoint --
+-- The batch checkpoint, fenced like the lock above; it also extends the lease. The last
+-- (partial) page completes the unit and clears its lease.
+UPDATE {unit}
+SET cursor = coalesce(%(cursor)s, cursor),
+    processed_count = processed_count + %(count)s,
+    status = CASE WHEN %(last)s THEN 'Completed' ELSE status END,
+    completed_at = CASE WHEN %(last)s THEN now() ELSE completed_at END,
+    lease_expires_at = CASE WHEN %(last)s THEN NULL ELSE now() + %(lease)s END,
+    last_error = CASE WHEN %(last)s THEN NULL ELSE last_error END,
+    updated_at = now()
+WHERE id = %(id)s AND attempt_count = %(attempt)s AND status = 'InProgress'
+RETURNING processed_count
+
+-- name: record_failure --
+-- After a failed batch: keep the reason for the runbook and let the lease run out sooner
+-- than MaxLeaseDuration, so a transient failure is retried in seconds, not minutes.
+UPDATE {unit}
+SET last_error = %(error)s,
+    lease_expires_at = least(lease_expires_at, now() + %(retry_in)s),
+    updated_at = now()
+WHERE id = %(id)s AND attempt_count = %(attempt)s AND status = 'InProgress'
+
+-- name: release --
+-- Graceful stop between batches: hand the unit back at once instead of making the next
+-- worker wait for the lease. The hand-back is not a failed attempt, so the claim's
+-- increment is undone; the fencing token (attempt_count) stays unique because nobody else
+-- can hold this claim.
+UPDATE {unit}
+SET status = 'Pending', lease_expires_at = NULL, attempt_count = attempt_count - 1,
+    updated_at = now()
+WHERE id = %(id)s AND attempt_count = %(attempt)s AND status = 'InProgress'
