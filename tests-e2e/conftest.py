@@ -15,28 +15,36 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pin_e2e helper package
 
-from pin_e2e.infra import OwnServers, create_template
-from pin_e2e.procs import REWARDS_MEMBERSHIP, run_cli
 from pin_e2e.report import Recorder
-from pin_e2e.system import IDENTITY_TEMPLATE, REWARDS_TEMPLATE, System
+from pin_e2e.system import (
+    IDENTITY_TEMPLATE,
+    REWARDS_MEMBERSHIP,
+    REWARDS_TEMPLATE,
+    System,
+    process_environment,
+)
 
 from identity_fanout.schema import migrate_database
+from pin_testkit.databases import create_database
+from pin_testkit.private_servers import PrivateServers
 from pin_testkit.runtime_roles import all_logins, ensure_login
+from pin_testkit.service import run_cli
 
 _RECORDER = pytest.StashKey[Recorder]()
 
 
 @pytest.fixture(scope="session")
-def e2e_servers() -> Iterator[OwnServers]:
-    """PostgreSQL + Kafka of this suite alone, with migrated template databases (migrated
-    as the owner) and the runtime roles' login users."""
-    servers = OwnServers.start()
+def e2e_servers() -> Iterator[PrivateServers]:
+    """PostgreSQL + Kafka of this suite alone (``pin_testkit.private_servers``), with migrated
+    template databases (migrated as the owner) and the runtime roles' login users."""
+    servers = PrivateServers.launch(prefix="pin-e2e-")
     try:
         admin = servers.services.postgres_dsn
-        migrate_database(create_template(admin, IDENTITY_TEMPLATE))
+        migrate_database(create_database(admin, IDENTITY_TEMPLATE, replace=True))
         # The rewards schema as an operator migrates it: the service's own command.
-        rewards = create_template(admin, REWARDS_TEMPLATE)
-        run_cli(REWARDS_MEMBERSHIP, ["migrate"], {"REWARDS_MEMBERSHIP_DATABASE_DSN": rewards})
+        rewards = create_database(admin, REWARDS_TEMPLATE, replace=True)
+        env = process_environment({"REWARDS_MEMBERSHIP_DATABASE_DSN": rewards})
+        run_cli(REWARDS_MEMBERSHIP, ["migrate"], env)
         # The login users of the runtime roles the migrations created; every service
         # process of a scenario connects as one (pin_e2e.system).
         for _, groups in all_logins():
@@ -57,7 +65,7 @@ def recorder(request: pytest.FixtureRequest) -> Recorder:
 
 
 @pytest.fixture
-def make_system(e2e_servers: OwnServers, tmp_path: Path) -> Iterator[Callable[[str], System]]:
+def make_system(e2e_servers: PrivateServers, tmp_path: Path) -> Iterator[Callable[[str], System]]:
     """``make_system("s1")``: fresh databases and consumer group; processes stopped after."""
     systems: list[System] = []
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from pin_e2e.chaos.campaign import run_campaign
 from pin_e2e.chaos.report import render
-from pin_e2e.infra import OwnServers
 from pin_e2e.report import Recorder
+
+from pin_testkit.private_servers import PrivateServers
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +28,10 @@ def _setting(name: str, default: int) -> int:
 
 
 def test_chaos_campaign(
-    e2e_servers: OwnServers, recorder: Recorder, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    e2e_servers: PrivateServers,
+    recorder: Recorder,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     seed = _setting("PIN_CHAOS_SEED", random.SystemRandom().randrange(1, 1_000_000))
     faults = _setting("PIN_CHAOS_FAULTS", 10)

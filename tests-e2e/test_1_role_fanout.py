@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from pin_e2e.checks import analyse_access, expected_snapshots
-from pin_e2e.procs import wait_until
 from pin_e2e.report import Recorder
-from pin_e2e.steps import change_role_permissions, outbox_backlog, seed_role, task_row
+from pin_e2e.steps import change_role_permissions, seed_role, task_row
 from pin_e2e.system import System
+from pin_e2e.verify import access_delivered, record_access, wait_task_drained
 
 pytestmark = pytest.mark.integration
 
@@ -30,25 +29,12 @@ def test_role_of_2500_users_changes_permissions(
         assert change.mode == "queued"
         assert change.task is not None
         task = change.task
-        wait_until(
-            lambda: task_row(system, task)["status"] == "Completed" and outbox_backlog(system) == 0,
-            timeout=180,
-            what="task Completed and the outbox drained",
-            alive=[worker],
+        wait_task_drained(
+            system, task, what="task Completed and the outbox drained", alive=[worker]
         )
 
-        delivery = analyse_access(
-            system.access_records(),
-            users=expected_snapshots(system.identity_dsn, users),
-            version=change.version,
-        )
-        stats.events = delivery.distinct_events
-        stats.lost = len(delivery.lost)
-        stats.duplicate("redelivered", delivery.relay_redeliveries)
-        stats.duplicate("re-fanned", delivery.fanout_duplicates)
-        assert delivery.lost == []
-        assert delivery.wrong_snapshots == []
-        assert delivery.wrong_fields == []
+        delivery = access_delivered(system, users, change.version)
+        record_access(stats, delivery)
         # No fault: exactly one event per user, all of one fan-out run.
         assert delivery.duplicates == 0
         assert len(delivery.correlation_ids) == 1

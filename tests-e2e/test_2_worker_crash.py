@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from pin_e2e.checks import analyse_access, expected_snapshots
-from pin_e2e.procs import wait_until
 from pin_e2e.report import Recorder
 from pin_e2e.steps import change_role_permissions, outbox_backlog, seed_role, task_row
 from pin_e2e.system import System
+from pin_e2e.verify import access_delivered, record_access, wait_task_drained
+
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -51,25 +52,15 @@ def test_worker_killed_mid_task_then_restarted(
         # the task from the checkpoint (the claim increments AttemptCount).
         second = system.worker("worker-2", BATCH_SIZE=str(BATCH_SIZE)).start()
         second.wait_ready()
-        wait_until(
-            lambda: task_row(system, task)["status"] == "Completed" and outbox_backlog(system) == 0,
-            timeout=180,
+        wait_task_drained(
+            system,
+            task,
             what="task Completed after the restart and the outbox drained",
             alive=[second],
         )
 
-        delivery = analyse_access(
-            system.access_records(),
-            users=expected_snapshots(system.identity_dsn, users),
-            version=change.version,
-        )
-        stats.events = delivery.distinct_events
-        stats.lost = len(delivery.lost)
-        stats.duplicate("re-fanned", delivery.fanout_duplicates)
-        stats.duplicate("redelivered", delivery.relay_redeliveries)
-        assert delivery.lost == []
-        assert delivery.wrong_snapshots == []
-        assert delivery.wrong_fields == []
+        delivery = access_delivered(system, users, change.version)
+        record_access(stats, delivery)
         # A restart repeats at most the batch that was in flight: at most one event more per
         # user of one batch (relay re-sends of the same message are counted apart).
         assert delivery.fanout_duplicates <= BATCH_SIZE

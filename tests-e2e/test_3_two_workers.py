@@ -8,12 +8,12 @@ from uuid import UUID
 import psycopg
 import pytest
 from pin_e2e.checks import analyse_access, expected_snapshots
-from pin_e2e.procs import wait_until
 from pin_e2e.report import Recorder
 from pin_e2e.steps import outbox_backlog, seed_role, task_row
 from pin_e2e.system import System
 
 from identity_fanout.enqueue import set_role_permissions
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -18,20 +18,20 @@ from pin_e2e.checks import (
     membership_differences,
     rewards_rows,
 )
-from pin_e2e.kafka_io import commit_group_offsets
-from pin_e2e.procs import wait_until
 from pin_e2e.report import Recorder
 from pin_e2e.steps import (
     applied_total,
     inbox_count,
     outbox_backlog,
-    projection_converged,
     record_changes,
     record_changes_cli,
 )
 from pin_e2e.system import System
+from pin_e2e.verify import wait_converged
 
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, decode_membership_changed
+from pin_testkit.records import commit_group_offsets
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -94,13 +94,7 @@ def test_membership_changes_reach_the_projection(
         # The same group: its partitions come back once the broker gives up on the killed
         # member (REWARDS_MEMBERSHIP_KAFKA_SESSION_TIMEOUT, 8 s in this suite).
         restarted = system.consumer("consumer-2").start()
-        wait_until(
-            projection_converged(system, plan.agents, plan.final),
-            timeout=180,
-            what="projection equals identity",
-            interval=0.5,
-            alive=[worker, restarted],
-        )
+        wait_converged(system, plan, alive=[worker, restarted])
         stats.mark("converged")
         assert outbox_backlog(system) == 0
         projection = rewards_rows(system.rewards_dsn, plan.agents)

@@ -12,20 +12,25 @@ import time
 from collections.abc import Callable
 
 import pytest
-from pin_e2e.checks import MembershipPlan, analyse_access, expected_snapshots
-from pin_e2e.procs import wait_until
+from pin_e2e.checks import MembershipPlan
 from pin_e2e.report import Recorder
 from pin_e2e.steps import (
     BackgroundRecorder,
     change_role_permissions,
     outbox_backlog,
-    projection_converged,
     seed_role,
     task_row,
 )
 from pin_e2e.system import System
+from pin_e2e.verify import (
+    access_delivered,
+    membership_message_ids,
+    record_both_paths,
+    wait_converged,
+    wait_task_drained,
+)
 
-from pin_contracts import decode_membership_changed
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -90,41 +95,23 @@ def test_broker_stopped_for_ten_seconds(
         assert backlog_end > 0, "nothing waited in the outbox during the outage"
 
         assert changes.join() == CHANGES
-        wait_until(
-            lambda: task_row(system, task)["status"] == "Completed" and outbox_backlog(system) == 0,
-            timeout=180,
+        wait_task_drained(
+            system,
+            task,
             what="task Completed and the outbox drained after the broker came back",
             interval=0.25,
             alive=[worker, consumer],
         )
         stats.mark("outbox drained")
 
-        wait_until(
-            projection_converged(system, plan.agents, plan.final),
-            timeout=180,
-            what="projection equals identity",
-            interval=0.5,
-            alive=[worker, consumer],
-        )
+        wait_converged(system, plan, alive=[worker, consumer])
         stats.mark("projection converged")
 
-        delivery = analyse_access(
-            system.access_records(),
-            users=expected_snapshots(system.identity_dsn, users),
-            version=change.version,
-        )
-        assert delivery.lost == []
-        assert delivery.wrong_snapshots == []
-        assert delivery.wrong_fields == []
+        delivery = access_delivered(system, users, change.version)
         assert delivery.fanout_duplicates == 0  # the worker never stopped: no batch repeated
-        message_ids = [
-            decode_membership_changed(r.value).message_id for r in system.membership_records()
-        ]
+        message_ids = membership_message_ids(system)
         assert len(set(message_ids)) == CHANGES
 
-        stats.events = delivery.distinct_events + len(set(message_ids))
-        stats.lost = len(delivery.lost) + CHANGES - len(set(message_ids))
-        stats.duplicate("access redelivered", delivery.relay_redeliveries)
-        stats.duplicate("membership redelivered", len(message_ids) - len(set(message_ids)))
+        record_both_paths(stats, delivery, message_ids, CHANGES)
         assert worker.terminate() == 0
         assert consumer.terminate() == 0

@@ -14,22 +14,28 @@ from collections.abc import Callable
 from uuid import UUID
 
 import pytest
-from pin_e2e.checks import MembershipPlan, analyse_access, expected_snapshots
-from pin_e2e.procs import ServiceProcess, wait_until
+from pin_e2e.checks import MembershipPlan
 from pin_e2e.report import Recorder, ScenarioStats
 from pin_e2e.steps import (
     applied_total,
     change_role_permissions,
     inbox_count,
     outbox_backlog,
-    projection_converged,
     record_changes,
     seed_role,
     task_row,
 )
 from pin_e2e.system import System
+from pin_e2e.verify import (
+    access_delivered,
+    membership_message_ids,
+    record_both_paths,
+    wait_converged,
+    wait_task_drained,
+)
 
-from pin_contracts import decode_membership_changed
+from pin_testkit.service import ServiceProcess
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -102,39 +108,24 @@ def test_database_stopped_mid_flow(
         database_outage(system, task, [worker, consumer], stats)
 
         record_changes(system, plan.changes[CHANGES_BEFORE:])
-        wait_until(
-            lambda: task_row(system, task)["status"] == "Completed" and outbox_backlog(system) == 0,
-            timeout=180,
+        wait_task_drained(
+            system,
+            task,
             what="task Completed and the outbox drained after the outage",
             interval=0.25,
             alive=[worker, consumer],
         )
-        wait_until(
-            projection_converged(system, plan.agents, plan.final),
-            timeout=180,
-            what="projection equals identity",
-            interval=0.5,
-            alive=[worker, consumer],
-        )
+        wait_converged(system, plan, alive=[worker, consumer])
         stats.mark("converged")
 
         # Access path: every user, at most one repeated batch; the checkpoint counted each once.
-        delivery = analyse_access(
-            system.access_records(),
-            users=expected_snapshots(system.identity_dsn, users),
-            version=change.version,
-        )
-        assert delivery.lost == []
-        assert delivery.wrong_snapshots == []
-        assert delivery.wrong_fields == []
+        delivery = access_delivered(system, users, change.version)
         assert delivery.fanout_duplicates <= BATCH_SIZE
         assert task_row(system, task)["processed_count"] == USERS
         # Membership path: rows equal identity's and each change was applied exactly once (the
         # row's version counts applied changes and equals identity's Version; checked by
         # projection_converged), with one inbox mark each.
-        message_ids = [
-            decode_membership_changed(r.value).message_id for r in system.membership_records()
-        ]
+        message_ids = membership_message_ids(system)
         assert len(set(message_ids)) == total
         assert inbox_count(system) == total
         metrics = consumer.metrics()
@@ -146,11 +137,13 @@ def test_database_stopped_mid_flow(
         }
         stats.notes.append(f"consumer retries: {retries or 'none'}")
 
-        stats.events = delivery.distinct_events + len(set(message_ids))
-        stats.lost = len(delivery.lost) + total - len(set(message_ids))
-        stats.duplicate("access re-fanned", delivery.fanout_duplicates)
-        stats.duplicate("access redelivered", delivery.relay_redeliveries)
-        stats.duplicate("membership redelivered", len(message_ids) - len(set(message_ids)))
+        record_both_paths(
+            stats,
+            delivery,
+            message_ids,
+            total,
+            {"access re-fanned": delivery.fanout_duplicates},
+        )
         stats.duplicate(
             "membership re-consumed (skipped)",
             int(metrics["rewards_membership_skipped_duplicate_total"]),

@@ -25,10 +25,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from pin_e2e.checks import PlannedChange, rewards_rows
-from pin_e2e.infra import OwnServers
-from pin_e2e.kafka_io import Delivered, Record, produce
 from pin_e2e.poison import Raw, empty_agent_event
-from pin_e2e.procs import ServiceProcess, wait_until
 from pin_e2e.report import Recorder
 from pin_e2e.steps import projection_converged, record_changes_cli
 from pin_e2e.system import System
@@ -48,6 +45,10 @@ from pin_contracts import (
     headers_for,
     kafka_key,
 )
+from pin_testkit.private_servers import PrivateServers
+from pin_testkit.records import Delivered, Record, produce
+from pin_testkit.service import ServiceProcess
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -165,7 +166,7 @@ def replay_after_the_fix(
 
 
 def test_malformed_records_go_to_the_dlq_and_replay_after_a_fix(
-    e2e_servers: OwnServers, make_system: Callable[[str], System], recorder: Recorder
+    e2e_servers: PrivateServers, make_system: Callable[[str], System], recorder: Recorder
 ) -> None:
     with recorder.scenario(7, "malformed records -> DLQ, replay after a fix") as stats:
         bootstrap = e2e_servers.services.kafka_bootstrap

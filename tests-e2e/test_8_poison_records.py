@@ -26,10 +26,7 @@ import msgspec
 import psycopg
 import pytest
 from pin_e2e.checks import PlannedChange, analyse_access, expected_snapshots
-from pin_e2e.infra import OwnServers
-from pin_e2e.kafka_io import produce
 from pin_e2e.poison import oversized_dead_letter_event
-from pin_e2e.procs import wait_until
 from pin_e2e.report import Recorder
 from pin_e2e.steps import (
     change_role_permissions,
@@ -43,6 +40,9 @@ from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
 )
 from pin_testkit.local.prometheus import PrometheusServer
+from pin_testkit.private_servers import PrivateServers
+from pin_testkit.records import produce
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ def give_whale_assignments(system: System, user: uuid.UUID, count: int) -> None:
 
 
 def test_one_poison_record_on_each_side_stops_nothing(
-    e2e_servers: OwnServers,
+    e2e_servers: PrivateServers,
     make_system: Callable[[str], System],
     recorder: Recorder,
     tmp_path: Path,

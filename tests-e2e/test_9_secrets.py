@@ -10,7 +10,6 @@ and report themselves degraded). Neither password appears in any output line, `/
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,16 +18,18 @@ from http import HTTPStatus
 import psycopg
 import pytest
 from pin_e2e.checks import PlannedChange
-from pin_e2e.procs import IDENTITY_FANOUT, REWARDS_MEMBERSHIP, ServiceProcess, free_port, wait_until
 from pin_e2e.report import Recorder
 from pin_e2e.steps import projection_converged, record_changes
-from pin_e2e.system import CONSUMER, RELAY, WORKER, System
+from pin_e2e.system import CONSUMER, IDENTITY_FANOUT, RELAY, REWARDS_MEMBERSHIP, WORKER, System
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pin_contracts import CATALOGUE
 from pin_runtime.kafka import create_admin, ensure_topics
+from pin_testkit.ports import free_port
 from pin_testkit.secured import SecuredKafka
+from pin_testkit.service import ServiceProcess
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -76,12 +77,6 @@ def system_s9(make_system: Callable[[str], System]) -> System:
     return make_system("s9")
 
 
-def unused_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_all(
     system: System,
     secured: SecuredKafka,
@@ -118,7 +113,7 @@ def start_all(
 
 def exposed(process: ServiceProcess) -> str:
     """Everything the process showed: its output so far, /metrics and /readyz."""
-    texts = [process.log_path.read_text(errors="replace")]
+    texts = [process.log_text()]
     for path in ("/metrics", "/readyz", "/healthz"):
         status, body = process.get(path)
         assert status in {HTTPStatus.OK, HTTPStatus.SERVICE_UNAVAILABLE}, (path, status)
@@ -165,12 +160,12 @@ def test_no_secret_in_any_output(
             leaks = secrets.found_in(exposed(process))
             assert not leaks, f"{process.name} shows {leaks}"
             assert process.terminate() == 0
-            leaks = secrets.found_in(process.log_path.read_text(errors="replace"))
+            leaks = secrets.found_in(process.log_text())
             assert not leaks, f"{process.name} shows {leaks} on its way out"
         stats.fault("database reachable: DEBUG logs, spans, /metrics, /readyz scanned")
 
         # Unreachable: the processes retry, report degraded, and still show no secret.
-        nowhere = unused_port()
+        nowhere = free_port()
         down = start_all(
             system,
             secured_kafka,
@@ -179,10 +174,7 @@ def test_no_secret_in_any_output(
             "down",
         )
         wait_until(
-            lambda: all(
-                not p.ready() and "component degraded" in p.log_path.read_text(errors="replace")
-                for p in down
-            ),
+            lambda: all(not p.ready() and "component degraded" in p.log_text() for p in down),
             timeout=60,
             what="every process degraded, retrying the database",
             alive=down,
@@ -191,7 +183,7 @@ def test_no_secret_in_any_output(
             leaks = secrets.found_in(exposed(process))
             assert not leaks, f"{process.name} shows {leaks}"
             assert process.terminate() == 0
-            leaks = secrets.found_in(process.log_path.read_text(errors="replace"))
+            leaks = secrets.found_in(process.log_text())
             assert not leaks, f"{process.name} shows {leaks} on its way out"
         stats.fault("database unreachable: retry logs and degraded readiness scanned")
         stats.lost = 0

@@ -14,10 +14,8 @@ import importlib.metadata
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import tomllib
 import urllib.error
 import urllib.request
@@ -33,6 +31,8 @@ from pin_contracts import (
     UserAccessChangedKafkaEvent,
     encode,
 )
+from pin_testkit.ports import free_port
+from pin_testkit.waiting import ConditionTimeoutError, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -84,16 +84,10 @@ class PublishRefusedError(Exception):
     """`uv publish` failed; the message is its output."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
     packages = tmp_path_factory.mktemp("index")
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, str(SERVER), str(packages), str(port)],
         env={**os.environ, "PIN_INDEX_USER": USER, "PIN_INDEX_PASSWORD": PASSWORD},
@@ -102,20 +96,24 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
         text=True,
     )
     url = f"http://127.0.0.1:{port}/"
+
+    def answers() -> bool:
+        if server.poll() is not None:  # exited: no point waiting out the deadline
+            return True
+        try:
+            with urllib.request.urlopen(url + "health", timeout=1) as response:  # noqa: S310
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(url + "health", timeout=1) as response:  # noqa: S310
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                _, err = server.communicate()
-                pytest.fail(f"the package index did not start:\n{err}")
-            time.sleep(0.1)
+        try:
+            wait_until(answers, 30, "the package index answers /health", interval=0.1)
+        except ConditionTimeoutError:
+            server.kill()
+        if server.poll() is not None:
+            _, err = server.communicate()
+            pytest.fail(f"the package index did not start:\n{err}")
         yield Index(url, packages)
     finally:
         server.terminate()

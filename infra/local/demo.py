@@ -9,13 +9,10 @@ projection, sends a malformed record to the DLQ, and stops what it started.
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import psycopg
 from demo_fanout import fan_out
 from demo_membership import memberships
-from demo_support import Service, bin_path, console
+from demo_support import Service, console
 from rich.table import Table
 
 from identity_fanout.schema import migrate_database
@@ -23,6 +20,7 @@ from pin_contracts.topics import CATALOGUE
 from pin_runtime.kafka import create_admin
 from pin_testkit.local import LocalServices, down, ensure_up, status
 from pin_testkit.runtime_roles import runtime_dsn
+from pin_testkit.service import run_cli, service_environment
 
 
 def show_infrastructure(services: LocalServices) -> None:
@@ -90,11 +88,10 @@ def run(services: LocalServices) -> None:
 
     # Migrations as the owner (pin-local's superuser); they create the runtime roles.
     migrate_database(services.identity_dsn)
-    subprocess.run(
-        [bin_path("rewards-membership"), "migrate"],
-        env=os.environ | {"REWARDS_MEMBERSHIP_DATABASE_DSN": services.rewards_dsn},
-        check=True,
-        capture_output=True,
+    run_cli(
+        "rewards-membership",
+        ["migrate"],
+        service_environment(REWARDS_MEMBERSHIP_DATABASE_DSN=services.rewards_dsn),
     )
     # As the chart deploys them, each as its runtime role: the fan-out worker, the outbox
     # relay, the membership consumer; the operator's commands as the operator's role.

@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime
 
 import psycopg
-from demo_support import Service, await_, console
+from demo_support import Service, console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -20,6 +20,7 @@ from pin_contracts.topics import AGENT_MEMBERSHIP_CHANGED
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_producer
 from pin_testkit.runtime_roles import runtime_dsn
+from pin_testkit.waiting import wait_until
 
 AGENTS = 60
 AGENCIES = 5
@@ -120,7 +121,7 @@ def memberships(
     def dead_lettered() -> bool:
         return str(bad_agent) in consumer.run("dlq", "list", quiet=True)
 
-    await_(dead_lettered, 60, "the malformed record in the DLQ")
+    wait_until(dead_lettered, 60, "the malformed record in the DLQ", interval=0.2)
     multi = next(a for a, _ in expected if sum(1 for b, _ in expected if b == a) > 1)
     console.print(consumer.run("agent", "show", str(multi)), soft_wrap=True)
     console.print(consumer.run("dlq", "list"), soft_wrap=True)

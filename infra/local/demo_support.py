@@ -1,46 +1,18 @@
-"""What the demo's parts share: console, processes of the services, waiting."""
+"""What the demo's parts share: the console and the services' processes (pin_testkit.service)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from http import HTTPStatus
-from pathlib import Path
 
 from rich.console import Console
 
+from pin_testkit.ports import free_port
+from pin_testkit.service import ServiceProcess, run_cli, service_environment
+
 console = Console()
 
-
-def bin_path(name: str) -> str:
-    return str(Path(sys.executable).with_name(name))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
-            return bool(response.status == HTTPStatus.OK)
-    except OSError:
-        return False
-
-
-def await_(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout:.0f}s")
-        time.sleep(0.1)
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 60.0
 
 
 class Service:
@@ -58,20 +30,21 @@ class Service:
         login of the command's runtime role: an operator's command is not the worker's)."""
         self.tool_env = tool_env
         self.port = free_port()
-        self.name = f"{script} {' '.join(args)}"
-        prefix = script.upper().replace("-", "_")
-        self.env = (
-            dict(os.environ)
-            | dict(env)
-            | {
-                f"{prefix}_METRICS_PORT": str(self.port),
-                f"{prefix}_LOG_LEVEL": "WARNING",
-            }
-        )
         self.script = script
-        self.process = subprocess.Popen([bin_path(script), *args], env=self.env)
-        await_(lambda: ready(self.port), 60, f"{self.name} ready")
-        console.print(f"started [bold]{self.name}[/bold] (metrics on :{self.port})")
+        prefix = script.upper().replace("-", "_")
+        self.env = service_environment(
+            **env,
+            **{f"{prefix}_METRICS_PORT": str(self.port), f"{prefix}_LOG_LEVEL": "WARNING"},
+        )
+        self.process = ServiceProcess(
+            name=f"{script} {' '.join(args)}",
+            program=script,
+            args=tuple(args),
+            env=self.env,
+            metrics_port=self.port,
+        ).start()
+        self.process.wait_ready(READY_TIMEOUT)
+        console.print(f"started [bold]{self.process.name}[/bold] (metrics on :{self.port})")
 
     def run(self, *args: str, quiet: bool = False) -> str:
         """Run another command of the same script with the same settings; its stdout.
@@ -82,17 +55,10 @@ class Service:
             console.print(f"$ {self.script} {' '.join(args)}")
         width = 250 if quiet else console.width
         login = dict(self.tool_env(args)) if self.tool_env is not None else {}
-        result = subprocess.run(
-            [bin_path(self.script), *args],
-            env=self.env | login | {"COLUMNS": str(width)},
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return result.stdout.rstrip()
+        env = self.env | login | {"COLUMNS": str(width)}
+        return run_cli(self.script, args, env).stdout.rstrip()
 
     def stop(self) -> int:
-        self.process.terminate()
-        code = self.process.wait(60)
-        console.print(f"stopped {self.name} (SIGTERM, exit code {code})")
+        code = self.process.terminate(STOP_TIMEOUT)
+        console.print(f"stopped {self.process.name} (SIGTERM, exit code {code})")
         return code

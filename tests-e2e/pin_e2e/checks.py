@@ -20,7 +20,7 @@ from pin_contracts import (
     UserAccessChangedKafkaEvent,
     decode_access_changed,
 )
-from pin_e2e.kafka_io import Record
+from pin_testkit.records import Record
 
 __all__ = [
     "AccessDelivery",

@@ -13,30 +13,31 @@ from pin_contracts import (
     REWARDS_MEMBERSHIP_CONSUMER_GROUP,
     USER_ACCESS_CHANGED,
 )
-from pin_e2e.infra import OwnServers, clone_database
-from pin_e2e.kafka_io import Offsets, Record, commit_group_offsets, end_offsets, read_topic
-from pin_e2e.procs import (
-    IDENTITY_FANOUT,
-    REWARDS_MEMBERSHIP,
-    CommandResult,
-    ServiceProcess,
-    free_port,
-    run_cli,
-)
+from pin_testkit.databases import create_database
+from pin_testkit.ports import free_port
+from pin_testkit.private_servers import PrivateServers
+from pin_testkit.records import Offsets, Record, commit_group_offsets, end_offsets, read_topic
 from pin_testkit.runtime_roles import runtime_dsn
+from pin_testkit.service import CommandResult, ServiceProcess, run_cli, service_environment
 
 __all__ = [
     "CONSUMER",
+    "IDENTITY_FANOUT",
     "IDENTITY_OPERATOR",
     "IDENTITY_TEMPLATE",
     "PRODUCER",
     "RELAY",
+    "REWARDS_MEMBERSHIP",
     "REWARDS_OPERATOR",
     "REWARDS_TEMPLATE",
     "WORKER",
     "WORKER_WITH_RELAY",
     "System",
+    "process_environment",
 ]
+
+IDENTITY_FANOUT: Final = "identity-fanout"
+REWARDS_MEMBERSHIP: Final = "rewards-membership"
 
 # Every process logs in as its runtime role (pin_testkit.runtime_roles; the conftest makes
 # the logins): a statement its role was not granted fails the scenario.
@@ -75,11 +76,19 @@ CONSUMER_DEFAULTS: Final = {
 }
 
 
+def process_environment(settings: Mapping[str, str]) -> dict[str, str]:
+    """A service process's environment: the test session's minus anything that would configure
+    the services behind the scenario's back (another suite's DSNs, tracing exporters), and
+    the scenario's ``settings``. Rich tables of the CLIs unfolded, for the assertions."""
+    base = service_environment(("IDENTITY_FANOUT_", "REWARDS_MEMBERSHIP_", "OTEL_"), COLUMNS="240")
+    return base | dict(settings)
+
+
 @dataclass
 class System:
     """Both services of one scenario on the e2e servers, checked from the outside."""
 
-    servers: OwnServers
+    servers: PrivateServers
     name: str
     workdir: Path
     identity_dsn: str = ""
@@ -91,11 +100,15 @@ class System:
     processes: list[ServiceProcess] = field(default_factory=list)
 
     @classmethod
-    def create(cls, servers: OwnServers, name: str, workdir: Path) -> System:
+    def create(cls, servers: PrivateServers, name: str, workdir: Path) -> System:
         admin = servers.services.postgres_dsn
         system = cls(servers, name, workdir)
-        system.identity_dsn = clone_database(admin, IDENTITY_TEMPLATE, f"e2e_{name}_identity")
-        system.rewards_dsn = clone_database(admin, REWARDS_TEMPLATE, f"e2e_{name}_rewards")
+        system.identity_dsn = create_database(
+            admin, f"e2e_{name}_identity", template=IDENTITY_TEMPLATE
+        )
+        system.rewards_dsn = create_database(
+            admin, f"e2e_{name}_rewards", template=REWARDS_TEMPLATE
+        )
         # The scenario's own consumer group, starting at the scenario's first record: earlier
         # scenarios' membership events stay on the shared topic.
         system.group = f"{REWARDS_MEMBERSHIP_CONSUMER_GROUP}-e2e-{name}"
@@ -144,7 +157,7 @@ class System:
             name=label,
             program=program,
             args=tuple(args),
-            env=env,
+            env=process_environment(env),
             metrics_port=port,
             log_path=self.workdir / f"{label}.log",
         )
@@ -175,10 +188,11 @@ class System:
     def identity_cli(self, *args: str) -> CommandResult:
         """`memberships ...` as the membership producer, the runbook as the operator."""
         login = PRODUCER if args[:1] == ("memberships",) else IDENTITY_OPERATOR
-        return run_cli(IDENTITY_FANOUT, args, self.identity_env(login))
+        return run_cli(IDENTITY_FANOUT, args, process_environment(self.identity_env(login)))
 
     def rewards_cli(self, *args: str) -> CommandResult:
-        return run_cli(REWARDS_MEMBERSHIP, args, self.rewards_env(REWARDS_OPERATOR))
+        env = process_environment(self.rewards_env(REWARDS_OPERATOR))
+        return run_cli(REWARDS_MEMBERSHIP, args, env)
 
     def stop_all(self) -> None:
         for process in reversed(self.processes):

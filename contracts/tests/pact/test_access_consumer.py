@@ -22,19 +22,21 @@ from typing import Any
 import pytest
 from pact import Pact, match
 
-from pin_contracts import (
-    CONTRACT_VERSION_HEADER,
-    EVENT_TYPE_HEADER,
-    USER_ACCESS_CHANGED,
-    ScopeType,
-)
+from pin_contracts import EVENT_TYPE_HEADER, USER_ACCESS_CHANGED, ScopeType
 from pin_contracts.access_cache import AccessCache, AccessDecision, Decision, VersionAxis
+from pin_testkit.message_pacts import (
+    envelope,
+    examples,
+    no_telemetry,
+    record_metadata,
+    record_value,
+    uuid_like,
+)
 
 PACT_DIR = Path(__file__).resolve().parents[2] / "pacts"
 CONSUMER = "pin-access-cache"
 PROVIDER = "identity-fanout"
 
-RFC3339 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$"
 SCOPE_TYPES = "^(" + "|".join(s.value for s in ScopeType) + ")$"
 
 USER = "0f0e0d0c-0b0a-4908-8706-050403020100"
@@ -43,27 +45,21 @@ SNAPSHOT = "a UserAccessChanged after a role's permissions changed: the user's f
 EMPTY = "a UserAccessChanged with an empty snapshot: the user holds no active assignment"
 
 
-def uuid_like(example: str) -> object:
-    return match.uuid(example, format="lowercase")
-
-
 def access_changed(assignments: object, version: int) -> dict[str, object]:
-    return {
-        "MessageId": uuid_like("0d15ea5e-0000-4000-8000-000000000002"),
-        "EventType": "UserAccessChanged",
-        "ContractVersion": match.int(1),
-        "OccurredAt": match.regex("2025-03-01T09:00:00.123456Z", regex=RFC3339),
-        "AggregateType": "User",
-        "AggregateId": uuid_like(USER),
-        "Version": match.int(version),
-        "CorrelationId": match.str("job-run-42"),
-        "Payload": {
+    return envelope(
+        message_id="0d15ea5e-0000-4000-8000-000000000002",
+        event_type="UserAccessChanged",
+        aggregate_type="User",
+        aggregate_id=USER,
+        version=version,
+        correlation_id="job-run-42",
+        payload={
             "UserId": uuid_like(USER),
             "ChangeReason": "RolePermissionsChanged",
             "ActiveAssignments": assignments,
             "Version": match.int(version),
         },
-    }
+    )
 
 
 ASSIGNMENT: dict[str, object] = {
@@ -73,11 +69,8 @@ ASSIGNMENT: dict[str, object] = {
     "ScopeType": match.regex("Company", regex=SCOPE_TYPES),
 }
 
-RECORD_METADATA: dict[str, object] = {
-    "key": uuid_like(USER),  # the record key is UserId: per-user order
-    EVENT_TYPE_HEADER: "UserAccessChanged",
-    CONTRACT_VERSION_HEADER: match.regex("1", regex=r"^[1-9][0-9]*$"),
-}
+# The record key is UserId: per-user order.
+RECORD_METADATA = record_metadata(USER, "UserAccessChanged")
 
 
 def access_pact() -> Pact:
@@ -102,36 +95,13 @@ def access_pact() -> Pact:
 
 @pytest.fixture(autouse=True, scope="module")
 def _no_telemetry() -> Iterator[None]:
-    # Pact's core reports anonymous usage statistics unless told not to; tests stay offline.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PACT_DO_NOT_TRACK", "true")
+    with no_telemetry():
         yield
 
 
 @pytest.fixture(scope="module")
 def pact() -> Pact:
     return access_pact()
-
-
-def _metadata_value(raw: str) -> object:
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
-
-
-def examples(pact: Pact) -> dict[str, tuple[bytes, dict[str, Any]]]:
-    found: dict[str, tuple[bytes, dict[str, Any]]] = {}
-    for message in pact.interactions("Async"):
-        contents = message.contents
-        assert contents is not None
-        body = contents.contents
-        value = body.encode() if isinstance(body, str) else bytes(body or b"")
-        found[message.description] = (
-            value,
-            {pair.key: _metadata_value(pair.value) for pair in contents.metadata},
-        )
-    return found
 
 
 def consume(cache: AccessCache, value: bytes, metadata: dict[str, Any]) -> Decision:
@@ -177,8 +147,7 @@ def test_every_example_is_applied_and_the_pact_is_written(pact: Pact) -> None:
     decisions: list[AccessDecision] = []
 
     def handler(body: str | bytes | None, metadata: dict[str, object]) -> None:
-        value = body.encode() if isinstance(body, str) else bytes(body or b"")
-        decisions.append(consume(AccessCache(), value, dict(metadata)).decision)
+        decisions.append(consume(AccessCache(), record_value(body), dict(metadata)).decision)
 
     pact.verify(handler, "Async")
     assert decisions == [AccessDecision.APPLIED, AccessDecision.APPLIED]

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from pin_runtime.kafka import (
     verify_connection,
 )
 from pin_runtime.settings import load_settings, settings_or_exit
+from pin_testkit.ports import free_port
 
 
 def test_producer_config() -> None:
@@ -312,9 +312,7 @@ def test_client_certificate_settings_reach_librdkafka() -> None:
 
 
 def test_verify_connection_reports_unreachable_brokers_within_its_timeout() -> None:
-    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens on it
     started = time.monotonic()
     with pytest.raises(
         KafkaUnreachableError, match=rf"^Kafka brokers unreachable at 127.0.0.1:{port}"

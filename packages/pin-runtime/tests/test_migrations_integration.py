@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import psycopg
@@ -9,6 +8,7 @@ import pytest
 
 from pin_runtime.errors import MigrationError
 from pin_runtime.migrations import advisory_lock_key, migrate
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -123,10 +123,12 @@ def test_concurrent_runners_serialize(fresh_database: str, tmp_path: Path) -> No
         threads = [threading.Thread(target=run) for _ in range(2)]
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + 10
-        while _waiting_for_advisory_lock(fresh_database) < 2:
-            assert time.monotonic() < deadline, "runners never queued on the advisory lock"
-            time.sleep(0.02)
+        wait_until(
+            lambda: _waiting_for_advisory_lock(fresh_database) >= 2,
+            10,
+            "both runners queued on the advisory lock",
+            interval=0.02,
+        )
         assert results == []
         holder.execute("SELECT pg_advisory_unlock(%s)", (advisory_lock_key("identity"),))
     for thread in threads:

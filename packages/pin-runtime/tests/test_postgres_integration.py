@@ -1,12 +1,11 @@
 from __future__ import annotations
 
-import socket
-
 import psycopg
 import pytest
 from psycopg_pool import PoolTimeout
 
 from pin_runtime.postgres import SessionLimits, create_pool, is_retriable
+from pin_testkit.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -93,14 +92,8 @@ def test_bugs_are_not_retriable(fresh_database: str) -> None:
     assert not is_retriable(bad_input.value)
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_refused_connection_is_retriable() -> None:
-    dsn = f"postgresql://pin@127.0.0.1:{_closed_port()}/pin"
+    dsn = f"postgresql://pin@127.0.0.1:{free_port()}/pin"
     with pytest.raises(psycopg.OperationalError) as refused:
         psycopg.connect(dsn, connect_timeout=2)
     assert is_retriable(refused.value)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from pin_testkit.local.prometheus import PrometheusServer, repository_rule_files
+from pin_testkit.waiting import wait_until
 
 RULES = """
 groups:
@@ -20,13 +20,6 @@ groups:
 """
 
 
-def _wait(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(0.2)
-
-
 def test_alert_fires_from_a_scraped_metric_and_resolves(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     probe = Gauge("pin_probe_value", "A value the test sets", registry=registry)
@@ -36,14 +29,16 @@ def test_alert_fires_from_a_scraped_metric_and_resolves(tmp_path: Path) -> None:
     try:
         with PrometheusServer(tmp_path / "prom", rule_files=[rules]) as prometheus:
             prometheus.scrape("probe", f"127.0.0.1:{server.server_port}")
-            _wait(lambda: prometheus.targets_up() == 1, 30, "target scraped")
+            wait_until(lambda: prometheus.targets_up() == 1, 30, "target scraped", interval=0.2)
             assert prometheus.firing() == set()
             probe.set(3)
-            _wait(lambda: prometheus.firing() == {"ProbeAboveZero"}, 30, "alert firing")
+            wait_until(
+                lambda: prometheus.firing() == {"ProbeAboveZero"}, 30, "alert firing", interval=0.2
+            )
             [sample] = prometheus.query("pin_probe_value")
             assert sample["metric"]["namespace"] == "pin-e2e"
             probe.set(0)
-            _wait(lambda: prometheus.firing() == set(), 30, "alert resolved")
+            wait_until(lambda: prometheus.firing() == set(), 30, "alert resolved", interval=0.2)
     finally:
         server.shutdown()
         server.server_close()

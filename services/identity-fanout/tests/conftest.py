@@ -8,14 +8,26 @@ the migrations did not grant to that role fails the test with SQLSTATE 42501.
 
 from __future__ import annotations
 
+import io
+import logging
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
+from identity_fanout.relay import OutboxRelay
 from identity_fanout.schema import migrate_database
+from pin_runtime.logging import JsonFormatter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # relay_support, for the test modules
+
+from relay_support import RELAY_TEST_OPTIONS, RelayFactory
 
 RuntimeDsn = Callable[[str, str], str]
 
@@ -73,3 +85,41 @@ def producer_db(producer_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
 def operator_db(operator_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
     with psycopg.connect(operator_dsn, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture
+def make_relay(relay_dsn: str, kafka_bootstrap: str) -> Iterator[RelayFactory]:
+    """``make_relay(**overrides)``: relays on the session broker, logged in as the relay's
+    runtime role, with the tests' short timeouts (``RELAY_TEST_OPTIONS``); closed after."""
+    relays: list[OutboxRelay] = []
+
+    def make(**overrides: Any) -> OutboxRelay:
+        options: dict[str, Any] = {
+            "dsn": relay_dsn,
+            "bootstrap": kafka_bootstrap,
+            "registry": CollectorRegistry(),
+            **RELAY_TEST_OPTIONS,
+            **overrides,
+        }
+        relay = OutboxRelay(**options)
+        relays.append(relay)
+        return relay
+
+    yield make
+    for relay in relays:
+        relay.close()
+
+
+@pytest.fixture
+def json_logs() -> Iterator[io.StringIO]:
+    """The service's log lines (INFO and up) as the JSON a log pipeline receives."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter(service="identity-fanout"))
+    logger = logging.getLogger("identity_fanout")
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    yield stream
+    logger.removeHandler(handler)
+    logger.setLevel(previous)

@@ -2,32 +2,22 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg.rows import TupleRow
 
 from pin_testkit.seeding import add_permissions, seed_role_with_users
+from pin_testkit.service import CommandResult, run_cli, service_environment
 
-CLI = str(Path(sys.executable).with_name("identity-fanout"))
 
-
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
-    base["COLUMNS"] = "250"  # rich tables take the width a terminal would give them
-    return subprocess.run(
-        [CLI, *args],
-        env=base | (env or {}),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+def run(*args: str, env: dict[str, str] | None = None) -> CommandResult:
+    # rich tables take the width a terminal would give them
+    base = service_environment(("IDENTITY_FANOUT_",), COLUMNS="250")
+    return run_cli("identity-fanout", args, base | (env or {}), timeout=60, check=False)
 
 
 def test_missing_dsn_is_a_config_error_naming_the_variable() -> None:

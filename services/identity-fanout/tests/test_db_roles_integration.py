@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -16,7 +12,8 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, RUNTIME_ROLES, WORKER
-from pin_testkit.runtime_roles import RUNTIME_GROUPS
+from pin_testkit.runtime_roles import RUNTIME_GROUPS, assert_exact_privileges, refused
+from pin_testkit.service import run_cli, service_environment
 
 pytestmark = pytest.mark.integration
 
@@ -33,42 +30,10 @@ TABLES = (
     "agent_memberships",
     "schema_migrations",
 )
-CLI = str(Path(sys.executable).with_name("identity-fanout"))
-PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 
 
-def refused(dsn: str, statement: str) -> str:
-    """The SQLSTATE `statement` fails with when run by `dsn`'s user."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        try:
-            conn.execute(statement.encode())
-        except psycopg.errors.InsufficientPrivilege as exc:
-            return str(exc.sqlstate)
-    pytest.fail(f"not refused: {statement}")
-
-
-def test_the_database_holds_exactly_the_declared_privileges(db: Conn) -> None:
-    for role in RUNTIME_ROLES:
-        declared = {(g.table, p) for g in role.grants for p in g.privileges}
-        for table in TABLES:
-            for privilege in PRIVILEGES:
-                [(held,)] = db.execute(
-                    "SELECT has_table_privilege(%s, %s, %s)",
-                    (role.name, f"identity.{table}", privilege),
-                ).fetchall()
-                assert held == ((table, privilege) in declared), (role.name, table, privilege)
-        [(usage, create)] = db.execute(
-            "SELECT has_schema_privilege(%(r)s, 'identity', 'USAGE'), "
-            "has_schema_privilege(%(r)s, 'identity', 'CREATE')",
-            {"r": role.name},
-        ).fetchall()
-        assert (usage, create) == (True, False), role.name
-        [(owns,)] = db.execute(
-            "SELECT count(*) FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner "
-            "WHERE r.rolname = %s",
-            (role.name,),
-        ).fetchall()
-        assert owns == 0
+def test_the_database_holds_exactly_the_declared_privileges(identity_dsn: str) -> None:
+    assert_exact_privileges(identity_dsn, schema="identity", tables=TABLES, roles=RUNTIME_ROLES)
 
 
 def test_ddl_and_other_processes_tables_are_refused(
@@ -113,11 +78,12 @@ def test_roles_of_pin_local_are_the_declared_ones() -> None:
 
 
 def test_a_bad_role_prefix_is_a_config_error() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
-    env |= {"IDENTITY_FANOUT_DATABASE_DSN": "x", "IDENTITY_FANOUT_DB_ROLE_PREFIX": "Prod-"}
-    result = subprocess.run(
-        [CLI, "migrate"], env=env, capture_output=True, text=True, timeout=60, check=False
+    env = service_environment(
+        ("IDENTITY_FANOUT_",),
+        IDENTITY_FANOUT_DATABASE_DSN="x",
+        IDENTITY_FANOUT_DB_ROLE_PREFIX="Prod-",
     )
+    result = run_cli("identity-fanout", ["migrate"], env, timeout=60, check=False)
     assert result.returncode == 2
     assert result.stderr.startswith("config error: IDENTITY_FANOUT_DB_ROLE_PREFIX:")
 
@@ -135,17 +101,13 @@ def test_migrate_without_createrole_names_the_roles_to_create(postgres_admin_dsn
                 sql.Identifier(database), sql.Identifier(owner)
             )
         )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
-    env |= {
-        "IDENTITY_FANOUT_DATABASE_DSN": make_conninfo(
-            postgres_admin_dsn, dbname=database, user=owner
-        ),
-        "IDENTITY_FANOUT_DB_ROLE_PREFIX": prefix,
-    }
+    env = service_environment(
+        ("IDENTITY_FANOUT_",),
+        IDENTITY_FANOUT_DATABASE_DSN=make_conninfo(postgres_admin_dsn, dbname=database, user=owner),
+        IDENTITY_FANOUT_DB_ROLE_PREFIX=prefix,
+    )
     try:
-        refused = subprocess.run(
-            [CLI, "migrate"], env=env, capture_output=True, text=True, timeout=60, check=False
-        )
+        refused = run_cli("identity-fanout", ["migrate"], env, timeout=60, check=False)
         assert refused.returncode == 1, refused.stderr
         [line] = refused.stderr.strip().splitlines()
         assert line.startswith("error: database role(s) ")
@@ -154,9 +116,7 @@ def test_migrate_without_createrole_names_the_roles_to_create(postgres_admin_dsn
         with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
             for role in roles:
                 admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
-        granted = subprocess.run(
-            [CLI, "migrate"], env=env, capture_output=True, text=True, timeout=60, check=False
-        )
+        granted = run_cli("identity-fanout", ["migrate"], env, timeout=60, check=False)
         assert granted.returncode == 0, granted.stderr
         with psycopg.connect(make_conninfo(postgres_admin_dsn, dbname=database)) as conn:
             [(held,)] = conn.execute(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ from identity_fanout.tasks import FanOutTask
 from identity_fanout.worker import FanoutWorker, WorkerConfig
 from pin_contracts import Envelope, UserAccessChangedKafkaEvent, decode_access_changed
 from pin_testkit.seeding import Assignment, add_assignments, add_role, seed_role_with_users
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -465,9 +465,9 @@ def test_running_worker_is_woken_by_notify_and_reports_metrics(
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        _wait_until(lambda: metrics.last_success._value.get() > 0)
+        wait_until(lambda: metrics.last_success._value.get() > 0)
         task_id = enqueue(db, operator_db, role)
-        _wait_until(lambda: task_row(db, task_id)["status"] == "Completed")
+        wait_until(lambda: task_row(db, task_id)["status"] == "Completed")
     finally:
         stop.set()
         thread.join(30)
@@ -477,12 +477,3 @@ def test_running_worker_is_woken_by_notify_and_reports_metrics(
     assert metrics.task_lag_seconds._sum.get() > 0
     assert metrics.task_duration_ms._sum.get() > 0
     assert sorted(e.payload.user_id for e in outbox_events(db)) == users
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s")

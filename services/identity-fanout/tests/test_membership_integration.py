@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Message
-from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
+from relay_support import RelayFactory
 
 from identity_fanout.errors import IdentityFanoutError
 from identity_fanout.membership import (
@@ -31,7 +25,6 @@ from identity_fanout.membership.errors import (
     MembershipAlreadyActiveError,
     MembershipNotActiveError,
 )
-from identity_fanout.relay import OutboxRelay
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
     EMPTY_GUID,
@@ -41,12 +34,12 @@ from pin_contracts import (
     decode_membership_changed,
     header_text,
 )
-from pin_runtime.kafka import create_consumer
+from pin_testkit.records import consume
+from pin_testkit.service import CommandResult, run_cli, service_environment
 
 pytestmark = pytest.mark.integration
 
 Conn = psycopg.Connection[TupleRow]
-CLI = str(Path(sys.executable).with_name("identity-fanout"))
 
 
 @pytest.fixture
@@ -248,44 +241,38 @@ def test_concurrent_first_joins_of_one_pair_record_one(db: Conn, producer_dsn: s
 # -- the CLI --------------------------------------------------------------------------------
 
 
-def run_cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
-    env |= {"IDENTITY_FANOUT_DATABASE_DSN": dsn, "COLUMNS": "250"}
-    return subprocess.run(
-        [CLI, "memberships", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+def memberships_cli(dsn: str, *args: str) -> CommandResult:
+    env = service_environment(
+        ("IDENTITY_FANOUT_",), IDENTITY_FANOUT_DATABASE_DSN=dsn, COLUMNS="250"
     )
+    return run_cli("identity-fanout", ["memberships", *args], env, timeout=60, check=False)
 
 
 def test_cli_join_leave_and_refusals(db: Conn, producer_dsn: str) -> None:
     agent, agency, invitation = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
 
-    joined = run_cli(producer_dsn, "join", agent, agency, "--invitation", invitation)
+    joined = memberships_cli(producer_dsn, "join", agent, agency, "--invitation", invitation)
     assert joined.returncode == 0, joined.stderr
     assert f"agent {agent} Active in agency {agency}, version 1, event " in joined.stdout
 
-    again = run_cli(producer_dsn, "join", agent, agency)
+    again = memberships_cli(producer_dsn, "join", agent, agency)
     assert again.returncode == 1
     assert again.stderr.strip() == f"error: agent {agent} is already Active in agency {agency}"
 
-    unknown = run_cli(producer_dsn, "leave", agent, agency, "--reason", "Fired")
+    unknown = memberships_cli(producer_dsn, "leave", agent, agency, "--reason", "Fired")
     assert unknown.returncode == 1
     assert unknown.stderr.strip().splitlines() == [
         "error: invalid membership change: Reason: unknown value 'Fired' "
         "(known: SelfLeave, ExcludedByAgency)"
     ]
 
-    empty = run_cli(producer_dsn, "join", str(EMPTY_GUID), agency)
+    empty = memberships_cli(producer_dsn, "join", str(EMPTY_GUID), agency)
     assert empty.returncode == 1
     assert "AgentUserId: must not be Guid.Empty" in empty.stderr
 
     assert counts(db) == (1, 1)
 
-    left = run_cli(
+    left = memberships_cli(
         producer_dsn,
         "leave",
         agent,
@@ -299,7 +286,7 @@ def test_cli_join_leave_and_refusals(db: Conn, producer_dsn: str) -> None:
     assert "Left in agency" in left.stdout
     assert "version 2, ExcludedByAgency effective 2031-01-31T00:00:00+03:00" in left.stdout
 
-    twice = run_cli(producer_dsn, "leave", agent, agency, "--reason", "SelfLeave")
+    twice = memberships_cli(producer_dsn, "leave", agent, agency, "--reason", "SelfLeave")
     assert twice.returncode == 1
     assert twice.stderr.strip() == (
         f"error: agent {agent} is Left in agency {agency}; only an Active member leaves"
@@ -327,14 +314,14 @@ def test_cli_join_leave_and_refusals(db: Conn, producer_dsn: str) -> None:
     ],
 )
 def test_cli_usage_errors_exit_2(args: tuple[str, ...], producer_dsn: str) -> None:
-    result = run_cli(producer_dsn, *args)
+    result = memberships_cli(producer_dsn, *args)
     assert result.returncode == 2
 
 
 def test_cli_naive_effective_at_is_refused(db: Conn, producer_dsn: str) -> None:
     agent, agency = str(uuid.uuid4()), str(uuid.uuid4())
-    assert run_cli(producer_dsn, "join", agent, agency).returncode == 0
-    naive = run_cli(
+    assert memberships_cli(producer_dsn, "join", agent, agency).returncode == 0
+    naive = memberships_cli(
         producer_dsn,
         "leave",
         agent,
@@ -352,28 +339,12 @@ def test_cli_naive_effective_at_is_refused(db: Conn, producer_dsn: str) -> None:
 # -- the relay ------------------------------------------------------------------------------
 
 
-def consume(bootstrap: str, topic: str, count: int, timeout: float = 60.0) -> list[Message]:
-    consumer = create_consumer(
-        bootstrap, group_id=f"membership-test-{uuid.uuid4().hex[:8]}", client_id="membership-test"
-    )
-    received: list[Message] = []
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + timeout
-        while len(received) < count and (remaining := deadline - time.monotonic()) > 0:
-            message = consumer.poll(min(remaining, 1.0))
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            received.append(message)
-    finally:
-        consumer.close()
-    assert len(received) == count, f"{len(received)} of {count} records within {timeout}s"
-    return received
-
-
 def test_relay_publishes_membership_events_keyed_by_agent(
-    conn: Conn, db: Conn, kafka_bootstrap: str, kafka_topic: Callable[..., str], relay_dsn: str
+    conn: Conn,
+    db: Conn,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    make_relay: RelayFactory,
 ) -> None:
     topic = kafka_topic(partitions=3)
     agent, agency = uuid.uuid4(), uuid.uuid4()
@@ -385,19 +356,7 @@ def test_relay_publishes_membership_events_keyed_by_agent(
     # The producer writes the catalogue's topic; this test's unique topic stands in for it.
     db.execute("UPDATE identity.outbox SET topic = %s", (topic,))
 
-    relay = OutboxRelay(
-        dsn=relay_dsn,
-        bootstrap=kafka_bootstrap,
-        registry=CollectorRegistry(),
-        delivery_timeout=20.0,
-        lock_retry_interval=0.2,
-        backoff_initial=0.1,
-        backoff_maximum=0.5,
-    )
-    try:
-        assert relay.run_once() == 3
-    finally:
-        relay.close()
+    assert make_relay().run_once() == 3
     assert counts(db) == (1, 0)
 
     records = consume(kafka_bootstrap, topic, 3)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
@@ -22,26 +20,11 @@ from psycopg_pool import ConnectionPool
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.worker import FanoutWorker, WorkerConfig
-from pin_runtime.logging import JsonFormatter
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 
 pytestmark = pytest.mark.integration
 
 Conn = psycopg.Connection[TupleRow]
-
-
-@pytest.fixture
-def json_logs() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter(service="identity-fanout"))
-    logger = logging.getLogger("identity_fanout")
-    logger.addHandler(handler)
-    previous = logger.level
-    logger.setLevel(logging.INFO)
-    yield stream
-    logger.removeHandler(handler)
-    logger.setLevel(previous)
 
 
 def test_task_run_logs_and_traces_what_the_spec_names(

@@ -4,11 +4,7 @@ runs them (a real PostgreSQL; rows are refused through the store the relay uses)
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import msgspec
 import psycopg
@@ -20,10 +16,10 @@ from identity_fanout.quarantine import list_quarantined, quarantine_rows
 from identity_fanout.relay_records import OutboxRecord
 from identity_fanout.relay_settlement import Refusal
 from pin_runtime.delivery import DeliveryFailure
+from pin_testkit.service import CommandResult, run_cli, service_environment
 
 pytestmark = pytest.mark.integration
 
-CLI = str(Path(sys.executable).with_name("identity-fanout"))
 Conn = psycopg.Connection[TupleRow]
 TOO_LARGE = DeliveryFailure(
     "MSG_SIZE_TOO_LARGE", "too-large", "Broker: Message size too large", retriable=False
@@ -33,22 +29,16 @@ DENIED = DeliveryFailure(
 )
 
 
-def run(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run(dsn: str, *args: str) -> CommandResult:
     """`identity-fanout outbox quarantine ARGS`."""
     return cli(dsn, "outbox", "quarantine", *args)
 
 
-def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
-    env |= {"IDENTITY_FANOUT_DATABASE_DSN": dsn, "COLUMNS": "300"}
-    return subprocess.run(
-        [CLI, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+def cli(dsn: str, *args: str) -> CommandResult:
+    env = service_environment(
+        ("IDENTITY_FANOUT_",), IDENTITY_FANOUT_DATABASE_DSN=dsn, COLUMNS="300"
     )
+    return run_cli("identity-fanout", args, env, timeout=60, check=False)
 
 
 def refuse(db: Conn, topic: str, key: uuid.UUID, failure: DeliveryFailure) -> int:

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import socket
-import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -18,25 +15,31 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
+from relay_support import (
+    RelayFactory,
+    RelayThread,
+    access_event,
+    access_topic,
+    outbox_count,
+    write,
+)
 
 from identity_fanout.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS
-from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
+from identity_fanout.outbox import outbox_message
 from identity_fanout.outbox_status import outbox_status
 from identity_fanout.relay import OutboxRelay
 from pin_contracts import (
     MESSAGE_ID_HEADER,
     TRACEPARENT_HEADER,
-    AccessChangeReason,
-    Envelope,
     Topic,
-    UserAccessChangedKafkaEvent,
     decode_access_changed,
-    envelope_for,
     header_text,
 )
 from pin_runtime.http import ComponentState
-from pin_runtime.kafka import create_consumer
 from pin_runtime.migrations import advisory_lock_key
+from pin_testkit.ports import free_port
+from pin_testkit.records import consume
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -46,85 +49,9 @@ Conn = psycopg.Connection[tuple[Any, ...]]
 # -- helpers ------------------------------------------------------------------------------
 
 
-def access_topic(name: str) -> Topic:
-    """The access topic's contract under a test's unique name."""
-    return Topic(
-        name=name,
-        partitions=3,
-        key_field="UserId",
-        event_type=UserAccessChangedKafkaEvent.EVENT_TYPE,
-        contract_version=UserAccessChangedKafkaEvent.CONTRACT_VERSION,
-    )
-
-
-def access_event(
-    user_id: uuid.UUID | None = None, version: int = 1
-) -> Envelope[UserAccessChangedKafkaEvent]:
-    return envelope_for(
-        UserAccessChangedKafkaEvent(
-            user_id=user_id or uuid.uuid4(),
-            company_id=uuid.uuid4(),
-            change_reason=AccessChangeReason.ROLE_PERMISSIONS_CHANGED.value,
-            active_assignments=(),
-            version=version,
-        ),
-        correlation_id="relay-test",
-    )
-
-
-def write(dsn: str, messages: list[OutboxMessage]) -> None:
-    with psycopg.connect(dsn) as conn:  # one transaction, committed on exit
-        write_outbox(conn, messages)
-
-
-def outbox_count(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM identity.outbox").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def outbox_ids(dsn: str) -> list[int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return [r[0] for r in conn.execute("SELECT id FROM identity.outbox ORDER BY id")]
-
-
-def consume(bootstrap: str, topic: str, count: int, timeout: float = 60.0) -> list[Message]:
-    """The first `count` records of `topic` (fails after `timeout`)."""
-    consumer = create_consumer(
-        bootstrap, group_id=f"relay-test-{uuid.uuid4().hex[:8]}", client_id="relay-test"
-    )
-    received: list[Message] = []
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + timeout
-        while len(received) < count and (remaining := deadline - time.monotonic()) > 0:
-            message = consumer.poll(min(remaining, 1.0))
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            received.append(message)
-    finally:
-        consumer.close()
-    assert len(received) == count, f"{len(received)} of {count} records within {timeout}s"
-    return received
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    """Seconds it took for `condition` to hold; fails after `timeout`."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
-    return time.monotonic() - start
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def headers_of(record: Message) -> list[tuple[str, str | bytes | None]]:
@@ -153,51 +80,6 @@ def dsn(identity_dsn: str) -> str:
 @pytest.fixture
 def topic(kafka_topic: Callable[..., str]) -> Topic:
     return access_topic(kafka_topic(partitions=3))
-
-
-RelayFactory = Callable[..., OutboxRelay]
-
-
-@pytest.fixture
-def make_relay(relay_dsn: str, kafka_bootstrap: str) -> Iterator[RelayFactory]:
-    """Relays logged in as the relay's runtime role."""
-    relays: list[OutboxRelay] = []
-
-    def make(**overrides: Any) -> OutboxRelay:
-        options: dict[str, Any] = {
-            "dsn": relay_dsn,
-            "bootstrap": kafka_bootstrap,
-            "registry": CollectorRegistry(),
-            "delivery_timeout": 20.0,
-            "lock_retry_interval": 0.2,
-            "backoff_initial": 0.1,
-            "backoff_maximum": 0.5,
-        } | overrides
-        relay = OutboxRelay(**options)
-        relays.append(relay)
-        return relay
-
-    yield make
-    for relay in relays:
-        relay.close()
-
-
-class RelayThread:
-    """`relay.run(stop)` in a thread, as the worker runs it."""
-
-    def __init__(self, relay: OutboxRelay) -> None:
-        self.relay = relay
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=relay.run, args=(self.stop,), name="relay-test")
-
-    def __enter__(self) -> RelayThread:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive(), "relay did not stop within 30s"
 
 
 # -- tests --------------------------------------------------------------------------------
@@ -275,7 +157,7 @@ def test_unreachable_kafka_keeps_every_row_then_a_live_broker_gets_them_all(
     state = ComponentState()
     registry = CollectorRegistry()
     dead = make_relay(
-        bootstrap=f"127.0.0.1:{closed_port()}",
+        bootstrap=f"127.0.0.1:{free_port()}",
         delivery_timeout=1.5,
         registry=registry,
         state=state,

@@ -6,78 +6,34 @@ break every other test of the run.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from collections.abc import Callable
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
+from relay_support import RelayThread, access_event, access_topic, outbox_count
 
 from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
 from identity_fanout.quarantine import list_quarantined
 from identity_fanout.relay import OutboxRelay
 from pin_contracts import (
     MESSAGE_ID_HEADER,
-    AccessChangeReason,
-    Envelope,
     Topic,
-    UserAccessChangedKafkaEvent,
     decode_access_changed,
-    envelope_for,
     header_text,
 )
 from pin_runtime.http import ComponentState
 from pin_testkit.private import PrivateKafka
+from pin_testkit.records import read_messages
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 DOWN_FOR = 10.0  # how long the broker stays stopped: the scenario, not a wait for a condition
 ROWS_PER_TRANSACTION = 20
 HOT_ROWS_PER_TRANSACTION = 4  # rows of one user in every transaction: its order is checked
-
-
-def access_topic(name: str) -> Topic:
-    """The access topic's contract under a test's unique name."""
-    return Topic(
-        name=name,
-        partitions=3,
-        key_field="UserId",
-        event_type=UserAccessChangedKafkaEvent.EVENT_TYPE,
-        contract_version=UserAccessChangedKafkaEvent.CONTRACT_VERSION,
-    )
-
-
-def access_event(user_id: uuid.UUID, version: int) -> Envelope[UserAccessChangedKafkaEvent]:
-    return envelope_for(
-        UserAccessChangedKafkaEvent(
-            user_id=user_id,
-            company_id=uuid.uuid4(),
-            change_reason=AccessChangeReason.ROLE_PERMISSIONS_CHANGED.value,
-            active_assignments=(),
-            version=version,
-        ),
-        correlation_id="relay-broker-restart-test",
-    )
-
-
-def outbox_count(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM identity.outbox").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    """Seconds it took for `condition` to hold; fails after `timeout`."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
-    return time.monotonic() - start
+CORRELATION = "relay-broker-restart-test"
 
 
 def sample(registry: CollectorRegistry, name: str) -> float:
@@ -100,70 +56,26 @@ class Writer:
             for n in range(ROWS_PER_TRANSACTION):
                 if n % (ROWS_PER_TRANSACTION // HOT_ROWS_PER_TRANSACTION) == 0:
                     self.hot_versions += 1
-                    event = access_event(self.hot_user, self.hot_versions)
+                    event = access_event(
+                        self.hot_user, self.hot_versions, correlation_id=CORRELATION
+                    )
                 else:
-                    event = access_event(uuid.uuid4(), 1)
+                    event = access_event(uuid.uuid4(), 1, correlation_id=CORRELATION)
                 messages.append(outbox_message(event, self.topic))
             with psycopg.connect(self.dsn) as conn:  # one transaction, committed on exit
                 write_outbox(conn, messages)
             self.written.extend(messages)
 
 
-class RelayThread:
-    """`relay.run(stop)` in a thread, as the worker runs it."""
-
-    def __init__(self, relay: OutboxRelay) -> None:
-        self.relay = relay
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=relay.run, args=(self.stop,), name="relay-restart")
-
-    def __enter__(self) -> RelayThread:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive(), "relay did not stop within 30s"
-
-
-def read_topic(bootstrap: str, topic: Topic, timeout: float = 60.0) -> list[tuple[int, str, int]]:
-    """Every record of ``topic``, from the beginning to the end of each partition, as
-    (partition, message id, payload version)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"relay-restart-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-        }
-    )
-    records: list[tuple[int, str, int]] = []
-    try:
-        consumer.assign(
-            [TopicPartition(topic.name, p, -2) for p in range(topic.partitions)]  # -2: beginning
-        )
-        at_end: set[int] = set()
-        deadline = time.monotonic() + timeout
-        while len(at_end) < topic.partitions:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"not at the end of {topic.name} within {timeout}s"
-            message = consumer.poll(min(remaining, 1.0))
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None:
-                assert error.code() == KafkaError._PARTITION_EOF, error
-                at_end.add(message.partition() or 0)
-                continue
-            headers = message.headers() or []
-            assert isinstance(headers, list)
-            message_id = header_text(headers, MESSAGE_ID_HEADER) or ""
-            version = decode_access_changed(message.value() or b"").payload.version
-            records.append((message.partition() or 0, message_id, version))
-    finally:
-        consumer.close()
+def read_topic(bootstrap: str, topic: Topic) -> list[tuple[int, str, int]]:
+    """Every record of ``topic`` as (partition, message id, payload version)."""
+    records = []
+    for message in read_messages(bootstrap, topic.name):
+        headers = message.headers() or []
+        assert isinstance(headers, list)
+        message_id = header_text(headers, MESSAGE_ID_HEADER) or ""
+        version = decode_access_changed(message.value() or b"").payload.version
+        records.append((message.partition() or 0, message_id, version))
     return records
 
 
@@ -189,7 +101,7 @@ def test_relay_loses_nothing_while_the_broker_is_down(
         backoff_initial=0.1,
         backoff_maximum=1.0,
     )
-    with RelayThread(relay):
+    with RelayThread(relay, "relay-restart"):
         # Flowing: the first rows go out.
         writer.transactions(5)
         wait_until(lambda: outbox_count(identity_dsn) == 0, 30, "the first rows published")

@@ -4,11 +4,6 @@
 from __future__ import annotations
 
 import itertools
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -20,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
+from relay_support import RELAY_TEST_OPTIONS, RelayThread, access_topic, outbox_count
 
 from identity_fanout.lanes import lane_of_slot
 from identity_fanout.outbox import outbox_message, write_outbox
@@ -33,21 +29,14 @@ from pin_contracts import (
     envelope_for,
 )
 from pin_runtime.kafka import create_consumer
+from pin_testkit.ports import free_port
+from pin_testkit.service import ServiceProcess, service_environment
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 LANES = 8
 PROCESS_APP = "identity-fanout-relay@"
-
-
-def access_topic(name: str) -> Topic:
-    return Topic(
-        name=name,
-        partitions=3,
-        key_field="UserId",
-        event_type=UserAccessChangedKafkaEvent.EVENT_TYPE,
-        contract_version=UserAccessChangedKafkaEvent.CONTRACT_VERSION,
-    )
 
 
 def write_versions(dsn: str, topic: Topic, users: list[uuid.UUID], versions: range) -> None:
@@ -74,13 +63,6 @@ def write_versions(dsn: str, topic: Topic, users: list[uuid.UUID], versions: ran
             write_outbox(conn, messages)
 
 
-def outbox_count(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM identity.outbox").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def status(dsn: str) -> OutboxStatus:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return outbox_status(conn, lanes=LANES)
@@ -93,15 +75,6 @@ def lanes_of(dsn: str, app_prefix: str) -> set[int]:
         if (holder.application_name or "").startswith(app_prefix)
         for lane in holder.lanes
     }
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
-    return time.monotonic() - start
 
 
 def versions_by_user(
@@ -136,63 +109,35 @@ def assert_in_order_but_for_repeated_suffixes(versions: list[int], count: int) -
     assert highest == count
 
 
-class RelayProcess:
-    """`identity-fanout relay` as the chart runs it, in its own process."""
-
-    def __init__(self, dsn: str, bootstrap: str, **settings: str) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = os.environ | {
-            "IDENTITY_FANOUT_DATABASE_DSN": dsn,
-            "IDENTITY_FANOUT_KAFKA_BOOTSTRAP": bootstrap,
-            "IDENTITY_FANOUT_METRICS_PORT": str(port),
-            "IDENTITY_FANOUT_METRICS_HOST": "127.0.0.1",
-            "IDENTITY_FANOUT_LOG_LEVEL": "WARNING",
-            "IDENTITY_FANOUT_OUTBOX_LANES": str(LANES),
-            **{f"IDENTITY_FANOUT_{k.upper()}": v for k, v in settings.items()},
-        }
-        script = str(Path(sys.executable).with_name("identity-fanout"))
-        self.process = subprocess.Popen([script, "relay"], env=env)
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
-
 @pytest.fixture
-def relay_process(relay_dsn: str, kafka_bootstrap: str) -> Iterator[Callable[..., RelayProcess]]:
-    """`identity-fanout relay` processes, logged in as the relay's runtime role."""
-    started: list[RelayProcess] = []
+def relay_process(
+    relay_dsn: str, kafka_bootstrap: str, tmp_path: Path
+) -> Iterator[Callable[..., ServiceProcess]]:
+    """`identity-fanout relay` processes as the chart runs them, logged in as the relay's
+    runtime role; stopped after the test whatever their state."""
+    started: list[ServiceProcess] = []
 
-    def start(**settings: str) -> RelayProcess:
-        started.append(RelayProcess(relay_dsn, kafka_bootstrap, **settings))
-        return started[-1]
+    def start(**settings: str) -> ServiceProcess:
+        port = free_port()
+        env = service_environment(
+            IDENTITY_FANOUT_DATABASE_DSN=relay_dsn,
+            IDENTITY_FANOUT_KAFKA_BOOTSTRAP=kafka_bootstrap,
+            IDENTITY_FANOUT_METRICS_PORT=str(port),
+            IDENTITY_FANOUT_METRICS_HOST="127.0.0.1",
+            IDENTITY_FANOUT_LOG_LEVEL="WARNING",
+            IDENTITY_FANOUT_OUTBOX_LANES=str(LANES),
+            **{f"IDENTITY_FANOUT_{k.upper()}": v for k, v in settings.items()},
+        )
+        name = f"relay-{len(started)}"
+        process = ServiceProcess(
+            name, "identity-fanout", ("relay",), env, port, tmp_path / f"{name}.log"
+        )
+        started.append(process.start())
+        return process
 
     yield start
     for process in started:
-        process.close()
-
-
-class RelayThread:
-    def __init__(self, relay: OutboxRelay) -> None:
-        self.relay = relay
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=relay.run, args=(self.stop,), name="lanes-test")
-
-    def __enter__(self) -> RelayThread:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive(), "relay did not stop within 30s"
+        process.cleanup()
 
 
 def make_relay(dsn: str, bootstrap: str, name: str, **overrides: Any) -> OutboxRelay:
@@ -203,11 +148,9 @@ def make_relay(dsn: str, bootstrap: str, name: str, **overrides: Any) -> OutboxR
         "client_id": name,
         "lanes": LANES,
         "poll_interval": 0.2,
-        "delivery_timeout": 20.0,
-        "lock_retry_interval": 0.2,
-        "backoff_initial": 0.1,
-        "backoff_maximum": 0.5,
-    } | overrides
+        **RELAY_TEST_OPTIONS,
+        **overrides,
+    }
     return OutboxRelay(**options)
 
 
@@ -219,7 +162,7 @@ def test_lane_takeover_after_a_relay_process_is_killed(
     relay_dsn: str,
     kafka_bootstrap: str,
     kafka_topic: Callable[..., str],
-    relay_process: Callable[..., RelayProcess],
+    relay_process: Callable[..., ServiceProcess],
 ) -> None:
     topic = access_topic(kafka_topic(partitions=3))
     killed = relay_process()
@@ -332,7 +275,7 @@ def test_per_key_order_is_kept_across_a_takeover(
     relay_dsn: str,
     kafka_bootstrap: str,
     kafka_topic: Callable[..., str],
-    relay_process: Callable[..., RelayProcess],
+    relay_process: Callable[..., ServiceProcess],
 ) -> None:
     topic = access_topic(kafka_topic(partitions=3))
     users = [uuid.uuid4() for _ in range(5)]

@@ -7,49 +7,49 @@ topic by an UPDATE, the way the membership relay test does it.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
-import logging
 import os
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 # Re-exported by confluent_kafka.admin without __all__; mypy strict wants the defining modules.
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
+from relay_support import (
+    RelayFactory,
+    RelayThread,
+    access_event,
+    access_topic,
+    outbox_count,
+    write,
+)
 
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.membership import join_agency
-from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
+from identity_fanout.outbox import OutboxMessage, outbox_message
 from identity_fanout.quarantine import list_quarantined, retry_all, retry_quarantined
-from identity_fanout.relay import OutboxRelay
 from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
     USER_ACCESS_CHANGED,
-    AccessChangeReason,
     AgentMembershipChanged,
-    Envelope,
     ScopeType,
-    Topic,
     UserAccessChangedKafkaEvent,
     decode_access_changed,
-    envelope_for,
 )
 from pin_runtime.http import ComponentState
 from pin_runtime.kafka import create_admin
-from pin_runtime.logging import JsonFormatter
+from pin_testkit.records import read_messages
 from pin_testkit.seeding import Assignment, add_assignments, add_permissions, add_role
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -58,26 +58,6 @@ MIB = 1024 * 1024
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def access_event(
-    user_id: uuid.UUID | None = None, version: int = 1
-) -> Envelope[UserAccessChangedKafkaEvent]:
-    return envelope_for(
-        UserAccessChangedKafkaEvent(
-            user_id=user_id or uuid.uuid4(),
-            company_id=uuid.uuid4(),
-            change_reason=AccessChangeReason.ROLE_PERMISSIONS_CHANGED.value,
-            active_assignments=(),
-            version=version,
-        ),
-        correlation_id="quarantine-test",
-    )
-
-
-def access_topic(name: str) -> Topic:
-    """The access topic's contract under a test's unique name."""
-    return replace(USER_ACCESS_CHANGED, name=name)
 
 
 def opaque(topic: str, key: uuid.UUID, size: int, event_type: str) -> OutboxMessage:
@@ -90,62 +70,6 @@ def opaque(topic: str, key: uuid.UUID, size: int, event_type: str) -> OutboxMess
         message_id=uuid.uuid4(),
         event_type=event_type,
     )
-
-
-def write(dsn: str, messages: list[OutboxMessage]) -> None:
-    with psycopg.connect(dsn) as conn:  # one transaction, committed on exit
-        write_outbox(conn, messages)
-
-
-def outbox_count(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM identity.outbox").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
-    return time.monotonic() - start
-
-
-def read_all(
-    bootstrap: str, topic: str, partitions: int = 3, timeout: float = 60.0
-) -> list[Message]:
-    """Every record of `topic`, from the beginning to the end of each partition."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"quarantine-test-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-        }
-    )
-    records: list[Message] = []
-    try:
-        consumer.assign([TopicPartition(topic, p, -2) for p in range(partitions)])
-        at_end: set[int] = set()
-        deadline = time.monotonic() + timeout
-        while len(at_end) < partitions:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"not at the end of {topic} within {timeout}s"
-            message = consumer.poll(min(remaining, 1.0))
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None:
-                assert error.code() == KafkaError._PARTITION_EOF, error
-                at_end.add(message.partition() or 0)
-                continue
-            records.append(message)
-    finally:
-        consumer.close()
-    return records
 
 
 def raise_topic_limit(bootstrap: str, topic: str, limit: int) -> None:
@@ -170,64 +94,10 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0
 
 
-class RelayThread:
-    """`relay.run(stop)` in a thread, as the worker runs it."""
-
-    def __init__(self, relay: OutboxRelay) -> None:
-        self.relay = relay
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=relay.run, args=(self.stop,), name="relay-test")
-
-    def __enter__(self) -> RelayThread:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive(), "relay did not stop within 30s"
-
-
-RelayFactory = Callable[..., OutboxRelay]
-
-
 @pytest.fixture
-def make_relay(relay_dsn: str, kafka_bootstrap: str) -> Iterator[RelayFactory]:
-    """Relays logged in as the relay's runtime role."""
-    relays: list[OutboxRelay] = []
-
-    def make(**overrides: Any) -> OutboxRelay:
-        options: dict[str, Any] = {
-            "dsn": relay_dsn,
-            "bootstrap": kafka_bootstrap,
-            "registry": CollectorRegistry(),
-            "delivery_timeout": 20.0,
-            "poll_interval": 0.2,
-            "lock_retry_interval": 0.2,
-            "backoff_initial": 0.1,
-            "backoff_maximum": 0.5,
-        } | overrides
-        relay = OutboxRelay(**options)
-        relays.append(relay)
-        return relay
-
-    yield make
-    for relay in relays:
-        relay.close()
-
-
-@pytest.fixture
-def json_logs() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter(service="identity-fanout"))
-    logger = logging.getLogger("identity_fanout")
-    logger.addHandler(handler)
-    previous = logger.level
-    logger.setLevel(logging.INFO)
-    yield stream
-    logger.removeHandler(handler)
-    logger.setLevel(previous)
+def make_relay(make_relay: RelayFactory) -> RelayFactory:
+    """conftest's relays with a 0.2 s polling interval, so a round follows a change soon."""
+    return functools.partial(make_relay, poll_interval=0.2)
 
 
 def log_lines(stream: io.StringIO, event: str) -> list[dict[str, Any]]:
@@ -279,7 +149,7 @@ def test_a_user_with_20000_assignments_gets_their_access_event(
     assert outbox_count(identity_dsn) == 0
     assert sample(registry, "identity_outbox_quarantined_total") == 0
 
-    records = {r.key(): r for r in read_all(kafka_bootstrap, topic)}
+    records = {r.key(): r for r in read_messages(kafka_bootstrap, topic)}
     big = records[str(user).encode()]
     value = big.value() or b""
     assert len(value) > 1_000_000  # above the broker's default limit: the sizes are deliberate
@@ -351,13 +221,13 @@ def test_rows_over_the_limits_are_quarantined_and_the_rows_behind_them_flow(
     assert refused_by_client.error_message.startswith("Unable to produce message")
     assert refused_by_broker.error_message == "Broker: Message size too large"
 
-    access_records = read_all(kafka_bootstrap, access)
+    access_records = read_messages(kafka_bootstrap, access)
     delivered = {r.value() for r in access_records}
     assert delivered == {m.value for m in [*before, later_of_same_user, *behind]}
     # The later event of the quarantined user still went out.
     mine = [r for r in access_records if r.key() == str(poisoned_user).encode()]
     assert [decode_access_changed(r.value() or b"").payload.version for r in mine] == [2]
-    membership_records = read_all(kafka_bootstrap, membership)
+    membership_records = read_messages(kafka_bootstrap, membership)
     assert len(membership_records) == 1  # the join recorded after the refused row
 
     assert (
@@ -420,6 +290,6 @@ def test_retry_counts_attempts_and_delivers_once_the_limit_is_raised(
         assert list_quarantined(conn) == []
     assert large.run_once() == 1
     assert outbox_count(identity_dsn) == 0
-    [record] = read_all(kafka_bootstrap, topic)
+    [record] = read_messages(kafka_bootstrap, topic)
     assert record.key() == str(user).encode()
     assert record.value() == row.value

@@ -3,12 +3,8 @@ ones stop the process at once with one line (and never the password)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -21,8 +17,7 @@ from pin_contracts import AGENT_MEMBERSHIP_CHANGED, decode_membership_changed
 from pin_runtime.kafka import create_admin, create_consumer, ensure_topics
 from pin_runtime.settings import load_settings
 from pin_testkit.secured import SecuredKafka
-
-CLI = str(Path(sys.executable).with_name("identity-fanout"))
+from pin_testkit.service import run_cli, service_environment
 
 
 def test_relay_publishes_over_scram_and_tls(
@@ -73,16 +68,13 @@ def test_relay_with_a_wrong_password_stops_at_once_with_one_line(
     secured_kafka: SecuredKafka, relay_dsn: str
 ) -> None:
     wrong = f"wrong-{uuid.uuid4().hex}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    env |= {
-        **secured_kafka.environment(ENV_PREFIX),
-        f"{ENV_PREFIX}KAFKA_SASL_PASSWORD": wrong,
-        f"{ENV_PREFIX}DATABASE_DSN": relay_dsn,
-    }
-    started = time.monotonic()
-    result = subprocess.run(
-        [CLI, "relay"], env=env, capture_output=True, text=True, timeout=60, check=False
+    env = (
+        service_environment((ENV_PREFIX,))
+        | secured_kafka.environment(ENV_PREFIX)
+        | {f"{ENV_PREFIX}KAFKA_SASL_PASSWORD": wrong, f"{ENV_PREFIX}DATABASE_DSN": relay_dsn}
     )
+    started = time.monotonic()
+    result = run_cli("identity-fanout", ["relay"], env, timeout=60, check=False)
     took = time.monotonic() - started
     assert result.returncode == 2, result.stderr
     assert (

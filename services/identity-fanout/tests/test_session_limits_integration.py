@@ -5,7 +5,6 @@ real Kafka for the relay)."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -30,20 +29,12 @@ from pin_contracts import (
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import SessionLimits, create_pool
 from pin_testkit.seeding import add_permissions, seed_role_with_users
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 Conn = psycopg.Connection[TupleRow]
 LIMITS = SessionLimits(lock_timeout=0.5, statement_timeout=5.0)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
-    return time.monotonic() - start
 
 
 @pytest.fixture

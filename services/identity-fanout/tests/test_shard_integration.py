@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from identity_fanout.shards import ClaimedShard
 from identity_fanout.split import split_task
 from identity_fanout.worker import FanoutWorker, WorkerConfig
 from pin_testkit.seeding import seed_role_with_users
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -97,14 +97,6 @@ def new_worker(
         on_shard_batch=on_shard_batch,
     )
     return worker, metrics
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or condition}")
-        time.sleep(0.05)
 
 
 class Running:

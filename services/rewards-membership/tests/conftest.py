@@ -9,7 +9,6 @@ grant to that role fails the test with SQLSTATE 42501.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,21 +32,13 @@ from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_producer
 from pin_runtime.settings import Secret
 from pin_runtime.shutdown import GracefulShutdown
+from pin_testkit.waiting import wait_until
 from rewards_membership.app import build_consumer, run_migrations
 from rewards_membership.db_roles import CONSUMER, OPERATOR
 from rewards_membership.metrics import Metrics
 from rewards_membership.settings import Settings
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
-
-
-def wait_until(condition: Callable[[], bool], *, timeout: float = 60.0, what: str = "") -> None:
-    """Poll `condition` until true; fail after `timeout` seconds (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout}s: {what}")
-        time.sleep(0.05)
 
 
 def membership(
@@ -110,8 +101,8 @@ class Kafka:
 
 
 @pytest.fixture
-def wait() -> Callable[..., None]:
-    """`wait(condition, timeout=..., what=...)`: await a condition with a deadline."""
+def wait() -> Callable[..., float]:
+    """`wait(condition, timeout=..., what=...)`: `pin_testkit.waiting.wait_until`."""
     return wait_until
 
 

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from pin_contracts import AgentMembershipChanged, envelope_for
+from pin_testkit.waiting import wait_until
 from rewards_membership.cli import main
 from rewards_membership.settings import Settings
 
@@ -184,12 +184,13 @@ def test_consume_stops_gracefully_on_sigterm(
         stderr=subprocess.PIPE,
         text=True,
     )
+
+    def applied() -> bool:
+        assert process.poll() is None, process.communicate()
+        return bool(sql("SELECT 1 FROM rewards.agent_performance"))
+
     try:
-        deadline = time.monotonic() + 60
-        while not sql("SELECT 1 FROM rewards.agent_performance"):
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "consumer applied nothing"
-            time.sleep(0.05)
+        wait_until(applied, 60, "the consumer applied the event")
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
     finally:

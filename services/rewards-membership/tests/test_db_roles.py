@@ -2,44 +2,17 @@
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 
-from pin_testkit.runtime_roles import RUNTIME_GROUPS
+from pin_testkit.runtime_roles import RUNTIME_GROUPS, assert_exact_privileges, refused
 from rewards_membership.db_roles import CONSUMER, OPERATOR, RUNTIME_ROLES
 
 TABLES = ("agent_performance", "inbox", "dlq_replays", "schema_migrations")
-PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
-
-
-def refused(dsn: str, statement: str) -> str:
-    """The SQLSTATE `statement` fails with when run by `dsn`'s user."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        try:
-            conn.execute(statement.encode())
-        except psycopg.errors.InsufficientPrivilege as exc:
-            return str(exc.sqlstate)
-    pytest.fail(f"not refused: {statement}")
 
 
 @pytest.mark.integration
 def test_the_database_holds_exactly_the_declared_privileges(database: str) -> None:
-    with psycopg.connect(database) as db:
-        for role in RUNTIME_ROLES:
-            declared = {(g.table, p) for g in role.grants for p in g.privileges}
-            for table in TABLES:
-                for privilege in PRIVILEGES:
-                    [(held,)] = db.execute(
-                        "SELECT has_table_privilege(%s, %s, %s)",
-                        (role.name, f"rewards.{table}", privilege),
-                    ).fetchall()
-                    assert held == ((table, privilege) in declared), (role.name, table, privilege)
-            [(usage, create)] = db.execute(
-                "SELECT has_schema_privilege(%(r)s, 'rewards', 'USAGE'), "
-                "has_schema_privilege(%(r)s, 'rewards', 'CREATE')",
-                {"r": role.name},
-            ).fetchall()
-            assert (usage, create) == (True, False), role.name
+    assert_exact_privileges(database, schema="rewards", tables=TABLES, roles=RUNTIME_ROLES)
 
 
 @pytest.mark.integration

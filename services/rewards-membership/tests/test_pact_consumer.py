@@ -25,10 +25,18 @@ from pact import Pact, match
 
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
-    CONTRACT_VERSION_HEADER,
     EVENT_TYPE_HEADER,
     AgentMembershipStatus,
     LeaveReason,
+)
+from pin_testkit.message_pacts import (
+    envelope,
+    examples,
+    moment,
+    no_telemetry,
+    record_metadata,
+    record_value,
+    uuid_like,
 )
 from rewards_membership.guard import MembershipRow
 from rewards_membership.plan import Outcome, plan_batch
@@ -38,7 +46,6 @@ PACT_DIR = Path(__file__).resolve().parents[3] / "contracts" / "pacts"
 CONSUMER = "rewards-membership"
 PROVIDER = "identity-fanout"
 
-RFC3339 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$"
 LEAVE_REASONS = r"^(SelfLeave|ExcludedByAgency)$"
 
 AGENT = "a1b2c3d4-e5f6-4789-8abc-def012345678"
@@ -51,26 +58,16 @@ LEFT_WITH_REASON = "an AgentMembershipChanged Left with Reason and EffectiveAt"
 LEFT_WITHOUT_REASON = "an AgentMembershipChanged Left without Reason (a producer before ADR-0072)"
 
 
-def uuid_like(example: str) -> object:
-    return match.uuid(example, format="lowercase")
-
-
-def moment(example: str) -> object:
-    return match.regex(example, regex=RFC3339)
-
-
-def envelope(payload: dict[str, object], version: int) -> dict[str, object]:
-    return {
-        "MessageId": uuid_like("0d15ea5e-0000-4000-8000-000000000001"),
-        "EventType": "AgentMembershipChanged",
-        "ContractVersion": match.int(1),
-        "OccurredAt": moment("2025-03-01T09:00:00.123456Z"),
-        "AggregateType": "AgentMembership",
-        "AggregateId": uuid_like(MEMBERSHIP),
-        "Version": match.int(version),
-        "CorrelationId": match.str("operation-42"),
-        "Payload": payload,
-    }
+def membership_changed(payload: dict[str, object], version: int) -> dict[str, object]:
+    return envelope(
+        message_id="0d15ea5e-0000-4000-8000-000000000001",
+        event_type="AgentMembershipChanged",
+        aggregate_type="AgentMembership",
+        aggregate_id=MEMBERSHIP,
+        version=version,
+        correlation_id="operation-42",
+        payload=payload,
+    )
 
 
 def membership(status: str, version: int, **extra: object) -> dict[str, object]:
@@ -86,12 +83,8 @@ def membership(status: str, version: int, **extra: object) -> dict[str, object]:
     }
 
 
-RECORD_METADATA: dict[str, object] = {
-    # The record key is AgentUserId: it keeps join/leave of one agent in order.
-    "key": uuid_like(AGENT),
-    EVENT_TYPE_HEADER: "AgentMembershipChanged",
-    CONTRACT_VERSION_HEADER: match.regex("1", regex=r"^[1-9][0-9]*$"),
-}
+# The record key is AgentUserId: it keeps join/leave of one agent in order.
+RECORD_METADATA = record_metadata(AGENT, "AgentMembershipChanged")
 
 
 def membership_pact() -> Pact:
@@ -100,12 +93,12 @@ def membership_pact() -> Pact:
         (
             ACTIVE,
             "an agent accepted an invitation to an agency",
-            envelope(membership("Active", 1, LeftAt=None), 1),
+            membership_changed(membership("Active", 1, LeftAt=None), 1),
         ),
         (
             LEFT_WITH_REASON,
             "an agent is Active in an agency and is excluded with a deferred EffectiveAt",
-            envelope(
+            membership_changed(
                 membership(
                     "Left",
                     2,
@@ -119,7 +112,7 @@ def membership_pact() -> Pact:
         (
             LEFT_WITHOUT_REASON,
             "an agent is Active in an agency and leaves it",
-            envelope(membership("Left", 2, LeftAt=moment("2025-03-01T09:00:00Z")), 2),
+            membership_changed(membership("Left", 2, LeftAt=moment("2025-03-01T09:00:00Z")), 2),
         ),
     ):
         (
@@ -133,36 +126,13 @@ def membership_pact() -> Pact:
 
 @pytest.fixture(autouse=True, scope="module")
 def _no_telemetry() -> Iterator[None]:
-    # Pact's core reports anonymous usage statistics unless told not to; tests stay offline.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PACT_DO_NOT_TRACK", "true")
+    with no_telemetry():
         yield
 
 
 @pytest.fixture(scope="module")
 def pact() -> Pact:
     return membership_pact()
-
-
-def _metadata_value(raw: str) -> object:
-    # What Pact.verify hands a handler: JSON where the value is JSON, the text otherwise.
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
-
-
-def examples(pact: Pact) -> dict[str, tuple[bytes, dict[str, Any]]]:
-    """Each interaction's example record value and metadata, as the consumer receives them."""
-    found: dict[str, tuple[bytes, dict[str, Any]]] = {}
-    for message in pact.interactions("Async"):
-        contents = message.contents
-        assert contents is not None
-        body = contents.contents
-        value = body.encode() if isinstance(body, str) else bytes(body or b"")
-        metadata = {pair.key: _metadata_value(pair.value) for pair in contents.metadata}
-        found[message.description] = (value, metadata)
-    return found
 
 
 def handle(value: bytes, metadata: dict[str, Any]) -> tuple[MembershipChange, MembershipRow]:
@@ -222,8 +192,7 @@ def test_every_example_is_handled_and_the_pact_is_written(pact: Pact) -> None:
     handled: list[uuid.UUID] = []
 
     def handler(body: str | bytes | None, metadata: dict[str, object]) -> None:
-        value = body.encode() if isinstance(body, str) else bytes(body or b"")
-        change, _ = handle(value, dict(metadata))
+        change, _ = handle(record_value(body), dict(metadata))
         handled.append(change.message_id)
 
     pact.verify(handler, "Async")

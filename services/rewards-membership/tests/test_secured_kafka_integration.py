@@ -3,13 +3,9 @@ ones stop the process at once with one line (and never the password)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -19,9 +15,8 @@ from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_admin, create_producer, ensure_topics
 from pin_runtime.settings import load_settings
 from pin_testkit.secured import SecuredKafka
+from pin_testkit.service import run_cli, service_environment
 from rewards_membership.settings import ENV_PREFIX, Settings
-
-CLI = str(Path(sys.executable).with_name("rewards-membership"))
 
 
 def _settings(secured: SecuredKafka, database: str, **overrides: str) -> Settings:
@@ -81,16 +76,13 @@ def test_consume_with_a_wrong_password_stops_at_once_with_one_line(
     secured_kafka: SecuredKafka, consumer_dsn: str
 ) -> None:
     wrong = f"wrong-{uuid.uuid4().hex}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    env |= {
-        **secured_kafka.environment(ENV_PREFIX),
-        f"{ENV_PREFIX}KAFKA_SASL_PASSWORD": wrong,
-        f"{ENV_PREFIX}DATABASE_DSN": consumer_dsn,
-    }
-    started = time.monotonic()
-    result = subprocess.run(
-        [CLI, "consume"], env=env, capture_output=True, text=True, timeout=60, check=False
+    env = (
+        service_environment((ENV_PREFIX,))
+        | secured_kafka.environment(ENV_PREFIX)
+        | {f"{ENV_PREFIX}KAFKA_SASL_PASSWORD": wrong, f"{ENV_PREFIX}DATABASE_DSN": consumer_dsn}
     )
+    started = time.monotonic()
+    result = run_cli("rewards-membership", ["consume"], env, timeout=60, check=False)
     took = time.monotonic() - started
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()

@@ -34,13 +34,13 @@ from pin_e2e.chaos.invariants import (
 from pin_e2e.chaos.topology import ACCESS_CACHE, PROCESS_LABELS, ChaosSystem
 from pin_e2e.chaos.workload import Driver, Role, seed_roles, write_relay_poison
 from pin_e2e.checks import expected_snapshots, identity_memberships, rewards_rows
-from pin_e2e.infra import OwnServers
-from pin_e2e.kafka_io import produce, read_topic
 from pin_e2e.poison import NOT_JSON, empty_agent_event, oversized_dead_letter_event
-from pin_e2e.procs import wait_until
 from pin_testkit.local.prometheus import PrometheusServer
 from pin_testkit.local.toxiproxy import ToxiproxyServer
 from pin_testkit.private import PrivateKafka
+from pin_testkit.private_servers import PrivateServers
+from pin_testkit.records import produce, read_topic
+from pin_testkit.waiting import wait_until
 
 __all__ = ["CampaignReport", "run_campaign"]
 
@@ -160,7 +160,7 @@ def _outbox_empty(identity_dsn: str) -> Callable[[], bool]:
 
 
 def run_campaign(
-    servers: OwnServers, workdir: Path, *, seed: int, faults: int, span: float
+    servers: PrivateServers, workdir: Path, *, seed: int, faults: int, span: float
 ) -> CampaignReport:
     with (
         ToxiproxyServer(workdir / "toxiproxy") as toxiproxy,

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from pin_contracts import ContractViolation, DeadLetterInfo, decode_access_changed
 from pin_e2e.checks import SnapshotKey, analyse_access, membership_differences
-from pin_e2e.kafka_io import Record
+from pin_testkit.records import Record
 
 __all__ = [
     "Invariant",

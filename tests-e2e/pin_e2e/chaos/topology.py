@@ -17,23 +17,28 @@ from typing import Final
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pin_contracts import CATALOGUE, USER_ACCESS_CHANGED
-from pin_e2e.infra import OwnServers, clone_database
-from pin_e2e.procs import IDENTITY_FANOUT, REWARDS_MEMBERSHIP, ServiceProcess, free_port
 from pin_e2e.system import (
     CONSUMER,
     CONSUMER_DEFAULTS,
+    IDENTITY_FANOUT,
     IDENTITY_TEMPLATE,
     RELAY,
+    REWARDS_MEMBERSHIP,
     REWARDS_TEMPLATE,
     WORKER,
     WORKER_DEFAULTS,
     System,
+    process_environment,
 )
 from pin_runtime.kafka import create_admin, ensure_topics
+from pin_testkit.databases import create_database
 from pin_testkit.local.kafka import ProxiedListener
 from pin_testkit.local.toxiproxy import Proxy, ToxiproxyServer
+from pin_testkit.ports import free_port
 from pin_testkit.private import PrivateKafka
+from pin_testkit.private_servers import PrivateServers
 from pin_testkit.runtime_roles import runtime_dsn
+from pin_testkit.service import ServiceProcess
 
 __all__ = ["PROCESS_LABELS", "ChaosSystem", "Member"]
 
@@ -77,7 +82,7 @@ class Member:
 class ChaosSystem:
     """The campaign's databases, broker, proxies and processes."""
 
-    servers: OwnServers
+    servers: PrivateServers
     broker: PrivateKafka
     toxiproxy: ToxiproxyServer
     workdir: Path
@@ -87,12 +92,16 @@ class ChaosSystem:
 
     @classmethod
     def create(
-        cls, servers: OwnServers, broker: PrivateKafka, toxiproxy: ToxiproxyServer, workdir: Path
+        cls,
+        servers: PrivateServers,
+        broker: PrivateKafka,
+        toxiproxy: ToxiproxyServer,
+        workdir: Path,
     ) -> ChaosSystem:
         admin = servers.services.postgres_dsn
         base = System(servers, "chaos", workdir)
-        base.identity_dsn = clone_database(admin, IDENTITY_TEMPLATE, "e2e_chaos_identity")
-        base.rewards_dsn = clone_database(admin, REWARDS_TEMPLATE, "e2e_chaos_rewards")
+        base.identity_dsn = create_database(admin, "e2e_chaos_identity", template=IDENTITY_TEMPLATE)
+        base.rewards_dsn = create_database(admin, "e2e_chaos_rewards", template=REWARDS_TEMPLATE)
         base.group = "rewards-membership-chaos"
         system = cls(servers, broker, toxiproxy, workdir, base, _listeners=list(broker.proxied))
         admin_client = create_admin(broker.bootstrap, client_id="chaos-setup")
@@ -149,7 +158,9 @@ class ChaosSystem:
         member = self._member(label, IDENTITY_FANOUT, args, postgres=postgres, kafka=kafka)
         port = member.process.metrics_port
         settings |= {"METRICS_HOST": "127.0.0.1", "METRICS_PORT": str(port)}
-        member.process.env = {f"IDENTITY_FANOUT_{k}": v for k, v in settings.items()}
+        member.process.env = process_environment(
+            {f"IDENTITY_FANOUT_{k}": v for k, v in settings.items()}
+        )
         return member
 
     def build(self) -> None:
@@ -173,20 +184,24 @@ class ChaosSystem:
                 "METRICS_HOST": "127.0.0.1",
                 "METRICS_PORT": str(member.process.metrics_port),
             }
-            member.process.env = {f"REWARDS_MEMBERSHIP_{k}": v for k, v in settings.items()}
+            member.process.env = process_environment(
+                {f"REWARDS_MEMBERSHIP_{k}": v for k, v in settings.items()}
+            )
         _, kafka = self._proxies(ACCESS_CACHE, None)
         member = self._member(ACCESS_CACHE, "python", [], postgres=None, kafka=kafka)
         member.process.args = ("-m", "pin_e2e.chaos.access_cache")
-        member.process.env = {
-            "PIN_CHAOS_CACHE_BOOTSTRAP": kafka.address,
-            "PIN_CHAOS_CACHE_TOPIC": USER_ACCESS_CHANGED.name,
-            "PIN_CHAOS_CACHE_START": "{"
-            + ",".join(f'"{p}": 0' for p in range(USER_ACCESS_CHANGED.partitions))
-            + "}",
-            "PIN_CHAOS_CACHE_APPLIED_LOG": str(self.applied_log),
-            "PIN_CHAOS_CACHE_METRICS_PORT": str(member.process.metrics_port),
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-        }
+        member.process.env = process_environment(
+            {
+                "PIN_CHAOS_CACHE_BOOTSTRAP": kafka.address,
+                "PIN_CHAOS_CACHE_TOPIC": USER_ACCESS_CHANGED.name,
+                "PIN_CHAOS_CACHE_START": "{"
+                + ",".join(f'"{p}": 0' for p in range(USER_ACCESS_CHANGED.partitions))
+                + "}",
+                "PIN_CHAOS_CACHE_APPLIED_LOG": str(self.applied_log),
+                "PIN_CHAOS_CACHE_METRICS_PORT": str(member.process.metrics_port),
+                "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            }
+        )
 
     @property
     def applied_log(self) -> Path:

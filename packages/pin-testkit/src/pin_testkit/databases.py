@@ -8,8 +8,9 @@ which takes milliseconds.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psycopg
 from psycopg import sql
@@ -26,6 +27,50 @@ def dsn_dbname(dsn: str) -> str:
     return str(conninfo_to_dict(dsn).get("dbname", ""))
 
 
+def create_database(
+    admin_dsn: str, name: str, *, template: str | None = None, replace: bool = False
+) -> str:
+    """Create the database ``name`` (empty, or a copy of ``template``); its DSN.
+
+    ``replace`` drops a database of that name first (one a killed run left behind).
+    """
+    # CREATE/DROP DATABASE cannot run inside a transaction block.
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        if replace:
+            admin.execute(_drop_statement(name))
+        if template is None:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        else:
+            admin.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(template)
+                )
+            )
+    return database_dsn(admin_dsn, name)
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    """Drop ``name`` if it exists, even with sessions still connected to it."""
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(_drop_statement(name))
+
+
+@contextlib.contextmanager
+def temporary_database(admin_dsn: str, prefix: str = "pin_scratch") -> Iterator[str]:
+    """A new empty database ``<prefix>_<random>`` for the block (a benchmark's, a script's);
+    its DSN. Dropped afterwards, whatever happened."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    dsn = create_database(admin_dsn, name)
+    try:
+        yield dsn
+    finally:
+        drop_database(admin_dsn, name)
+
+
+def _drop_statement(name: str) -> sql.Composed:
+    return sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+
+
 class DatabaseFactory:
     """Creates uniquely named databases on one server and drops them again."""
 
@@ -34,26 +79,12 @@ class DatabaseFactory:
         self._prefix = prefix
         self._templates: dict[str, str] = {}
 
-    def _execute(self, statement: sql.Composed) -> None:
-        # CREATE/DROP DATABASE cannot run inside a transaction block.
-        with psycopg.connect(self._admin_dsn, autocommit=True) as conn:
-            conn.execute(statement)
-
     def _new_name(self, kind: str) -> str:
         return f"{self._prefix}_{kind}_{uuid.uuid4().hex[:12]}"
 
     def create(self, *, template: str | None = None) -> str:
         """Create an empty database (or a clone of ``template``) and return its DSN."""
-        name = self._new_name("db")
-        if template is None:
-            self._execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        else:
-            self._execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                    sql.Identifier(name), sql.Identifier(template)
-                )
-            )
-        return database_dsn(self._admin_dsn, name)
+        return create_database(self._admin_dsn, self._new_name("db"), template=template)
 
     def from_template(self, key: str, build: Callable[[str], object]) -> str:
         """A fresh clone of the template ``key``, built once per factory by ``build(dsn)``.
@@ -71,10 +102,7 @@ class DatabaseFactory:
 
     def drop(self, dsn: str) -> None:
         """Drop a database even if a test left connections open to it."""
-        name = dsn_dbname(dsn)
-        self._execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+        drop_database(self._admin_dsn, dsn_dbname(dsn))
 
     def drop_templates(self) -> None:
         for template in self._templates.values():

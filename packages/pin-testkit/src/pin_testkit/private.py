@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import tempfile
 import time
 import uuid
@@ -57,6 +56,7 @@ from pin_testkit.local.procs import (
 from pin_testkit.local.secure import secured_of
 from pin_testkit.local.state import new_cluster_id, pick_port
 from pin_testkit.local.tls import write_tls_files
+from pin_testkit.ports import listens
 from pin_testkit.secured import SecuredKafka
 
 __all__ = ["PrivateKafka"]
@@ -256,7 +256,7 @@ class PrivateKafka:
 
     def refuses_connections(self) -> bool:
         """Whether nothing listens on any of the broker's ports."""
-        return not any(_listens(p) for p in self._broker.ports)
+        return not any(listens(p) for p in self._broker.ports)
 
     # -- fault injection ------------------------------------------------------------------
 
@@ -269,7 +269,7 @@ class PrivateKafka:
         deadline = Deadline.after(self.start_timeout if timeout is None else timeout)
         pid = self._broker.pid()
         if pid is None:
-            taken = [p for p in self._broker.ports if _listens(p)]
+            taken = [p for p in self._broker.ports if listens(p)]
             if taken:
                 raise LocalInfraError(
                     f"private Kafka cannot restart: port(s) {taken} on 127.0.0.1 were taken "
@@ -407,12 +407,6 @@ def _security(state_dir: Path, taken: set[int]) -> KafkaSecurity:
         tls=write_tls_files(state_dir / "tls"),
         users=(ScramUser("pin-client", secrets.token_urlsafe(18)),),
     )
-
-
-def _listens(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def sweep_orphans(root: Path | None = None) -> list[Path]:

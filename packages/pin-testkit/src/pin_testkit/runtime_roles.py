@@ -18,21 +18,38 @@ created empty, so the order of `ensure_login` and a migration does not matter.
 from __future__ import annotations
 
 import contextlib
-from typing import Final
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from pin_runtime.db_roles import RuntimeRole
+
 __all__ = [
     "COMBINED_GROUPS",
     "LOGIN_PASSWORD",
     "RUNTIME_GROUPS",
+    "TABLE_PRIVILEGES",
     "all_logins",
+    "assert_exact_privileges",
     "ensure_login",
     "login_name",
+    "privilege_mismatches",
+    "refused",
     "runtime_dsn",
 ]
+
+TABLE_PRIVILEGES: Final = (
+    "SELECT",
+    "INSERT",
+    "UPDATE",
+    "DELETE",
+    "TRUNCATE",
+    "REFERENCES",
+    "TRIGGER",
+)
 
 LOGIN_PASSWORD: Final = "pin-runtime"  # noqa: S105 - a throwaway local server's
 
@@ -104,3 +121,70 @@ def _create(conn: psycopg.Connection[tuple[object, ...]], statement: sql.Compose
     # There already, or made by a concurrent run this instant.
     with contextlib.suppress(psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
         conn.execute(statement)
+
+
+# -- the grant matrix: what a migrated database holds against what a service declares -------
+
+
+def privilege_mismatches(
+    conn: psycopg.Connection[Any],
+    *,
+    schema: str,
+    tables: Sequence[str],
+    roles: Iterable[RuntimeRole],
+) -> list[str]:
+    """Every difference between the database and the declared roles (`db_roles.py`).
+
+    Each table privilege of ``TABLE_PRIVILEGES`` on each of ``tables`` is held exactly when
+    declared; each role has USAGE on ``schema`` and never CREATE, and owns no relation.
+    """
+    found: list[str] = []
+    for role in roles:
+        declared = {(g.table, p) for g in role.grants for p in g.privileges}
+        for table in tables:
+            for privilege in TABLE_PRIVILEGES:
+                row = conn.execute(
+                    "SELECT has_table_privilege(%s, %s, %s)",
+                    (role.name, f"{schema}.{table}", privilege),
+                ).fetchone()
+                held = bool(row and row[0])
+                if held != ((table, privilege) in declared):
+                    state = "holds" if held else "lacks"
+                    found.append(f"{role.name} {state} {privilege} on {schema}.{table}")
+        usage = conn.execute(
+            "SELECT has_schema_privilege(%(r)s, %(s)s, 'USAGE'), "
+            "has_schema_privilege(%(r)s, %(s)s, 'CREATE')",
+            {"r": role.name, "s": schema},
+        ).fetchone()
+        if usage is None or tuple(usage) != (True, False):
+            found.append(f"{role.name}: schema {schema} USAGE/CREATE is {usage}, not (True, False)")
+        owns = conn.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner "
+            "WHERE r.rolname = %s",
+            (role.name,),
+        ).fetchone()
+        if owns is None or owns[0] != 0:
+            found.append(f"{role.name} owns {owns[0] if owns else '?'} relation(s)")
+    return found
+
+
+def assert_exact_privileges(
+    dsn: str, *, schema: str, tables: Sequence[str], roles: Iterable[RuntimeRole]
+) -> None:
+    """Fail, listing every difference, unless the database ``dsn`` holds exactly the
+    declared privileges (:func:`privilege_mismatches`)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        found = privilege_mismatches(conn, schema=schema, tables=tables, roles=roles)
+    if found:
+        raise AssertionError("privileges differ from the declared roles:\n" + "\n".join(found))
+
+
+def refused(dsn: str, statement: str) -> str:
+    """The SQLSTATE (42501) that ``statement`` fails with when run by ``dsn``'s user; fails
+    when it runs."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            conn.execute(statement.encode())
+        except psycopg.errors.InsufficientPrivilege as exc:
+            return str(exc.sqlstate)
+    raise AssertionError(f"not refused: {statement}")

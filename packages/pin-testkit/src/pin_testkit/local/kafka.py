@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pin_testkit.local.procs import (
     write_atomic,
 )
 from pin_testkit.local.tls import TlsFiles
+from pin_testkit.ports import listens
 
 log = logging.getLogger(__name__)
 
@@ -436,7 +436,7 @@ class Kafka:
 
     def start(self, java: JavaRuntime, libs: Path) -> int:
         """Start the broker detached (own session, output to logs/console.log); its pid."""
-        taken = [port for port in self.ports if not _nothing_listens(port)]
+        taken = [port for port in self.ports if listens(port)]
         if taken:
             raise LocalInfraError(
                 f"port(s) {taken} on 127.0.0.1 taken by another process: "
@@ -475,7 +475,7 @@ class Kafka:
 
     def answers(self, timeout: float = 3.0) -> bool:
         """Whether the broker answers a metadata request with this state's cluster id."""
-        if _nothing_listens(self.config.port):
+        if not listens(self.config.port):
             return False  # nothing listens yet: skip librdkafka's connection-refused noise
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
         try:
@@ -527,9 +527,3 @@ class Kafka:
             else:
                 partial.unlink(missing_ok=True)
         return True
-
-
-def _nothing_listens(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex(("127.0.0.1", port)) != 0

@@ -11,7 +11,6 @@ The binary is Debian's (`infra/checks/tools.sh prometheus` extracts it once per 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,6 +23,7 @@ from typing import Any, Final, Self
 from pin_testkit.local.errors import LocalInfraError
 from pin_testkit.local.procs import Deadline, tail, terminate, write_atomic
 from pin_testkit.local.tools import repo_root, tool_binary
+from pin_testkit.ports import free_port
 
 __all__ = ["PrometheusServer", "prometheus_binary", "repository_rule_files"]
 
@@ -40,12 +40,6 @@ def prometheus_binary() -> Path:
 def repository_rule_files() -> list[Path]:
     """Every alert rule file of `infra/monitoring/rules/`."""
     return sorted((repo_root() / "infra" / "monitoring" / "rules").glob("*.rules.yml"))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PrometheusServer:
@@ -99,7 +93,7 @@ class PrometheusServer:
         config_file = self._workdir / "prometheus.yml"
         # JSON is YAML: no YAML library needed to write the configuration.
         write_atomic(config_file, json.dumps(config, indent=2))
-        self.port = _free_port()
+        self.port = free_port()
         log = (self._workdir / "prometheus.log").open("ab")
         self._process = subprocess.Popen(  # noqa: S603 - a binary of the tools cache
             [

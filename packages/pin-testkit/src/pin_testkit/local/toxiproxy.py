@@ -13,7 +13,6 @@ The server is Toxiproxy 2.5 built from the Go module proxy into the tools cache
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,6 +24,7 @@ from typing import Any, Final, Literal, Self
 from pin_testkit.local.errors import LocalInfraError
 from pin_testkit.local.procs import Deadline, tail, terminate
 from pin_testkit.local.tools import tool_binary
+from pin_testkit.ports import free_port
 
 __all__ = ["Proxy", "ToxiproxyServer", "toxiproxy_binary"]
 
@@ -37,12 +37,6 @@ Stream = Literal["upstream", "downstream"]
 
 def toxiproxy_binary() -> Path:
     return tool_binary("toxiproxy", TOXIPROXY_ENV)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Proxy:
@@ -127,7 +121,7 @@ class ToxiproxyServer:
 
     def start(self) -> Self:
         self._workdir.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         log = (self._workdir / "toxiproxy.log").open("ab")
         self._process = subprocess.Popen(  # noqa: S603 - a binary of the tools cache
             [
@@ -154,7 +148,7 @@ class ToxiproxyServer:
 
     def proxy(self, name: str, upstream: str, *, port: int | None = None) -> Proxy:
         """A new proxy `name` listening on `port` (a free one by default) -> `upstream`."""
-        listen = port or _free_port()
+        listen = port or free_port()
         self.request(
             "POST",
             "/proxies",

@@ -1,4 +1,9 @@
-"""Reading the topics as an outside consumer would: from given offsets to the current end."""
+"""Records on real topics, read and written as an outside client would.
+
+Reading goes from given offsets (default: the beginning) to the end *as of the call*: the
+high watermarks are taken first, so a read ends even while producers keep writing, and a
+test never waits for "no more records" (which would need a fixed quiet period).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from pin_contracts import Headers
 
@@ -17,8 +22,10 @@ __all__ = [
     "Offsets",
     "Record",
     "commit_group_offsets",
+    "consume",
     "end_offsets",
     "produce",
+    "read_messages",
     "read_topic",
 ]
 
@@ -40,7 +47,7 @@ def _consumer(bootstrap: str, group: str | None = None) -> Consumer:
     return Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": group or f"pin-e2e-reader-{uuid.uuid4().hex[:8]}",
+            "group.id": group or f"pin-test-reader-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "log_level": 0,
@@ -62,46 +69,84 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 30.0) -> Offsets:
         consumer.close()
 
 
-def read_topic(bootstrap: str, topic: str, start: Mapping[int, int] | None = None) -> list[Record]:
-    """Every record of ``topic`` from ``start`` (default: the beginning) to the end as of now."""
+def read_messages(
+    bootstrap: str,
+    topic: str,
+    start: Mapping[int, int] | None = None,
+    *,
+    timeout: float = READ_TIMEOUT,
+) -> list[Message]:
+    """Every record of ``topic`` from ``start`` (default: the beginning) to the end as of
+    now, as the client's messages (partition order within each partition)."""
     ends = end_offsets(bootstrap, topic)
     begin = {p: (start or {}).get(p, 0) for p in ends}
     pending = {p for p in ends if ends[p] > begin[p]}
-    records: list[Record] = []
+    messages: list[Message] = []
     if not pending:
-        return records
+        return messages
     consumer = _consumer(bootstrap)
     try:
         consumer.assign([TopicPartition(topic, p, begin[p]) for p in sorted(pending)])
-        deadline = time.monotonic() + READ_TIMEOUT
+        deadline = time.monotonic() + timeout
         while pending:
-            assert time.monotonic() < deadline, f"{topic}: partitions {pending} not read to the end"
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{topic}: partitions {pending} not read to the end")
             for message in consumer.consume(num_messages=1000, timeout=1.0):
                 error = message.error()
                 if error is not None:
-                    assert error.code() == KafkaError._PARTITION_EOF, error
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise AssertionError(f"{topic}: {error}")
                     continue
                 partition, offset = message.partition(), message.offset()
-                assert partition is not None
-                assert offset is not None
-                if offset >= ends[partition]:
+                if partition is None or offset is None or offset >= ends[partition]:
                     continue
-                raw_headers: Any = message.headers() or []
-                records.append(
-                    Record(
-                        topic=topic,
-                        partition=partition,
-                        offset=offset,
-                        key=message.key(),
-                        value=message.value(),
-                        headers=[(str(k), v) for k, v in raw_headers],
-                    )
-                )
+                messages.append(message)
                 if offset + 1 >= ends[partition]:
                     pending.discard(partition)
     finally:
         consumer.close()
-    return records
+    return messages
+
+
+def read_topic(bootstrap: str, topic: str, start: Mapping[int, int] | None = None) -> list[Record]:
+    """:func:`read_messages` as plain :class:`Record` values."""
+    return [_record(topic, message) for message in read_messages(bootstrap, topic, start)]
+
+
+def _record(topic: str, message: Message) -> Record:
+    raw_headers: Any = message.headers() or []
+    return Record(
+        topic=topic,
+        partition=int(message.partition() or 0),
+        offset=int(message.offset() or 0),
+        key=message.key(),
+        value=message.value(),
+        headers=[(str(k), v) for k, v in raw_headers],
+    )
+
+
+def consume(
+    bootstrap: str, topic: str, count: int, timeout: float = 60.0, *, group_prefix: str = "pin-test"
+) -> list[Message]:
+    """The first ``count`` records a new consumer group subscribed to ``topic`` receives
+    (from the earliest offset); fails unless exactly that many arrive within ``timeout``."""
+    consumer = _consumer(bootstrap, f"{group_prefix}-{uuid.uuid4().hex[:8]}")
+    received: list[Message] = []
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + timeout
+        while len(received) < count and (remaining := deadline - time.monotonic()) > 0:
+            message = consumer.poll(min(remaining, 1.0))
+            if message is None:
+                continue
+            if message.error() is not None:
+                raise AssertionError(f"{topic}: {message.error()}")
+            received.append(message)
+    finally:
+        consumer.close()
+    if len(received) != count:
+        raise AssertionError(f"{len(received)} of {count} records within {timeout}s")
+    return received
 
 
 def commit_group_offsets(
@@ -109,8 +154,8 @@ def commit_group_offsets(
 ) -> None:
     """Set a consumer group's committed positions (``kafka-consumer-groups --reset-offsets``).
 
-    Each scenario's rewards consumer starts at the scenario's own first record instead of
-    re-reading the membership events every earlier scenario left on the shared topic.
+    A consumer of a scenario then starts at the scenario's own first record instead of
+    re-reading what earlier ones left on a shared topic.
     """
     consumer = _consumer(bootstrap, group)
     try:
@@ -138,6 +183,7 @@ def produce(
     max_message_bytes: int | None = None,
 ) -> list[Delivered]:
     """Produce raw records (key, value, headers); where the broker stored each, in order.
+    Fails unless every record is acknowledged.
 
     `max_message_bytes` raises the client's limit on a record (librdkafka's default is
     1,000,000 bytes) to let a record up to the topic's own limit through.
@@ -166,6 +212,6 @@ def produce(
             kwargs["partition"] = partition
         producer.produce(topic, on_delivery=on_delivery(index), **kwargs)
     remaining = producer.flush(30)
-    assert not failures, f"produce to {topic}: {failures}"
-    assert remaining == 0, f"produce to {topic}: {remaining} records not acknowledged"
+    if failures or remaining:
+        raise AssertionError(f"produce to {topic}: {failures}, {remaining} not acknowledged")
     return [delivered[i] for i in range(len(records))]

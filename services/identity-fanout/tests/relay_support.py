@@ -1,0 +1,101 @@
+"""What the outbox relay's tests share: the access contract on a test's topic, events, rows,
+options of a relay under test, and a relay running in a thread as the worker runs it.
+
+Imported by the test modules (``conftest`` puts this directory on ``sys.path``); the
+fixtures built on it (``make_relay``) live in ``conftest``.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+
+from identity_fanout.outbox import OutboxMessage, write_outbox
+from identity_fanout.relay import OutboxRelay
+from pin_contracts import (
+    USER_ACCESS_CHANGED,
+    AccessChangeReason,
+    Envelope,
+    Topic,
+    UserAccessChangedKafkaEvent,
+    envelope_for,
+)
+
+__all__ = [
+    "RELAY_TEST_OPTIONS",
+    "RelayFactory",
+    "RelayThread",
+    "access_event",
+    "access_topic",
+    "outbox_count",
+    "write",
+]
+
+RelayFactory = Callable[..., OutboxRelay]
+"""The ``make_relay`` fixture: ``make_relay(**overrides)`` -> a relay closed after the test."""
+
+RELAY_TEST_OPTIONS: dict[str, Any] = {
+    # Short enough that a test sees a retry or a lane change in well under a second, long
+    # enough for a broker on two busy cores to acknowledge.
+    "delivery_timeout": 20.0,
+    "lock_retry_interval": 0.2,
+    "backoff_initial": 0.1,
+    "backoff_maximum": 0.5,
+}
+
+
+def access_topic(name: str, partitions: int = 3) -> Topic:
+    """The access topic's contract under a test's unique name."""
+    return replace(USER_ACCESS_CHANGED, name=name, partitions=partitions)
+
+
+def access_event(
+    user_id: uuid.UUID | None = None, version: int = 1, *, correlation_id: str = "relay-test"
+) -> Envelope[UserAccessChangedKafkaEvent]:
+    """An access event of a role permission change with no assignments."""
+    return envelope_for(
+        UserAccessChangedKafkaEvent(
+            user_id=user_id or uuid.uuid4(),
+            company_id=uuid.uuid4(),
+            change_reason=AccessChangeReason.ROLE_PERMISSIONS_CHANGED.value,
+            active_assignments=(),
+            version=version,
+        ),
+        correlation_id=correlation_id,
+    )
+
+
+def write(dsn: str, messages: list[OutboxMessage]) -> None:
+    """The rows in one transaction, committed."""
+    with psycopg.connect(dsn) as conn:  # committed on exit
+        write_outbox(conn, messages)
+
+
+def outbox_count(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM identity.outbox").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+class RelayThread:
+    """`relay.run(stop)` in a thread, as the worker runs it; stopped and joined on exit."""
+
+    def __init__(self, relay: OutboxRelay, name: str = "relay-test") -> None:
+        self.relay = relay
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=relay.run, args=(self.stop,), name=name)
+
+    def __enter__(self) -> RelayThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "relay did not stop within 30s"
