@@ -368,7 +368,7 @@ def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
     ) as conn:
         rows = fetch_agent_rows(conn, agent_user_id)
     console = Console()
-    status = display_status((r["company_id"], r["membership_status"]) for r in rows)
+    status = display_status((r.company_id, r.membership_status) for r in rows)
     table = Table(title=f"agent {agent_user_id}: {status}", title_justify="left")
     columns = (
         "company_id",
@@ -388,7 +388,8 @@ def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*("" if row[c] is None else str(row[c]) for c in columns))
+        values = (getattr(row, c) for c in columns)
+        table.add_row(*("" if v is None else str(v) for v in values))
     console.print(table)
     return 0
 
