@@ -37,10 +37,12 @@ from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.composition import run_command
+from pin_runtime.listing import Listing
 from pin_runtime.logging import configure_logging
 from pin_runtime.settings import settings_or_exit
 
-# Plain messages never wrap (scripts parse them); tables take the terminal's width.
+# Plain messages never wrap (scripts parse them); listings take the terminal's width (a
+# table where it fits, else a block per row: pin_runtime.listing).
 _console = Console(soft_wrap=True)
 
 
@@ -143,9 +145,8 @@ def _when(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value else "-"
 
 
-def _tasks_table(tasks: Sequence[FanOutTask]) -> Table:
-    table = Table(title="access fan-out tasks", title_justify="left")
-    for column in (
+def _tasks_table(tasks: Sequence[FanOutTask]) -> Listing:
+    columns = (
         "id",
         "role",
         "version",
@@ -156,10 +157,9 @@ def _tasks_table(tasks: Sequence[FanOutTask]) -> Table:
         "created",
         "lease until",
         "last error",
-    ):
-        table.add_column(column, overflow="fold")
-    for t in tasks:
-        table.add_row(
+    )
+    rows = [
+        (
             str(t.id),
             str(t.role_id),
             str(t.role_version),
@@ -171,7 +171,9 @@ def _tasks_table(tasks: Sequence[FanOutTask]) -> Table:
             _when(t.lease_expires_at),
             (t.last_error or "")[:80],
         )
-    return table
+        for t in tasks
+    ]
+    return Listing(columns, rows, title="access fan-out tasks")
 
 
 def _task_detail(task: FanOutTask) -> Table:

@@ -24,11 +24,11 @@ import psycopg
 from confluent_kafka import Consumer
 from psycopg.rows import TupleRow
 from rich.console import Console
-from rich.table import Table
 
 from pin_runtime.composition import run_command
 from pin_runtime.kafka import create_consumer
 from pin_runtime.kafka_security import kafka_or_exit
+from pin_runtime.listing import Listing
 from pin_runtime.logging import configure_logging, log_event
 from pin_runtime.settings import (
     CONFIG_ERROR_EXIT_CODE,
@@ -191,14 +191,15 @@ def _dlq_list(settings: Settings, limit: int) -> int:
                 replays = fetch_replays(
                     conn, settings.dlq_topic, [(r.partition, r.offset) for r in page]
                 )
-                table = Table(show_header=shown == 0, box=None, pad_edge=False)
-                for column in _COLUMNS:
-                    table.add_column(column, overflow="fold")
+                rows = []
                 for record in page:
                     at = replays.get((record.partition, record.offset))
                     pending += at is None
-                    table.add_row(*_row(record, at, settings.topic))
-                console.print(table)
+                    rows.append(_row(record, at, settings.topic))
+                # A table where it fits the terminal, else a block per record.
+                console.print(
+                    Listing(_COLUMNS, rows, show_header=shown == 0, box=None, pad_edge=False)
+                )
                 shown += len(page)
     finally:
         reader.close()
@@ -325,6 +326,23 @@ def _say(result: ReplayResult, *, single: bool) -> None:
         sys.stderr.write(line)
 
 
+_AGENT_COLUMNS = (
+    "company_id",
+    "membership_status",
+    "leave_reason",
+    "left_at",
+    "effective_at",
+    "first_activity_at",
+    "last_activity_at",
+    "last_membership_version",
+    "version",
+    "deals_closed_count",
+    "fixations_count",
+    "commission_accrued_amount",
+    "commission_paid_amount",
+)
+
+
 def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
     with connect(
         settings.database_dsn.reveal(),
@@ -332,30 +350,12 @@ def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
         session=settings.database_session(),
     ) as conn:
         rows = fetch_agent_rows(conn, agent_user_id)
-    console = Console()
     status = display_status((r.company_id, r.membership_status) for r in rows)
-    table = Table(title=f"agent {agent_user_id}: {status}", title_justify="left")
-    columns = (
-        "company_id",
-        "membership_status",
-        "leave_reason",
-        "left_at",
-        "effective_at",
-        "first_activity_at",
-        "last_activity_at",
-        "last_membership_version",
-        "version",
-        "deals_closed_count",
-        "fixations_count",
-        "commission_accrued_amount",
-        "commission_paid_amount",
-    )
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        values = (getattr(row, c) for c in columns)
-        table.add_row(*("" if v is None else str(v) for v in values))
-    console.print(table)
+    values = [
+        tuple("" if v is None else str(v) for v in (getattr(row, c) for c in _AGENT_COLUMNS))
+        for row in rows
+    ]
+    Console().print(Listing(_AGENT_COLUMNS, values, title=f"agent {agent_user_id}: {status}"))
     return 0
 
 
