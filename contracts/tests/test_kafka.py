@@ -9,9 +9,11 @@ import pytest
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
     CONTRACT_VERSION_HEADER,
+    DLQ_HEADERS,
     DLT_ORIGINAL_OFFSET_HEADER,
     DLT_ORIGINAL_PARTITION_HEADER,
     DLT_ORIGINAL_TIMESTAMP_HEADER,
+    DLT_VALUE_REPLACED_HEADER,
     ERROR_CODE_HEADER,
     ERROR_PATH_HEADER,
     EVENT_TYPE_HEADER,
@@ -29,6 +31,7 @@ from pin_contracts import (
     header_text,
     headers_for,
     kafka_key,
+    original_headers,
     trace_context,
 )
 
@@ -115,6 +118,18 @@ def test_dead_letter_headers_round_trip_after_the_original_headers() -> None:
 
     assert parsed == info
     assert parsed.original_timestamp_type == "CreateTime"
+
+
+def test_original_headers_strip_every_dead_letter_header_and_keep_the_rest_in_order() -> None:
+    original = [
+        (TRACEPARENT_HEADER, TRACEPARENT.encode()),
+        (MESSAGE_ID_HEADER, b"m-1"),
+        (EVENT_TYPE_HEADER, b"AgentMembershipChanged"),
+    ]
+    dead_letter_headers = [*dead_letter().to_headers(), (DLT_VALUE_REPLACED_HEADER, b"too-large")]
+
+    assert {name for name, _ in dead_letter_headers} == DLQ_HEADERS
+    assert original_headers([*original, *dead_letter_headers]) == original
 
 
 def test_dead_letter_numbers_use_springs_big_endian_encoding() -> None:

@@ -6,6 +6,7 @@ JSON Schema tooling lives in ``pin_contracts.schemas`` (not imported here: it is
 from pin_contracts.access import ActiveRoleAssignmentSnapshot, UserAccessChangedKafkaEvent
 from pin_contracts.codec import decode, decode_access_changed, decode_membership_changed, encode
 from pin_contracts.dlq import (
+    DLQ_HEADERS,
     DLT_EXCEPTION_FQCN_HEADER,
     DLT_EXCEPTION_MESSAGE_HEADER,
     DLT_ORIGINAL_CONSUMER_GROUP_HEADER,
@@ -19,6 +20,7 @@ from pin_contracts.dlq import (
     ERROR_PATH_HEADER,
     REWARDS_MEMBERSHIP_EVENT_INVALID,
     DeadLetterInfo,
+    original_headers,
 )
 from pin_contracts.enums import (
     AccessChangeReason,
@@ -64,6 +66,7 @@ __all__ = [
     "AGENT_MEMBERSHIP_CHANGED",
     "CATALOGUE",
     "CONTRACT_VERSION_HEADER",
+    "DLQ_HEADERS",
     "DLT_EXCEPTION_FQCN_HEADER",
     "DLT_EXCEPTION_MESSAGE_HEADER",
     "DLT_ORIGINAL_CONSUMER_GROUP_HEADER",
@@ -112,6 +115,7 @@ __all__ = [
     "headers_for",
     "is_empty_guid",
     "kafka_key",
+    "original_headers",
     "parse_enum",
     "trace_context",
 ]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Final
 
 from pin_contracts.errors import ContractViolation, InvalidEventError
 from pin_contracts.kafka import Headers, ReceivedHeaders
 
 __all__ = [
+    "DLQ_HEADERS",
     "DLT_EXCEPTION_FQCN_HEADER",
     "DLT_EXCEPTION_MESSAGE_HEADER",
     "DLT_ORIGINAL_CONSUMER_GROUP_HEADER",
@@ -27,6 +29,7 @@ __all__ = [
     "ERROR_PATH_HEADER",
     "REWARDS_MEMBERSHIP_EVENT_INVALID",
     "DeadLetterInfo",
+    "original_headers",
 ]
 
 DLT_EXCEPTION_MESSAGE_HEADER = "kafka_dlt-exception-message"
@@ -44,6 +47,24 @@ DLT_VALUE_REPLACED_HEADER = "pin-dlt-value-replaced"
 then a small JSON reference (original topic, partition, offset, size, sha256, error) and the
 header's text is the refusal's reason label (e.g. ``too-large``). The original bytes stay in
 the source topic while it retains them."""
+
+DLQ_HEADERS: Final[frozenset[str]] = frozenset(
+    {
+        DLT_EXCEPTION_FQCN_HEADER,
+        DLT_EXCEPTION_MESSAGE_HEADER,
+        DLT_ORIGINAL_CONSUMER_GROUP_HEADER,
+        DLT_ORIGINAL_OFFSET_HEADER,
+        DLT_ORIGINAL_PARTITION_HEADER,
+        DLT_ORIGINAL_TIMESTAMP_HEADER,
+        DLT_ORIGINAL_TIMESTAMP_TYPE_HEADER,
+        DLT_ORIGINAL_TOPIC_HEADER,
+        ERROR_CODE_HEADER,
+        ERROR_PATH_HEADER,
+        DLT_VALUE_REPLACED_HEADER,
+    }
+)
+"""Every header a dead letter carries on top of its original record's headers: what a
+replay strips to give the record back its own headers (`original_headers`)."""
 
 REWARDS_MEMBERSHIP_EVENT_INVALID = "REWARDS_MEMBERSHIP_EVENT_INVALID"
 """``pin-error-code`` of a membership event that violates its contract."""
@@ -137,3 +158,9 @@ class DeadLetterInfo:
             original_consumer_group=text(DLT_ORIGINAL_CONSUMER_GROUP_HEADER),
             error_path=error_path,
         )
+
+
+def original_headers(headers: Headers) -> Headers:
+    """The headers a record had before it was dead-lettered: the DLQ's own removed, the
+    rest (trace context, MessageId, ...) kept in order."""
+    return [(name, value) for name, value in headers if name not in DLQ_HEADERS]

@@ -114,6 +114,17 @@ def test_agent_show_and_inbox_prune(
     out = capsys.readouterr().out
     assert f"in agency {agency_b}" in out
     assert str(agency_a) in out
+    # An 80-column terminal (`make demo`): one `field: value` block per row, nothing folded.
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["agent", "show", str(agent)]) == 0
+    narrow = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    assert all(len(line) <= 80 for line in narrow)
+    # The title (90 characters) wraps at a space; each row is a block of its own.
+    assert " ".join(narrow[:2]) == f"agent {agent}: in agency {agency_b}"
+    for company, status in ((agency_a, "Left"), (agency_b, "Active")):
+        assert f"company_id:                {company}" in narrow
+        assert f"membership_status:         {status}" in narrow
+    monkeypatch.setenv("COLUMNS", "400")
     assert main(["inbox", "prune", "--older-than", "30d"]) == 0
     assert sql("SELECT idempotency_key FROM rewards.inbox") == [
         ("rewards:identity-membership:new",)
@@ -147,6 +158,15 @@ def test_dlq_list_and_replay(
     assert str(agent) in out
 
     assert "2 not replayed" in out
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["dlq", "list"]) == 0
+    narrow = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    assert all(len(line) <= 80 for line in narrow)
+    assert (
+        sum(line.startswith("code:     REWARDS_MEMBERSHIP_EVENT_INVALID") for line in narrow) == 2
+    )
+    assert f"key:      {agent}" in narrow
+    monkeypatch.setenv("COLUMNS", "400")
 
     # Both would fail validation again on the same bytes: refused, one line each, nothing sent.
     assert main(["dlq", "replay", "--all"]) == 0

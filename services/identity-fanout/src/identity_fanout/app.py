@@ -1,28 +1,29 @@
-"""Building and running the long-lived processes: `worker` (with the relay) and `relay`.
+"""The composition root of the long-lived processes: `worker` (with the relay) and `relay`.
 
-One function builds the world (settings -> logging, tracing, metrics, ops server, pool),
-then hands explicit dependencies to the loops. Nothing here is built at import time.
+One function per command builds the world on pin-runtime's shape (`long_running`: logging,
+tracing, signals, ops server; `kafka_or_exit` first where the command publishes), then
+hands explicit dependencies to the loops. Nothing here is built at import time. It imports
+the relay and with it the Kafka client: `cli` imports this module only for these commands.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-from prometheus_client import CollectorRegistry
-
 from identity_fanout.metrics import FanoutMetrics
-from identity_fanout.settings import SERVICE_NAME, Settings
+from identity_fanout.relay import run_relay, tune_relay_gc
+from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from identity_fanout.worker import FanoutWorker, WorkerConfig
-from pin_runtime.http import ComponentState, Heartbeat, OpsServer
-from pin_runtime.logging import configure_logging, log_event
+from pin_runtime.composition import Runtime, long_running
+from pin_runtime.http import ComponentState, Heartbeat
+from pin_runtime.kafka_security import kafka_or_exit
+from pin_runtime.logging import log_event
 from pin_runtime.postgres import create_pool
 from pin_runtime.settings import settings_for_log
-from pin_runtime.shutdown import GracefulShutdown
-from pin_runtime.tracing import configure_tracing, shutdown_tracing
 
 _log = logging.getLogger(__name__)
 
@@ -30,49 +31,62 @@ _log = logging.getLogger(__name__)
 RELAY_JOIN_TIMEOUT_SECONDS: Final = 60.0
 
 
-class Runtime:
-    """What every long-lived command of the service shares."""
-
-    def __init__(self, settings: Settings, stop: threading.Event) -> None:
-        self.settings = settings
-        self.stop = stop
-        self.registry = CollectorRegistry()
-        # Liveness: the loops beat at least every polling interval or half a second.
-        stale_after = max(60.0, 3 * settings.polling_interval.total_seconds())
-        self.heartbeat = Heartbeat(stale_after=stale_after)
-        self.ops = OpsServer(registry=self.registry, heartbeat=self.heartbeat)
+def _heartbeat(settings: Settings) -> Heartbeat:
+    # Liveness: the loops beat at least every polling interval or half a second.
+    return Heartbeat(stale_after=max(60.0, 3 * settings.polling_interval.total_seconds()))
 
 
 @contextmanager
-def runtime(settings: Settings, command: str) -> Iterator[Runtime]:
-    """Logging, tracing, signals and the ops HTTP server around a long-lived command."""
-    configure_logging(settings.log_level, service=SERVICE_NAME)
-    provider = configure_tracing(SERVICE_NAME)
-    stop = threading.Event()
-    rt = Runtime(settings, stop)
-    with GracefulShutdown() as shutdown:
-        shutdown.add_callback(stop.set)
-        rt.ops.start(settings.metrics_host, settings.metrics_port)
+def runtime(settings: Settings, command: str, *, kafka: bool) -> Iterator[Runtime]:
+    """The pin-runtime shape around a long-lived command; `kafka`: it publishes, so the
+    brokers must accept its settings before anything starts."""
+    with long_running(
+        SERVICE_NAME,
+        log_level=settings.log_level,
+        metrics_host=settings.metrics_host,
+        metrics_port=settings.metrics_port,
+        heartbeat=_heartbeat(settings),
+    ) as rt:
+        if kafka:
+            kafka_or_exit(settings, ENV_PREFIX, command=command)
+        rt.serve()
         log_event(_log, "process started", command=command, settings=settings_for_log(settings))
         try:
             yield rt
         finally:
-            rt.ops.stop()
-            shutdown_tracing(provider)
             log_event(_log, "process stopped", command=command)
 
 
-def run_worker(
-    settings: Settings, *, with_relay: bool, relay: Callable[[Runtime], None] | None = None
-) -> None:
+def _relay_thread(settings: Settings, rt: Runtime) -> None:
+    """The worker's relay thread: the worker's registry and stop event, readiness "relay".
+
+    No heartbeat: liveness stays the worker loop's, which a busy relay must not mask.
+    """
+    state = ComponentState()
+    rt.ops.add_check("relay", state)
+    run_relay(settings, registry=rt.registry, stop=rt.stop, state=state)
+
+
+def run_relay_process(settings: Settings) -> None:
+    """`identity-fanout relay`: the relay alone, with its own ops server, until SIGTERM."""
+    tune_relay_gc()
+    with runtime(settings, "relay", kafka=True) as rt:
+        state = ComponentState()
+        rt.ops.add_check("relay", state)
+        run_relay(settings, registry=rt.registry, stop=rt.stop, state=state, heartbeat=rt.heartbeat)
+
+
+def run_worker(settings: Settings, *, with_relay: bool) -> None:
     """The fan-out worker (and, unless disabled, the outbox relay in a thread) until SIGTERM."""
-    with runtime(settings, "worker") as rt:
+    with runtime(settings, "worker", kafka=with_relay) as rt:
         metrics = FanoutMetrics(rt.registry)
         database = ComponentState()
         rt.ops.add_check("database", database)
         relay_thread = None
-        if with_relay and relay is not None:
-            relay_thread = threading.Thread(target=relay, args=(rt,), name="outbox-relay")
+        if with_relay:
+            relay_thread = threading.Thread(
+                target=_relay_thread, args=(settings, rt), name="outbox-relay"
+            )
             relay_thread.start()
         pool = create_pool(
             settings.database_dsn.reveal(),

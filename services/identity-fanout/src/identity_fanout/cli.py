@@ -1,7 +1,8 @@
 """`identity-fanout`: the commands an operator types (and the pod's entry points).
 
-Exit codes: 0 done; 1 a typed error (unknown role, task not Failed, ...) with one line on
-stderr; 2 bad usage or configuration (argparse, or `config error: VARIABLE: reason`).
+Exit codes (`pin_runtime.composition.run_command`, as every service's CLI): 0 done; 1 a
+typed error (unknown role, task not Failed, ...) or the database unreachable, with one line
+on stderr; 2 bad usage or configuration (argparse, or `config error: VARIABLE: reason`).
 """
 
 from __future__ import annotations
@@ -18,23 +19,31 @@ from psycopg.rows import TupleRow
 from rich.console import Console
 from rich.table import Table
 
-from identity_fanout.app import run_worker
+from identity_fanout import quarantine as q
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import IdentityFanoutError
 from identity_fanout.membership import command as membership_command
+from identity_fanout.outbox_status import outbox_status, status_table
+from identity_fanout.quarantine_view import (
+    discarded_line,
+    quarantine_detail,
+    quarantine_table,
+    requeued_line,
+)
 from identity_fanout.runbook import get_task, list_shards, list_tasks, replay_task
 from identity_fanout.schema import migrate_database
 from identity_fanout.settings import ENV_PREFIX, Settings
 from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
-from pin_runtime.errors import MigrationError
+from pin_runtime.composition import run_command
+from pin_runtime.listing import Listing
 from pin_runtime.logging import configure_logging
-from pin_runtime.settings import redact, settings_or_exit
+from pin_runtime.settings import settings_or_exit
 
-# Plain messages never wrap (scripts parse them); tables take the terminal's width.
+# Plain messages never wrap (scripts parse them); listings take the terminal's width (a
+# table where it fits, else a block per row: pin_runtime.listing).
 _console = Console(soft_wrap=True)
-_errors = Console(stderr=True, soft_wrap=True)
 
 
 def _uuid(text: str) -> UUID:
@@ -136,9 +145,8 @@ def _when(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value else "-"
 
 
-def _tasks_table(tasks: Sequence[FanOutTask]) -> Table:
-    table = Table(title="access fan-out tasks", title_justify="left")
-    for column in (
+def _tasks_table(tasks: Sequence[FanOutTask]) -> Listing:
+    columns = (
         "id",
         "role",
         "version",
@@ -149,10 +157,9 @@ def _tasks_table(tasks: Sequence[FanOutTask]) -> Table:
         "created",
         "lease until",
         "last error",
-    ):
-        table.add_column(column, overflow="fold")
-    for t in tasks:
-        table.add_row(
+    )
+    rows = [
+        (
             str(t.id),
             str(t.role_id),
             str(t.role_version),
@@ -164,7 +171,9 @@ def _tasks_table(tasks: Sequence[FanOutTask]) -> Table:
             _when(t.lease_expires_at),
             (t.last_error or "")[:80],
         )
-    return table
+        for t in tasks
+    ]
+    return Listing(columns, rows, title="access fan-out tasks")
 
 
 def _task_detail(task: FanOutTask) -> Table:
@@ -185,15 +194,6 @@ def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
 
 
 def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lanes: int) -> None:
-    from identity_fanout import quarantine as q  # noqa: PLC0415
-    from identity_fanout.outbox_status import outbox_status, status_table  # noqa: PLC0415
-    from identity_fanout.quarantine_view import (  # noqa: PLC0415
-        discarded_line,
-        quarantine_detail,
-        quarantine_table,
-        requeued_line,
-    )
-
     if args.outbox_command == "status":
         _console.print(status_table(outbox_status(conn, lanes=lanes)))
     elif args.quarantine_command == "list":
@@ -239,14 +239,15 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
     if args.command == "migrate":
         applied = migrate_database(dsn, role_prefix=settings.db_role_prefix)
         _console.print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
-    elif args.command == "worker":
-        from identity_fanout.relay import relay_main  # noqa: PLC0415 - Kafka only when needed
+    elif args.command in ("worker", "relay"):
+        # The long-lived commands publish: their composition root (and the Kafka client it
+        # brings) is loaded for them alone, never for the operator commands below.
+        from identity_fanout import app  # noqa: PLC0415
 
-        run_worker(settings, with_relay=not args.no_relay, relay=relay_main)
-    elif args.command == "relay":
-        from identity_fanout.relay import run_relay_process  # noqa: PLC0415
-
-        run_relay_process(settings)
+        if args.command == "relay":
+            app.run_relay_process(settings)
+        else:
+            app.run_worker(settings, with_relay=not args.no_relay)
     elif args.command == "roles":
         with _connect(settings) as conn:
             change = set_role_permissions(
@@ -275,30 +276,10 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
         _console.print(membership_command.change_line(recorded), markup=False, highlight=False)
 
 
-def _needs_kafka(args: argparse.Namespace) -> bool:
-    return args.command == "relay" or (args.command == "worker" and not args.no_relay)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = settings_or_exit(Settings, ENV_PREFIX)
-    if _needs_kafka(args):
-        from pin_runtime.kafka_security import kafka_or_exit  # noqa: PLC0415 - Kafka only when needed
-
-        kafka_or_exit(settings, ENV_PREFIX, command=args.command)
-    try:
-        _run(args, settings)
-    except (IdentityFanoutError, MigrationError) as exc:
-        # MigrationError: `migrate` refused (an edited file, roles it may not create).
-        _errors.print(f"error: {redact(str(exc))}", markup=False, highlight=False)
-        return 1
-    except psycopg.OperationalError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        _errors.print(
-            f"error: database unavailable: {redact(first_line)}", markup=False, highlight=False
-        )
-        return 1
-    return 0
+    return run_command(lambda: _run(args, settings), errors=(IdentityFanoutError,))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ from datetime import datetime
 import msgspec
 import psycopg
 from psycopg.rows import TupleRow
-from rich.table import Table
 
 from identity_fanout.lanes import (
     DEFAULT_LANES,
@@ -18,6 +17,7 @@ from identity_fanout.lanes import (
     slots_of,
 )
 from identity_fanout.quarantine import quarantine_counts
+from pin_runtime.listing import Fields
 from pin_runtime.sql import load_queries
 
 _outbox = load_queries("identity_fanout", "sql/outbox.sql")
@@ -103,41 +103,44 @@ def _holders(locks: list[TupleRow], lanes: int) -> list[RelayHolder]:
     return sorted(holders, key=lambda h: (-len(h.lanes), h.pid))
 
 
-def status_table(status: OutboxStatus) -> Table:
-    """`identity-fanout outbox status` as a table."""
-    table = Table(show_header=False, title="outbox", title_justify="left")
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
-    table.add_row("backlog", str(status.backlog))
-    table.add_row(
-        "oldest",
-        "-"
-        if status.oldest_created_at is None
-        else f"{status.oldest_created_at.isoformat(timespec='seconds')} "
-        f"({status.oldest_age_seconds or 0.0:.1f}s ago)",
+def status_table(status: OutboxStatus) -> Fields:
+    """`identity-fanout outbox status`: a table where it fits, else `field: value` lines."""
+    pairs: list[tuple[str, str]] = [("backlog", str(status.backlog))]
+    pairs.append(
+        (
+            "oldest",
+            "-"
+            if status.oldest_created_at is None
+            else f"{status.oldest_created_at.isoformat(timespec='seconds')} "
+            f"({status.oldest_age_seconds or 0.0:.1f}s ago)",
+        )
     )
-    for topic, count in status.by_topic.items():
-        table.add_row(f"topic {topic}", str(count))
-    for topic, count in status.quarantined.items():
-        table.add_row(f"quarantined {topic}", f"{count} (outbox quarantine list)")
-    for lane, count in status.backlog_by_lane.items():
-        table.add_row(f"lane {lane}", str(count))
+    pairs += [(f"topic {topic}", str(count)) for topic, count in status.by_topic.items()]
+    pairs += [
+        (f"quarantined {topic}", f"{count} (outbox quarantine list)")
+        for topic, count in status.quarantined.items()
+    ]
+    pairs += [(f"lane {lane}", str(count)) for lane, count in status.backlog_by_lane.items()]
     if not status.holders:
-        table.add_row(
-            "relay",
-            f"none holds a lane (nothing is being published; {status.instances} running)",
+        pairs.append(
+            (
+                "relay",
+                f"none holds a lane (nothing is being published; {status.instances} running)",
+            )
         )
     held = {lane for holder in status.holders for lane in holder.lanes}
-    for holder in status.holders:
-        table.add_row(
+    pairs += [
+        (
             f"relay pid {holder.pid}",
             f"lanes {_ranges(holder.lanes)}: {holder.application_name or '?'}"
             f" from {holder.client_addr or 'local socket'}",
         )
+        for holder in status.holders
+    ]
     unheld = [lane for lane in range(status.lanes) if lane not in held]
     if status.holders and unheld:
-        table.add_row("lanes unheld", f"{_ranges(unheld)} (taken within seconds by a relay)")
-    return table
+        pairs.append(("lanes unheld", f"{_ranges(unheld)} (taken within seconds by a relay)"))
+    return Fields(pairs, title="outbox")
 
 
 def _ranges(lanes: Sequence[int]) -> str:

@@ -8,6 +8,7 @@ from datetime import datetime
 from rich.table import Table
 
 from identity_fanout.quarantine import DiscardedRow, QuarantinedRow, RequeuedRow
+from pin_runtime.listing import Listing
 
 __all__ = ["discarded_line", "quarantine_detail", "quarantine_table", "requeued_line"]
 
@@ -16,10 +17,9 @@ def _when(value: datetime) -> str:
     return value.isoformat(timespec="seconds")
 
 
-def quarantine_table(rows: Sequence[QuarantinedRow]) -> Table:
-    """One line per quarantined row: what it is, whose, how big, and why it was refused."""
-    table = Table(title="outbox quarantine", title_justify="left")
-    for column in (
+def quarantine_table(rows: Sequence[QuarantinedRow]) -> Listing:
+    """One row per quarantined row: what it is, whose, how big, and why it was refused."""
+    columns = (
         "id",
         "outbox id",
         "topic",
@@ -32,10 +32,9 @@ def quarantine_table(rows: Sequence[QuarantinedRow]) -> Table:
         "first failed",
         "last failed",
         "message",
-    ):
-        table.add_column(column, overflow="fold")
-    for r in rows:
-        table.add_row(
+    )
+    values = [
+        (
             str(r.id),
             str(r.outbox_id),
             r.topic,
@@ -49,7 +48,9 @@ def quarantine_table(rows: Sequence[QuarantinedRow]) -> Table:
             _when(r.last_failed_at),
             r.error_message[:120],
         )
-    return table
+        for r in rows
+    ]
+    return Listing(columns, values, title="outbox quarantine")
 
 
 def quarantine_detail(row: QuarantinedRow) -> Table:

@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import Any, Final, Self
 
 import psycopg
 from opentelemetry import trace
@@ -54,18 +54,14 @@ from pin_runtime.kafka import Compression, ConfigValue
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import SessionLimits
 
-if TYPE_CHECKING:
-    from identity_fanout.app import Runtime
-
 __all__ = [
     "DEFAULT_LANES",
     "OutboxRelay",
     "RelayMetrics",
     "RoundResult",
     "relay_from_settings",
-    "relay_main",
     "run_relay",
-    "run_relay_process",
+    "tune_relay_gc",
 ]
 
 _log = logging.getLogger(__name__)
@@ -291,7 +287,7 @@ window again and again, a third of the relay's CPU (bench/relay: 1.4 s -> 1.0 s 
 longer, bounded by the 100,000 allocations."""
 
 
-def _tune_gc() -> None:
+def tune_relay_gc() -> None:
     """For the relay's own process only (`identity-fanout relay`), never the worker's."""
     gc.freeze()  # what start-up made is permanent: never walked again
     gc.set_threshold(*GC_THRESHOLD)
@@ -375,24 +371,3 @@ def run_relay(
 ) -> None:
     """Run the relay until `stop` is set (the body of both entry points below)."""
     relay_from_settings(settings, registry=registry, state=state, heartbeat=heartbeat).run(stop)
-
-
-def relay_main(rt: Runtime) -> None:
-    """The worker's relay thread: the worker's registry and stop event, readiness "relay".
-
-    No heartbeat: liveness stays the worker loop's, which a busy relay must not mask.
-    """
-    state = ComponentState()
-    rt.ops.add_check("relay", state)
-    run_relay(rt.settings, registry=rt.registry, stop=rt.stop, state=state)
-
-
-def run_relay_process(settings: Settings) -> None:
-    """`identity-fanout relay`: the relay alone, with its own ops server, until SIGTERM."""
-    from identity_fanout.app import runtime  # noqa: PLC0415 - app imports the worker
-
-    _tune_gc()
-    with runtime(settings, "relay") as rt:
-        state = ComponentState()
-        rt.ops.add_check("relay", state)
-        run_relay(settings, registry=rt.registry, stop=rt.stop, state=state, heartbeat=rt.heartbeat)

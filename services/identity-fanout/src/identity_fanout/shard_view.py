@@ -6,9 +6,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from uuid import UUID
 
-from rich.table import Table
-
 from identity_fanout.shards import START, FanOutShard
+from pin_runtime.listing import Listing
 
 
 def _when(value: datetime | None) -> str:
@@ -19,10 +18,9 @@ def _bound(value: UUID | None, open_end: str) -> str:
     return open_end if value is None or value == START else str(value)
 
 
-def shards_table(shards: Sequence[FanOutShard]) -> Table:
+def shards_table(shards: Sequence[FanOutShard]) -> Listing:
     """One row per shard: its UserId range (lower exclusive, upper inclusive) and progress."""
-    table = Table(title="shards", title_justify="left")
-    for column in (
+    columns = (
         "no",
         "after",
         "up to",
@@ -32,10 +30,9 @@ def shards_table(shards: Sequence[FanOutShard]) -> Table:
         "attempts",
         "lease until",
         "last error",
-    ):
-        table.add_column(column, overflow="fold")
-    for s in shards:
-        table.add_row(
+    )
+    rows = [
+        (
             str(s.shard_no),
             _bound(s.lower_bound, "start"),
             _bound(s.upper_bound, "end"),
@@ -46,4 +43,6 @@ def shards_table(shards: Sequence[FanOutShard]) -> Table:
             _when(s.lease_expires_at),
             (s.last_error or "")[:80],
         )
-    return table
+        for s in shards
+    ]
+    return Listing(columns, rows, title="shards")

@@ -1,12 +1,14 @@
-"""Build the consumer's world from settings in one function (no module-level clients)."""
+"""The composition root: the consumer's world built from settings (no module-level clients).
+
+`run_consumer` runs it on pin-runtime's shape (`long_running`: logging, tracing, signals,
+ops server; `kafka_or_exit` first), as identity-fanout's `app` runs its worker and relay.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from importlib.resources import files
 
 import psycopg
@@ -14,8 +16,10 @@ from confluent_kafka import KafkaError, Producer
 from opentelemetry import trace
 
 from pin_contracts import CATALOGUE, IDENTITY_MEMBERSHIP_DLQ
-from pin_runtime.http import ComponentState, Heartbeat, OpsServer
+from pin_runtime.composition import long_running
+from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.kafka import create_consumer, create_producer
+from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.logging import log_event
 from pin_runtime.migrations import migrate
 from pin_runtime.postgres import SessionLimits
@@ -24,7 +28,7 @@ from rewards_membership.consumer import ConsumerOptions, MembershipConsumer
 from rewards_membership.db_roles import RUNTIME_ROLES
 from rewards_membership.deadletter import DeadLetterer
 from rewards_membership.metrics import Metrics
-from rewards_membership.settings import SERVICE_NAME, Settings
+from rewards_membership.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from rewards_membership.store import MembershipStore
 
 __all__ = [
@@ -32,8 +36,8 @@ __all__ = [
     "build_consumer",
     "create_replay_producer",
     "max_poll_interval_ms",
+    "run_consumer",
     "run_migrations",
-    "serving",
 ]
 
 SCHEMA = "rewards"
@@ -192,19 +196,29 @@ def build_consumer(
     return membership, producer
 
 
-@contextmanager
-def serving(
-    settings: Settings, consumer: MembershipConsumer, metrics: Metrics, heartbeat: Heartbeat
-) -> Iterator[OpsServer]:
-    """/metrics, /healthz and /readyz while the consumer runs."""
-    ops = OpsServer(
-        registry=metrics.registry,
+def run_consumer(settings: Settings) -> None:
+    """`consume`: the consumer on pin-runtime's shape until SIGTERM/SIGINT."""
+    metrics = Metrics()
+    # Stale only after the longest batch the settings allow (the DLQ waits beat, a batch of
+    # slow statements does not): restarting a pod in the middle of a legitimately slow batch
+    # would only repeat it.
+    heartbeat = Heartbeat(stale_after=max_poll_interval_ms(settings) / 1000.0)
+    with long_running(
+        SERVICE_NAME,
+        log_level=settings.log_level,
+        metrics_host=settings.metrics_host,
+        metrics_port=settings.metrics_port,
         heartbeat=heartbeat,
-        checks={"postgresql": consumer.database_state, "kafka": consumer.kafka_state},
-    )
-    ops.start(settings.metrics_host, settings.metrics_port)
-    log_event(_log, "ops server listening", port=ops.port, settings=settings_for_log(settings))
-    try:
-        yield ops
-    finally:
-        ops.stop()
+        registry=metrics.registry,
+    ) as rt:
+        kafka_or_exit(settings, ENV_PREFIX, command="consume")
+        consumer, producer = build_consumer(settings, metrics=metrics, heartbeat=heartbeat)
+        try:
+            ops = rt.serve({"postgresql": consumer.database_state, "kafka": consumer.kafka_state})
+            log_event(
+                _log, "ops server listening", port=ops.port, settings=settings_for_log(settings)
+            )
+            log_event(_log, "consumer starting", topic=settings.topic, group=settings.group_id)
+            consumer.run(rt.shutdown)
+        finally:
+            producer.flush(settings.delivery_timeout.total_seconds())

@@ -75,7 +75,7 @@ class BatchApplier:
     def probe(self) -> psycopg.Error | None:
         """`SELECT 1`; the error when the database is still unreachable."""
         try:
-            self._store.connection().execute("SELECT 1")
+            self._store.probe(self._store.connection())
         except psycopg.Error as exc:
             self._store.discard()
             return exc

@@ -1,5 +1,8 @@
 """The statements of one batch, each set-based, with its rows passed as ONE JSON document.
 
+The statements live in `sql/projection.sql` and `sql/inbox.sql`; here they are composed
+once (the row type's columns) and their documents encoded.
+
 A batch of 5,000 records is one statement per step (inbox lookup, row locks, row update,
 row insert, inbox insert), whatever its size. Parameters are JSON documents encoded by
 msgspec (C speed) and expanded by PostgreSQL (`json_array_elements`, `json_to_recordset`):
@@ -14,7 +17,9 @@ from collections.abc import Sequence
 from typing import Final
 
 import msgspec
+from psycopg import sql
 
+from pin_runtime.sql import columns, load_queries
 from rewards_membership.guard import MembershipRow
 from rewards_membership.plan import Outcome, RowKey
 
@@ -34,68 +39,18 @@ __all__ = [
 _ENCODER: Final = msgspec.json.Encoder()
 _ROWS_DECODER: Final = msgspec.json.Decoder(list[MembershipRow])
 
-# The membership columns of a row document, in the order of MembershipRow's fields.
-_ROW_COLUMNS: Final = """agent_user_id uuid, company_id uuid, membership_status text,
-    leave_reason text, left_at timestamptz, effective_at timestamptz,
-    first_activity_at timestamptz, last_activity_at timestamptz,
-    last_membership_version bigint, version bigint"""
+_q = load_queries("rewards_membership", "sql/projection.sql")
+_inbox = load_queries("rewards_membership", "sql/inbox.sql")
+# A row document's columns: MembershipRow's fields, typed once in projection.sql.
+_ROW_DOCUMENT: Final = sql.SQL(_q.row_document)
 
-# -- select_seen_keys: which of the batch's idempotency keys were already processed
-SELECT_SEEN_KEYS: Final = """
-SELECT idempotency_key FROM rewards.inbox
-WHERE idempotency_key = ANY(ARRAY(SELECT json_array_elements_text(%(keys)s::json)))
-"""
-
-# -- lock_rows: the existing rows of the batch's (agent, agency) pairs, locked for the batch,
-# returned as one JSON array. Ordered by key so two instances locking overlapping sets never
-# deadlock.
-LOCK_ROWS: Final = """
-WITH locked AS (
-    SELECT ap.agent_user_id, ap.company_id, ap.membership_status, ap.leave_reason,
-           ap.left_at, ap.effective_at, ap.first_activity_at, ap.last_activity_at,
-           ap.last_membership_version, ap.version
-    FROM rewards.agent_performance AS ap
-    JOIN (SELECT (k->>0)::uuid AS agent_user_id, (k->>1)::uuid AS company_id
-          FROM json_array_elements(%(keys)s::json) AS k) AS k
-      ON ap.agent_user_id = k.agent_user_id AND ap.company_id = k.company_id
-    ORDER BY ap.agent_user_id, ap.company_id
-    FOR UPDATE OF ap
+SELECT_SEEN_KEYS: Final = _inbox.select_seen_keys
+LOCK_ROWS: Final = _q.compose("lock_rows", columns=columns(MembershipRow, prefix="ap"))
+UPDATE_ROWS: Final = _q.compose("update_rows", row_document=_ROW_DOCUMENT)
+INSERT_ROWS: Final = _q.compose(
+    "insert_rows", columns=columns(MembershipRow), row_document=_ROW_DOCUMENT
 )
-SELECT coalesce(json_agg(locked), '[]')::text FROM locked
-"""
-
-# -- update_rows: membership columns only; earned metrics are not named here on purpose.
-# The version condition repeats the guard in SQL: the rows are locked, so it always holds.
-UPDATE_ROWS: Final = f"""
-UPDATE rewards.agent_performance AS ap
-SET membership_status = u.membership_status,
-    leave_reason = u.leave_reason,
-    left_at = u.left_at,
-    effective_at = u.effective_at,
-    first_activity_at = u.first_activity_at,
-    last_activity_at = u.last_activity_at,
-    last_membership_version = u.last_membership_version,
-    version = u.version,
-    updated_at = now()
-FROM json_to_recordset(%(rows)s::json) AS u ({_ROW_COLUMNS})
-WHERE ap.agent_user_id = u.agent_user_id AND ap.company_id = u.company_id
-  AND ap.last_membership_version < u.last_membership_version
-"""
-
-# -- insert_rows: lazily created rows; earned metrics take their zero defaults. No ON
-# CONFLICT: a row another instance created meanwhile fails the batch, which is re-decided.
-INSERT_ROWS: Final = f"""
-INSERT INTO rewards.agent_performance (
-    agent_user_id, company_id, membership_status, leave_reason, left_at, effective_at,
-    first_activity_at, last_activity_at, last_membership_version, version)
-SELECT * FROM json_to_recordset(%(rows)s::json) AS r ({_ROW_COLUMNS})
-"""
-
-# -- insert_inbox: idempotency marks; a key another instance recorded first fails the batch.
-INSERT_INBOX: Final = """
-INSERT INTO rewards.inbox (idempotency_key, outcome)
-SELECT m->>0, m->>1 FROM json_array_elements(%(marks)s::json) AS m
-"""
+INSERT_INBOX: Final = _inbox.insert_inbox
 
 
 def keys_document(keys: Sequence[str]) -> str:

@@ -1,7 +1,10 @@
 """`rewards-membership`: migrate, consume, dlq list|replay, agent show, inbox prune.
 
 Settings are read and validated before anything else: a bad value prints one line naming the
-variable and exits 2; bad arguments are argparse's exit 2 too.
+variable and exits 2; bad arguments are argparse's exit 2 too. Every other failure maps to
+its exit code as in every service's CLI (`pin_runtime.composition.run_command`): a refused
+migration or a service error exits 1 with `error: ...`, an unreachable database 1 with
+`error: database unavailable: ...`; `consume` runs in `app.run_consumer`.
 """
 
 from __future__ import annotations
@@ -21,28 +24,22 @@ import psycopg
 from confluent_kafka import Consumer
 from psycopg.rows import TupleRow
 from rich.console import Console
-from rich.table import Table
 
-from pin_runtime.errors import MigrationError, SettingsError
-from pin_runtime.http import Heartbeat
+from pin_runtime.composition import run_command
 from pin_runtime.kafka import create_consumer
 from pin_runtime.kafka_security import kafka_or_exit
+from pin_runtime.listing import Listing
 from pin_runtime.logging import configure_logging, log_event
 from pin_runtime.settings import (
     CONFIG_ERROR_EXIT_CODE,
     parse_duration,
-    redact,
     settings_or_exit,
     unknown_variables,
 )
-from pin_runtime.shutdown import GracefulShutdown
-from pin_runtime.tracing import configure_tracing, shutdown_tracing
 from rewards_membership.app import (
-    build_consumer,
     create_replay_producer,
-    max_poll_interval_ms,
+    run_consumer,
     run_migrations,
-    serving,
 )
 from rewards_membership.display import display_status
 from rewards_membership.dlq import (
@@ -51,7 +48,7 @@ from rewards_membership.dlq import (
     partitions_holding,
     read_dead_letters,
 )
-from rewards_membership.metrics import Metrics
+from rewards_membership.errors import RewardsMembershipError
 from rewards_membership.reference import decode_reference
 from rewards_membership.replay import Replayer, ReplayResult, ReplayState
 from rewards_membership.settings import ENV_PREFIX, SERVICE_NAME, Settings
@@ -120,17 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_or_exit(Settings, ENV_PREFIX)
-    try:
-        return _run(args, settings)
-    except psycopg.OperationalError as exc:
-        # The same one line as identity-fanout's CLI, never a traceback quoting the DSN.
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        sys.stderr.write(f"error: database unavailable: {redact(first_line)}\n")
-        return 1
-    except MigrationError as exc:
-        # `migrate` refused (an edited file, roles it may not create): one line, exit 1.
-        sys.stderr.write(f"error: {redact(str(exc))}\n")
-        return 1
+    return run_command(lambda: _run(args, settings), errors=(RewardsMembershipError,))
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
@@ -146,8 +133,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         log_event(_log, "migrations applied", applied=applied)
         return 0
     if args.command == "consume":
-        kafka_or_exit(settings, ENV_PREFIX, command="consume")
-        return _consume(settings)
+        run_consumer(settings)
+        return 0
     if args.command == "dlq":
         kafka_or_exit(settings, ENV_PREFIX, command=f"dlq {args.dlq_command}")
         if args.dlq_command == "list":
@@ -162,28 +149,6 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "agent":
         return _agent_show(settings, args.agent_user_id)
     return _inbox_prune(settings, args.older_than)
-
-
-def _consume(settings: Settings) -> int:
-    try:
-        provider = configure_tracing(SERVICE_NAME)
-    except SettingsError as exc:
-        sys.stderr.write(f"config error: {exc.variable}: {exc.reason}\n")
-        return CONFIG_ERROR_EXIT_CODE
-    metrics = Metrics()
-    # Stale only after the longest batch the settings allow (the DLQ waits beat, a batch of
-    # slow statements does not): restarting a pod in the middle of a legitimately slow batch
-    # would only repeat it.
-    heartbeat = Heartbeat(stale_after=max_poll_interval_ms(settings) / 1000.0)
-    consumer, producer = build_consumer(settings, metrics=metrics, heartbeat=heartbeat)
-    try:
-        with GracefulShutdown() as stop, serving(settings, consumer, metrics, heartbeat):
-            log_event(_log, "consumer starting", topic=settings.topic, group=settings.group_id)
-            consumer.run(stop)
-    finally:
-        producer.flush(settings.delivery_timeout.total_seconds())
-        shutdown_tracing(provider)
-    return 0
 
 
 def _tool_consumer(settings: Settings, role: str) -> Consumer:
@@ -226,14 +191,15 @@ def _dlq_list(settings: Settings, limit: int) -> int:
                 replays = fetch_replays(
                     conn, settings.dlq_topic, [(r.partition, r.offset) for r in page]
                 )
-                table = Table(show_header=shown == 0, box=None, pad_edge=False)
-                for column in _COLUMNS:
-                    table.add_column(column, overflow="fold")
+                rows = []
                 for record in page:
                     at = replays.get((record.partition, record.offset))
                     pending += at is None
-                    table.add_row(*_row(record, at, settings.topic))
-                console.print(table)
+                    rows.append(_row(record, at, settings.topic))
+                # A table where it fits the terminal, else a block per record.
+                console.print(
+                    Listing(_COLUMNS, rows, show_header=shown == 0, box=None, pad_edge=False)
+                )
                 shown += len(page)
     finally:
         reader.close()
@@ -360,6 +326,23 @@ def _say(result: ReplayResult, *, single: bool) -> None:
         sys.stderr.write(line)
 
 
+_AGENT_COLUMNS = (
+    "company_id",
+    "membership_status",
+    "leave_reason",
+    "left_at",
+    "effective_at",
+    "first_activity_at",
+    "last_activity_at",
+    "last_membership_version",
+    "version",
+    "deals_closed_count",
+    "fixations_count",
+    "commission_accrued_amount",
+    "commission_paid_amount",
+)
+
+
 def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
     with connect(
         settings.database_dsn.reveal(),
@@ -367,29 +350,12 @@ def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
         session=settings.database_session(),
     ) as conn:
         rows = fetch_agent_rows(conn, agent_user_id)
-    console = Console()
-    status = display_status((r["company_id"], r["membership_status"]) for r in rows)
-    table = Table(title=f"agent {agent_user_id}: {status}", title_justify="left")
-    columns = (
-        "company_id",
-        "membership_status",
-        "leave_reason",
-        "left_at",
-        "effective_at",
-        "first_activity_at",
-        "last_activity_at",
-        "last_membership_version",
-        "version",
-        "deals_closed_count",
-        "fixations_count",
-        "commission_accrued_amount",
-        "commission_paid_amount",
-    )
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*("" if row[c] is None else str(row[c]) for c in columns))
-    console.print(table)
+    status = display_status((r.company_id, r.membership_status) for r in rows)
+    values = [
+        tuple("" if v is None else str(v) for v in (getattr(row, c) for c in _AGENT_COLUMNS))
+        for row in rows
+    ]
+    Console().print(Listing(_AGENT_COLUMNS, values, title=f"agent {agent_user_id}: {status}"))
     return 0
 
 

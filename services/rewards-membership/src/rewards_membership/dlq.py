@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -20,26 +19,16 @@ from confluent_kafka import (
 )
 
 from pin_contracts import (
-    DLT_EXCEPTION_FQCN_HEADER,
-    DLT_EXCEPTION_MESSAGE_HEADER,
-    DLT_ORIGINAL_CONSUMER_GROUP_HEADER,
-    DLT_ORIGINAL_OFFSET_HEADER,
-    DLT_ORIGINAL_PARTITION_HEADER,
-    DLT_ORIGINAL_TIMESTAMP_HEADER,
-    DLT_ORIGINAL_TIMESTAMP_TYPE_HEADER,
-    DLT_ORIGINAL_TOPIC_HEADER,
     DLT_VALUE_REPLACED_HEADER,
-    ERROR_CODE_HEADER,
-    ERROR_PATH_HEADER,
     ContractViolation,
     DeadLetterInfo,
     Headers,
+    original_headers,
 )
 from rewards_membership.records import headers_of, offset_of, partition_of, topic_of
 from rewards_membership.validation import InvalidEvent
 
 __all__ = [
-    "DLQ_HEADERS",
     "DeadLetterRecord",
     "dead_letter_at",
     "dead_letter_info",
@@ -47,22 +36,6 @@ __all__ = [
     "read_at",
     "read_dead_letters",
 ]
-
-DLQ_HEADERS: Final = frozenset(
-    {
-        DLT_EXCEPTION_FQCN_HEADER,
-        DLT_EXCEPTION_MESSAGE_HEADER,
-        DLT_ORIGINAL_CONSUMER_GROUP_HEADER,
-        DLT_ORIGINAL_OFFSET_HEADER,
-        DLT_ORIGINAL_PARTITION_HEADER,
-        DLT_ORIGINAL_TIMESTAMP_HEADER,
-        DLT_ORIGINAL_TIMESTAMP_TYPE_HEADER,
-        DLT_ORIGINAL_TOPIC_HEADER,
-        ERROR_CODE_HEADER,
-        ERROR_PATH_HEADER,
-        DLT_VALUE_REPLACED_HEADER,
-    }
-)
 
 
 def dead_letter_info(message: Message, invalid: InvalidEvent, group_id: str) -> DeadLetterInfo:
@@ -97,7 +70,7 @@ class DeadLetterRecord:
     @property
     def original_headers(self) -> Headers:
         """The headers the record had before it was dead-lettered."""
-        return [(k, v) for k, v in self.headers if k not in DLQ_HEADERS]
+        return original_headers(self.headers)
 
     @property
     def replaced(self) -> str | None:

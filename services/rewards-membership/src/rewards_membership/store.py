@@ -1,4 +1,6 @@
-"""SQL of the rewards schema, and the one connection the consumer applies batches on.
+"""The rewards schema's reads and writes, and the one connection the consumer applies batches on.
+
+The statements live in `sql/*.sql` (one file per aggregate), loaded once at import.
 
 A batch is five set-based statements whatever its size (`batch_sql.py`), in two round trips:
 read the inbox keys it carries and lock the rows it touches (pipelined), then update/insert
@@ -9,14 +11,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
+from decimal import Decimal
+from typing import Final
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, class_row
 
 from pin_runtime.postgres import SessionLimits
+from pin_runtime.sql import columns, load_queries
 from rewards_membership.batch_sql import (
     INSERT_INBOX,
     INSERT_ROWS,
@@ -46,68 +51,36 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# Array parameters use binary placeholders (%(x)b): text-dumping an array quotes every
-# element through a regex. The batch statements pass JSON documents instead (batch_sql.py).
+# The tooling's statements pass binary array parameters (%(x)b): text-dumping an array
+# quotes every element through a regex. The batch statements pass JSON documents instead
+# (batch_sql.py).
+_inbox = load_queries("rewards_membership", "sql/inbox.sql")
+_dead_letters = load_queries("rewards_membership", "sql/dead_letters.sql")
+_agent = load_queries("rewards_membership", "sql/agent.sql")
+_projection = load_queries("rewards_membership", "sql/projection.sql")
 
-# -- mark_dead_lettered: inbox marks of dead letters whose DLQ copy the broker acknowledged.
-# ON CONFLICT: a mark already there (another instance, an earlier try) is the same fact.
-MARK_DEAD_LETTERED: Final = """
-INSERT INTO rewards.inbox (idempotency_key, outcome)
-SELECT unnest(%(keys)b::text[]), 'dead-lettered'
-ON CONFLICT (idempotency_key) DO NOTHING
-"""
 
-# -- count_unreplayed: dead letters whose mark no replay has cleared yet (partial index)
-COUNT_UNREPLAYED: Final = """
-SELECT count(*) FROM rewards.inbox WHERE outcome = 'dead-lettered'
-"""
+@dataclass(frozen=True, slots=True)
+class AgentRow:
+    """One row of `agent show`: its fields are the statement's columns (`class_row`)."""
 
-# -- select_replays: which of a page of DLQ records were replayed already, and when
-SELECT_REPLAYS: Final = """
-SELECT r.dlq_partition, r.dlq_offset, r.replayed_at
-FROM rewards.dlq_replays AS r
-JOIN unnest(%(partitions)b::integer[], %(offsets)b::bigint[]) AS k (dlq_partition, dlq_offset)
-  ON r.dlq_partition = k.dlq_partition AND r.dlq_offset = k.dlq_offset
-WHERE r.dlq_topic = %(topic)s
-"""
+    company_id: UUID
+    membership_status: str | None
+    leave_reason: str | None
+    left_at: datetime | None
+    effective_at: datetime | None
+    first_activity_at: datetime | None
+    last_activity_at: datetime | None
+    last_membership_version: int
+    version: int
+    deals_closed_count: int
+    fixations_count: int
+    commission_accrued_amount: Decimal
+    commission_paid_amount: Decimal
+    updated_at: datetime
 
-# -- clear_dead_letter_marks: before a replay, so the consumer processes the copy again
-CLEAR_DEAD_LETTER_MARKS: Final = """
-DELETE FROM rewards.inbox
-WHERE idempotency_key = ANY(%(keys)b::text[]) AND outcome = 'dead-lettered'
-"""
 
-# -- insert_replays: DLQ records whose republished copy the broker acknowledged
-INSERT_REPLAYS: Final = """
-INSERT INTO rewards.dlq_replays (dlq_topic, dlq_partition, dlq_offset, idempotency_key,
-                                 target_topic, target_partition, target_offset, forced)
-SELECT %(topic)s, p, o, k, t, tp, tof, %(forced)s
-FROM unnest(%(partitions)b::integer[], %(offsets)b::bigint[], %(keys)b::text[],
-            %(targets)b::text[], %(target_partitions)b::integer[],
-            %(target_offsets)b::bigint[]) AS r (p, o, k, t, tp, tof)
-ON CONFLICT (dlq_topic, dlq_partition, dlq_offset) DO NOTHING
-"""
-
-# -- agent_rows: every row of one agent, for `agent show`
-AGENT_ROWS: Final = """
-SELECT company_id, membership_status, leave_reason, left_at, effective_at,
-       first_activity_at, last_activity_at, last_membership_version, version,
-       deals_closed_count, fixations_count, commission_accrued_amount,
-       commission_paid_amount, updated_at
-FROM rewards.agent_performance
-WHERE agent_user_id = %(agent)s
-ORDER BY company_id
-"""
-
-# -- prune_inbox: one chunk of marks older than the cut-off (chunks keep transactions short).
-# Dead-letter marks stay: they are the dead letters not yet replayed (a replay removes them).
-PRUNE_INBOX: Final = """
-DELETE FROM rewards.inbox
-WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM rewards.inbox
-    WHERE processed_at < %(before)s AND outcome <> 'dead-lettered'
-    LIMIT %(limit)s))
-"""
+_AGENT_ROWS: Final = _agent.compose("agent_rows", columns=columns(AgentRow))
 
 
 def connect(
@@ -202,11 +175,15 @@ class MembershipStore:
     @staticmethod
     def mark_dead_lettered(conn: psycopg.Connection[TupleRow], keys: Sequence[str]) -> None:
         if keys:
-            conn.execute(MARK_DEAD_LETTERED, {"keys": list(keys)})
+            conn.execute(_inbox.mark_dead_lettered, {"keys": list(keys)})
+
+    @staticmethod
+    def probe(conn: psycopg.Connection[TupleRow]) -> None:
+        conn.execute(_projection.probe)
 
     @staticmethod
     def count_unreplayed(conn: psycopg.Connection[TupleRow]) -> int:
-        row = conn.execute(COUNT_UNREPLAYED).fetchone()
+        row = conn.execute(_inbox.count_unreplayed).fetchone()
         return int(row[0]) if row is not None else 0
 
 
@@ -220,7 +197,7 @@ def fetch_replays(
     if not positions:
         return {}
     cursor = conn.execute(
-        SELECT_REPLAYS,
+        _dead_letters.select_replays,
         {
             "topic": dlq_topic,
             "partitions": [p for p, _ in positions],
@@ -232,7 +209,7 @@ def fetch_replays(
 
 def clear_dead_letter_marks(conn: psycopg.Connection[TupleRow], keys: Sequence[str]) -> None:
     if keys:
-        conn.execute(CLEAR_DEAD_LETTER_MARKS, {"keys": list(keys)})
+        conn.execute(_inbox.clear_dead_letter_marks, {"keys": list(keys)})
 
 
 def record_replays(
@@ -246,7 +223,7 @@ def record_replays(
     if not replays:
         return
     conn.execute(
-        INSERT_REPLAYS,
+        _dead_letters.insert_replays,
         {
             "topic": dlq_topic,
             "forced": forced,
@@ -260,14 +237,9 @@ def record_replays(
     )
 
 
-AgentRow = dict[str, Any]
-"""One row of `agent show`, by column name."""
-
-
 def fetch_agent_rows(conn: psycopg.Connection[TupleRow], agent_user_id: UUID) -> list[AgentRow]:
-    cursor = conn.execute(AGENT_ROWS, {"agent": agent_user_id})
-    names = [column.name for column in cursor.description or ()]
-    return [dict(zip(names, values, strict=True)) for values in cursor]
+    with conn.cursor(row_factory=class_row(AgentRow)) as cursor:
+        return cursor.execute(_AGENT_ROWS, {"agent": agent_user_id}).fetchall()
 
 
 def prune_inbox(
@@ -282,7 +254,7 @@ def prune_inbox(
     total = 0
     while True:
         with conn.transaction():
-            deleted = conn.execute(PRUNE_INBOX, {"before": before, "limit": chunk}).rowcount
+            deleted = conn.execute(_inbox.prune_inbox, {"before": before, "limit": chunk}).rowcount
         total += deleted
         if deleted < chunk:
             return total

@@ -1,0 +1,138 @@
+"""The shape every service's composition root has: one way to run a command, one runtime.
+
+- `run_command` maps what a command raises to the process's exit code and ONE line on
+  stderr, never a traceback that could quote a DSN: a bad setting is exit 2 (`config error:
+  VARIABLE: reason`, as `settings.settings_or_exit`); a refused migration or a domain error
+  of the service is exit 1 (`error: ...`); a database that cannot be reached is exit 1
+  (`error: database unavailable: <first line of the driver's message>`). Every line passes
+  through `settings.redact`. Kafka credentials the brokers refuse are exit 2 through
+  `kafka_security.kafka_or_exit`, which each command that talks to Kafka calls first.
+- `long_running` is what a long-lived command (a worker, a relay, a consumer) runs inside:
+  JSON logging, tracing, SIGTERM/SIGINT as a stop event, and the ops HTTP server
+  (`/metrics`, `/healthz`, `/readyz`) once the service calls `Runtime.serve` with its
+  readiness checks. It exits in reverse: ops server, signal handlers, spans flushed.
+
+Nothing here loads a Kafka client: operator commands that never talk to Kafka import it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Final
+
+import psycopg
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry
+
+from pin_runtime.errors import MigrationError, SettingsError
+from pin_runtime.http import Check, Heartbeat, OpsServer
+from pin_runtime.logging import LogLevel, configure_logging
+from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE, redact
+from pin_runtime.shutdown import GracefulShutdown
+from pin_runtime.tracing import configure_tracing, shutdown_tracing
+
+__all__ = ["ERROR_EXIT_CODE", "Runtime", "error_line", "long_running", "run_command"]
+
+ERROR_EXIT_CODE: Final = 1
+
+
+def error_line(line: str) -> None:
+    """One line on stderr, secrets redacted, never wrapped (scripts parse it)."""
+    sys.stderr.write(redact(line).replace("\n", " ") + "\n")
+    sys.stderr.flush()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def run_command(
+    command: Callable[[], int | None], *, errors: tuple[type[Exception], ...] = ()
+) -> int:
+    """Run `command` and return its exit code (None is 0), the failures above mapped."""
+    typed: tuple[type[Exception], ...] = (MigrationError, *errors)
+    try:
+        code = command()
+    except SettingsError as exc:
+        error_line(f"config error: {exc.variable}: {exc.reason}")
+        return CONFIG_ERROR_EXIT_CODE
+    except typed as exc:
+        # MigrationError: `migrate` refused (an edited file, roles it may not create).
+        error_line(f"error: {exc}")
+        return ERROR_EXIT_CODE
+    except psycopg.OperationalError as exc:
+        error_line(f"error: database unavailable: {_first_line(exc)}")
+        return ERROR_EXIT_CODE
+    return 0 if code is None else code
+
+
+class Runtime:
+    """What a long-lived command shares: its registry, heartbeat, ops server and stop signal.
+
+    `stop` is set by the first SIGTERM/SIGINT (or by code: a failing thread stops the
+    others); `shutdown` is the same request for loops that poll `shutdown.requested`.
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry,
+        heartbeat: Heartbeat,
+        shutdown: GracefulShutdown,
+        tracer_provider: trace.TracerProvider,
+        host: str,
+        port: int,
+    ) -> None:
+        self.registry = registry
+        self.heartbeat = heartbeat
+        self.shutdown = shutdown
+        self.tracer_provider = tracer_provider
+        self.stop = threading.Event()
+        shutdown.add_callback(self.stop.set)
+        self.ops = OpsServer(registry=registry, heartbeat=heartbeat)
+        self._address = (host, port)
+
+    def serve(self, checks: Mapping[str, Check] | None = None) -> OpsServer:
+        """Start the ops server with these readiness checks (more may be added later)."""
+        for name, check in (checks or {}).items():
+            self.ops.add_check(name, check)
+        return self.ops.start(*self._address)
+
+
+@contextmanager
+def long_running(
+    service: str,
+    *,
+    log_level: LogLevel,
+    metrics_host: str,
+    metrics_port: int,
+    heartbeat: Heartbeat,
+    registry: CollectorRegistry | None = None,
+) -> Iterator[Runtime]:
+    """Logging, tracing, signals and the ops server around a long-lived command.
+
+    A bad `OTEL_*` variable raises `SettingsError` here (exit 2 under `run_command`).
+    """
+    configure_logging(log_level, service)
+    provider = configure_tracing(service)
+    try:
+        with GracefulShutdown() as shutdown:
+            rt = Runtime(
+                registry=registry or CollectorRegistry(),
+                heartbeat=heartbeat,
+                shutdown=shutdown,
+                tracer_provider=provider,
+                host=metrics_host,
+                port=metrics_port,
+            )
+            try:
+                yield rt
+            finally:
+                rt.stop.set()
+                rt.ops.stop()
+    finally:
+        shutdown_tracing(provider)

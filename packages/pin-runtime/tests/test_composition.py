@@ -1,0 +1,144 @@
+"""The composition root's shape: exit codes of a command, the long-running runtime."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import psycopg
+import pytest
+
+from pin_runtime.composition import long_running, run_command
+from pin_runtime.errors import MigrationError, SettingsError
+from pin_runtime.http import ComponentState, Heartbeat
+from pin_runtime.settings import Secret
+
+
+class DomainError(Exception):
+    pass
+
+
+def _raise(exc: Exception) -> None:
+    raise exc
+
+
+@pytest.mark.parametrize(
+    ("failure", "code", "line"),
+    [
+        (
+            SettingsError("OTEL_TRACES_EXPORTER", "unknown exporter 'x'"),
+            2,
+            "config error: OTEL_TRACES_EXPORTER: unknown exporter 'x'",
+        ),
+        (DomainError("role 42 does not exist"), 1, "error: role 42 does not exist"),
+        (MigrationError("0002_x.sql changed after it was applied"), 1, "error: 0002_x.sql ..."),
+        (
+            psycopg.OperationalError("connection refused\n\tIs the server running?"),
+            1,
+            "error: database unavailable: connection refused",
+        ),
+    ],
+)
+def test_failures_map_to_exit_codes_and_one_line(
+    failure: Exception, code: int, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_command(lambda: _raise(failure), errors=(DomainError,)) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    if line.endswith("..."):
+        assert err.startswith(line.removesuffix("..."))
+    else:
+        assert err == line + "\n"
+
+
+def test_the_commands_own_code_is_kept_and_none_is_success() -> None:
+    assert run_command(lambda: None) == 0
+    assert run_command(lambda: 3) == 3
+
+
+def test_an_error_the_service_did_not_name_is_not_swallowed() -> None:
+    with pytest.raises(DomainError):
+        run_command(lambda: _raise(DomainError("bug")))
+
+
+def test_error_lines_never_show_a_configured_secret(capsys: pytest.CaptureFixture[str]) -> None:
+    password = "s3cret-composition-pw"
+    Secret(f"postgresql://u:{password}@db/x")
+    failure = psycopg.OperationalError(f'invalid dsn: "postgresql://u:{password}@db/x"')
+    assert run_command(lambda: _raise(failure)) == 1
+    err = capsys.readouterr().err
+    assert password not in err
+    assert err.startswith("error: database unavailable: invalid dsn")
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _check(body: dict[str, object]) -> dict[str, object]:
+    checks = body["checks"]
+    assert isinstance(checks, dict)
+    check: dict[str, object] = checks["database"]
+    return check
+
+
+def test_long_running_serves_its_checks_and_stops_on_request() -> None:
+    state = ComponentState()
+    with long_running(
+        "composition-test",
+        log_level="WARNING",
+        metrics_host="127.0.0.1",
+        metrics_port=0,
+        heartbeat=Heartbeat(stale_after=60),
+    ) as rt:
+        ops = rt.serve({"database": state})
+        status, body = _get(ops.port, "/readyz")
+        assert status == 503
+        assert body["status"] == "degraded"
+        assert (_check(body)["status"], _check(body)["category"]) == ("degraded", "starting")
+        state.ok()
+        assert _get(ops.port, "/readyz")[0] == 200
+        assert not rt.stop.is_set()
+        rt.shutdown.request()  # what SIGTERM does
+        assert rt.stop.is_set()
+        port = ops.port
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+
+def test_a_bad_tracing_variable_is_a_config_error_exit_2() -> None:
+    probe = (
+        "from pin_runtime.composition import long_running, run_command\n"
+        "from pin_runtime.http import Heartbeat\n"
+        "def run():\n"
+        "    with long_running('t', log_level='INFO', metrics_host='127.0.0.1', metrics_port=0,"
+        " heartbeat=Heartbeat(stale_after=60)):\n"
+        "        return 0\n"
+        "raise SystemExit(run_command(run))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={"OTEL_TRACES_EXPORTER": "carrier-pigeon", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("config error: OTEL_TRACES_EXPORTER: ")
+    assert result.stderr.count("\n") == 1
+
+
+def test_the_composition_module_loads_no_kafka_client() -> None:
+    probe = "import sys, pin_runtime.composition; print('confluent_kafka' in sys.modules)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert loaded.stdout.strip() == "False"

@@ -1,0 +1,164 @@
+"""The operator listings in an 80-column terminal (`make demo`, a plain shell) and a wide one."""
+
+from __future__ import annotations
+
+import io
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pytest
+from rich.console import Console, RenderableType
+
+from identity_fanout.cli import _tasks_table
+from identity_fanout.outbox_status import OutboxStatus, RelayHolder, status_table
+from identity_fanout.quarantine import QuarantinedRow
+from identity_fanout.quarantine_view import quarantine_table
+from identity_fanout.shard_view import shards_table
+from identity_fanout.shards import START, FanOutShard
+from identity_fanout.tasks import FanOutTask
+
+AT = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
+TASK, ROLE, KEY, CURSOR = (uuid.uuid4() for _ in range(4))
+
+
+def render(renderable: RenderableType, width: int) -> list[str]:
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(renderable)
+    return [line.rstrip() for line in out.getvalue().splitlines()]
+
+
+def task(
+    last_error: str | None = "OperationalError: connection to the database was lost",
+) -> FanOutTask:
+    return FanOutTask(
+        id=TASK,
+        role_id=ROLE,
+        company_id=None,
+        role_version=3,
+        reason="RolePermissionsChanged",
+        status="Failed",
+        cursor=None,
+        processed_count=500,
+        attempt_count=5,
+        lease_expires_at=AT,
+        last_error=last_error,
+        created_at=AT,
+        started_at=AT,
+        completed_at=None,
+        updated_at=AT,
+        shard_count=2,
+    )
+
+
+def shard() -> FanOutShard:
+    return FanOutShard(
+        id=uuid.uuid4(),
+        task_id=TASK,
+        shard_no=1,
+        lower_bound=START,
+        upper_bound=KEY,
+        status="InProgress",
+        cursor=CURSOR,
+        processed_count=1000,
+        attempt_count=1,
+        lease_expires_at=AT,
+        last_error=None,
+        started_at=AT,
+        completed_at=None,
+        updated_at=AT,
+    )
+
+
+def quarantined() -> QuarantinedRow:
+    return QuarantinedRow(
+        id=7,
+        outbox_id=1234,
+        topic="pin.identity.access.v1",
+        key=str(KEY),
+        message_id=uuid.uuid4(),
+        event_type="UserAccessChanged",
+        created_at=AT,
+        error_code="MSG_SIZE_TOO_LARGE",
+        error_reason="too-large",
+        error_message="Broker: Message size too large",
+        attempts=1,
+        first_failed_at=AT,
+        last_failed_at=AT,
+        size=9_000_000,
+        headers=(),
+    )
+
+
+def status() -> OutboxStatus:
+    holder = RelayHolder(
+        pid=4242,
+        application_name="identity-fanout-relay@relay-7c9f8d6b5-x2x9q",
+        client_addr="10.42.0.17",
+        lanes=(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+    return OutboxStatus(
+        backlog=12,
+        oldest_created_at=AT,
+        oldest_age_seconds=3.5,
+        by_topic={"pin.identity.access.v1": 12},
+        relay_active=True,
+        relay=holder,
+        holders=(holder,),
+        instances=1,
+        quarantined={"pin.identity.access.v1": 1},
+    )
+
+
+Build = Callable[[], RenderableType]
+LISTINGS: dict[str, tuple[Build, tuple[str, str], tuple[str, str]]] = {
+    "tasks list": (lambda: _tasks_table([task()]), ("id", str(TASK)), ("role", str(ROLE))),
+    "shards": (lambda: shards_table([shard()]), ("up to", str(KEY)), ("cursor", str(CURSOR))),
+    "quarantine list": (
+        lambda: quarantine_table([quarantined()]),
+        ("key", str(KEY)),
+        ("message", "Broker: Message size too large"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LISTINGS))
+def test_a_listing_is_one_block_per_row_at_80_columns(name: str) -> None:
+    build, *fields = LISTINGS[name]
+    lines = render(build(), 80)
+    assert all(len(line) <= 80 for line in lines), lines
+    for field, value in fields:
+        # The whole value on the field's line: an id is never folded over lines.
+        assert any(line.startswith(f"{field}:") and line.endswith(f" {value}") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("build", "width", "first", "second"),
+    [
+        (lambda: shards_table([shard()]), 200, str(KEY), str(CURSOR)),
+        (lambda: _tasks_table([task(last_error=None)]), 200, str(TASK), str(ROLE)),
+        (lambda: _tasks_table([task()]), 250, str(TASK), "connection to the database was lost"),
+        (lambda: quarantine_table([quarantined()]), 250, str(KEY), "Broker: Message size too"),
+    ],
+    ids=["shards", "tasks list", "tasks list with an error", "quarantine list"],
+)
+def test_a_listing_that_fits_is_a_table_one_line_per_row(
+    build: Build, width: int, first: str, second: str
+) -> None:
+    lines = render(build(), width)
+    assert all(len(line) <= width for line in lines)
+    row = [line for line in lines if first in line]
+    assert len(row) == 1
+    assert second in row[0]
+    assert not any(": " + first in line for line in lines)
+
+
+def test_outbox_status_reads_at_80_and_200_columns() -> None:
+    narrow = render(status_table(status()), 80)
+    assert all(len(line) <= 80 for line in narrow)
+    assert "quarantined pin.identity.access.v1: 1 (outbox quarantine list)" in narrow
+    assert any(line.startswith("relay pid 4242:") for line in narrow)
+    wide = render(status_table(status()), 200)
+    holder = [line for line in wide if "relay pid 4242" in line]
+    assert len(holder) == 1
+    assert "identity-fanout-relay@relay-7c9f8d6b5-x2x9q from 10.42.0.17" in holder[0]

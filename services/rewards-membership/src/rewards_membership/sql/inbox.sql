@@ -1,0 +1,39 @@
+-- rewards.inbox: the idempotency marks (spec step 1) and the dead-letter marks.
+-- The batch statements take their keys as ONE JSON document (encoded by msgspec, expanded
+-- by PostgreSQL in C); the tooling's statements take binary array parameters (%(x)b).
+
+-- name: select_seen_keys --
+-- Which of the batch's idempotency keys were already processed.
+SELECT idempotency_key FROM rewards.inbox
+WHERE idempotency_key = ANY(ARRAY(SELECT json_array_elements_text(%(keys)s::json)))
+
+-- name: insert_inbox --
+-- Idempotency marks of a decided batch; a key another instance recorded first fails the
+-- batch (unique violation), which is then re-decided.
+INSERT INTO rewards.inbox (idempotency_key, outcome)
+SELECT m->>0, m->>1 FROM json_array_elements(%(marks)s::json) AS m
+
+-- name: mark_dead_lettered --
+-- Marks of dead letters whose DLQ copy the broker acknowledged. ON CONFLICT: a mark already
+-- there (another instance, an earlier try) is the same fact.
+INSERT INTO rewards.inbox (idempotency_key, outcome)
+SELECT unnest(%(keys)b::text[]), 'dead-lettered'
+ON CONFLICT (idempotency_key) DO NOTHING
+
+-- name: count_unreplayed --
+-- Dead letters whose mark no replay has cleared yet (partial index).
+SELECT count(*) FROM rewards.inbox WHERE outcome = 'dead-lettered'
+
+-- name: clear_dead_letter_marks --
+-- Before a replay, so the consumer processes the copy again instead of skipping it.
+DELETE FROM rewards.inbox
+WHERE idempotency_key = ANY(%(keys)b::text[]) AND outcome = 'dead-lettered'
+
+-- name: prune_inbox --
+-- One chunk of marks older than the cut-off (chunks keep transactions short). Dead-letter
+-- marks stay: they are the dead letters not yet replayed (a replay removes them).
+DELETE FROM rewards.inbox
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM rewards.inbox
+    WHERE processed_at < %(before)s AND outcome <> 'dead-lettered'
+    LIMIT %(limit)s))
