@@ -106,3 +106,22 @@ def test_produce_refusals_and_busy_slots() -> None:
     topics, slots = window.take_settled()
     assert (topics, slots) == ({"t"}, {5})
     assert window.take_settled() == (set(), set())
+
+
+def keyed(id_: int, key: str) -> OutboxRecord:
+    return OutboxRecord(id_, "t", key.encode(), b"v", [], 0)
+
+
+def test_one_record_per_key_in_flight_the_rest_of_the_read_waits() -> None:
+    window = InflightWindow(max_records=100, max_bytes=10_000)
+    read = [keyed(1, "a"), keyed(2, "b"), keyed(3, "a"), keyed(4, "c")]
+    assert window.admissible(read) == 2  # "a" again at id 3: stop before it
+    window.add(read[:2], 0.0)
+    callbacks = {r.id: window.expect(r) for r in read[:2]}
+    assert window.admissible([keyed(3, "a"), keyed(4, "c")]) == 0  # "a" still in flight
+    assert window.admissible([keyed(4, "c"), keyed(3, "a")]) == 1
+    callbacks[1](None, None)  # type: ignore[arg-type]
+    window.settle()
+    assert window.admissible([keyed(3, "a"), keyed(4, "c")]) == 2  # "a" settled: it may go
+    window.clear()
+    assert window.admissible([keyed(5, "b")]) == 1

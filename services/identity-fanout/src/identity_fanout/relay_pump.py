@@ -146,6 +146,9 @@ class Pump:
             slots = slots_of(group, self._lanes)
             budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
             records = self._reader.read(conn, slots, after, limit, budget)
+            # At most one record per key in flight (InflightWindow.admissible): the rest of
+            # the read waits, and is read again, from after the last one produced.
+            records = records[: self.window.admissible(records)]
             if not records:
                 continue
             read_bytes += sum(len(r.value) for r in records)

@@ -40,6 +40,7 @@ class InflightWindow:
         self._produced_at: deque[float] = deque()
         self._bytes = 0
         self._slots: Counter[int] = Counter()
+        self._keys: Counter[bytes] = Counter()
         self.tracker: DeliveryTracker[int] = DeliveryTracker()
         self._settled_topics: set[str] = set()
         self._settled_slots: set[int] = set()
@@ -68,6 +69,7 @@ class InflightWindow:
         self._produced_at.extend([now] * len(records))
         self._bytes += sum(len(r.key) + len(r.value) for r in records)
         self._slots.update(r.slot for r in records)
+        self._keys.update(r.key for r in records)
 
     def expect(self, record: OutboxRecord) -> Callable[[KafkaError | None, Message], None]:
         """The `on_delivery` callback of `record` (added before)."""
@@ -76,6 +78,23 @@ class InflightWindow:
     def refused(self, record: OutboxRecord, exc: KafkaException | BufferError) -> DeliveryFailure:
         """`produce()` raised for `record` (added just before)."""
         return self.tracker.refused(record.id, exc)
+
+    def admissible(self, records: Sequence[OutboxRecord]) -> int:
+        """How many of `records` (a read, in id order) may be produced now: the prefix up to
+        the first record whose key is already in flight, here or earlier in the prefix.
+
+        One record per key in flight keeps per-key order whatever Kafka does with them: when
+        a record times out, the idempotent producer may still have a later one of the same
+        partition acknowledged (after an epoch bump), and that later event would reach the
+        consumers first. The rest of the read is read again once the earlier one settled.
+        """
+        keys = self._keys
+        seen: set[bytes] = set()
+        for index, record in enumerate(records):
+            if record.key in seen or keys[record.key]:
+                return index
+            seen.add(record.key)
+        return len(records)
 
     def busy_slots(self) -> set[int]:
         """Slots with a record in flight: their lanes may not be handed over yet."""
@@ -106,6 +125,7 @@ class InflightWindow:
         self._records.clear()
         self._produced_at.clear()
         self._slots.clear()
+        self._keys.clear()
         self._bytes = 0
         self.tracker = DeliveryTracker()
 
@@ -122,6 +142,8 @@ class InflightWindow:
         slots = [r.slot for r in popped]
         self._slots.subtract(slots)
         self._slots = +self._slots  # drops the slots with nothing left in flight
+        self._keys.subtract(r.key for r in popped)
+        self._keys = +self._keys
         self._settled_slots.update(slots)
         self._settled_topics.update(r.topic for r in popped)
         self.tracker.acknowledged.difference_update(r.id for r in popped)
