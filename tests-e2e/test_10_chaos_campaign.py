@@ -27,6 +27,13 @@ def _setting(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
+FAULTS = _setting("PIN_CHAOS_FAULTS", 10)
+SPAN = _setting("PIN_CHAOS_SPAN", 6 * FAULTS)
+
+
+# The campaign bounds itself (every wait has a deadline); the suite's 300 s per test would
+# cut a long one short.
+@pytest.mark.timeout(SPAN + 1800)
 def test_chaos_campaign(
     e2e_servers: PrivateServers,
     recorder: Recorder,
@@ -34,8 +41,7 @@ def test_chaos_campaign(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     seed = _setting("PIN_CHAOS_SEED", random.SystemRandom().randrange(1, 1_000_000))
-    faults = _setting("PIN_CHAOS_FAULTS", 10)
-    span = _setting("PIN_CHAOS_SPAN", 6 * faults)
+    faults, span = FAULTS, SPAN
     with recorder.scenario(10, f"chaos campaign, seed {seed}") as stats:
         report = run_campaign(e2e_servers, tmp_path, seed=seed, faults=faults, span=span)
         printed = render(report)

@@ -140,7 +140,10 @@ def test_rows_of_one_key_arrive_in_outbox_id_order(
     rounds = []
     while (published := relay.run_once()) > 0:
         rounds.append(published)
-    assert rounds == [40, 40, 40, 40]
+    # One record of a key in flight at a time: the user's 150 rows take a round each, whatever
+    # the batch size (the 10 other keys, written after them, go with the last ones).
+    assert sum(rounds) == 160
+    assert 150 <= len(rounds) < 160
 
     records = consume(kafka_bootstrap, topic.name, 160)
     mine = [r for r in records if r.key() == str(user).encode()]

@@ -159,6 +159,49 @@ def _outbox_empty(identity_dsn: str) -> Callable[[], bool]:
     return empty
 
 
+def _converge(
+    system: ChaosSystem,
+    player: _Player,
+    agents: list[UUID],
+    user_versions: dict[UUID, int],
+    changed_at: float,
+) -> float:
+    """Wait (bounded) for the outbox to drain, the projection to match identity and every
+    access cache to hold the final Versions; the seconds until the projection matched."""
+    identity_dsn, processes = system.base.identity_dsn, system.processes()
+    took = wait_until(
+        _outbox_empty(identity_dsn),
+        timeout=CONVERGE_TIMEOUT,
+        what="outbox drained",
+        interval=0.5,
+        alive=processes,
+    )
+
+    def memberships_converged() -> bool:
+        return memberships_match(
+            identity_memberships(identity_dsn, agents),
+            rewards_rows(system.base.rewards_dsn, agents),
+        ).holds
+
+    took += wait_until(
+        memberships_converged,
+        timeout=CONVERGE_TIMEOUT,
+        what="projection converged",
+        interval=0.5,
+        alive=processes,
+    )
+    player.note("converged")
+
+    def caches_reset() -> bool:
+        return cache_reset_in_time(
+            system.applied_log, user_versions, changed_at, float("inf")
+        ).holds
+
+    wait_until(caches_reset, timeout=CONVERGE_TIMEOUT, what="access caches reset", interval=0.5)
+    player.sample()
+    return took
+
+
 def run_campaign(
     servers: PrivateServers, workdir: Path, *, seed: int, faults: int, span: float
 ) -> CampaignReport:
@@ -208,51 +251,28 @@ def _run(
     driver.change_every_role()
     changed_at = time.time()
     player.note("last change of every role")
-    processes = system.processes()
     final = _final_versions(identity_dsn, roles)
-    report.converged_after = wait_until(
-        _outbox_empty(identity_dsn),
-        timeout=CONVERGE_TIMEOUT,
-        what="outbox drained",
-        interval=0.5,
-        alive=processes,
-    )
     agents = driver.agent_ids
-
-    def memberships_converged() -> bool:
-        return memberships_match(
-            identity_memberships(identity_dsn, agents),
-            rewards_rows(system.base.rewards_dsn, agents),
-        ).holds
-
-    report.converged_after += wait_until(
-        memberships_converged,
-        timeout=CONVERGE_TIMEOUT,
-        what="projection converged",
-        interval=0.5,
-        alive=processes,
-    )
-    player.note("converged")
     user_versions = {u: final[r.code] for r in roles for u in r.users}
-
-    def caches_reset() -> bool:
-        return cache_reset_in_time(
-            system.applied_log, user_versions, changed_at, float("inf")
-        ).holds
-
-    wait_until(caches_reset, timeout=CONVERGE_TIMEOUT, what="access caches reset", interval=0.5)
-    player.sample()
-    quarantined = _quarantined(identity_dsn)
-    # The operator's part: the relay's poison row can never go out; once dealt with, it is
-    # discarded, and its alert must resolve.
-    system.base.identity_cli("outbox", "quarantine", "discard", "--all", "--reason", "chaos")
-    player.note("quarantined rows discarded by the operator")
-    wait_until(
-        lambda: QUARANTINE_ALERT not in prometheus.firing(),
-        timeout=CONVERGE_TIMEOUT,
-        what=f"{QUARANTINE_ALERT} resolved after the discard",
-        interval=1.0,
-    )
+    quarantined: dict[UUID, int] = {}
+    converged = Invariant("the system converged after the faults", True, "")
+    try:
+        report.converged_after = _converge(system, player, agents, user_versions, changed_at)
+        quarantined = _quarantined(identity_dsn)
+        # The operator's part: the relay's poison row can never go out; once dealt with, it
+        # is discarded, and its alert must resolve.
+        system.base.identity_cli("outbox", "quarantine", "discard", "--all", "--reason", "chaos")
+        player.note("quarantined rows discarded by the operator")
+        wait_until(
+            lambda: QUARANTINE_ALERT not in prometheus.firing(),
+            timeout=CONVERGE_TIMEOUT,
+            what=f"{QUARANTINE_ALERT} resolved after the discard",
+            interval=1.0,
+        )
+    except AssertionError as exc:  # a wait's deadline: the checks below say what is off
+        converged = Invariant(converged.name, False, str(exc).splitlines()[0])
+        player.note(f"NOT converged: {converged.detail}")
+        quarantined = quarantined or _quarantined(identity_dsn)
     report.firing_at_end = prometheus.firing()
     access = read_topic(system.bootstrap, USER_ACCESS_CHANGED.name)
     report.access_events = len(access)
@@ -262,6 +282,7 @@ def _run(
         r.code: (final[r.code], expected_snapshots(identity_dsn, list(r.users))) for r in roles
     }
     report.invariants = [
+        converged,
         access_delivered(access, expected),
         last_event_is_final(access, user_versions),
         duplicates_bounded(access, count, BATCH_SIZE),

@@ -56,8 +56,11 @@ def _server_fault(system: ChaosSystem, kind: FaultKind) -> Heal:
         return lambda: _start_broker(system)
     if kind is FaultKind.HOT_ROW_LOCK:
         return _hold_hot_rows(system)
+    if system.postgres_down:
+        return _nothing  # overlaps a restart still under way: that one heals both
     mode = "fast" if kind is FaultKind.POSTGRES_RESTART_FAST else "immediate"
     system.servers.stop_postgres(mode=mode)
+    system.postgres_down = True
     return lambda: _start_postgres(system)
 
 
@@ -82,6 +85,7 @@ def _network_fault(system: ChaosSystem, fault: Fault) -> Heal:
 
 def _start_postgres(system: ChaosSystem) -> None:
     system.servers.restart_stopped()
+    system.postgres_down = False
 
 
 def _start_broker(system: ChaosSystem) -> None:
@@ -91,14 +95,6 @@ def _start_broker(system: ChaosSystem) -> None:
 def _hold_hot_rows(system: ChaosSystem) -> Heal:
     """Row locks on the rows the services update most, held until healed."""
     held: list[psycopg.Connection[tuple[object, ...]]] = []
-    for dsn, statement in (
-        (system.base.identity_dsn, "SELECT 1 FROM identity.access_fanout_tasks FOR UPDATE"),
-        (system.base.identity_dsn, "SELECT 1 FROM identity.access_fanout_shards FOR UPDATE"),
-        (system.base.rewards_dsn, "SELECT 1 FROM rewards.agent_performance FOR UPDATE"),
-    ):
-        conn = psycopg.connect(dsn, connect_timeout=5)
-        held.append(conn)
-        conn.execute(statement)
 
     def release() -> None:
         for conn in held:
@@ -106,4 +102,18 @@ def _hold_hot_rows(system: ChaosSystem) -> Heal:
                 conn.rollback()
                 conn.close()
 
+    if system.postgres_down:
+        return _nothing  # nothing to lock while the server restarts
+    try:
+        for dsn, statement in (
+            (system.base.identity_dsn, "SELECT 1 FROM identity.access_fanout_tasks FOR UPDATE"),
+            (system.base.identity_dsn, "SELECT 1 FROM identity.access_fanout_shards FOR UPDATE"),
+            (system.base.rewards_dsn, "SELECT 1 FROM rewards.agent_performance FOR UPDATE"),
+        ):
+            conn = psycopg.connect(dsn, connect_timeout=5)
+            held.append(conn)
+            conn.execute(statement)
+    except psycopg.OperationalError:
+        release()  # the server is recovering from a restart: no lock this time
+        return _nothing
     return release

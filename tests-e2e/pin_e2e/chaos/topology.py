@@ -88,6 +88,8 @@ class ChaosSystem:
     workdir: Path
     base: System
     members: dict[str, Member] = field(default_factory=dict)
+    postgres_down: bool = False
+    """A PostgreSQL restart fault is under way (overlapping server faults wait for it)."""
     _listeners: list[ProxiedListener] = field(default_factory=list)
 
     @classmethod
