@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import pytest
 from pin_e2e.checks import (
     MembershipPlan,
@@ -26,14 +27,28 @@ from pin_e2e.steps import (
     record_changes,
     record_changes_cli,
 )
-from pin_e2e.system import System
+from pin_e2e.system import CONSUMER, System
 from pin_e2e.verify import wait_converged
 
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, decode_membership_changed
 from pin_testkit.records import commit_group_offsets
+from pin_testkit.runtime_roles import login_name
 from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
+
+
+def consumer_sessions(system: System) -> int:
+    """Server sessions of the consumer's login on the scenario's rewards database."""
+    with psycopg.connect(system.rewards_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE usename = %s AND datname = current_database()",
+            (login_name(*CONSUMER),),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
 
 Rows = dict[tuple[UUID, UUID], dict[str, Any]]
 
@@ -84,7 +99,14 @@ def test_membership_changes_reach_the_projection(
         )
         consumer.kill()
         stats.mark("consumer killed")
-        at_crash = inbox_count(system)  # exact: the process is gone
+        # A COMMIT the process sent just before it died still completes on the server: count
+        # once its sessions are gone, then the figure is exact.
+        wait_until(
+            lambda: consumer_sessions(system) == 0,
+            timeout=30,
+            what="the killed consumer's database sessions ended",
+        )
+        at_crash = inbox_count(system)
         stats.fault(f"kill -9 consumer after {at_crash}/{CHANGES} records")
 
         # The rest happens while no consumer runs; the last few through the CLI.
@@ -107,6 +129,13 @@ def test_membership_changes_reach_the_projection(
         ]
         assert len(set(message_ids)) == CHANGES
         assert inbox_count(system) == CHANGES  # one idempotency mark per event, none twice
+        # The consumer reports a batch's outcomes at its next poll (after its commit): wait
+        # for the last batch's report before reading the counters.
+        wait_until(
+            lambda: applied_total(restarted.metrics()) >= CHANGES - at_crash,
+            timeout=30,
+            what="the restarted consumer reported its last batch",
+        )
         metrics = restarted.metrics()
         redelivered = int(metrics["rewards_membership_skipped_duplicate_total"])
         # Exactly what the crashed consumer had not committed to the database was applied after
