@@ -364,7 +364,7 @@ def main() -> None:
     # The workload is 1,000,000 events (`--events 1000000`, about 6 to 11 minutes
     # here with the loading); `make bench` runs the default, which keeps the same shape and
     # finishes in a few minutes.
-    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--agents", type=int, default=100_000)
     parser.add_argument("--agencies", type=int, default=1_000)
     parser.add_argument("--batch-size", type=int, default=5000)
