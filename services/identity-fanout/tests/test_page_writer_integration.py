@@ -4,10 +4,14 @@ for the same rows, on a real PostgreSQL, over generated role data."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Final
 
+# jsonschema ships no type stubs, and the workspace's dev group (not ours) pins tools.
+import jsonschema  # type: ignore[import-untyped]
 import msgspec
 import psycopg
 import pytest
@@ -28,6 +32,7 @@ from pin_contracts import (
     encode,
     envelope_for,
 )
+from pin_contracts.schemas import schema_file_name
 from pin_runtime.sql import load_queries
 from pin_testkit.seeding import Assignment, add_assignments, add_role, seed_role_with_users
 
@@ -35,6 +40,19 @@ pytestmark = pytest.mark.integration
 
 Conn = psycopg.Connection[TupleRow]
 _fanout = load_queries("identity_fanout", "sql/fanout.sql")
+
+SCHEMA: Final = jsonschema.Draft202012Validator(
+    json.loads(
+        (
+            Path(__file__).resolve().parents[3]
+            / "contracts"
+            / "schemas"
+            / schema_file_name(UserAccessChangedKafkaEvent)
+        ).read_text()
+    ),
+    format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER,
+)
+"""The committed JSON Schema of the record value (contracts/schemas)."""
 
 TRACE: Final = {
     "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
@@ -176,6 +194,7 @@ def compare_page(db: Conn, data: dict[str, Any], role: uuid.UUID, *, utc: bool) 
     for row, event in zip(rows, events, strict=True):
         value = bytes(row["payload"])
         written = decode_access_changed(value)  # the contract's strict decode
+        SCHEMA.validate(json.loads(value))  # and the committed JSON Schema
         # Field by field: the payload Struct (UserId, CompanyId, ChangeReason, every
         # snapshot's fields in order, Version) and the envelope.
         assert written.payload == event
