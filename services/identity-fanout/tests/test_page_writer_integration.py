@@ -22,7 +22,7 @@ from psycopg.rows import TupleRow, dict_row
 from identity_fanout.fanout import page_users, snapshot_events
 from identity_fanout.lanes import key_slot
 from identity_fanout.outbox import outbox_message
-from identity_fanout.page_writer import PageOf, page_parameters, write_page
+from identity_fanout.page_writer import WRITE_PAGE, PageOf, page_parameters, write_page
 from pin_contracts import (
     USER_ACCESS_CHANGED,
     Envelope,
@@ -33,13 +33,11 @@ from pin_contracts import (
     envelope_for,
 )
 from pin_contracts.schemas import schema_file_name
-from pin_runtime.sql import load_queries
 from pin_testkit.seeding import Assignment, add_assignments, add_role, seed_role_with_users
 
 pytestmark = pytest.mark.integration
 
 Conn = psycopg.Connection[TupleRow]
-_fanout = load_queries("identity_fanout", "sql/fanout.sql")
 
 SCHEMA: Final = jsonschema.Draft202012Validator(
     json.loads(
@@ -179,7 +177,7 @@ def compare_page(db: Conn, data: dict[str, Any], role: uuid.UUID, *, utc: bool) 
         trace_context=data["trace"],
         occurred_at=occurred_at,
     )
-    users, last_user = db.execute(_fanout.write_page, params).fetchone() or (0, None)
+    users, last_user = db.execute(WRITE_PAGE, params).fetchone() or (0, None)
     expected_users = page_users(db, role, None, data["limit"])
     events = snapshot_events(
         db,

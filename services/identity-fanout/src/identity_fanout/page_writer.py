@@ -18,11 +18,11 @@ The inline fan-out of small roles and the membership producer keep the Python bu
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 from uuid import UUID
 
 import msgspec
-from psycopg import Connection
+from psycopg import Connection, sql
 from psycopg.rows import TupleRow
 
 from identity_fanout.lanes import SLOTS
@@ -38,9 +38,11 @@ from pin_contracts import (
 )
 from pin_runtime.sql import load_queries
 
-__all__ = ["PageOf", "WrittenPage", "page_parameters", "write_page"]
+__all__ = ["WRITE_PAGE", "PageOf", "WrittenPage", "page_parameters", "write_page"]
 
 _fanout = load_queries("identity_fanout", "sql/fanout.sql")
+WRITE_PAGE: Final = _fanout.compose("write_page", page=sql.SQL(_fanout.page_users))
+"""The statement, with the page query of `page_users` (one keyset rule for both paths)."""
 _EVENT = UserAccessChangedKafkaEvent
 
 
@@ -114,7 +116,7 @@ def write_page(
 ) -> WrittenPage:
     """Write the outbox rows of the next page in the caller's transaction (no NOTIFY)."""
     params = page_parameters(page, correlation_id=correlation_id, trace_context=trace_context)
-    row = conn.execute(_fanout.write_page, params).fetchone()
+    row = conn.execute(WRITE_PAGE, params).fetchone()
     if row is None:  # an aggregate over the page: always one row
         return WrittenPage(0, None)
     return WrittenPage(int(row[0]), row[1])

@@ -39,10 +39,10 @@ SELECT count(DISTINCT user_id) FROM identity.role_assignments
 WHERE role_id = %(role_id)s AND status = 'Active'
 
 -- name: write_page --
--- One batch of the worker, built inside PostgreSQL: the next page of the role's users (as
--- page_users), each user's UserAccessChanged envelope (as snapshot_rows + snapshot.py +
--- pin_contracts.encode build it in Python), its headers, MessageId, key and lane slot,
--- INSERTed into the outbox in page order. Returns the page's size and its last user (the
+-- One batch of the worker, built inside PostgreSQL: the next page of the role's users
+-- ({page}: page_users, composed in by page_writer.py), each user's UserAccessChanged
+-- envelope (as snapshot_rows + snapshot.py + pin_contracts.encode build it in Python), its
+-- headers, MessageId, key and lane slot, INSERTed into the outbox in page order. Returns the page's size and its last user (the
 -- checkpoint's cursor). The JSON is written compact, in pin_contracts' field order, so the
 -- value is the bytes msgspec would write; tests/test_page_writer_integration.py proves it
 -- decodes to the Python builder's event for the same rows.
@@ -52,13 +52,9 @@ WHERE role_id = %(role_id)s AND status = 'Active'
 -- Timestamps are formatted in UTC whatever the session's TimeZone ("Z", microseconds only
 -- when not zero, as msgspec writes them). An ExpiresAt of 'infinity' (never expires) goes
 -- out as null: RFC 3339 has no infinity.
+-- Composed with psycopg.sql: the braces of the JSON text are doubled ({{ and }}).
 WITH page AS MATERIALIZED (
-    SELECT DISTINCT user_id
-    FROM identity.role_assignments
-    WHERE role_id = %(role_id)s AND status = 'Active'
-      AND user_id > %(after)s AND user_id <= %(upper)s
-    ORDER BY user_id
-    LIMIT %(limit)s
+{page}
 ), snapshots AS (
     SELECT p.user_id, gen_random_uuid() AS message_id,
            coalesce(s.company_id, %(role_company_id)s::uuid) AS company_id,
@@ -71,7 +67,7 @@ WITH page AS MATERIALIZED (
                     FILTER (WHERE a.role_id = %(role_id)s AND a.company_id IS NOT NULL))[1]
                    AS company_id,
                string_agg(
-                   '{"AssignmentId":"' || a.id::text
+                   '{{"AssignmentId":"' || a.id::text
                    || '","RoleId":"' || a.role_id::text
                    || '","RoleCode":' || to_json(r.code)::text
                    || ',"ScopeType":' || to_json(a.scope_type)::text
@@ -88,7 +84,7 @@ WITH page AS MATERIALIZED (
                                   ELSE to_char(a.expires_at AT TIME ZONE 'UTC', '.US') END
                           || 'Z"'
                       ELSE 'null' END
-                   || '}',
+                   || '}}',
                    ',' ORDER BY a.id) AS assignments
         FROM identity.role_assignments AS a
         JOIN identity.role_definitions AS r ON r.id = a.role_id
@@ -102,7 +98,7 @@ WITH page AS MATERIALIZED (
     SELECT %(topic)s,
            e.user_id::text,
            convert_to(
-               '{"MessageId":"' || e.message_id::text
+               '{{"MessageId":"' || e.message_id::text
                || '","EventType":' || %(event_type_json)s
                || ',"ContractVersion":' || %(contract_version)s::int
                || ',"OccurredAt":' || %(occurred_at_json)s
@@ -110,12 +106,12 @@ WITH page AS MATERIALIZED (
                || ',"AggregateId":"' || e.user_id::text
                || '","Version":' || %(version)s::bigint
                || ',"CorrelationId":' || %(correlation_id_json)s
-               || ',"Payload":{"UserId":"' || e.user_id::text
+               || ',"Payload":{{"UserId":"' || e.user_id::text
                || '","CompanyId":' || coalesce('"' || e.company_id::text || '"', 'null')
                || ',"ChangeReason":' || %(change_reason_json)s
                || ',"ActiveAssignments":[' || e.assignments
                || '],"Version":' || %(version)s::bigint
-               || '}}',
+               || '}}}}',
                'UTF8'),
            jsonb_build_array(
                jsonb_build_array(%(event_type_header)s::text, %(event_type)s::text),
