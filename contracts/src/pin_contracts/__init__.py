@@ -50,6 +50,7 @@ from pin_contracts.kafka import (
     headers_for,
     kafka_key,
     trace_context,
+    trace_headers,
 )
 from pin_contracts.membership import AgentMembershipChanged
 from pin_contracts.topics import (
@@ -118,4 +119,5 @@ __all__ = [
     "original_headers",
     "parse_enum",
     "trace_context",
+    "trace_headers",
 ]
