@@ -72,6 +72,9 @@ def test_postgres_settings() -> None:
     assert "port = 25432" in conf
     assert "unix_socket_directories = '/s/pg/run'" in conf
     assert "fsync = off" in conf
+    # A crash of PostgreSQL itself (the chaos campaign's immediate restart) must not lose a
+    # committed transaction that a relay may already have published.
+    assert "synchronous_commit = on" in conf
     assert "max_connections = 200" in conf
     assert "unix_socket_directories = ''" in render_conf(1, None)
     assert "'it''s'" in render_conf(1, Path("it's"))
