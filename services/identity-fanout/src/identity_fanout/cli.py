@@ -17,7 +17,6 @@ import msgspec
 import psycopg
 from psycopg.rows import TupleRow
 from rich.console import Console
-from rich.table import Table
 
 from identity_fanout import quarantine as q
 from identity_fanout.enqueue import set_role_permissions
@@ -37,7 +36,7 @@ from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.composition import run_command
-from pin_runtime.listing import Listing
+from pin_runtime.listing import Fields, Listing
 from pin_runtime.logging import configure_logging
 from pin_runtime.settings import settings_or_exit
 
@@ -176,14 +175,15 @@ def _tasks_table(tasks: Sequence[FanOutTask]) -> Listing:
     return Listing(columns, rows, title="access fan-out tasks")
 
 
-def _task_detail(task: FanOutTask) -> Table:
-    table = Table(show_header=False, title=f"task {task.id}", title_justify="left")
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
-    for name in FanOutTask.__struct_fields__:
-        value = getattr(task, name)
-        table.add_row(name, _when(value) if isinstance(value, datetime) else str(value))
-    return table
+def _task_detail(task: FanOutTask) -> Fields:
+    return Fields(
+        ((name, _shown(getattr(task, name))) for name in FanOutTask.__struct_fields__),
+        title=f"task {task.id}",
+    )
+
+
+def _shown(value: object) -> str:
+    return _when(value) if isinstance(value, datetime) else str(value)
 
 
 def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:

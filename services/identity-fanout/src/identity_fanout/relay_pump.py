@@ -28,7 +28,7 @@ from identity_fanout.relay_deleter import Deleter
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_pacing import SHUTDOWN_GRACE
 from identity_fanout.relay_publisher import FLUSH_MARGIN, Publisher
-from identity_fanout.relay_reader import Reader
+from identity_fanout.relay_reader import Reader, ReadRequest
 from identity_fanout.relay_records import OutboxRecord
 from identity_fanout.relay_report import report_refusals, report_stopped
 from identity_fanout.relay_settlement import Settlement
@@ -143,9 +143,9 @@ class Pump:
             limit = room - read
             if limit <= 0:
                 break
-            slots = slots_of(group, self._lanes)
+            slots = tuple(slots_of(group, self._lanes))
             budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
-            records = self._reader.read(conn, slots, after, limit, budget)
+            records = self._reader.read(conn, ReadRequest(slots, after, limit, budget))
             # At most one record per key in flight (InflightWindow.admissible): the rest of
             # the read waits, and is read again, from after the last one produced.
             records = records[: self.window.admissible(records)]
@@ -157,7 +157,8 @@ class Pump:
             read += len(records)
             if len(groups) == 1 and len(records) == limit:  # more is likely: read ahead
                 budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
-                self._reader.ahead(conn, slots, records[-1].id, self._batch_size, budget)
+                following = ReadRequest(slots, records[-1].id, self._batch_size, budget)
+                self._reader.ahead(conn, following)
             self._produce(records)
         return read
 
@@ -203,9 +204,7 @@ class Pump:
         give_up: Callable[[], bool],
     ) -> None:
         """Wait (bounded) for every outcome, apply them; anything unsettled fails the flow."""
-        self._publisher.wait(self.window, on_tick=on_tick, give_up=give_up)
-        settlement = self._settle(conn, flush=True)
-        if settlement.stopped:
+        if self._settle_all(conn, on_tick, give_up).stopped:
             self.fail(conn, on_tick, give_up)
 
     def fail(
@@ -215,8 +214,7 @@ class Pump:
         give_up: Callable[[], bool],
     ) -> None:
         """The failure path: outcomes of all outstanding records, settle, purge the rest."""
-        self._publisher.wait(self.window, on_tick=on_tick, give_up=give_up)
-        settlement = self._settle(conn, flush=True)
+        settlement = self._settle_all(conn, on_tick, give_up)
         if not settlement.stopped:
             return  # the late outcomes were all good after all
         self._publisher.purge()
@@ -255,6 +253,16 @@ class Pump:
         self._topics.clear()
         self._cursors.clear()
         self._metrics.in_flight.set(0)
+
+    def _settle_all(
+        self,
+        conn: psycopg.Connection[TupleRow],
+        on_tick: Callable[[], None],
+        give_up: Callable[[], bool],
+    ) -> Settlement:
+        """Wait (bounded) for the outcome of every record in flight, then apply them."""
+        self._publisher.wait(self.window, on_tick=on_tick, give_up=give_up)
+        return self._settle(conn, flush=True)
 
     def _settle(self, conn: psycopg.Connection[TupleRow], *, flush: bool) -> Settlement:
         settlement = self.window.settle()
