@@ -34,7 +34,7 @@ from procs import (
     published,
     scratch_database,
     services,
-    wait_for,
+    task_completed,
 )
 from rich.table import Table
 
@@ -42,6 +42,7 @@ from identity_fanout.enqueue import set_role_permissions
 from pin_testkit.bench import Comparison, record
 from pin_testkit.runtime_roles import runtime_dsn
 from pin_testkit.seeding import add_permissions, seed_role_with_users
+from pin_testkit.waiting import wait_until
 
 BENCHMARK: Final = "identity-fanout: {users:,}-user role, commit -> last event acked"
 TARGET: Final = 3.0
@@ -151,18 +152,14 @@ def measure(
         if change.task_id is None:
             raise RuntimeError(f"expected a queued task, got {change.mode}")
 
-        def task_done() -> bool:
-            row = db.execute(
-                "SELECT status FROM identity.access_fanout_tasks WHERE id = %s",
-                (change.task_id,),
-            ).fetchone()
-            return row is not None and row[0] == "Completed"
-
-        wait_for(task_done, 600)
+        task_id = change.task_id
+        wait_until(lambda: task_completed(db, task_id), 600, "the task completed", interval=0.02)
         completed = time.monotonic()
         # The relays' counters, scraped every 20 ms: a count(*) of the outbox that often
         # would load the database the relay reads from.
-        wait_for(lambda: sum(published(p.port) for p in processes) >= users, 600)
+        wait_until(
+            lambda: published(processes) >= users, 600, "every event published", interval=0.02
+        )
         acknowledged = time.monotonic()
         busy = busy_share(machine, machine_jiffies())
         if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
