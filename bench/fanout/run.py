@@ -21,21 +21,9 @@ import time
 from typing import Final, NamedTuple
 from uuid import UUID
 
+import procs
 import psycopg
 import scale
-from procs import (
-    RELAY,
-    WORKER,
-    busy_share,
-    console,
-    launched,
-    machine_jiffies,
-    peak_rss_mib,
-    published,
-    scratch_database,
-    services,
-    task_completed,
-)
 from rich.table import Table
 
 from identity_fanout.enqueue import set_role_permissions
@@ -52,7 +40,7 @@ TARGET: Final = 3.0
 # runs it in a thread of the worker process instead.
 CHART: Final = "relay apart (chart default)"
 TOPOLOGIES: Final[dict[str, list[tuple[str, ...]]]] = {
-    CHART: [WORKER, RELAY],
+    CHART: [procs.WORKER, procs.RELAY],
     "relay in the worker (one process)": [("worker",)],
 }
 # Each measurement changes the role's permissions anew: the set alternates between these.
@@ -98,7 +86,7 @@ class Timings(NamedTuple):
 
 
 def seed(dsn: str, users: int) -> UUID:
-    with console.status(f"seeding a role of {users:,} users"), psycopg.connect(dsn) as db:
+    with procs.console.status(f"seeding a role of {users:,} users"), psycopg.connect(dsn) as db:
         role, _ = seed_role_with_users(db, users=users, other_roles=2)
         # Other roles and users too, so the role is not the whole table.
         seed_role_with_users(db, users=users // 2, other_roles=1, code="bystanders")
@@ -142,10 +130,10 @@ def measure(
         "IDENTITY_FANOUT_BATCH_SIZE": str(batch_size),
     }
     with (
-        launched(dsn, commands, env) as processes,
+        procs.launched(dsn, commands, env) as processes,
         psycopg.connect(runtime_dsn(dsn, "identity_fanout_operator"), autocommit=True) as db,
     ):
-        machine = machine_jiffies()
+        machine = procs.machine_jiffies()
         started = time.monotonic()
         change = set_role_permissions(db, role, PERMISSION_SETS[run % 2], inline_threshold=1000)
         committed = time.monotonic()
@@ -153,23 +141,24 @@ def measure(
             raise RuntimeError(f"expected a queued task, got {change.mode}")
 
         task_id = change.task_id
-        wait_until(lambda: task_completed(db, task_id), 600, "the task completed", interval=0.02)
+        done = "the task completed"
+        wait_until(lambda: procs.task_completed(db, task_id), 600, done, interval=0.02)
         completed = time.monotonic()
         # The relays' counters, scraped every 20 ms: a count(*) of the outbox that often
         # would load the database the relay reads from.
         wait_until(
-            lambda: published(processes) >= users, 600, "every event published", interval=0.02
+            lambda: procs.published(processes) >= users, 600, "every event published", interval=0.02
         )
         acknowledged = time.monotonic()
-        busy = busy_share(machine, machine_jiffies())
+        busy = procs.busy_share(machine, procs.machine_jiffies())
         if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
             raise RuntimeError("the relay reported more rows than it deleted")
         return Timings(
             enqueue_ms=(committed - started) * 1000,
             completed_s=completed - committed,
             acknowledged_s=acknowledged - committed,
-            worker_rss_mib=peak_rss_mib(processes[0].pid),
-            relay_rss_mib=peak_rss_mib(processes[1].pid) if len(processes) > 1 else None,
+            worker_rss_mib=procs.peak_rss_mib(processes[0].pid),
+            relay_rss_mib=procs.peak_rss_mib(processes[1].pid) if len(processes) > 1 else None,
             machine_busy=busy,
             load=os.getloadavg()[0],
         )
@@ -213,7 +202,7 @@ def report(users: int, batch_size: int, results: dict[str, Timings], floor: list
     )
     row("machine CPU busy (anyone's work)", [f"{t.machine_busy:.0%}" for t in timings])
     row("load average (1 min) at the end", [f"{t.load:.1f}" for t in timings])
-    console.print(table)
+    procs.console.print(table)
 
 
 def main() -> None:
@@ -228,14 +217,14 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    admin_dsn, bootstrap = services()
-    with scratch_database(admin_dsn, "pin_bench_fanout") as dsn:
+    admin_dsn, bootstrap = procs.services()
+    with procs.scratch_database(admin_dsn, "pin_bench_fanout") as dsn:
         role = seed(dsn, args.users)
-        with console.status("the floor: one statement building every snapshot"):
+        with procs.console.status("the floor: one statement building every snapshot"):
             floor = floor_seconds(dsn, role, args.users)
         results = {}
         for run, (name, commands) in enumerate(TOPOLOGIES.items()):
-            with console.status(f"fan-out, {name}"):
+            with procs.console.status(f"fan-out, {name}"):
                 results[name] = measure(
                     dsn,
                     bootstrap,

@@ -20,7 +20,7 @@ from typing import Any, Final, Self
 
 from pin_testkit.local.errors import LocalInfraError
 from pin_testkit.local.procs import write_atomic
-from pin_testkit.local.tool_process import ToolProcess
+from pin_testkit.local.tool_process import ToolProcess, ToolServer
 from pin_testkit.local.tools import repo_root, tool_binary
 from pin_testkit.ports import free_port
 
@@ -41,7 +41,7 @@ def repository_rule_files() -> list[Path]:
     return sorted((repo_root() / "infra" / "monitoring" / "rules").glob("*.rules.yml"))
 
 
-class PrometheusServer:
+class PrometheusServer(ToolServer):
     """`prometheus` scraping `targets` (job -> host:port) every `scrape_interval`.
 
     Evaluation runs as often as scraping, so an alert's `for:` is the only delay between a
@@ -62,17 +62,6 @@ class PrometheusServer:
         self._binary = binary
         self._targets: dict[str, list[str]] = {}
         self._process: ToolProcess | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
 
     def start(self) -> Self:
         self._workdir.mkdir(parents=True, exist_ok=True)

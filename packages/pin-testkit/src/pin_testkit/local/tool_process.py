@@ -11,11 +11,12 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 
 from pin_testkit.local.errors import LocalInfraError
 from pin_testkit.local.procs import Deadline, tail, terminate
 
-__all__ = ["ToolProcess"]
+__all__ = ["ToolProcess", "ToolServer"]
 
 
 class ToolProcess:
@@ -50,3 +51,25 @@ class ToolProcess:
         if process is not None and process.poll() is None:
             terminate(process.pid, grace=self._grace)
             process.wait(timeout=10)
+
+
+class ToolServer:
+    """A server of the tools cache on a port of its own, used as a context manager."""
+
+    port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, Self
 
 from pin_testkit.local.errors import LocalInfraError
-from pin_testkit.local.tool_process import ToolProcess
+from pin_testkit.local.tool_process import ToolProcess, ToolServer
 from pin_testkit.local.tools import tool_binary
 from pin_testkit.ports import free_port
 
@@ -97,25 +97,14 @@ class Proxy:
         self.enable()
 
 
-class ToxiproxyServer:
+class ToxiproxyServer(ToolServer):
     """A toxiproxy server of its own (a free port, logs in `workdir`). A context manager."""
 
     def __init__(self, workdir: Path, *, binary: Path | None = None) -> None:
         self._workdir = workdir
         self._binary = binary
         self._process: ToolProcess | None = None
-        self.port = 0
         self.proxies: dict[str, Proxy] = {}
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
 
     def start(self) -> Self:
         self._workdir.mkdir(parents=True, exist_ok=True)
