@@ -8,12 +8,14 @@ grant to that role fails the test with SQLSTATE 42501.
 
 from __future__ import annotations
 
+import sys
 import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, LiteralString
 
 import msgspec
@@ -38,6 +40,9 @@ from rewards_membership.app import build_consumer, run_migrations
 from rewards_membership.db_roles import CONSUMER, OPERATOR
 from rewards_membership.metrics import Metrics
 from rewards_membership.settings import Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # consumer_kit, for the test modules
+from consumer_kit import ConsumerKit
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -306,3 +311,19 @@ def assert_applied_once_each(
         assert found == {key: (n, n) for key, n in expected.items()}
 
     return check
+
+
+@pytest.fixture
+def kit(  # noqa: PLR0917 - the fixtures it groups
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    start_consumer: Callable[..., RunningConsumer],
+    event: Callable[..., AgentMembershipChanged],
+    raw: Callable[..., bytes],
+    sql: Callable[..., list[tuple[Any, ...]]],
+    settings: Settings,
+    wait: Callable[..., float],
+) -> ConsumerKit:
+    return ConsumerKit(
+        kafka_bootstrap, kafka_topic, start_consumer, event, raw, sql, settings, wait
+    )
