@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 
+import msgspec
 import psycopg
 import pytest
 
-from pin_runtime.composition import long_running, run_command
+from pin_runtime.composition import long_running, run_cli, run_command
 from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.settings import Secret
@@ -115,7 +117,7 @@ def test_long_running_serves_its_checks_and_stops_on_request() -> None:
 
 def test_a_bad_tracing_variable_is_a_config_error_exit_2() -> None:
     probe = (
-        "from pin_runtime.composition import long_running, run_command\n"
+        "from pin_runtime.composition import long_running, run_cli, run_command\n"
         "from pin_runtime.http import Heartbeat\n"
         "def run():\n"
         "    with long_running('t', log_level='INFO', metrics_host='127.0.0.1', metrics_port=0,"
@@ -142,3 +144,40 @@ def test_the_composition_module_loads_no_kafka_client() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert loaded.stdout.strip() == "False"
+
+
+class _CliSettings(msgspec.Struct, frozen=True):
+    database_dsn: str = ""
+
+
+@pytest.mark.parametrize("long_lived", [False, True])
+def test_a_cli_command_logs_json_to_stderr_unless_it_is_long_running(
+    long_lived: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PIN_CLI_TEST_DATABASE_DNS", "a typo")
+    logger = logging.getLogger("pin_cli_test")
+
+    def command() -> int:
+        logger.info("audit line")
+        print("the result")  # noqa: T201 - what the command prints
+        return 3
+
+    code = run_cli(
+        command,
+        settings=_CliSettings(),
+        env_prefix="PIN_CLI_TEST_",
+        service="pin-cli-test",
+        log_level="INFO",
+        long_running=long_lived,
+    )
+    assert code == 3
+    out, err = capsys.readouterr()
+    logs, printed = (out, err) if long_lived else (err, out)
+    events = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    assert [(e["event"], e.get("variable")) for e in events] == [
+        ("unknown setting ignored", "PIN_CLI_TEST_DATABASE_DNS"),
+        ("audit line", None),
+    ]
+    assert {e["service"] for e in events} == {"pin-cli-test"}
+    assert "the result" in out
+    assert "{" not in printed

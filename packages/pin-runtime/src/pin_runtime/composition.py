@@ -7,6 +7,10 @@
   (`error: database unavailable: <first line of the driver's message>`). Every line passes
   through `settings.redact`. Kafka credentials the brokers refuse are exit 2 through
   `kafka_security.kafka_or_exit`, which each command that talks to Kafka calls first.
+- `run_cli` is how each CLI's `main` runs the command it parsed: logging configured the same
+  way for every command (JSON lines on stderr for an operator command, whose stdout is its
+  result; on stdout for a long-running one, as its whole output), a warning for each
+  unknown `<PREFIX>*` variable, then `run_command`.
 - `long_running` is what a long-lived command (a worker, a relay, a consumer) runs inside:
   JSON logging, tracing, SIGTERM/SIGINT as a stop event, and the ops HTTP server
   (`/metrics`, `/healthz`, `/readyz`) once the service calls `Runtime.serve` with its
@@ -17,26 +21,37 @@ Nothing here loads a Kafka client: operator commands that never talk to Kafka im
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Final
 
+import msgspec
 import psycopg
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
 from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import Check, Heartbeat, OpsServer
-from pin_runtime.logging import LogLevel, configure_logging
-from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE, redact
+from pin_runtime.logging import LogLevel, configure_logging, log_event
+from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE, redact, unknown_variables
 from pin_runtime.shutdown import GracefulShutdown
 from pin_runtime.tracing import configure_tracing, shutdown_tracing
 
-__all__ = ["ERROR_EXIT_CODE", "Runtime", "error_line", "long_running", "run_command"]
+__all__ = [
+    "ERROR_EXIT_CODE",
+    "Runtime",
+    "error_line",
+    "long_running",
+    "run_cli",
+    "run_command",
+]
 
 ERROR_EXIT_CODE: Final = 1
+
+_log = logging.getLogger("pin_runtime")
 
 
 def error_line(line: str) -> None:
@@ -68,6 +83,28 @@ def run_command(
         error_line(f"error: database unavailable: {_first_line(exc)}")
         return ERROR_EXIT_CODE
     return 0 if code is None else code
+
+
+def run_cli(
+    command: Callable[[], int | None],
+    *,
+    settings: msgspec.Struct,
+    env_prefix: str,
+    service: str,
+    log_level: LogLevel,
+    long_running: bool = False,
+    errors: tuple[type[Exception], ...] = (),
+) -> int:
+    """Run a parsed CLI command with its service's logging; its exit code (`run_command`).
+
+    An operator command logs JSON lines to stderr (an audit line, a warning) and keeps
+    stdout for what it prints (tables, lines scripts parse); a long-running command logs
+    to stdout, its only output (`long_running` keeps it there).
+    """
+    configure_logging(log_level, service, stream=sys.stdout if long_running else sys.stderr)
+    for variable in unknown_variables(type(settings), env_prefix):
+        log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
+    return run_command(command, errors=errors)
 
 
 class Runtime:

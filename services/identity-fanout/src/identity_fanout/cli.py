@@ -31,13 +31,12 @@ from identity_fanout.quarantine_view import (
 )
 from identity_fanout.runbook import get_task, list_shards, list_tasks, replay_task
 from identity_fanout.schema import migrate_database
-from identity_fanout.settings import ENV_PREFIX, Settings
+from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
-from pin_runtime.composition import run_command
+from pin_runtime.composition import run_cli
 from pin_runtime.listing import Fields, Listing
-from pin_runtime.logging import configure_logging
 from pin_runtime.settings import settings_or_exit
 
 # Plain messages never wrap (scripts parse them); listings take the terminal's width (a
@@ -266,9 +265,6 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
             _tasks(conn, args)
     elif args.command == "outbox":
         with _connect(settings) as conn:
-            if getattr(args, "quarantine_command", None) == "discard":
-                # The audit line of each discarded row, as JSON on stderr (stdout: the table).
-                configure_logging(settings.log_level, "identity-fanout", stream=sys.stderr)
             _outbox(conn, args, lanes=settings.outbox_lanes)
     elif args.command == "memberships":
         with _connect(settings) as conn:
@@ -279,7 +275,15 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = settings_or_exit(Settings, ENV_PREFIX)
-    return run_command(lambda: _run(args, settings), errors=(IdentityFanoutError,))
+    return run_cli(
+        lambda: _run(args, settings),
+        settings=settings,
+        env_prefix=ENV_PREFIX,
+        service=SERVICE_NAME,
+        log_level=settings.log_level,
+        long_running=args.command in {"worker", "relay"},
+        errors=(IdentityFanoutError,),
+    )
 
 
 if __name__ == "__main__":

@@ -25,16 +25,15 @@ from confluent_kafka import Consumer
 from psycopg.rows import TupleRow
 from rich.console import Console
 
-from pin_runtime.composition import run_command
+from pin_runtime.composition import run_cli
 from pin_runtime.kafka import create_consumer
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.listing import Listing
-from pin_runtime.logging import configure_logging, log_event
+from pin_runtime.logging import log_event
 from pin_runtime.settings import (
     CONFIG_ERROR_EXIT_CODE,
     parse_duration,
     settings_or_exit,
-    unknown_variables,
 )
 from rewards_membership.app import (
     create_replay_producer,
@@ -117,13 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_or_exit(Settings, ENV_PREFIX)
-    return run_command(lambda: _run(args, settings), errors=(RewardsMembershipError,))
+    return run_cli(
+        lambda: _run(args, settings),
+        settings=settings,
+        env_prefix=ENV_PREFIX,
+        service=SERVICE_NAME,
+        log_level=settings.log_level,
+        long_running=args.command == "consume",
+        errors=(RewardsMembershipError,),
+    )
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
-    configure_logging(settings.log_level, SERVICE_NAME)
-    for variable in unknown_variables(Settings, ENV_PREFIX):
-        log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
     if args.command == "migrate":
         applied = run_migrations(
             settings.database_dsn.reveal(),
