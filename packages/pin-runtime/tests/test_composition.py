@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from typing import Literal
 
 import msgspec
 import psycopg
 import pytest
 
-from pin_runtime.composition import long_running, run_cli, run_command
+from pin_runtime.composition import Cli, long_running, run_command
 from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.settings import Secret
@@ -117,7 +119,7 @@ def test_long_running_serves_its_checks_and_stops_on_request() -> None:
 
 def test_a_bad_tracing_variable_is_a_config_error_exit_2() -> None:
     probe = (
-        "from pin_runtime.composition import long_running, run_cli, run_command\n"
+        "from pin_runtime.composition import Cli, long_running, run_command\n"
         "from pin_runtime.http import Heartbeat\n"
         "def run():\n"
         "    with long_running('t', log_level='INFO', metrics_host='127.0.0.1', metrics_port=0,"
@@ -147,37 +149,52 @@ def test_the_composition_module_loads_no_kafka_client() -> None:
 
 
 class _CliSettings(msgspec.Struct, frozen=True):
-    database_dsn: str = ""
+    log_level: str = "INFO"
 
 
-@pytest.mark.parametrize("long_lived", [False, True])
+@pytest.mark.parametrize(("command", "long_lived"), [("show", False), ("serve", True)])
 def test_a_cli_command_logs_json_to_stderr_unless_it_is_long_running(
-    long_lived: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    command: str,
+    long_lived: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("PIN_CLI_TEST_DATABASE_DNS", "a typo")
+    monkeypatch.setenv("PIN_CLI_TEST_LOG_LEVLE", "a typo")
     logger = logging.getLogger("pin_cli_test")
+    parser = argparse.ArgumentParser(prog="pin-cli-test")
+    parser.add_argument("command", choices=["show", "serve"])
 
-    def command() -> int:
+    def run(args: argparse.Namespace, settings: _CliSettings) -> int:
         logger.info("audit line")
-        print("the result")  # noqa: T201 - what the command prints
+        print(f"{args.command}: {settings.log_level}")  # noqa: T201 - what the command prints
         return 3
 
-    code = run_cli(
-        command,
-        settings=_CliSettings(),
-        env_prefix="PIN_CLI_TEST_",
-        service="pin-cli-test",
-        log_level="INFO",
-        long_running=long_lived,
-    )
-    assert code == 3
+    cli = Cli("pin-cli-test", _CliSettings, "PIN_CLI_TEST_", long_running=frozenset({"serve"}))
+    assert cli.main(parser, run, [command]) == 3
     out, err = capsys.readouterr()
     logs, printed = (out, err) if long_lived else (err, out)
     events = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
     assert [(e["event"], e.get("variable")) for e in events] == [
-        ("unknown setting ignored", "PIN_CLI_TEST_DATABASE_DNS"),
+        ("unknown setting ignored", "PIN_CLI_TEST_LOG_LEVLE"),
         ("audit line", None),
     ]
     assert {e["service"] for e in events} == {"pin-cli-test"}
-    assert "the result" in out
+    assert f"{command}: INFO" in out
     assert "{" not in printed
+
+
+def test_a_cli_with_a_bad_setting_exits_2_before_the_command_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PIN_CLI_TEST_LOG_LEVEL", "LOUD")
+    parser = argparse.ArgumentParser(prog="pin-cli-test")
+    parser.add_argument("command")
+    cli = Cli("pin-cli-test", _Leveled, "PIN_CLI_TEST_")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(parser, lambda _args, _settings: pytest.fail("ran"), ["show"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith("config error: PIN_CLI_TEST_LOG_LEVEL:")
+
+
+class _Leveled(msgspec.Struct, frozen=True):
+    log_level: Literal["DEBUG", "INFO"] = "INFO"

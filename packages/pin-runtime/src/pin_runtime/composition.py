@@ -7,10 +7,10 @@
   (`error: database unavailable: <first line of the driver's message>`). Every line passes
   through `settings.redact`. Kafka credentials the brokers refuse are exit 2 through
   `kafka_security.kafka_or_exit`, which each command that talks to Kafka calls first.
-- `run_cli` is how each CLI's `main` runs the command it parsed: logging configured the same
-  way for every command (JSON lines on stderr for an operator command, whose stdout is its
-  result; on stdout for a long-running one, as its whole output), a warning for each
-  unknown `<PREFIX>*` variable, then `run_command`.
+- `Cli` is each service's command line: one `main` (arguments, settings, logging the same
+  way for every command: JSON lines on stderr for an operator command, whose stdout is its
+  result, on stdout for a long-running one; a warning for each unknown `<PREFIX>*`
+  variable; then `run_command`).
 - `long_running` is what a long-lived command (a worker, a relay, a consumer) runs inside:
   JSON logging, tracing, SIGTERM/SIGINT as a stop event, and the ops HTTP server
   (`/metrics`, `/healthz`, `/readyz`) once the service calls `Runtime.serve` with its
@@ -21,14 +21,15 @@ Nothing here loads a Kafka client: operator commands that never talk to Kafka im
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, Generic
 
-import msgspec
 import psycopg
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
@@ -36,16 +37,22 @@ from prometheus_client import CollectorRegistry
 from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import Check, Heartbeat, OpsServer
 from pin_runtime.logging import LogLevel, configure_logging, log_event
-from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE, redact, unknown_variables
+from pin_runtime.settings import (
+    CONFIG_ERROR_EXIT_CODE,
+    S,
+    redact,
+    settings_or_exit,
+    unknown_variables,
+)
 from pin_runtime.shutdown import GracefulShutdown
 from pin_runtime.tracing import configure_tracing, shutdown_tracing
 
 __all__ = [
     "ERROR_EXIT_CODE",
+    "Cli",
     "Runtime",
     "error_line",
     "long_running",
-    "run_cli",
     "run_command",
 ]
 
@@ -85,26 +92,40 @@ def run_command(
     return 0 if code is None else code
 
 
-def run_cli(
-    command: Callable[[], int | None],
-    *,
-    settings: msgspec.Struct,
-    env_prefix: str,
-    service: str,
-    log_level: LogLevel,
-    long_running: bool = False,
-    errors: tuple[type[Exception], ...] = (),
-) -> int:
-    """Run a parsed CLI command with its service's logging; its exit code (`run_command`).
+@dataclass(frozen=True)
+class Cli(Generic[S]):
+    """A service's command line, the same for every service: `main` parses the arguments,
+    reads the settings (a bad one: exit 2), configures logging the same way for every
+    command, warns about unknown `<PREFIX>*` variables and runs the command under
+    `run_command`.
 
     An operator command logs JSON lines to stderr (an audit line, a warning) and keeps
-    stdout for what it prints (tables, lines scripts parse); a long-running command logs
-    to stdout, its only output (`long_running` keeps it there).
+    stdout for what it prints (tables, lines scripts parse); a long-running command logs to
+    stdout, its only output (`long_running` keeps it there).
     """
-    configure_logging(log_level, service, stream=sys.stdout if long_running else sys.stderr)
-    for variable in unknown_variables(type(settings), env_prefix):
-        log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
-    return run_command(command, errors=errors)
+
+    service: str
+    settings_type: type[S]
+    env_prefix: str
+    long_running: frozenset[str] = frozenset()
+    """The commands (`args.command`) that run until stopped."""
+    errors: tuple[type[Exception], ...] = ()
+    """The service's own errors: exit 1 with `error: <message>`."""
+
+    def main(
+        self,
+        parser: argparse.ArgumentParser,
+        run: Callable[[argparse.Namespace, S], int | None],
+        argv: Sequence[str] | None = None,
+    ) -> int:
+        args = parser.parse_args(argv)
+        settings = settings_or_exit(self.settings_type, self.env_prefix)
+        stream = sys.stdout if args.command in self.long_running else sys.stderr
+        # Every service's settings carry log_level (the chart's LOG_LEVEL).
+        configure_logging(getattr(settings, "log_level", "INFO"), self.service, stream=stream)
+        for variable in unknown_variables(self.settings_type, self.env_prefix):
+            log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
+        return run_command(lambda: run(args, settings), errors=self.errors)
 
 
 class Runtime:

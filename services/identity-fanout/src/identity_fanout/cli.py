@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Final
 from uuid import UUID
 
 import msgspec
@@ -35,9 +36,8 @@ from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
-from pin_runtime.composition import run_cli
+from pin_runtime.composition import Cli
 from pin_runtime.listing import Fields, Listing
-from pin_runtime.settings import settings_or_exit
 
 # Plain messages never wrap (scripts parse them); listings take the terminal's width (a
 # table where it fits, else a block per row: pin_runtime.listing).
@@ -272,18 +272,17 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
         _console.print(membership_command.change_line(recorded), markup=False, highlight=False)
 
 
+_CLI: Final = Cli(
+    SERVICE_NAME,
+    Settings,
+    ENV_PREFIX,
+    long_running=frozenset({"worker", "relay"}),
+    errors=(IdentityFanoutError,),
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    settings = settings_or_exit(Settings, ENV_PREFIX)
-    return run_cli(
-        lambda: _run(args, settings),
-        settings=settings,
-        env_prefix=ENV_PREFIX,
-        service=SERVICE_NAME,
-        log_level=settings.log_level,
-        long_running=args.command in {"worker", "relay"},
-        errors=(IdentityFanoutError,),
-    )
+    return _CLI.main(_parser(), _run, argv)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Final
 
 import msgspec
 import psycopg
@@ -25,7 +26,7 @@ from confluent_kafka import Consumer
 from psycopg.rows import TupleRow
 from rich.console import Console
 
-from pin_runtime.composition import run_cli
+from pin_runtime.composition import Cli
 from pin_runtime.kafka import create_consumer
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.listing import Listing
@@ -33,7 +34,6 @@ from pin_runtime.logging import log_event
 from pin_runtime.settings import (
     CONFIG_ERROR_EXIT_CODE,
     parse_duration,
-    settings_or_exit,
 )
 from rewards_membership.app import (
     create_replay_producer,
@@ -113,18 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_CLI: Final = Cli(
+    SERVICE_NAME,
+    Settings,
+    ENV_PREFIX,
+    long_running=frozenset({"consume"}),
+    errors=(RewardsMembershipError,),
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    settings = settings_or_exit(Settings, ENV_PREFIX)
-    return run_cli(
-        lambda: _run(args, settings),
-        settings=settings,
-        env_prefix=ENV_PREFIX,
-        service=SERVICE_NAME,
-        log_level=settings.log_level,
-        long_running=args.command == "consume",
-        errors=(RewardsMembershipError,),
-    )
+    return _CLI.main(build_parser(), _run, argv)
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
