@@ -10,12 +10,13 @@ import sys
 import urllib.error
 import urllib.request
 from typing import Literal
+from uuid import UUID
 
 import msgspec
 import psycopg
 import pytest
 
-from pin_runtime.composition import Cli, long_running, run_command
+from pin_runtime.composition import Cli, long_running, run_command, uuid_argument
 from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.settings import Secret
@@ -119,7 +120,7 @@ def test_long_running_serves_its_checks_and_stops_on_request() -> None:
 
 def test_a_bad_tracing_variable_is_a_config_error_exit_2() -> None:
     probe = (
-        "from pin_runtime.composition import Cli, long_running, run_command\n"
+        "from pin_runtime.composition import Cli, long_running, run_command, uuid_argument\n"
         "from pin_runtime.http import Heartbeat\n"
         "def run():\n"
         "    with long_running('t', log_level='INFO', metrics_host='127.0.0.1', metrics_port=0,"
@@ -198,3 +199,17 @@ def test_a_cli_with_a_bad_setting_exits_2_before_the_command_runs(
 
 class _Leveled(msgspec.Struct, frozen=True):
     log_level: Literal["DEBUG", "INFO"] = "INFO"
+
+
+def test_a_cli_parser_names_the_service_and_takes_uuids(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cli = Cli("pin-cli-test", _CliSettings, "PIN_CLI_TEST_")
+    parser, commands = cli.parser("A test tool.")
+    commands.add_parser("show").add_argument("id", type=uuid_argument)
+    assert "Configured by PIN_CLI_TEST_* environment variables" in parser.format_help()
+    assert parser.parse_args(["show", str(UUID(int=7))]).id == UUID(int=7)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["show", "seven"])
+    assert exited.value.code == 2
+    assert "not a UUID: 'seven'" in capsys.readouterr().err

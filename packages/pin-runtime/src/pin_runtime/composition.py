@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final, Generic
+from uuid import UUID
 
 import psycopg
 from opentelemetry import trace
@@ -54,11 +55,20 @@ __all__ = [
     "error_line",
     "long_running",
     "run_command",
+    "uuid_argument",
 ]
 
 ERROR_EXIT_CODE: Final = 1
 
 _log = logging.getLogger("pin_runtime")
+
+
+def uuid_argument(text: str) -> UUID:
+    """An argparse `type=` for ids: a UUID, or argparse's usage error (exit 2)."""
+    try:
+        return UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from None
 
 
 def error_line(line: str) -> None:
@@ -111,6 +121,18 @@ class Cli(Generic[S]):
     """The commands (`args.command`) that run until stopped."""
     errors: tuple[type[Exception], ...] = ()
     """The service's own errors: exit 1 with `error: <message>`."""
+
+    def parser(
+        self, description: str
+    ) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
+        """The service's argument parser (`prog` its console script; the help names the
+        settings' prefix) and the sub-parsers its commands are added to (`args.command`)."""
+        parser = argparse.ArgumentParser(
+            prog=self.service,
+            description=f"{description} Configured by {self.env_prefix}* environment "
+            "variables (see the README).",
+        )
+        return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def main(
         self,

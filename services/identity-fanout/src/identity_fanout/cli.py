@@ -12,7 +12,6 @@ import sys
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
-from uuid import UUID
 
 import msgspec
 import psycopg
@@ -36,7 +35,7 @@ from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
-from pin_runtime.composition import Cli
+from pin_runtime.composition import Cli, uuid_argument
 from pin_runtime.listing import Fields, Listing
 
 # Plain messages never wrap (scripts parse them); listings take the terminal's width (a
@@ -44,11 +43,13 @@ from pin_runtime.listing import Fields, Listing
 _console = Console(soft_wrap=True)
 
 
-def _uuid(text: str) -> UUID:
-    try:
-        return UUID(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from None
+_CLI: Final = Cli(
+    SERVICE_NAME,
+    Settings,
+    ENV_PREFIX,
+    long_running=frozenset({"worker", "relay"}),
+    errors=(IdentityFanoutError,),
+)
 
 
 def _positive(text: str) -> int:
@@ -70,12 +71,9 @@ def _status(text: str) -> FanOutTaskStatus:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="identity-fanout",
-        description="PIN identity access fan-out: worker, outbox relay and runbook commands. "
-        f"Configuration comes from {ENV_PREFIX}* environment variables.",
+    parser, commands = _CLI.parser(
+        "PIN identity access fan-out: worker, outbox relay and runbook commands."
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("migrate", help="apply the database migrations of the identity schema")
     worker = commands.add_parser("worker", help="run the fan-out worker (and the outbox relay)")
     worker.add_argument(
@@ -89,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     set_permissions = roles.add_parser(
         "set-permissions", help="replace a role's permissions and fan the change out"
     )
-    set_permissions.add_argument("role_id", type=_uuid, metavar="ROLE_ID")
+    set_permissions.add_argument("role_id", type=uuid_argument, metavar="ROLE_ID")
     set_permissions.add_argument("permissions", nargs="*", metavar="PERMISSION_CODE")
 
     tasks = commands.add_parser("tasks", help="fan-out queue commands").add_subparsers(
@@ -99,9 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--status", type=_status, default=None)
     listing.add_argument("--limit", type=int, default=50)
     show = tasks.add_parser("show", help="show one task")
-    show.add_argument("task_id", type=_uuid, metavar="TASK_ID")
+    show.add_argument("task_id", type=uuid_argument, metavar="TASK_ID")
     replay = tasks.add_parser("replay", help="put a Failed task back in the queue")
-    replay.add_argument("task_id", type=_uuid, metavar="TASK_ID")
+    replay.add_argument("task_id", type=uuid_argument, metavar="TASK_ID")
 
     outbox = commands.add_parser("outbox", help="outbox commands").add_subparsers(
         dest="outbox_command", required=True, metavar="OUTBOX_COMMAND"
@@ -135,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
         "--reason", required=True, help="why (logged with each row: the audit trail)"
     )
 
-    membership_command.add_commands(commands, _uuid)
+    membership_command.add_commands(commands, uuid_argument)
     return parser
 
 
@@ -270,15 +268,6 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
         with _connect(settings) as conn:
             recorded = membership_command.run(conn, args)
         _console.print(membership_command.change_line(recorded), markup=False, highlight=False)
-
-
-_CLI: Final = Cli(
-    SERVICE_NAME,
-    Settings,
-    ENV_PREFIX,
-    long_running=frozenset({"worker", "relay"}),
-    errors=(IdentityFanoutError,),
-)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

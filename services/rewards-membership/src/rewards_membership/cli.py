@@ -26,7 +26,7 @@ from confluent_kafka import Consumer
 from psycopg.rows import TupleRow
 from rich.console import Console
 
-from pin_runtime.composition import Cli
+from pin_runtime.composition import Cli, uuid_argument
 from pin_runtime.kafka import create_consumer
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.listing import Listing
@@ -58,6 +58,15 @@ __all__ = ["main"]
 _log = logging.getLogger("rewards_membership")
 
 
+_CLI: Final = Cli(
+    SERVICE_NAME,
+    Settings,
+    ENV_PREFIX,
+    long_running=frozenset({"consume"}),
+    errors=(RewardsMembershipError,),
+)
+
+
 def _duration(text: str) -> timedelta:
     try:
         return parse_duration(text)
@@ -65,20 +74,8 @@ def _duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def _uuid(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from exc
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rewards-membership",
-        description="PIN rewards: AgentMembershipChanged consumer and its tooling. "
-        f"Configured by {ENV_PREFIX}* variables (see README).",
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = _CLI.parser("PIN rewards: AgentMembershipChanged consumer and its tooling.")
     commands.add_parser("migrate", help="apply the rewards schema migrations")
     commands.add_parser("consume", help="run the membership consumer until SIGTERM/SIGINT")
 
@@ -102,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent = commands.add_parser("agent", help="the projection of one agent")
     agent_commands = agent.add_subparsers(dest="agent_command", required=True)
     show = agent_commands.add_parser("show", help="rows and derived display status")
-    show.add_argument("agent_user_id", type=_uuid, metavar="AGENT_USER_ID")
+    show.add_argument("agent_user_id", type=uuid_argument, metavar="AGENT_USER_ID")
 
     inbox = commands.add_parser("inbox", help="the idempotency store")
     inbox_commands = inbox.add_subparsers(dest="inbox_command", required=True)
@@ -111,15 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--older-than", type=_duration, required=True, help="e.g. 30d, 12h (marks older go)"
     )
     return parser
-
-
-_CLI: Final = Cli(
-    SERVICE_NAME,
-    Settings,
-    ENV_PREFIX,
-    long_running=frozenset({"consume"}),
-    errors=(RewardsMembershipError,),
-)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
