@@ -33,6 +33,7 @@ from pin_contracts import (
     kafka_key,
     original_headers,
     trace_context,
+    trace_headers,
 )
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -76,6 +77,23 @@ def test_no_trace_headers_without_a_traceparent(
         MESSAGE_ID_HEADER,
     ]
     assert orphan_state == without
+
+
+def test_trace_headers_are_what_headers_for_appends(
+    membership_envelope: Envelope[AgentMembershipChanged],
+) -> None:
+    for carrier in (
+        None,
+        {},
+        {TRACESTATE_HEADER: "pin=1"},
+        {TRACEPARENT_HEADER: TRACEPARENT},
+        {TRACEPARENT_HEADER: TRACEPARENT, TRACESTATE_HEADER: "pin=1", "baggage": "x"},
+    ):
+        assert headers_for(membership_envelope, trace_context=carrier)[3:] == trace_headers(carrier)
+    assert trace_headers({TRACEPARENT_HEADER: TRACEPARENT, TRACESTATE_HEADER: "pin=1"}) == [
+        (TRACEPARENT_HEADER, TRACEPARENT.encode()),
+        (TRACESTATE_HEADER, b"pin=1"),
+    ]
 
 
 def test_received_headers_are_read_tolerantly() -> None:

@@ -35,6 +35,7 @@ from pin_contracts.kafka import (
     headers_for,
     kafka_key,
     trace_context,
+    trace_headers,
 )
 from pin_contracts.membership import AgentMembershipChanged
 from pin_contracts.topics import (
@@ -88,5 +89,6 @@ __all__ = [
     "kafka_key",
     "parse_enum",
     "trace_context",
+    "trace_headers",
 ]
 __all__ += dlq.__all__

@@ -23,6 +23,7 @@ __all__ = [
     "headers_for",
     "kafka_key",
     "trace_context",
+    "trace_headers",
 ]
 
 TRACEPARENT_HEADER = "traceparent"
@@ -59,6 +60,18 @@ def headers_for(
         (CONTRACT_VERSION_HEADER, str(envelope.contract_version).encode()),
         (MESSAGE_ID_HEADER, str(envelope.message_id).encode()),
     ]
+    headers.extend(trace_headers(trace_context))
+    return headers
+
+
+def trace_headers(trace_context: Mapping[str, str] | None) -> Headers:
+    """The trace headers ``headers_for`` appends: the W3C keys of the carrier, and
+    ``tracestate`` only together with a ``traceparent``.
+
+    Apart so a producer that writes the other headers itself (a batch built in SQL) adds
+    the same trace headers by the same rule.
+    """
+    headers: Headers = []
     if trace_context is not None:
         traceparent = trace_context.get(TRACEPARENT_HEADER)
         if traceparent:

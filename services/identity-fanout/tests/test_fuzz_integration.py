@@ -24,9 +24,9 @@ from psycopg.rows import TupleRow
 from identity_fanout.outbox import OutboxMessage, write_outbox
 from identity_fanout.relay import OutboxRelay
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED
-from pin_testkit.fuzzing import fuzz_settings
+from pin_testkit.fuzzing import fuzz_settings, fuzz_timeout
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(fuzz_timeout())]
 
 Conn = psycopg.Connection[TupleRow]
 TOPIC_LIMIT: Final = AGENT_MEMBERSHIP_CHANGED.max_message_bytes  # 1 MiB

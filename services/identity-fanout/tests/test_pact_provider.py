@@ -2,9 +2,11 @@
 
 Every pact in ``contracts/pacts/`` whose provider is ``identity-fanout`` is replayed. For
 each interaction the state handler prepares a real identity database, the message handler
-runs the real producing operation (``set_role_permissions`` fanning out inline through
-``snapshot_events``/``write_events``; ``join_agency``/``leave_agency``) and returns the
-outbox row exactly as the relay turns it into a Kafka record: value bytes, key and headers.
+runs the real producing operation and returns the outbox row exactly as the relay turns it
+into a Kafka record: value bytes, key and headers. UserAccessChanged has two producers, and
+both are verified: ``set_role_permissions`` fanning out inline (built in Python,
+``snapshot_events``/``write_events``) and the worker's batch of a queued task (built in SQL,
+``page_writer``). AgentMembershipChanged comes from ``join_agency``/``leave_agency``.
 
 The last tests break a producer on purpose (a field dropped or renamed on the record the
 real code wrote) and show the verification fails and names the field.
@@ -26,7 +28,9 @@ from pact import Verifier
 from pact.types import Message
 from psycopg.rows import TupleRow
 
+from identity_fanout.claim import claim_task
 from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.fanout import process_batch
 from identity_fanout.lanes import SLOTS
 from identity_fanout.membership import join_agency, leave_agency
 from identity_fanout.relay_records import record_from_row
@@ -76,6 +80,9 @@ class IdentityProvider:
     """The membership producer's login (its runtime role); empty: `dsn`."""
     operator_dsn: str = ""
     """The login `roles set-permissions` runs as (the operator's role); empty: `dsn`."""
+    worker_dsn: str = ""
+    """Set: UserAccessChanged comes from the worker's batch of a queued task (built in SQL);
+    empty: from the inline fan-out (built in Python)."""
     mutate: Mutation | None = None
     """Breaks the produced record on purpose (the failing-verification tests)."""
     context: dict[str, Any] = field(default_factory=dict)
@@ -199,10 +206,24 @@ class IdentityProvider:
 
     def _permissions_changed(self, conn: Conn) -> None:
         # One user holds the role: the fan-out writes exactly one outbox row, the record.
+        if not self.worker_dsn:
+            change = set_role_permissions(
+                conn, self.context["role"], ["p.read", "p.export"], inline_threshold=1000
+            )
+            assert (change.mode, change.users) == ("inline", 1)
+            return
         change = set_role_permissions(
-            conn, self.context["role"], ["p.read", "p.export"], inline_threshold=1000
+            conn, self.context["role"], ["p.read", "p.export"], inline_threshold=0
         )
-        assert (change.mode, change.users) == ("inline", 1)
+        assert change.mode == "queued"
+        conn.commit()
+        with psycopg.connect(self.worker_dsn) as worker:
+            task = claim_task(worker, lease=timedelta(minutes=1), max_attempts=3)
+            assert task is not None
+            batch = process_batch(
+                worker, task, batch_size=10, lease=timedelta(minutes=1), correlation_id="pact"
+            )
+            assert (batch.users, batch.completed) == (1, True)
 
 
 def close_servers(verifier: Verifier) -> None:
@@ -246,10 +267,22 @@ def _no_telemetry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PACT_DO_NOT_TRACK", "true")
 
 
-@pytest.fixture
-def provider(identity_dsn: str, producer_dsn: str, operator_dsn: str) -> IdentityProvider:
-    """The producers as they run in production: each logged in as its runtime role."""
-    return IdentityProvider(dsn=identity_dsn, producer_dsn=producer_dsn, operator_dsn=operator_dsn)
+@pytest.fixture(params=["inline", "worker batch"])
+def provider(
+    request: pytest.FixtureRequest,
+    identity_dsn: str,
+    producer_dsn: str,
+    operator_dsn: str,
+    worker_dsn: str,
+) -> IdentityProvider:
+    """The producers as they run in production: each logged in as its runtime role; the
+    UserAccessChanged producer inline (Python-built) or the worker's batch (SQL-built)."""
+    return IdentityProvider(
+        dsn=identity_dsn,
+        producer_dsn=producer_dsn,
+        operator_dsn=operator_dsn,
+        worker_dsn=worker_dsn if request.param == "worker batch" else "",
+    )
 
 
 def test_the_pacts_are_there() -> None:

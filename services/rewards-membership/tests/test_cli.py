@@ -11,7 +11,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from pin_contracts import AgentMembershipChanged, envelope_for
 from pin_testkit.waiting import wait_until
@@ -189,6 +191,86 @@ def test_dlq_list_and_replay(
     assert consumer.total("rewards_identity_membership_dlq_total") == 6
     assert main(["dlq", "list"]) == 0
     assert "6 record(s), 2 not replayed" in capsys.readouterr().out
+
+
+@pytest.mark.integration
+def test_dlq_resolve_closes_dead_letters_without_a_replay(
+    *,
+    kafka: Any,
+    start_consumer: Any,
+    event: Event,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    operator_dsn: str,
+    sql: Sql,
+) -> None:
+    agent = uuid.uuid4()
+    consumer = start_consumer()
+    # One dead letter keyed by its MessageId (a missing CompanyId), one by its position.
+    invalid = kafka.send(event(agent, uuid.UUID(int=0), 1, membership_id=uuid.uuid4()))[0]
+    kafka.send_raw((str(agent).encode(), b"garbage", None))
+    consumer.wait_handled(2)
+    gauge = "rewards_identity_membership_dlq_unreplayed"
+    wait_until(lambda: consumer.value(gauge) == 2, timeout=30, what="2 unreplayed dead letters")
+    for name, value in environment(settings, operator_dsn).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["dlq", "list"]) == 0
+    listed = capsys.readouterr().out
+    first = next(
+        line.split()[0] for line in listed.splitlines() if "@" in line and "pending" in line
+    )
+    partition, offset = first.split("@")
+
+    with pytest.raises(SystemExit) as blank:
+        main(["dlq", "resolve", "--all", "--reason", "  "])
+    assert blank.value.code == 2
+    assert "a reason must say something" in capsys.readouterr().err
+
+    assert (
+        main(["dlq", "resolve", "--offset", offset, "--partition", partition, "--reason", "bug"])
+        == 0
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{first}: resolved: its dead-letter mark closed"
+    audit = msgspec.json.decode(out[1])  # the audit line: what was closed, and why
+    assert (audit["event"], audit["records"], audit["reason"]) == ("dlq resolved", 1, "bug")
+    assert main(["dlq", "resolve", "--all", "--reason", "producer fixed, facts re-sent"]) == 0
+    out = [line for line in capsys.readouterr().out.splitlines() if "@" in line]
+    assert sorted(line.split(": ")[1] for line in out) == ["already-resolved", "resolved"]
+    assert f"{first}: already-resolved: at " in "\n".join(out)
+    assert "(bug)" in "\n".join(out)
+
+    # The audit trail names the operator's login and the reasons; both marks are closed.
+    trail = sql(
+        "SELECT reason, resolved_by, idempotency_key IS NOT NULL FROM rewards.dlq_resolutions"
+    )
+    assert sorted(r[0] for r in trail) == ["bug", "producer fixed, facts re-sent"]
+    assert {r[1] for r in trail} == {conninfo_to_dict(operator_dsn)["user"]}
+    assert all(r[2] for r in trail)
+    assert sql("SELECT outcome, count(*) FROM rewards.inbox GROUP BY outcome") == [
+        ("dead-letter-resolved", 2)
+    ]
+    wait_until(lambda: consumer.value(gauge) == 0, timeout=30, what="no unreplayed dead letters")
+
+    # Replay skips resolved records (one line each, on stderr); nothing goes out.
+    assert main(["dlq", "replay", "--all"]) == 0
+    skipped = capsys.readouterr().err.splitlines()
+    assert len(skipped) == 2
+    assert all(": resolved: at " in line for line in skipped)
+    assert main(["dlq", "replay", "--offset", offset, "--partition", partition]) == 1
+    capsys.readouterr()
+    assert main(["dlq", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert listed.count("resolved 20") == 2
+    assert "2 record(s), 0 not replayed nor resolved" in listed
+
+    # A redelivery of the resolved message is a duplicate, not a second dead letter.
+    kafka.send_envelopes(invalid)
+    consumer.wait_handled(3)
+    assert consumer.total("rewards_membership_skipped_duplicate_total") == 1
+    assert consumer.total("rewards_identity_membership_dlq_total") == 2
 
 
 @pytest.mark.integration

@@ -29,10 +29,10 @@ from pin_contracts import (
     kafka_key,
 )
 from pin_runtime.kafka import create_consumer
-from pin_testkit.fuzzing import fuzz_settings
+from pin_testkit.fuzzing import fuzz_settings, fuzz_timeout
 from rewards_membership.dlq import read_dead_letters
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(fuzz_timeout())]
 
 Raw = tuple[bytes | None, bytes | None, Headers]
 

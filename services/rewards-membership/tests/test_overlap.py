@@ -80,7 +80,6 @@ def test_a_rebalance_with_a_batch_in_flight_loses_and_repeats_nothing(
     kafka: Any,
     settings: Settings,
     start_consumer: Any,
-    event: Event,
     wait: Callable[..., None],
     monkeypatch: pytest.MonkeyPatch,
     stream: Stream,
@@ -95,15 +94,26 @@ def test_a_rebalance_with_a_batch_in_flight_loses_and_repeats_nothing(
         settle(self, exclude)
 
     monkeypatch.setattr(MembershipConsumer, "_settle_and_report", watched)
-    payloads = stream(agents=150, versions=20)  # 3,000 events, batches of 50
+    available = stream(agents=150, versions=200)  # fed as they are consumed
+    payloads = available[:1000]
     kafka.send(*payloads)
     first = start_consumer(batch_size=50)
     first.wait_handled(300)
     second = start_consumer(batch_size=50)
-    wait(
-        lambda: bool(second.consumer.assigned_partitions),
-        what="the second consumer took partitions over",
-    )
+
+    def fed_until_taken_over() -> bool:
+        # Records keep coming until the second consumer took partitions over, so the first
+        # always has a batch in its transaction when the rebalance calls it.
+        if second.consumer.assigned_partitions and revokes:
+            return True
+        if len(payloads) - (first.handled + second.handled) < 600:
+            more = available[len(payloads) : len(payloads) + 200]
+            assert more, "the first consumer was never asked to give partitions up"
+            kafka.send(*more)
+            payloads.extend(more)
+        return False
+
+    wait(fed_until_taken_over, timeout=120, what="the second consumer took partitions over")
     wait(
         lambda: first.handled + second.handled >= len(payloads),
         timeout=120,

@@ -11,6 +11,7 @@ import pytest
 from pin_contracts import (
     DLT_VALUE_REPLACED_HEADER,
     EMPTY_GUID,
+    MESSAGE_ID_HEADER,
     AgentMembershipChanged,
     DeadLetterInfo,
     encode,
@@ -30,8 +31,15 @@ from rewards_membership.reference import (
     reference_headers,
     sha256_hex,
 )
+from rewards_membership.resolve import candidate_keys
 from rewards_membership.settings import Settings
-from rewards_membership.validation import InvalidEvent, MembershipChange, position_key, validate
+from rewards_membership.validation import (
+    InvalidEvent,
+    MembershipChange,
+    idempotency_key,
+    position_key,
+    validate,
+)
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -219,3 +227,42 @@ def test_max_poll_interval_is_above_the_longest_batch() -> None:
         base, db_statement_timeout=timedelta(seconds=2), delivery_timeout=timedelta(seconds=5)
     )
     assert max_poll_interval_ms(quick) == 300_000  # never below librdkafka's default
+
+
+class TestResolveCandidateKeys:
+    """Which inbox marks `dlq resolve` may close for a dead letter."""
+
+    def record(self, value: bytes | None, *extra: tuple[str, bytes]) -> DeadLetterRecord:
+        headers = [*extra, *info().to_headers()]
+        return DeadLetterRecord(0, 7, b"k", value, headers, info())
+
+    def test_a_readable_message_id_and_the_position(self) -> None:
+        payload = AgentMembershipChanged(
+            membership_id=uuid.uuid4(),
+            agent_user_id=uuid.uuid4(),
+            company_id=EMPTY_GUID,  # invalid, but the MessageId reads
+            status="Active",
+            version=1,
+            joined_at=T0,
+        )
+        envelope = envelope_for(payload)
+        value = encode(envelope)
+        keys = candidate_keys(self.record(value), value)
+        assert keys == [
+            idempotency_key(envelope.message_id),
+            position_key("pin.identity.agent-membership-changed.v1", 2, 41),
+        ]
+
+    def test_garbage_has_only_its_position(self) -> None:
+        record = self.record(b"garbage")
+        assert candidate_keys(record, record.value) == [
+            position_key("pin.identity.agent-membership-changed.v1", 2, 41)
+        ]
+
+    def test_a_gone_original_falls_back_to_the_message_id_header(self) -> None:
+        message_id = uuid.uuid4()
+        header = (MESSAGE_ID_HEADER, str(message_id).encode())
+        keys = candidate_keys(self.record(b"{reference}", header), None)
+        assert keys[0] == idempotency_key(message_id)
+        malformed = (MESSAGE_ID_HEADER, b"not-a-uuid")
+        assert len(candidate_keys(self.record(b"{reference}", malformed), None)) == 1

@@ -16,10 +16,14 @@ from hypothesis import HealthCheck, settings
 
 from pin_testkit.local.errors import LocalInfraError
 
-__all__ = ["DEFAULT_EXAMPLES", "EXAMPLES_ENV", "fuzz_examples", "fuzz_settings"]
+__all__ = ["DEFAULT_EXAMPLES", "EXAMPLES_ENV", "fuzz_examples", "fuzz_settings", "fuzz_timeout"]
 
 EXAMPLES_ENV: Final = "PIN_FUZZ_EXAMPLES"
 DEFAULT_EXAMPLES: Final = 300
+SECONDS_PER_EXAMPLE: Final = 0.5
+"""A generous bound on one example through real servers (they take tens of milliseconds on
+a busy 2-core machine): the whole-target timeout only catches a hang; a stall within an
+example is each target's own deadline."""
 
 
 def fuzz_examples() -> int:
@@ -30,6 +34,12 @@ def fuzz_examples() -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise LocalInfraError(f"{EXAMPLES_ENV} must be a positive whole number, got {raw!r}")
     return int(raw)
+
+
+def fuzz_timeout(*, setup: float = 300.0) -> float:
+    """Seconds for a whole target (`pytest.mark.timeout`): the suite's 300 s would cut
+    `make fuzz`'s ten thousand examples short."""
+    return setup + fuzz_examples() * SECONDS_PER_EXAMPLE
 
 
 def fuzz_settings() -> settings:

@@ -18,9 +18,11 @@ import msgspec
 from psycopg import Connection
 from psycopg.rows import TupleRow, class_row
 
+from identity_fanout.channels import OUTBOX_CHANNEL, notify
 from identity_fanout.claim import Claim, shard_claim, task_claim
 from identity_fanout.errors import LeaseLostError
 from identity_fanout.outbox import current_trace_context, outbox_message, write_outbox
+from identity_fanout.page_writer import PageOf, write_page
 from identity_fanout.shards import END, START, ClaimedShard, ShardState, roll_up
 from identity_fanout.snapshot import AssignmentRow, build_events
 from identity_fanout.tasks import FanOutTask
@@ -153,6 +155,8 @@ def _page(conn: Connection[TupleRow], unit: _Unit, **options: Unpack[BatchOption
 
     The fence (the unit's row lock, matched on this claim) comes first: it proves the claim
     is still ours before any event is built, so a fenced-off worker does no wasted work.
+    Then one statement pages the users and writes their outbox rows (`page_writer`), the
+    checkpoint moves past them, and the relay is woken on commit.
     """
     claim = unit.claim
     fence = {"id": claim.id, "attempt": claim.attempt}
@@ -161,27 +165,38 @@ def _page(conn: Connection[TupleRow], unit: _Unit, **options: Unpack[BatchOption
         raise LeaseLostError(claim.id, claim.attempt)
     cursor: UUID | None = current[0]
     batch_size = options["batch_size"]
-    users = page_users(conn, unit.role_id, cursor or unit.lower, batch_size, upper=unit.upper)
-    last = len(users) < batch_size
+    page = PageOf(
+        role_id=unit.role_id,
+        role_company_id=unit.company_id,
+        version=unit.version,
+        after=cursor or unit.lower,
+        upper=unit.upper,
+        limit=batch_size,
+    )
+    written = write_page(
+        conn,
+        page,
+        correlation_id=options["correlation_id"],
+        trace_context=current_trace_context(),
+    )
+    last = written.users < batch_size
     checkpoint = conn.execute(
         claim.statements.checkpoint,
         {
             **fence,
-            "cursor": users[-1] if users else None,
-            "count": len(users),
+            "cursor": written.last_user,
+            "count": written.users,
             "last": last,
             "lease": options["lease"],
         },
     ).fetchone()
     if checkpoint is None:  # cannot happen under the row lock taken above; kept as a fence
         raise LeaseLostError(claim.id, claim.attempt)
-    events = snapshot_events(
-        conn, users, role_id=unit.role_id, role_company_id=unit.company_id, version=unit.version
-    )
-    write_events(conn, events, correlation_id=options["correlation_id"])
+    if written.users:
+        notify(conn, OUTBOX_CHANNEL)
     return _Page(
-        users=len(users),
-        cursor=users[-1] if users else cursor,
+        users=written.users,
+        cursor=written.last_user or cursor,
         last=last,
         processed_count=checkpoint[0],
     )

@@ -185,6 +185,14 @@ def build_consumer(
     membership = MembershipConsumer(
         options=options,
         consumer=consumer,
+        # The lag gauges' own client, never in the group: asked through the polling
+        # consumer, a request waits behind its long-poll fetch on the broker connection.
+        offsets_reader=create_consumer(
+            settings.kafka_bootstrap,
+            group_id=settings.group_id,
+            client_id=f"{name}-lag",
+            extra=settings.kafka_security(),
+        ),
         store=store,
         dead_letters=dead_letters,
         metrics=metrics,

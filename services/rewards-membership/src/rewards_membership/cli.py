@@ -1,4 +1,4 @@
-"""`rewards-membership`: migrate, consume, dlq list|replay, agent show, inbox prune.
+"""`rewards-membership`: migrate, consume, dlq list|replay|resolve, agent show, inbox prune.
 
 Settings are read and validated before anything else: a bad value prints one line naming the
 variable and exits 2; bad arguments are argparse's exit 2 too. Every other failure maps to
@@ -16,7 +16,7 @@ import logging
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -50,8 +50,16 @@ from rewards_membership.dlq import (
 from rewards_membership.errors import RewardsMembershipError
 from rewards_membership.reference import decode_reference
 from rewards_membership.replay import Replayer, ReplayResult, ReplayState
+from rewards_membership.resolve import Resolver, ResolveResult, ResolveState
 from rewards_membership.settings import ENV_PREFIX, SERVICE_NAME, Settings
-from rewards_membership.store import connect, fetch_agent_rows, fetch_replays, prune_inbox
+from rewards_membership.store import (
+    Resolution,
+    connect,
+    fetch_agent_rows,
+    fetch_replays,
+    fetch_resolutions,
+    prune_inbox,
+)
 
 __all__ = ["main"]
 
@@ -74,6 +82,21 @@ def _duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _reason(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a reason must say something")
+    return text
+
+
+def _which_records(command: argparse.ArgumentParser) -> None:
+    which = command.add_mutually_exclusive_group(required=True)
+    which.add_argument("--all", action="store_true", help="every record of the DLQ")
+    which.add_argument("--offset", type=int, help="the record at this DLQ offset")
+    command.add_argument(
+        "--partition", type=int, help="DLQ partition of --offset (needed when ambiguous)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser, commands = _CLI.parser("PIN rewards: AgentMembershipChanged consumer and its tooling.")
     commands.add_parser("migrate", help="apply the rewards schema migrations")
@@ -84,16 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_list = dlq_commands.add_parser("list", help="table of dead-lettered records")
     dlq_list.add_argument("--limit", type=int, default=1000, help="most rows shown")
     dlq_replay = dlq_commands.add_parser("replay", help="republish records to the source topic")
-    which = dlq_replay.add_mutually_exclusive_group(required=True)
-    which.add_argument("--all", action="store_true", help="every record of the DLQ")
-    which.add_argument("--offset", type=int, help="the record at this DLQ offset")
-    dlq_replay.add_argument(
-        "--partition", type=int, help="DLQ partition of --offset (needed when ambiguous)"
-    )
+    _which_records(dlq_replay)
     dlq_replay.add_argument(
         "--force",
         action="store_true",
-        help="replay records that fail validation again (they come back to the DLQ)",
+        help="replay records that fail validation again (they come back to the DLQ) "
+        "or that were resolved",
+    )
+    dlq_resolve = dlq_commands.add_parser(
+        "resolve", help="close records without a replay (they stop counting as unreplayed)"
+    )
+    _which_records(dlq_resolve)
+    dlq_resolve.add_argument(
+        "--reason", type=_reason, required=True, help="why (kept with each record: the audit trail)"
     )
 
     agent = commands.add_parser("agent", help="the projection of one agent")
@@ -128,15 +154,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if args.command == "dlq":
         kafka_or_exit(settings, ENV_PREFIX, command=f"dlq {args.dlq_command}")
-        if args.dlq_command == "list":
-            return _dlq_list(settings, args.limit)
-        return _dlq_replay(
-            settings,
-            replay_all=args.all,
-            offset=args.offset,
-            partition=args.partition,
-            force=args.force,
-        )
+        return _DLQ_COMMANDS[args.dlq_command](settings, args)
     if args.command == "agent":
         return _agent_show(settings, args.agent_user_id)
     return _inbox_prune(settings, args.older_than)
@@ -165,7 +183,7 @@ def _text(value: bytes | None) -> str:
 
 
 _PAGE = 200
-_COLUMNS = ("at", "replay", "code", "key", "original", "value", "reason")
+_COLUMNS = ("at", "state", "code", "key", "original", "value", "reason")
 
 
 def _dlq_list(settings: Settings, limit: int) -> int:
@@ -179,14 +197,14 @@ def _dlq_list(settings: Settings, limit: int) -> int:
                 read_dead_letters(reader, settings.dlq_topic, timeout=10.0), limit
             )
             while page := list(itertools.islice(records, _PAGE)):
-                replays = fetch_replays(
-                    conn, settings.dlq_topic, [(r.partition, r.offset) for r in page]
-                )
+                positions = [(r.partition, r.offset) for r in page]
+                replays = fetch_replays(conn, settings.dlq_topic, positions)
+                resolutions = fetch_resolutions(conn, settings.dlq_topic, positions)
                 rows = []
-                for record in page:
-                    at = replays.get((record.partition, record.offset))
-                    pending += at is None
-                    rows.append(_row(record, at, settings.topic))
+                for record, position in zip(page, positions, strict=True):
+                    state = _state(replays.get(position), resolutions.get(position))
+                    pending += state == "pending"
+                    rows.append(_row(record, state, settings.topic))
                 # A table where it fits the terminal, else a block per record.
                 console.print(
                     Listing(_COLUMNS, rows, show_header=shown == 0, box=None, pad_edge=False)
@@ -195,13 +213,23 @@ def _dlq_list(settings: Settings, limit: int) -> int:
     finally:
         reader.close()
     console.print(
-        f"{settings.dlq_topic}: {shown} record(s), {pending} not replayed"
+        f"{settings.dlq_topic}: {shown} record(s), {pending} not replayed nor resolved"
         + (f" (first {limit} shown)" if shown == limit else "")
     )
     return 0
 
 
-def _row(record: DeadLetterRecord, replayed_at: datetime | None, source: str) -> list[str]:
+def _state(replayed_at: datetime | None, resolution: Resolution | None) -> str:
+    """A record's state in `dlq list`: replayed, resolved (with why) or pending."""
+    if replayed_at is not None:
+        return f"replayed {replayed_at.isoformat(timespec='seconds')}"
+    if resolution is not None:
+        when = resolution.at.isoformat(timespec="seconds")
+        return f"resolved {when}: {resolution.reason}"
+    return "pending"
+
+
+def _row(record: DeadLetterRecord, state: str, source: str) -> list[str]:
     info = record.info
     replaced = record.replaced
     if replaced is not None:
@@ -220,7 +248,7 @@ def _row(record: DeadLetterRecord, replayed_at: datetime | None, source: str) ->
         original = place if info.original_topic == source else f"{info.original_topic}[{place}]"
     return [
         f"{record.partition}@{record.offset}",
-        f"replayed {replayed_at.isoformat(timespec='seconds')}" if replayed_at else "pending",
+        state,
         info.error_code if info else "?",
         _text(record.key),
         original,
@@ -229,27 +257,26 @@ def _row(record: DeadLetterRecord, replayed_at: datetime | None, source: str) ->
     ]
 
 
-def _dlq_replay(
-    settings: Settings,
-    *,
-    replay_all: bool,
-    offset: int | None,
-    partition: int | None,
-    force: bool,
-) -> int:
+def _selected(
+    reader: Consumer, settings: Settings, args: argparse.Namespace
+) -> Iterable[DeadLetterRecord] | int:
+    """`--all` as a stream, or the one record of `--offset` (`--partition`); else the exit
+    code after one line saying why not."""
+    if args.all:
+        return read_dead_letters(reader, settings.dlq_topic, timeout=10.0)
+    found = _one_record(reader, settings, args.offset, args.partition)  # argparse: required
+    return found if isinstance(found, int) else [found]
+
+
+def _dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
+    replay_all, force = args.all, args.force
     reader = _tool_consumer(settings, "replay")
     source = _tool_consumer(settings, "source")
     producer = create_replay_producer(settings, client_id=f"{SERVICE_NAME}-dlq-replay")
     try:
-        if replay_all:
-            records: Iterable[DeadLetterRecord] = read_dead_letters(
-                reader, settings.dlq_topic, timeout=10.0
-            )
-        else:
-            found = _one_record(reader, settings, offset or 0, partition)  # argparse: required
-            if isinstance(found, int):
-                return found
-            records = [found]
+        records = _selected(reader, settings, args)
+        if isinstance(records, int):
+            return records
         with _connect(settings) as conn:
             replayer = Replayer(
                 producer=producer,
@@ -262,7 +289,7 @@ def _dlq_replay(
             counts: Counter[ReplayState] = Counter()
             for result in replayer.replay(records, force=force):
                 counts[result.state] += 1
-                _say(result, single=not replay_all)
+                _say(result)
     finally:
         producer.flush(settings.delivery_timeout.total_seconds())
         reader.close()
@@ -272,14 +299,51 @@ def _dlq_replay(
         "dlq replayed",
         records=counts[ReplayState.REPLAYED],
         alreadyReplayed=counts[ReplayState.ALREADY],
+        resolved=counts[ReplayState.RESOLVED],
         refused=counts[ReplayState.REFUSED],
         gone=counts[ReplayState.GONE],
         failed=counts[ReplayState.FAILED],
         topic=settings.topic,
     )
-    if not replay_all and counts[ReplayState.REFUSED]:
+    if not replay_all and (counts[ReplayState.REFUSED] or counts[ReplayState.RESOLVED]):
         return 1
     return 1 if counts[ReplayState.GONE] or counts[ReplayState.FAILED] else 0
+
+
+def _dlq_resolve(settings: Settings, args: argparse.Namespace) -> int:
+    reader = _tool_consumer(settings, "resolve")
+    source = _tool_consumer(settings, "source")
+    try:
+        records = _selected(reader, settings, args)
+        if isinstance(records, int):
+            return records
+        with _connect(settings) as conn:
+            resolver = Resolver(conn=conn, source=source, dlq_topic=settings.dlq_topic)
+            counts: Counter[ResolveState] = Counter()
+            for result in resolver.resolve(records, reason=args.reason):
+                counts[result.state] += 1
+                _say(result)
+    finally:
+        reader.close()
+        source.close()
+    # The audit line: who closed dead letters without a replay, and why.
+    log_event(
+        _log,
+        "dlq resolved",
+        records=counts[ResolveState.RESOLVED],
+        alreadyResolved=counts[ResolveState.ALREADY],
+        alreadyReplayed=counts[ResolveState.REPLAYED],
+        reason=args.reason,
+        topic=settings.dlq_topic,
+    )
+    return 0
+
+
+_DLQ_COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+    "list": lambda settings, args: _dlq_list(settings, args.limit),
+    "replay": _dlq_replay,
+    "resolve": _dlq_resolve,
+}
 
 
 def _one_record(
@@ -306,15 +370,16 @@ def _one_record(
     return record
 
 
-def _say(result: ReplayResult, *, single: bool) -> None:
-    """One line per record: stdout when it went (or had gone) out, stderr when it did not."""
+def _say(result: ReplayResult | ResolveResult) -> None:
+    """One line per record: stdout when it is settled (now or before), stderr when not."""
     record = result.record
     line = f"{record.partition}@{record.offset}: {result.state.value}"
     line += f": {result.detail}\n" if result.detail else "\n"
-    if result.state in (ReplayState.REPLAYED, ReplayState.ALREADY):
-        sys.stdout.write(line)
-    else:
-        sys.stderr.write(line)
+    settled = isinstance(result, ResolveResult) or result.state in (
+        ReplayState.REPLAYED,
+        ReplayState.ALREADY,
+    )
+    (sys.stdout if settled else sys.stderr).write(line)
 
 
 _AGENT_COLUMNS = (

@@ -82,6 +82,7 @@ class MembershipConsumer:
         *,
         options: ConsumerOptions,
         consumer: Consumer,
+        offsets_reader: Consumer,
         store: MembershipStore,
         dead_letters: DeadLetterer,
         metrics: Metrics,
@@ -101,7 +102,7 @@ class MembershipConsumer:
         self._clock = clock
         self._lane = DatabaseLane(BatchApplier(store, self._tracer))
         self._lag = LagReporter(
-            consumer,
+            offsets_reader,
             topic=options.topic,
             metrics=metrics,
             interval=options.lag_interval,
@@ -169,6 +170,7 @@ class MembershipConsumer:
             try:
                 self._consumer.close()
             finally:
+                self._lag.close()
                 self._lane.close()
         log_event(_log, "consumer closed", topic=self._options.topic)
 

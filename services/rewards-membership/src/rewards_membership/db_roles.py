@@ -29,14 +29,17 @@ CONSUMER: Final = RuntimeRole(
 
 OPERATOR: Final = RuntimeRole(
     name="rewards_membership_operator",
-    purpose="rewards-membership tooling: dlq list/replay, agent show, inbox prune",
+    purpose="rewards-membership tooling: dlq list/replay/resolve, agent show, inbox prune",
     grants=(
         # agent show.
         TableGrant("agent_performance", ("SELECT",)),
-        # dlq replay clears the dead-letter marks it replays; inbox prune deletes old marks.
-        TableGrant("inbox", ("SELECT", "DELETE")),
+        # dlq replay clears the dead-letter marks it replays, dlq resolve closes them;
+        # inbox prune deletes old marks.
+        TableGrant("inbox", ("SELECT", "UPDATE", "DELETE")),
         # dlq list shows the replay state; dlq replay records each replay once.
         TableGrant("dlq_replays", ("SELECT", "INSERT")),
+        # dlq list shows the resolutions; dlq resolve records each once (the audit trail).
+        TableGrant("dlq_resolutions", ("SELECT", "INSERT")),
     ),
 )
 

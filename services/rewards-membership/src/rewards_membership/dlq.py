@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
+import msgspec
 from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_LOG_APPEND_TIME,
@@ -26,15 +28,18 @@ from pin_contracts import (
     original_headers,
 )
 from rewards_membership.records import headers_of, offset_of, partition_of, topic_of
+from rewards_membership.reference import decode_reference, sha256_hex
 from rewards_membership.validation import InvalidEvent
 
 __all__ = [
     "DeadLetterRecord",
+    "OriginalUnavailable",
     "dead_letter_at",
     "dead_letter_info",
     "partitions_holding",
     "read_at",
     "read_dead_letters",
+    "read_original",
 ]
 
 
@@ -127,6 +132,43 @@ def dead_letter_at(
 ) -> DeadLetterRecord | None:
     message = read_at(consumer, topic, partition, offset, timeout=timeout)
     return _record(message) if message is not None else None
+
+
+class OriginalUnavailable(NamedTuple):
+    """Why the original of a reference record cannot be had (``gone``: retention took it)."""
+
+    gone: bool
+    detail: str
+
+
+def read_original(
+    source: Consumer, record: DeadLetterRecord, *, timeout: float
+) -> Message | OriginalUnavailable:
+    """The original record a reference record stands for, read back from the source topic
+    and checked against the reference's sha256."""
+    try:
+        reference = decode_reference(record.value)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return OriginalUnavailable(gone=False, detail=f"unreadable reference: {exc}")
+    place = (
+        f"{reference.original_topic}[{reference.original_partition}]@{reference.original_offset}"
+    )
+    original = read_at(
+        source,
+        reference.original_topic,
+        reference.original_partition,
+        reference.original_offset,
+        timeout=timeout,
+    )
+    if original is None:
+        return OriginalUnavailable(
+            gone=True, detail=f"the original {place} is no longer retained by the source topic"
+        )
+    if sha256_hex(original.value()) != reference.sha256:
+        return OriginalUnavailable(
+            gone=False, detail=f"the record at {place} is not the original (sha256)"
+        )
+    return original
 
 
 def partitions_holding(consumer: Consumer, topic: str, offset: int, *, timeout: float) -> list[int]:

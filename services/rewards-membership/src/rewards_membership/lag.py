@@ -3,7 +3,15 @@
 Offset lag per partition is the high watermark minus the group's COMMITTED offset, both
 asked from the broker (a paused partition is not fetched, so cached watermarks would freeze):
 a partition paused or stuck shows its lag growing. Beside it: how long each partition has
-been paused, and how many dead letters wait for a replay.
+been paused, and how many dead letters wait for an operator.
+
+The broker is asked through a consumer of its own that never joins the group (it only reads
+the group's committed offsets and the watermarks). Asked through the polling consumer, each
+request queued on the broker connection behind that consumer's long-poll fetch (a broker
+answers one request of a connection at a time), so one refresh held the poll loop for a
+fetch wait per partition: 0.6 s for 3 partitions, every interval. (An admin client would
+answer without blocking, but its offset listings leak memory when called periodically and
+its destruction from a callback can abort the process: confluent-kafka 2.x.)
 """
 
 from __future__ import annotations
@@ -39,14 +47,15 @@ def offset_lag(*, low: int, high: int, committed: int) -> int | None:
 class LagReporter:
     def __init__(
         self,
-        consumer: Consumer,
+        reader: Consumer,
         *,
         topic: str,
         metrics: Metrics,
         interval: float,
         clock: Callable[[], float],
     ) -> None:
-        self._consumer = consumer
+        self._consumer = reader
+        """Not the polling consumer: see the module's docstring."""
         self._topic = topic
         self._metrics = metrics
         self._interval = interval
@@ -104,6 +113,9 @@ class LagReporter:
             lag = offset_lag(low=low, high=high, committed=tp.offset)
             if lag is not None:
                 self._metrics.consumer_lag.labels(str(tp.partition)).set(lag)
+
+    def close(self) -> None:
+        self._consumer.close()
 
     def forget(self, partitions: Iterable[int]) -> None:
         for p in partitions:

@@ -104,7 +104,7 @@ class Metrics:
         )
         self.dlq_unreplayed = Gauge(
             "rewards_identity_membership_dlq_unreplayed",
-            "Dead letters not yet replayed (dead-lettered inbox marks), alert when > 0",
+            "Dead letters neither replayed nor resolved (open dead-letter marks), alert when > 0",
             registry=r,
         )
         self.dlq_replaced = Counter(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -18,6 +19,15 @@ from pin_runtime.logging import log_event
 from rewards_membership.ledger import OffsetLedger
 from rewards_membership.metrics import Metrics
 from rewards_membership.pauser import PartitionPauser
+
+# Commit errors of a group between generations: the commit may be retried once it settled.
+_REBALANCING: Final = frozenset(
+    {
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.UNKNOWN_MEMBER_ID,
+    }
+)
 
 __all__ = ["PartitionControl"]
 
@@ -128,7 +138,16 @@ class PartitionControl:
             self._consumer.commit(offsets=tps, asynchronous=False)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
-            if not (isinstance(error, KafkaError) and error.code() == KafkaError._NO_OFFSET):
+            code = error.code() if isinstance(error, KafkaError) else None
+            if code in _REBALANCING:
+                # The group is rebalancing: the records are applied (the inbox has them), so
+                # the offsets stay in the ledger and go with the next commit (the next batch,
+                # or the revocation). Failing the batch instead would read it again for
+                # nothing. Should the partition move first, its next owner skips them as
+                # duplicates.
+                log_event(_log, "offset commit deferred", reason=str(exc), offsets=offsets)
+                return
+            if code != KafkaError._NO_OFFSET:
                 if raise_errors:
                     raise
                 log_event(_log, "offset commit failed", logging.WARNING, reason=str(exc))

@@ -1,6 +1,7 @@
 """`dlq replay`: republish dead letters to their source topic, each DLQ record once.
 
-Per page of DLQ records: skip those `rewards.dlq_replays` says were replayed; read the
+Per page of DLQ records: skip those `rewards.dlq_replays` says were replayed, and those
+`dlq resolve` closed (`rewards.dlq_resolutions`) unless forced; read the
 original back from the source topic for a reference record (and check its sha256); refuse a
 record whose bytes fail validation again (unless forced); delete the records' dead-letter
 inbox marks (so the consumer processes the copies instead of skipping them as duplicates);
@@ -17,20 +18,19 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-import msgspec
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from psycopg.rows import TupleRow
 
 from pin_contracts import Headers
 from pin_runtime.delivery import DeliveryTracker
-from rewards_membership.dlq import DeadLetterRecord, read_at
+from rewards_membership.dlq import DeadLetterRecord, OriginalUnavailable, read_original
 from rewards_membership.records import headers_of, offset_of, partition_of
-from rewards_membership.reference import decode_reference, sha256_hex
 from rewards_membership.store import (
     Position,
     clear_dead_letter_marks,
     fetch_replays,
+    fetch_resolutions,
     record_replays,
 )
 from rewards_membership.validation import InvalidEvent, position_key, validate
@@ -44,6 +44,8 @@ _REPORT_MARGIN: Final = 5.0
 class ReplayState(StrEnum):
     REPLAYED = "replayed"
     ALREADY = "already-replayed"
+    RESOLVED = "resolved"
+    """Closed by `dlq resolve`: skipped unless forced."""
     REFUSED = "refused"
     GONE = "gone"
     FAILED = "failed"
@@ -94,12 +96,23 @@ class Replayer:
     def _replay_page(
         self, page: Sequence[DeadLetterRecord], *, force: bool
     ) -> Iterator[ReplayResult]:
-        done = fetch_replays(self._conn, self._dlq_topic, [(r.partition, r.offset) for r in page])
+        positions = [(r.partition, r.offset) for r in page]
+        done = fetch_replays(self._conn, self._dlq_topic, positions)
+        resolved = fetch_resolutions(self._conn, self._dlq_topic, positions)
         copies: list[_Copy] = []
         for record in page:
             at = done.get((record.partition, record.offset))
             if at is not None:
                 yield ReplayResult(record, ReplayState.ALREADY, f"at {at.isoformat()}")
+                continue
+            resolution = resolved.get((record.partition, record.offset))
+            if resolution is not None and not force:
+                yield ReplayResult(
+                    record,
+                    ReplayState.RESOLVED,
+                    f"at {resolution.at.isoformat()} ({resolution.reason}); "
+                    "--force replays it anyway",
+                )
                 continue
             prepared = self._prepare(record, force=force)
             if isinstance(prepared, ReplayResult):
@@ -133,32 +146,10 @@ class Replayer:
         return _Copy(record, topic, value, headers, key)
 
     def _original(self, record: DeadLetterRecord) -> Message | ReplayResult:
-        """The original record a reference stands for, read back from the source topic."""
-        try:
-            reference = decode_reference(record.value)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return ReplayResult(record, ReplayState.REFUSED, f"unreadable reference: {exc}")
-        place = (
-            f"{reference.original_topic}[{reference.original_partition}]"
-            f"@{reference.original_offset}"
-        )
-        original = read_at(
-            self._source,
-            reference.original_topic,
-            reference.original_partition,
-            reference.original_offset,
-            timeout=self._read_timeout,
-        )
-        if original is None:
-            return ReplayResult(
-                record,
-                ReplayState.GONE,
-                f"the original {place} is no longer retained by the source topic",
-            )
-        if sha256_hex(original.value()) != reference.sha256:
-            return ReplayResult(
-                record, ReplayState.REFUSED, f"the record at {place} is not the original (sha256)"
-            )
+        original = read_original(self._source, record, timeout=self._read_timeout)
+        if isinstance(original, OriginalUnavailable):
+            state = ReplayState.GONE if original.gone else ReplayState.REFUSED
+            return ReplayResult(record, state, original.detail)
         return original
 
     def _send(self, copies: Sequence[_Copy], *, force: bool) -> Iterator[ReplayResult]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Final
+from typing import Final, NamedTuple
 from uuid import UUID
 
 import psycopg
@@ -41,12 +41,16 @@ from rewards_membership.plan import BatchPlan, RowKey
 __all__ = [
     "AgentRow",
     "MembershipStore",
+    "Resolution",
     "clear_dead_letter_marks",
     "connect",
     "fetch_agent_rows",
     "fetch_replays",
+    "fetch_resolutions",
     "prune_inbox",
     "record_replays",
+    "record_resolutions",
+    "resolve_dead_letter_marks",
 ]
 
 _log = logging.getLogger(__name__)
@@ -235,6 +239,59 @@ def record_replays(
             "target_offsets": [r[3][1] for r in replays],
         },
     )
+
+
+class Resolution(NamedTuple):
+    at: datetime
+    reason: str
+
+
+def fetch_resolutions(
+    conn: psycopg.Connection[TupleRow], dlq_topic: str, positions: Sequence[Position]
+) -> dict[Position, Resolution]:
+    """(DLQ partition, offset) -> when and why it was resolved, for those of `positions`."""
+    if not positions:
+        return {}
+    cursor = conn.execute(
+        _dead_letters.select_resolutions,
+        {
+            "topic": dlq_topic,
+            "partitions": [p for p, _ in positions],
+            "offsets": [o for _, o in positions],
+        },
+    )
+    return {(partition, offset): Resolution(at, reason) for partition, offset, at, reason in cursor}
+
+
+def resolve_dead_letter_marks(conn: psycopg.Connection[TupleRow], keys: Sequence[str]) -> set[str]:
+    """Close the open dead-letter marks among ``keys``; the keys closed."""
+    if not keys:
+        return set()
+    cursor = conn.execute(_inbox.resolve_dead_letter_marks, {"keys": list(keys)})
+    return {row[0] for row in cursor}
+
+
+def record_resolutions(
+    conn: psycopg.Connection[TupleRow],
+    dlq_topic: str,
+    resolutions: Sequence[tuple[Position, str | None]],
+    *,
+    reason: str,
+) -> set[Position]:
+    """Rows of `((dlq partition, offset), inbox key closed)`; the positions recorded now."""
+    if not resolutions:
+        return set()
+    cursor = conn.execute(
+        _dead_letters.insert_resolutions,
+        {
+            "topic": dlq_topic,
+            "reason": reason,
+            "partitions": [r[0][0] for r in resolutions],
+            "offsets": [r[0][1] for r in resolutions],
+            "keys": [r[1] for r in resolutions],
+        },
+    )
+    return {(partition, offset) for partition, offset in cursor}
 
 
 def fetch_agent_rows(conn: psycopg.Connection[TupleRow], agent_user_id: UUID) -> list[AgentRow]:

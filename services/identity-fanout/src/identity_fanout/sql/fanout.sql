@@ -37,3 +37,94 @@ SELECT count(*) FROM (
 -- name: count_users --
 SELECT count(DISTINCT user_id) FROM identity.role_assignments
 WHERE role_id = %(role_id)s AND status = 'Active'
+
+-- name: write_page --
+-- One batch of the worker, built inside PostgreSQL: the next page of the role's users
+-- ({page}: page_users, composed in by page_writer.py), each user's UserAccessChanged
+-- envelope (as snapshot_rows + snapshot.py + pin_contracts.encode build it in Python), its
+-- headers, MessageId, key and lane slot, INSERTed into the outbox in page order. Returns the page's size and its last user (the
+-- checkpoint's cursor). The JSON is written compact, in pin_contracts' field order, so the
+-- value is the bytes msgspec would write; tests/test_page_writer_integration.py proves it
+-- decodes to the Python builder's event for the same rows.
+-- Per-batch constants come as parameters, already JSON-encoded by Python (page_writer.py):
+-- the event type, contract version, aggregate type, change reason, OccurredAt, CorrelationId,
+-- the header names and the batch's trace-context headers.
+-- Timestamps are formatted in UTC whatever the session's TimeZone ("Z", microseconds only
+-- when not zero, as msgspec writes them). An ExpiresAt of 'infinity' (never expires) goes
+-- out as null: RFC 3339 has no infinity.
+-- Composed with psycopg.sql: the braces of the JSON text are doubled ({{ and }}).
+WITH page AS MATERIALIZED (
+{page}
+), snapshots AS (
+    SELECT p.user_id, gen_random_uuid() AS message_id,
+           coalesce(s.company_id, %(role_company_id)s::uuid) AS company_id,
+           coalesce(s.assignments, '') AS assignments
+    FROM page AS p
+    LEFT JOIN LATERAL (
+        -- CompanyId rule of snapshot._company: the user's first assignment (by id) of the
+        -- changed role that carries a tenant; else the role's own tenant (above).
+        SELECT (array_agg(a.company_id ORDER BY a.id)
+                    FILTER (WHERE a.role_id = %(role_id)s AND a.company_id IS NOT NULL))[1]
+                   AS company_id,
+               string_agg(
+                   '{{"AssignmentId":"' || a.id::text
+                   || '","RoleId":"' || a.role_id::text
+                   || '","RoleCode":' || to_json(r.code)::text
+                   || ',"ScopeType":' || to_json(a.scope_type)::text
+                   || ',"ScopeOrganizationId":'
+                   || coalesce('"' || a.scope_organization_id::text || '"', 'null')
+                   || ',"ScopeProjectGroupId":'
+                   || coalesce('"' || a.scope_project_group_id::text || '"', 'null')
+                   || ',"ScopeProjectId":'
+                   || coalesce('"' || a.scope_project_id::text || '"', 'null')
+                   || ',"ExpiresAt":'
+                   || CASE WHEN isfinite(a.expires_at) THEN
+                          '"' || to_char(a.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
+                          || CASE WHEN date_trunc('second', a.expires_at) = a.expires_at THEN ''
+                                  ELSE to_char(a.expires_at AT TIME ZONE 'UTC', '.US') END
+                          || 'Z"'
+                      ELSE 'null' END
+                   || '}}',
+                   ',' ORDER BY a.id) AS assignments
+        FROM identity.role_assignments AS a
+        JOIN identity.role_definitions AS r ON r.id = a.role_id
+        WHERE a.user_id = p.user_id
+          AND a.status = 'Active'
+          AND (a.expires_at IS NULL OR a.expires_at > now())
+    ) AS s ON true
+), written AS (
+    INSERT INTO identity.outbox
+        (topic, message_key, payload, headers, message_id, event_type, key_slot)
+    SELECT %(topic)s,
+           e.user_id::text,
+           convert_to(
+               '{{"MessageId":"' || e.message_id::text
+               || '","EventType":' || %(event_type_json)s
+               || ',"ContractVersion":' || %(contract_version)s::int
+               || ',"OccurredAt":' || %(occurred_at_json)s
+               || ',"AggregateType":' || %(aggregate_type_json)s
+               || ',"AggregateId":"' || e.user_id::text
+               || '","Version":' || %(version)s::bigint
+               || ',"CorrelationId":' || %(correlation_id_json)s
+               || ',"Payload":{{"UserId":"' || e.user_id::text
+               || '","CompanyId":' || coalesce('"' || e.company_id::text || '"', 'null')
+               || ',"ChangeReason":' || %(change_reason_json)s
+               || ',"ActiveAssignments":[' || e.assignments
+               || '],"Version":' || %(version)s::bigint
+               || '}}}}',
+               'UTF8'),
+           jsonb_build_array(
+               jsonb_build_array(%(event_type_header)s::text, %(event_type)s::text),
+               jsonb_build_array(%(contract_version_header)s::text, %(contract_version)s::text),
+               jsonb_build_array(%(message_id_header)s::text, e.message_id::text)
+           ) || %(trace_headers)s::jsonb,
+           e.message_id,
+           %(event_type)s,
+           -- identity_fanout.lanes.key_slot: the first byte of sha256(key), modulo SLOTS.
+           (get_byte(sha256(convert_to(e.user_id::text, 'UTF8')), 0) %% %(slots)s)::smallint
+    FROM snapshots AS e
+    ORDER BY e.user_id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM written) AS users,
+       (SELECT user_id FROM page ORDER BY user_id DESC LIMIT 1) AS last_user

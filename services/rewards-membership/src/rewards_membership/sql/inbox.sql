@@ -25,9 +25,11 @@ ON CONFLICT (idempotency_key) DO NOTHING
 SELECT count(*) FROM rewards.inbox WHERE outcome = 'dead-lettered'
 
 -- name: clear_dead_letter_marks --
--- Before a replay, so the consumer processes the copy again instead of skipping it.
+-- Before a replay, so the consumer processes the copy again instead of skipping it (a
+-- resolved mark too: only a forced replay gets here with one).
 DELETE FROM rewards.inbox
-WHERE idempotency_key = ANY(%(keys)b::text[]) AND outcome = 'dead-lettered'
+WHERE idempotency_key = ANY(%(keys)b::text[])
+  AND outcome IN ('dead-lettered', 'dead-letter-resolved')
 
 -- name: prune_inbox --
 -- One chunk of marks older than the cut-off (chunks keep transactions short). Dead-letter
@@ -37,3 +39,10 @@ WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM rewards.inbox
     WHERE processed_at < %(before)s AND outcome <> 'dead-lettered'
     LIMIT %(limit)s))
+
+-- name: resolve_dead_letter_marks --
+-- `dlq resolve`: the open marks among a record's candidate keys become resolved ones (a
+-- redelivery stays a skipped duplicate; the unreplayed gauge no longer counts them).
+UPDATE rewards.inbox SET outcome = 'dead-letter-resolved'
+WHERE idempotency_key = ANY(%(keys)b::text[]) AND outcome = 'dead-lettered'
+RETURNING idempotency_key

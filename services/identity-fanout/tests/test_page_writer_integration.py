@@ -1,0 +1,328 @@
+"""The worker's batch built in SQL (`page_writer.write_page`) puts on the wire exactly what
+the Python builder does (`snapshot.build_events` + `pin_contracts.encode` + `headers_for`)
+for the same rows, on a real PostgreSQL, over generated role data."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+# jsonschema ships no type stubs, and the workspace's dev group (not ours) pins tools.
+import jsonschema  # type: ignore[import-untyped]
+import msgspec
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg.rows import TupleRow, dict_row
+
+from identity_fanout.fanout import page_users, snapshot_events
+from identity_fanout.lanes import key_slot
+from identity_fanout.outbox import outbox_message
+from identity_fanout.page_writer import WRITE_PAGE, PageOf, page_parameters, write_page
+from pin_contracts import (
+    USER_ACCESS_CHANGED,
+    Envelope,
+    ScopeType,
+    UserAccessChangedKafkaEvent,
+    decode_access_changed,
+    encode,
+    envelope_for,
+)
+from pin_contracts.schemas import schema_file_name
+from pin_testkit.seeding import Assignment, add_assignments, add_role, seed_role_with_users
+
+pytestmark = pytest.mark.integration
+
+Conn = psycopg.Connection[TupleRow]
+
+SCHEMA: Final = jsonschema.Draft202012Validator(
+    json.loads(
+        (
+            Path(__file__).resolve().parents[3]
+            / "contracts"
+            / "schemas"
+            / schema_file_name(UserAccessChangedKafkaEvent)
+        ).read_text()
+    ),
+    format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER,
+)
+"""The committed JSON Schema of the record value (contracts/schemas)."""
+
+TRACE: Final = {
+    "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "tracestate": "pin=1",
+}
+
+# Role codes PostgreSQL stores (no NUL) and JSON must escape (quotes, controls, non-ASCII).
+codes = st.text(
+    st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), min_size=1, max_size=20
+)
+maybe_ids = st.one_of(st.none(), st.uuids())
+# ExpiresAt around now: lapsed, in the future, with and without microseconds.
+offsets = st.one_of(
+    st.none(),
+    st.timedeltas(min_value=timedelta(days=-30), max_value=timedelta(days=3650)),
+    st.integers(min_value=-3600, max_value=10**8).map(lambda s: timedelta(seconds=s)),
+)
+
+
+@st.composite
+def role_data(draw: st.DrawFn) -> dict[str, Any]:
+    role_codes = draw(st.lists(codes, min_size=2, max_size=4, unique=True))
+    users = sorted(draw(st.lists(st.uuids(), min_size=1, max_size=6, unique=True)))
+    assignments = []
+    for user in users:
+        for _ in range(draw(st.integers(min_value=0, max_value=4))):
+            assignments.append(
+                {
+                    "user": user,
+                    "role": draw(st.integers(min_value=0, max_value=len(role_codes) - 1)),
+                    "company_id": draw(maybe_ids),
+                    "status": draw(st.sampled_from(["Active", "Active", "Revoked", "Expired"])),
+                    "scope_type": draw(st.sampled_from([s.value for s in ScopeType])),
+                    "scope_organization_id": draw(maybe_ids),
+                    "scope_project_group_id": draw(maybe_ids),
+                    "scope_project_id": draw(maybe_ids),
+                    "expires_in": draw(offsets),
+                }
+            )
+    # The changed role always has an Active holder, so the page is never empty.
+    holder = {
+        "user": users[0],
+        "role": 0,
+        "company_id": draw(maybe_ids),
+        "status": "Active",
+        "scope_type": "Company",
+        "scope_organization_id": None,
+        "scope_project_group_id": None,
+        "scope_project_id": None,
+        "expires_in": None,
+    }
+    assignments.append(holder)
+    return {
+        "codes": role_codes,
+        "role_company_id": draw(maybe_ids),
+        "role_companies": [draw(maybe_ids) for _ in role_codes],
+        "version": draw(st.integers(min_value=1, max_value=2**63 - 1)),
+        "correlation_id": draw(st.one_of(st.none(), codes)),
+        "limit": draw(st.integers(min_value=1, max_value=8)),
+        "assignments": assignments,
+        "trace": draw(st.sampled_from([{}, {"traceparent": TRACE["traceparent"]}, TRACE])),
+    }
+
+
+def seed(db: Conn, data: dict[str, Any], now: datetime) -> list[uuid.UUID]:
+    roles = [
+        add_role(db, code, company_id=company)
+        for code, company in zip(data["codes"], data["role_companies"], strict=True)
+    ]
+    add_assignments(
+        db,
+        [
+            Assignment(
+                role_id=roles[a["role"]],
+                user_id=a["user"],
+                company_id=a["company_id"],
+                status=a["status"],
+                scope_type=a["scope_type"],
+                scope_organization_id=a["scope_organization_id"],
+                scope_project_group_id=a["scope_project_group_id"],
+                scope_project_id=a["scope_project_id"],
+                expires_at=None if a["expires_in"] is None else now + a["expires_in"],
+            )
+            for a in data["assignments"]
+        ],
+    )
+    return roles
+
+
+def outbox_rows(db: Conn) -> list[dict[str, Any]]:
+    with db.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "SELECT topic, message_key, payload, headers, message_id, event_type, key_slot,"
+            " identity.outbox_key_slot(message_key) AS migration_slot"
+            " FROM identity.outbox ORDER BY id"
+        ).fetchall()
+
+
+def python_envelope(
+    event: UserAccessChangedKafkaEvent, written: Envelope[UserAccessChangedKafkaEvent]
+) -> Envelope[UserAccessChangedKafkaEvent]:
+    """The Python builder's envelope with the SQL row's MessageId and OccurredAt (the two
+    values each builder draws itself)."""
+    built = envelope_for(event, correlation_id=written.correlation_id)
+    return msgspec.structs.replace(
+        built, message_id=written.message_id, occurred_at=written.occurred_at
+    )
+
+
+def compare_page(db: Conn, data: dict[str, Any], role: uuid.UUID, *, utc: bool) -> None:
+    """write_page's rows against the Python builder's records for the same page."""
+    occurred_at = datetime.now(UTC)
+    page = PageOf(
+        role_id=role,
+        role_company_id=data["role_company_id"],
+        version=data["version"],
+        after=None,
+        upper=None,
+        limit=data["limit"],
+    )
+    params = page_parameters(
+        page,
+        correlation_id=data["correlation_id"],
+        trace_context=data["trace"],
+        occurred_at=occurred_at,
+    )
+    users, last_user = db.execute(WRITE_PAGE, params).fetchone() or (0, None)
+    expected_users = page_users(db, role, None, data["limit"])
+    events = snapshot_events(
+        db,
+        expected_users,
+        role_id=role,
+        role_company_id=data["role_company_id"],
+        version=data["version"],
+    )
+    rows = outbox_rows(db)
+    assert users == len(expected_users) == len(rows) >= 1
+    assert last_user == expected_users[-1]
+    for row, event in zip(rows, events, strict=True):
+        value = bytes(row["payload"])
+        written = decode_access_changed(value)  # the contract's strict decode
+        SCHEMA.validate(json.loads(value))  # and the committed JSON Schema
+        # Field by field: the payload Struct (UserId, CompanyId, ChangeReason, every
+        # snapshot's fields in order, Version) and the envelope.
+        assert written.payload == event
+        assert written.payload.active_assignments == event.active_assignments
+        assert written.payload.company_id == event.company_id
+        expected = python_envelope(event, written)
+        assert written.event_type == expected.event_type
+        assert written.contract_version == expected.contract_version
+        assert written.aggregate_type == expected.aggregate_type
+        assert written.aggregate_id == expected.aggregate_id
+        assert written.version == expected.version == data["version"]
+        assert written.correlation_id == data["correlation_id"]
+        assert written.occurred_at == occurred_at
+        # Byte for byte what pin_contracts.encode writes: re-encoding the decoded envelope
+        # gives the same bytes (compact, the contract's field order, timestamps in UTC
+        # with "Z"), and, where the session's TimeZone is UTC (the Python builder writes
+        # timestamps in the session's offset), the Python builder's own envelope too.
+        assert value == encode(written)
+        if utc:
+            assert value == encode(expected)
+        record = outbox_message(expected, USER_ACCESS_CHANGED, trace_context=data["trace"])
+        assert row["topic"] == record.topic
+        assert row["message_key"] == record.key
+        assert row["message_id"] == record.message_id == written.message_id
+        assert row["event_type"] == record.event_type
+        assert [tuple(pair) for pair in row["headers"]] == list(record.headers)
+        assert row["key_slot"] == key_slot(record.key) == row["migration_slot"]
+
+
+@pytest.mark.parametrize("timezone", ["UTC", "America/St_Johns"])
+def test_sql_built_records_are_the_python_builders(db: Conn, timezone: str) -> None:
+    # The session's TimeZone must not matter: the statement writes UTC ("Z") itself.
+    db.execute("SELECT set_config('TimeZone', %s, false)", (timezone,))
+    db.commit()
+
+    @settings(
+        max_examples=60,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(data=role_data())
+    def example(data: dict[str, Any]) -> None:
+        with db.transaction(force_rollback=True):
+            now = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+            roles = seed(db, data, now)
+            compare_page(db, data, roles[0], utc=timezone == "UTC")
+
+    example()
+
+
+def test_no_expired_revoked_or_lapsed_assignment_is_ever_sent(db: Conn) -> None:
+    role = add_role(db, "viewer", company_id=uuid.uuid4())
+    user = uuid.uuid4()
+    now = datetime.now(UTC)
+    kept = Assignment(role_id=role, user_id=user, expires_at=now + timedelta(days=1))
+    add_assignments(
+        db,
+        [
+            kept,
+            Assignment(role_id=role, user_id=user, status="Expired"),
+            Assignment(role_id=role, user_id=user, status="Revoked"),
+            Assignment(role_id=role, user_id=user, expires_at=now - timedelta(seconds=1)),
+            Assignment(role_id=role, user_id=user, expires_at=datetime.max.replace(tzinfo=UTC)),
+        ],
+    )
+    page = PageOf(role, None, 3, None, None, 10)
+    assert write_page(db, page, correlation_id="run", trace_context={}).users == 1
+    [row] = outbox_rows(db)
+    written = decode_access_changed(bytes(row["payload"]))
+    snapshots = written.payload.active_assignments
+    assert kept.id in [a.assignment_id for a in snapshots]
+    assert len(snapshots) == 2  # kept and the far-future one, nothing else
+    assert all(a.expires_at is not None and a.expires_at > now for a in snapshots)
+
+
+def test_infinite_expiry_goes_out_as_no_expiry(db: Conn) -> None:
+    role = add_role(db, "viewer")
+    user = uuid.uuid4()
+    assignment = Assignment(role_id=role, user_id=user)
+    add_assignments(db, [assignment])
+    db.execute(
+        "UPDATE identity.role_assignments SET expires_at = 'infinity' WHERE id = %s",
+        (assignment.id,),
+    )
+    write_page(db, PageOf(role, None, 1, None, None, 10), correlation_id=None, trace_context={})
+    [row] = outbox_rows(db)
+    [snapshot] = decode_access_changed(bytes(row["payload"])).payload.active_assignments
+    assert snapshot.assignment_id == assignment.id
+    assert snapshot.expires_at is None
+
+
+def test_a_user_left_without_assignments_gets_an_empty_snapshot(db: Conn) -> None:
+    company = uuid.uuid4()
+    role = add_role(db, "viewer", company_id=company)
+    user = uuid.uuid4()
+    add_assignments(
+        db, [Assignment(role_id=role, user_id=user, expires_at=datetime.now(UTC) - timedelta(1))]
+    )
+    written = write_page(
+        db, PageOf(role, company, 2, None, None, 10), correlation_id=None, trace_context={}
+    )
+    assert written == (1, user)
+    [row] = outbox_rows(db)
+    payload = decode_access_changed(bytes(row["payload"])).payload
+    assert (payload.user_id, payload.company_id, payload.active_assignments) == (user, company, ())
+
+
+def test_slots_of_many_keys_agree_with_python(db: Conn) -> None:
+    """Every row's lane slot, computed by the statement, is `lanes.key_slot` of its key."""
+    role, users = seed_role_with_users(db, users=3000, other_roles=0)
+    written = write_page(
+        db, PageOf(role, None, 1, None, None, 5000), correlation_id=None, trace_context={}
+    )
+    assert written == (3000, users[-1])
+    rows = db.execute("SELECT message_key, key_slot FROM identity.outbox").fetchall()
+    assert len(rows) == 3000
+    assert [slot for _, slot in rows] == [key_slot(key) for key, _ in rows]
+    assert len({slot for _, slot in rows}) == 64  # every slot reached: the modulus is the same
+
+
+def test_pages_walk_a_range_in_order(db: Conn) -> None:
+    role, users = seed_role_with_users(db, users=25, other_roles=1)
+    after, seen = None, []
+    while True:
+        page = PageOf(role, None, 1, after, users[19], 7)
+        written = write_page(db, page, correlation_id=None, trace_context={})
+        if written.users == 0:
+            break
+        after = written.last_user
+        seen.append(written.users)
+    assert seen == [7, 7, 6]  # up to the range's upper bound (inclusive), not beyond
+    keys = [row[0] for row in db.execute("SELECT message_key FROM identity.outbox ORDER BY id")]
+    assert keys == [str(u) for u in users[:20]]

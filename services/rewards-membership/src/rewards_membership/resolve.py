@@ -1,0 +1,148 @@
+"""`dlq resolve`: close dead letters without a replay, each DLQ record once, with a reason.
+
+A dead letter that must never go back to the consumer (it can never be valid, or the fact
+it carried was put right some other way) still counts in the unreplayed gauge and keeps
+`RewardsMembershipDeadLetters` firing until an operator closes it. Per page of DLQ records:
+skip those replayed or resolved already; find the inbox mark the consumer wrote for the
+record (its MessageId key, or its position key when the MessageId could not be read; for a
+reference record the original is read back from the source topic while it is retained, and
+the original headers' MessageId stands in when it is not); in one transaction turn the open
+marks into resolved ones and write the audit rows (who, when, why) to
+`rewards.dlq_resolutions`. A redelivery of a resolved record stays a skipped duplicate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+import psycopg
+from confluent_kafka import Consumer
+from psycopg.rows import TupleRow
+
+from pin_contracts import MESSAGE_ID_HEADER, header_text
+from rewards_membership.dlq import DeadLetterRecord, OriginalUnavailable, read_original
+from rewards_membership.store import (
+    Position,
+    fetch_replays,
+    fetch_resolutions,
+    record_resolutions,
+    resolve_dead_letter_marks,
+)
+from rewards_membership.validation import idempotency_key, position_key, validate
+
+__all__ = ["ResolveResult", "ResolveState", "Resolver", "candidate_keys"]
+
+_PAGE: Final = 200
+
+
+class ResolveState(StrEnum):
+    RESOLVED = "resolved"
+    ALREADY = "already-resolved"
+    REPLAYED = "already-replayed"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolveResult:
+    record: DeadLetterRecord
+    state: ResolveState
+    detail: str = ""
+
+
+def candidate_keys(record: DeadLetterRecord, original: bytes | None) -> list[str]:
+    """The inbox keys the consumer may have marked ``record`` under. Pure.
+
+    ``original`` is the dead letter's own value, or for a reference record the original read
+    back (None when it is gone). Several candidates are safe: a position key is only ever
+    used for the record at that place, and a MessageId key only for that message.
+    """
+    keys: list[str] = []
+    key = validate(original).key if original is not None else None
+    if key is not None:
+        keys.append(key)
+    message_id = header_text(record.original_headers, MESSAGE_ID_HEADER)
+    if message_id is not None:
+        with contextlib.suppress(ValueError):  # a malformed header names no message
+            keys.append(idempotency_key(uuid.UUID(message_id)))
+    info = record.info
+    if info is not None:
+        keys.append(
+            position_key(info.original_topic, info.original_partition, info.original_offset)
+        )
+    return list(dict.fromkeys(keys))
+
+
+class Resolver:
+    def __init__(
+        self,
+        *,
+        conn: psycopg.Connection[TupleRow],
+        source: Consumer,
+        dlq_topic: str,
+        read_timeout: float = 10.0,
+    ) -> None:
+        self._conn = conn
+        self._source = source
+        self._dlq_topic = dlq_topic
+        self._read_timeout = read_timeout
+
+    def resolve(
+        self, records: Iterable[DeadLetterRecord], *, reason: str
+    ) -> Iterator[ResolveResult]:
+        """One result per record, page by page (the records may be a stream)."""
+        iterator = iter(records)
+        while page := list(itertools.islice(iterator, _PAGE)):
+            yield from self._resolve_page(page, reason=reason)
+
+    def _resolve_page(
+        self, page: Sequence[DeadLetterRecord], *, reason: str
+    ) -> Iterator[ResolveResult]:
+        positions = [(r.partition, r.offset) for r in page]
+        replayed = fetch_replays(self._conn, self._dlq_topic, positions)
+        resolved = fetch_resolutions(self._conn, self._dlq_topic, positions)
+        todo: list[tuple[DeadLetterRecord, list[str]]] = []
+        for record in page:
+            position = (record.partition, record.offset)
+            if position in replayed:
+                at = replayed[position].isoformat()
+                yield ResolveResult(record, ResolveState.REPLAYED, f"at {at}")
+            elif position in resolved:
+                earlier = resolved[position]
+                yield ResolveResult(
+                    record, ResolveState.ALREADY, f"at {earlier.at.isoformat()} ({earlier.reason})"
+                )
+            else:
+                todo.append((record, candidate_keys(record, self._value(record))))
+        if todo:
+            yield from self._close(todo, reason=reason)
+
+    def _value(self, record: DeadLetterRecord) -> bytes | None:
+        if record.replaced is None:
+            return record.value
+        original = read_original(self._source, record, timeout=self._read_timeout)
+        return None if isinstance(original, OriginalUnavailable) else original.value()
+
+    def _close(
+        self, todo: Sequence[tuple[DeadLetterRecord, list[str]]], *, reason: str
+    ) -> Iterator[ResolveResult]:
+        with self._conn.transaction():
+            closed = resolve_dead_letter_marks(self._conn, [k for _, keys in todo for k in keys])
+            rows: list[tuple[Position, str | None]] = [
+                ((record.partition, record.offset), next((k for k in keys if k in closed), None))
+                for record, keys in todo
+            ]
+            recorded = record_resolutions(self._conn, self._dlq_topic, rows, reason=reason)
+        for (record, _), (position, key) in zip(todo, rows, strict=True):
+            if position not in recorded:  # another operator's resolve won the race
+                yield ResolveResult(record, ResolveState.ALREADY, "resolved meanwhile")
+            elif key is None:
+                yield ResolveResult(
+                    record, ResolveState.RESOLVED, "no open dead-letter mark (closed already)"
+                )
+            else:
+                yield ResolveResult(record, ResolveState.RESOLVED, "its dead-letter mark closed")
