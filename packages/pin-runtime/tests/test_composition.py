@@ -153,35 +153,34 @@ class _CliSettings(msgspec.Struct, frozen=True):
     log_level: str = "INFO"
 
 
-@pytest.mark.parametrize(("command", "long_lived"), [("show", False), ("serve", True)])
-def test_a_cli_command_logs_json_to_stderr_unless_it_is_long_running(
-    command: str,
-    long_lived: bool,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+def test_a_cli_command_logs_json_to_stdout_and_keeps_stderr_for_failures(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("PIN_CLI_TEST_LOG_LEVLE", "a typo")
     logger = logging.getLogger("pin_cli_test")
     parser = argparse.ArgumentParser(prog="pin-cli-test")
-    parser.add_argument("command", choices=["show", "serve"])
+    parser.add_argument("command", choices=["show", "fail"])
 
     def run(args: argparse.Namespace, settings: _CliSettings) -> int:
         logger.info("audit line")
         print(f"{args.command}: {settings.log_level}")  # noqa: T201 - what the command prints
+        if args.command == "fail":
+            raise DomainError("nothing to show")
         return 3
 
-    cli = Cli("pin-cli-test", _CliSettings, "PIN_CLI_TEST_", long_running=frozenset({"serve"}))
-    assert cli.main(parser, run, [command]) == 3
+    cli = Cli("pin-cli-test", _CliSettings, "PIN_CLI_TEST_", errors=(DomainError,))
+    assert cli.main(parser, run, ["show"]) == 3
     out, err = capsys.readouterr()
-    logs, printed = (out, err) if long_lived else (err, out)
-    events = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [(e["event"], e.get("variable")) for e in events] == [
         ("unknown setting ignored", "PIN_CLI_TEST_LOG_LEVLE"),
         ("audit line", None),
     ]
     assert {e["service"] for e in events} == {"pin-cli-test"}
-    assert f"{command}: INFO" in out
-    assert "{" not in printed
+    assert "show: INFO" in out
+    assert err == ""
+    assert cli.main(parser, run, ["fail"]) == 1
+    assert capsys.readouterr().err == "error: nothing to show\n"
 
 
 def test_a_cli_with_a_bad_setting_exits_2_before_the_command_runs(

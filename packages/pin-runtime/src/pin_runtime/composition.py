@@ -8,9 +8,8 @@
   through `settings.redact`. Kafka credentials the brokers refuse are exit 2 through
   `kafka_security.kafka_or_exit`, which each command that talks to Kafka calls first.
 - `Cli` is each service's command line: one `main` (arguments, settings, logging the same
-  way for every command: JSON lines on stderr for an operator command, whose stdout is its
-  result, on stdout for a long-running one; a warning for each unknown `<PREFIX>*`
-  variable; then `run_command`).
+  way for every command: JSON lines on stdout, stderr kept for what went wrong; a warning
+  for each unknown `<PREFIX>*` variable; then `run_command`).
 - `long_running` is what a long-lived command (a worker, a relay, a consumer) runs inside:
   JSON logging, tracing, SIGTERM/SIGINT as a stop event, and the ops HTTP server
   (`/metrics`, `/healthz`, `/readyz`) once the service calls `Runtime.serve` with its
@@ -109,16 +108,15 @@ class Cli(Generic[S]):
     command, warns about unknown `<PREFIX>*` variables and runs the command under
     `run_command`.
 
-    An operator command logs JSON lines to stderr (an audit line, a warning) and keeps
-    stdout for what it prints (tables, lines scripts parse); a long-running command logs to
-    stdout, its only output (`long_running` keeps it there).
+    Every command logs JSON lines to stdout (a long-running one as its whole output, an
+    operator command its audit lines and warnings next to what it prints); stderr carries
+    only what went wrong: the one `error: ...` line of a failure, a record that could not be
+    handled.
     """
 
     service: str
     settings_type: type[S]
     env_prefix: str
-    long_running: frozenset[str] = frozenset()
-    """The commands (`args.command`) that run until stopped."""
     errors: tuple[type[Exception], ...] = ()
     """The service's own errors: exit 1 with `error: <message>`."""
 
@@ -142,9 +140,8 @@ class Cli(Generic[S]):
     ) -> int:
         args = parser.parse_args(argv)
         settings = settings_or_exit(self.settings_type, self.env_prefix)
-        stream = sys.stdout if args.command in self.long_running else sys.stderr
         # Every service's settings carry log_level (the chart's LOG_LEVEL).
-        configure_logging(getattr(settings, "log_level", "INFO"), self.service, stream=stream)
+        configure_logging(getattr(settings, "log_level", "INFO"), self.service)
         for variable in unknown_variables(self.settings_type, self.env_prefix):
             log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
         return run_command(lambda: run(args, settings), errors=self.errors)

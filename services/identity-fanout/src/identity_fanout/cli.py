@@ -47,7 +47,6 @@ _CLI: Final = Cli(
     SERVICE_NAME,
     Settings,
     ENV_PREFIX,
-    long_running=frozenset({"worker", "relay"}),
     errors=(IdentityFanoutError,),
 )
 

@@ -70,7 +70,6 @@ _CLI: Final = Cli(
     SERVICE_NAME,
     Settings,
     ENV_PREFIX,
-    long_running=frozenset({"consume"}),
     errors=(RewardsMembershipError,),
 )
 
