@@ -1,12 +1,13 @@
 """Building one msgspec Struct from another value that carries the same fields.
 
-A row type and the event built from it (a membership row and its AgentMembershipChanged, a
-batch result and the step the walk logs) share most of their field names: `built_from`
+A row type and the event built from it (a membership row and its AgentMembershipChanged, an
+assignment row and its snapshot, a batch result and the step the walk logs) share most of
+their field names: `built_from`
 copies the shared ones, so each mapping names only the fields that differ, and a field
 added to both types is carried over without an edit.
 
-It costs a few microseconds (keyword arguments built at run time): for a mapping done once
-per row of a large read, spell the constructor out instead (identity's snapshot builder).
+It costs about 2 microseconds a call (keyword arguments built at run time; a spelled-out
+constructor 0.3): for a mapping done once per row of a large read, spell it out.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from pin_contracts import (
     ActiveRoleAssignmentSnapshot,
     UserAccessChangedKafkaEvent,
 )
+from pin_runtime.structs import built_from
 
 
 class AssignmentRow(NamedTuple):
@@ -31,18 +32,7 @@ class AssignmentRow(NamedTuple):
 
 
 def _snapshot(row: AssignmentRow) -> ActiveRoleAssignmentSnapshot:
-    # Spelled out: one per assignment of every user of a fan-out, where built_from's
-    # keyword arguments would cost seven times as much (2.3 vs 0.3 microseconds).
-    return ActiveRoleAssignmentSnapshot(
-        assignment_id=row.assignment_id,
-        role_id=row.role_id,
-        role_code=row.role_code,
-        scope_type=row.scope_type,
-        scope_organization_id=row.scope_organization_id,
-        scope_project_group_id=row.scope_project_group_id,
-        scope_project_id=row.scope_project_id,
-        expires_at=row.expires_at,
-    )
+    return built_from(ActiveRoleAssignmentSnapshot, row)
 
 
 def _company(
