@@ -21,6 +21,8 @@ from pin_testkit.local.toxiproxy import Stream
 __all__ = ["Heal", "inject"]
 
 Heal = Callable[[], None]
+_LOCK_WAIT = "2s"
+"""How long a lock fault waits for its rows before giving up this time."""
 
 
 def _nothing() -> None:
@@ -100,7 +102,8 @@ def _hold_hot_rows(system: ChaosSystem) -> Heal:
         for conn in held:
             with contextlib.suppress(psycopg.Error):
                 conn.rollback()
-                conn.close()
+            with contextlib.suppress(psycopg.Error):
+                conn.close()  # closes even when the rollback failed (its locks go with it)
 
     if system.postgres_down:
         return _nothing  # nothing to lock while the server restarts
@@ -110,10 +113,14 @@ def _hold_hot_rows(system: ChaosSystem) -> Heal:
             (system.base.identity_dsn, "SELECT 1 FROM identity.access_fanout_shards FOR UPDATE"),
             (system.base.rewards_dsn, "SELECT 1 FROM rewards.agent_performance FOR UPDATE"),
         ):
-            conn = psycopg.connect(dsn, connect_timeout=5)
+            # Never wait for the rows: the schedule is played on one thread, so a lock fault
+            # waiting for an earlier one's rows would keep that one from ever being healed.
+            conn = psycopg.connect(dsn, connect_timeout=5, options=f"-c lock_timeout={_LOCK_WAIT}")
             held.append(conn)
             conn.execute(statement)
     except psycopg.OperationalError:
-        release()  # the server is recovering from a restart: no lock this time
+        # The server is recovering from a restart, or the rows are locked already (an
+        # overlapping lock fault, a batch of the services): no lock this time.
+        release()
         return _nothing
     return release
