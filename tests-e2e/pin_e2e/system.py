@@ -190,8 +190,9 @@ class System:
         login = PRODUCER if args[:1] == ("memberships",) else IDENTITY_OPERATOR
         return run_cli(IDENTITY_FANOUT, args, process_environment(self.identity_env(login)))
 
-    def rewards_cli(self, *args: str) -> CommandResult:
-        env = process_environment(self.rewards_env(REWARDS_OPERATOR))
+    def rewards_cli(self, *args: str, **settings: str) -> CommandResult:
+        """The rewards tooling as the operator; ``settings`` override the system's."""
+        env = process_environment(self.rewards_env(REWARDS_OPERATOR, **settings))
         return run_cli(REWARDS_MEMBERSHIP, args, env)
 
     def stop_all(self) -> None:

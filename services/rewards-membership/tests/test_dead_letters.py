@@ -241,6 +241,16 @@ def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: 
     assert main(["dlq", "list"]) == 0
     assert "2 record(s), 1 not replayed" in capsys.readouterr().out
 
+    # Resolving closes the reference record's mark (keyed by the original's MessageId, read
+    # back from the source topic): nothing is left for the unreplayed gauge.
+    assert main(["dlq", "resolve", "--all", "--reason", "a test record"]) == 0
+    states = sorted(line.split(": ")[1] for line in said(capsys.readouterr().out))
+    assert states == ["already-replayed", "resolved"]
+    kit.wait(
+        lambda: consumer.value("rewards_identity_membership_dlq_unreplayed") == 0,
+        what="no dead letter left open",
+    )
+
 
 def test_replay_says_clearly_when_the_original_is_gone(
     *,

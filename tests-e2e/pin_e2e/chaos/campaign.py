@@ -223,14 +223,31 @@ def _settle_poison(system: ChaosSystem, player: _Player, prometheus: PrometheusS
     alerts must resolve."""
     system.base.identity_cli("outbox", "quarantine", "discard", "--all", "--reason", "chaos")
     player.note("quarantined rows discarded by the operator")
-    system.base.rewards_cli("dlq", "resolve", "--all", "--reason", "chaos poison records")
-    player.note("dead letters resolved by the operator")
-    wait_until(
-        lambda: not (prometheus.firing() & POISON_ALERTS),
-        timeout=CONVERGE_TIMEOUT,
-        what=f"{', '.join(sorted(POISON_ALERTS))} resolved after the discard and resolve",
-        interval=1.0,
+    # The campaign's own broker holds the DLQ (the base system's settings name another).
+    resolved = system.base.rewards_cli(
+        "dlq",
+        "resolve",
+        "--all",
+        "--reason",
+        "chaos poison records",
+        KAFKA_BOOTSTRAP=system.bootstrap,
     )
+    player.note(f"{resolved.stdout.count(': resolved:')} dead letters resolved by the operator")
+    try:
+        wait_until(
+            lambda: not (prometheus.firing() & POISON_ALERTS),
+            timeout=CONVERGE_TIMEOUT,
+            what=f"{', '.join(sorted(POISON_ALERTS))} resolved after the discard and resolve",
+            interval=1.0,
+        )
+    except AssertionError as exc:  # say what the alerts still see, per process
+        seen = [
+            f"{r['metric'].get('instance')}={r['value'][1]}"
+            for r in prometheus.query(
+                "rewards_identity_membership_dlq_unreplayed or identity_outbox_quarantine_rows"
+            )
+        ]
+        raise AssertionError(f"{str(exc).splitlines()[0]}; gauges: {', '.join(seen)}") from exc
 
 
 def _run(
