@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
@@ -53,8 +54,9 @@ class ToolProcess:
             process.wait(timeout=10)
 
 
-class ToolServer:
-    """A server of the tools cache on a port of its own, used as a context manager."""
+class ToolServer(ABC):
+    """A server of the tools cache on a port of its own, used as a context manager; each
+    server says how it starts (its command line, its readiness probe) and stops."""
 
     port = 0
 
@@ -68,8 +70,8 @@ class ToolServer:
     def __exit__(self, *_exc: object) -> None:
         self.stop()
 
-    def start(self) -> Self:
-        raise NotImplementedError
+    @abstractmethod
+    def start(self) -> Self: ...
 
-    def stop(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def stop(self) -> None: ...
