@@ -7,6 +7,7 @@ from enum import StrEnum
 __all__ = [
     "ContractError",
     "ContractViolation",
+    "FieldError",
     "InvalidEventError",
     "UnknownEnumValueError",
 ]
@@ -16,24 +17,23 @@ class ContractError(Exception):
     """Root of every error pin-contracts raises, so callers can catch the package at once."""
 
 
+class FieldError(ContractError):
+    """An error about one field of an event: `path` names it, `reason` says what is wrong."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
 # The name is the specs' word for the condition (it routes a record to the DLQ), so it
 # deliberately lacks the "Error" suffix.
-class ContractViolation(ContractError):  # noqa: N818
+class ContractViolation(FieldError):  # noqa: N818
     """Bytes read from the wire do not satisfy the contract (non-retriable: DLQ them)."""
 
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path = path
-        self.reason = reason
 
-
-class InvalidEventError(ContractError):
+class InvalidEventError(FieldError):
     """A producer built an event the contract forbids; nothing was encoded."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path = path
-        self.reason = reason
 
 
 class UnknownEnumValueError(InvalidEventError):

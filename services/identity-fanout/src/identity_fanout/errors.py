@@ -5,6 +5,7 @@ The membership producer's refusals live with it (`identity_fanout.membership.err
 
 from __future__ import annotations
 
+from typing import ClassVar
 from uuid import UUID
 
 
@@ -12,16 +13,23 @@ class IdentityFanoutError(Exception):
     """Root of the service's own errors."""
 
 
-class RoleNotFoundError(IdentityFanoutError):
+class RoleRefusedError(IdentityFanoutError):
+    """A change of the role `role_id` refused before anything was written; each subclass
+    says why in its `reason` (formatted with the role id)."""
+
+    reason: ClassVar[str]
+
     def __init__(self, role_id: UUID) -> None:
-        super().__init__(f"role {role_id} does not exist")
+        super().__init__(self.reason.format(role_id=role_id))
         self.role_id = role_id
 
 
-class RoleArchivedError(IdentityFanoutError):
-    def __init__(self, role_id: UUID) -> None:
-        super().__init__(f"role {role_id} is archived; its permissions cannot change")
-        self.role_id = role_id
+class RoleNotFoundError(RoleRefusedError):
+    reason = "role {role_id} does not exist"
+
+
+class RoleArchivedError(RoleRefusedError):
+    reason = "role {role_id} is archived; its permissions cannot change"
 
 
 class UnknownPermissionError(IdentityFanoutError):

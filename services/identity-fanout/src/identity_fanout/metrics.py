@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+
+from pin_runtime.metrics import MetricDeclarations
 
 # Task durations span milliseconds (an empty role) to minutes (a 50k-user role).
 _DURATION_MS_BUCKETS = (
@@ -31,78 +33,65 @@ class FanoutMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.task_duration_ms = Histogram(
+        m = MetricDeclarations(registry)
+        self.task_duration_ms = m.histogram(
             "identity_access_fanout_task_duration_ms",
             "Time of one task run, from claim to completion (ms); a sharded task: from its "
             "first claim to the completion of its last shard.",
-            buckets=_DURATION_MS_BUCKETS,
-            registry=registry,
+            _DURATION_MS_BUCKETS,
         )
-        self.users = Counter(
+        self.users = m.counter(
             "identity_access_fanout_users",
             "Users fanned out: one UserAccessChanged event each, committed to the outbox.",
-            registry=registry,
         )
-        self.queue_backlog = Gauge(
+        self.queue_backlog = m.gauge(
             "identity_access_fanout_queue_backlog",
             "Tasks waiting for a worker: Pending, or InProgress with an expired lease.",
-            registry=registry,
         )
-        self.errors = Counter(
+        self.errors = m.counter(
             "identity_access_fanout_errors",
             "Failures of the worker: failed batches, failed polls, lost leases, poison tasks.",
-            ["kind"],
-            registry=registry,
+            "kind",
         )
-        self.task_lag_seconds = Histogram(
+        self.task_lag_seconds = m.histogram(
             "identity_access_fanout_task_lag_seconds",
             "Time from enqueue (CreatedAt) to completion of a task (s); the SLO's measure.",
-            buckets=_LAG_SECONDS_BUCKETS,
-            registry=registry,
+            _LAG_SECONDS_BUCKETS,
         )
-        self.size = Histogram(
+        self.size = m.histogram(
             "identity_access_fanout_size",
             "Users per completed task (compare with set-role-permissions).",
-            buckets=_SIZE_BUCKETS,
-            registry=registry,
+            _SIZE_BUCKETS,
         )
-        self.tasks = Counter(
+        self.tasks = m.counter(
             "identity_access_fanout_tasks",
             "Task runs ended, by outcome: completed, failed (poison), lease_lost, released.",
-            ["outcome"],
-            registry=registry,
+            "outcome",
         )
-        self.shards = Counter(
+        self.shards = m.counter(
             "identity_access_fanout_shards",
             "Shard runs of large tasks ended, by outcome: completed, failed (poison), "
             "lease_lost, released. The whole task counts once in identity_access_fanout_tasks.",
-            ["outcome"],
-            registry=registry,
+            "outcome",
         )
-        self.batches = Counter(
+        self.batches = m.counter(
             "identity_access_fanout_batches",
             "Batches committed (events + checkpoint in one transaction).",
-            registry=registry,
         )
-        self.failed_tasks = Gauge(
+        self.failed_tasks = m.gauge(
             "identity_access_fanout_failed_tasks",
             "Tasks in status Failed (poison) now; each needs the replay runbook.",
-            registry=registry,
         )
-        self.leased_tasks = Gauge(
-            "identity_access_fanout_leased_tasks",
-            "Tasks InProgress under a live lease now.",
-            registry=registry,
+        self.leased_tasks = m.gauge(
+            "identity_access_fanout_leased_tasks", "Tasks InProgress under a live lease now."
         )
-        self.oldest_task_age_seconds = Gauge(
+        self.oldest_task_age_seconds = m.gauge(
             "identity_access_fanout_oldest_task_age_seconds",
             "Age of the oldest Pending or InProgress task (s).",
-            registry=registry,
         )
-        self.last_success = Gauge(
+        self.last_success = m.gauge(
             "identity_access_fanout_last_success_timestamp_seconds",
             "Unix time of the last poll cycle that ended without error.",
-            registry=registry,
         )
         for kind in ("batch", "poll", "lease_lost", "poison"):
             self.errors.labels(kind=kind)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
+
+from pin_runtime.metrics import MetricDeclarations
 
 __all__ = ["RelayMetrics"]
 
@@ -13,52 +15,44 @@ class RelayMetrics:
     """The relay's metrics on the given registry (never the process-global default)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.backlog = Gauge(
+        m = MetricDeclarations(registry)
+        self.backlog = m.gauge(
             "identity_outbox_backlog",
             "Outbox rows waiting to be published (exact up to 10000, then the id span).",
-            registry=registry,
         )
-        self.oldest_age_seconds = Gauge(
+        self.oldest_age_seconds = m.gauge(
             "identity_outbox_oldest_age_seconds",
             "Age of the next row to publish (lowest id); 0 when the outbox is empty.",
-            registry=registry,
         )
-        self.published = Counter(
-            "identity_outbox_published_total",
-            "Outbox rows acknowledged by the broker and deleted.",
-            registry=registry,
+        self.published = m.counter(
+            "identity_outbox_published_total", "Outbox rows acknowledged by the broker and deleted."
         )
-        self.delivery_failures = Counter(
+        self.delivery_failures = m.counter(
             "identity_outbox_delivery_failures_total",
             "Records of a round the broker did not acknowledge; their rows are retried.",
-            registry=registry,
         )
-        self.relay_active = Gauge(
+        self.relay_active = m.gauge(
             "identity_outbox_relay_active",
             "1 while this instance holds at least one outbox lane and publishes, 0 otherwise.",
-            registry=registry,
         )
-        self.lanes_held = Gauge(
+        self.lanes_held = m.gauge(
             "identity_outbox_lanes_held",
             "Outbox lanes this instance holds (publishes); summed over instances: the lane count.",
-            registry=registry,
         )
-        self.in_flight = Gauge(
+        self.in_flight = m.gauge(
             "identity_outbox_in_flight",
             "Records this instance produced and has not settled yet (its in-flight window).",
-            registry=registry,
         )
-        self.quarantined = Counter(
+        self.quarantined = m.counter(
             "identity_outbox_quarantined_total",
             "Outbox rows Kafka or the client refused for good, moved to the quarantine.",
-            ["topic", "reason"],
-            registry=registry,
+            "topic",
+            "reason",
         )
-        self.quarantine_rows = Gauge(
+        self.quarantine_rows = m.gauge(
             "identity_outbox_quarantine_rows",
             "Rows in identity.outbox_quarantine now, by topic (each needs an operator).",
-            ["topic"],
-            registry=registry,
+            "topic",
         )
         self._quarantine_topics: set[str] = set()
 

@@ -6,7 +6,9 @@ same prefix.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+
+from pin_runtime.metrics import MetricDeclarations
 
 __all__ = ["CONTRACT_VERSION_LABELS", "Metrics", "contract_version_label"]
 
@@ -28,94 +30,78 @@ _DURATION_BUCKETS_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.consume_duration_ms = Histogram(
+        m = MetricDeclarations(self.registry)
+        self.consume_duration_ms = m.histogram(
             "rewards_membership_consume_duration_ms",
             "Milliseconds from a batch's poll to its offset commit, observed once per message",
-            buckets=_DURATION_BUCKETS_MS,
-            registry=r,
+            _DURATION_BUCKETS_MS,
         )
-        self.applied = Counter(
+        self.applied = m.counter(
             "rewards_membership_applied_total",
             "Membership changes applied to their agent_performance row, by stored status",
-            ["status"],
-            registry=r,
+            "status",
         )
-        self.skipped_stale = Counter(
+        self.skipped_stale = m.counter(
             "rewards_membership_skipped_stale_total",
             "Events at or below the row's LastMembershipVersion (skipped-stale-membership)",
-            registry=r,
         )
-        self.skipped_duplicate = Counter(
+        self.skipped_duplicate = m.counter(
             "rewards_membership_skipped_duplicate_total",
             "Redeliveries of an already processed MessageId (skipped-duplicate)",
-            registry=r,
         )
-        self.unknown_status = Counter(
+        self.unknown_status = m.counter(
             "rewards_membership_unknown_status_total",
             "Events with a Status outside {Active, Left}, applied fail-closed as Left",
-            registry=r,
         )
-        self.unknown_reason = Counter(
+        self.unknown_reason = m.counter(
             "rewards_membership_unknown_reason_total",
             "Left events with an unknown Reason, applied as Left without a reason",
-            registry=r,
         )
-        self.lag_seconds = Gauge(
+        self.lag_seconds = m.gauge(
             "rewards_identity_membership_lag_seconds",
             "Seconds between the oldest event of the last batch (OccurredAt) and its processing",
-            registry=r,
         )
-        self.dlq = Counter(
+        self.dlq = m.counter(
             "rewards_identity_membership_dlq_total",
             "Records dead-lettered (alert when > 0)",
-            ["code"],
-            registry=r,
+            "code",
         )
-        self.contract_mismatch = Counter(
+        self.contract_mismatch = m.counter(
             "rewards_contract_mismatch_total",
             "Events whose ContractVersion differs from the one this consumer was built for",
-            ["contract_version"],
-            registry=r,
+            "contract_version",
         )
-        self.consumer_lag = Gauge(
+        self.consumer_lag = m.gauge(
             "rewards_identity_membership_consumer_lag",
             "Messages between the partition's high watermark and the group's committed offset,"
             " refreshed every lag interval whether or not batches succeed",
-            ["partition"],
-            registry=r,
+            "partition",
         )
-        self.retries = Counter(
+        self.retries = m.counter(
             "rewards_membership_retries_total",
             "Batches rolled back for an infrastructure failure (partitions paused, retried)",
-            ["dependency"],
-            registry=r,
+            "dependency",
         )
-        self.paused_partitions = Gauge(
+        self.paused_partitions = m.gauge(
             "rewards_membership_paused_partitions",
             "Partitions paused while a dependency is down or their dead letter cannot be written",
-            registry=r,
         )
-        self.partition_paused_seconds = Gauge(
+        self.partition_paused_seconds = m.gauge(
             "rewards_membership_partition_paused_seconds",
             "Seconds a partition has been paused (present only while it is paused)",
-            ["partition"],
-            registry=r,
+            "partition",
         )
-        self.dlq_unreplayed = Gauge(
+        self.dlq_unreplayed = m.gauge(
             "rewards_identity_membership_dlq_unreplayed",
             "Dead letters neither replayed nor resolved (open dead-letter marks), alert when > 0",
-            registry=r,
         )
-        self.dlq_replaced = Counter(
+        self.dlq_replaced = m.counter(
             "rewards_identity_membership_dlq_replaced_total",
             "Dead letters the DLQ refused as they were, written as reference records",
-            ["reason"],
-            registry=r,
+            "reason",
         )
-        self.batch_size = Histogram(
+        self.batch_size = m.histogram(
             "rewards_membership_batch_messages",
             "Messages per applied batch",
-            buckets=(1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000),
-            registry=r,
+            (1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000),
         )
