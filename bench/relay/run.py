@@ -23,6 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
+import msgspec
 import psycopg
 from confluent_kafka import KafkaError, Message, Producer
 from rich.console import Console
@@ -215,14 +216,7 @@ def main() -> None:
 
 def msg_for(message: OutboxMessage, topic: Topic) -> OutboxMessage:
     """The same record for another topic (each measurement writes to a fresh topic)."""
-    return OutboxMessage(
-        topic=topic.name,
-        key=message.key,
-        value=message.value,
-        headers=message.headers,
-        message_id=message.message_id,
-        event_type=message.event_type,
-    )
+    return msgspec.structs.replace(message, topic=topic.name)
 
 
 def report(rows: int, size: float, lanes: int, plain: list[float], relay: list[float]) -> None:

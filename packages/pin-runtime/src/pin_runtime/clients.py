@@ -1,7 +1,10 @@
-"""The client settings every service inherits: Kafka connection and database session limits.
+"""The settings every service inherits: Kafka connection and database session limits
+(`ClientSettings`), plus the process's own (`ServiceSettings`: metrics port, log level,
+runtime role prefix).
 
-A service's `Settings` subclasses `ClientSettings`, so `<PREFIX>KAFKA_BOOTSTRAP`,
-`<PREFIX>DB_STATEMENT_TIMEOUT` and friends mean the same thing in every service.
+A service's `Settings` subclasses `ServiceSettings`, so `<PREFIX>KAFKA_BOOTSTRAP`,
+`<PREFIX>DB_STATEMENT_TIMEOUT`, `<PREFIX>LOG_LEVEL` and friends mean the same thing in every
+service.
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ from typing import Annotated
 
 from msgspec import Meta
 
+from pin_runtime.db_roles import check_role_prefix
 from pin_runtime.kafka_settings import KafkaClientSettings
+from pin_runtime.logging import LogLevel
 from pin_runtime.postgres import SessionLimits
 
-__all__ = ["ClientSettings"]
+__all__ = ["ClientSettings", "Port", "ServiceSettings"]
 
 KeepaliveCount = Annotated[int, Meta(ge=1, le=100)]
+Port = Annotated[int, Meta(ge=0, le=65535)]
 
 
 class ClientSettings(KafkaClientSettings, frozen=True, kw_only=True):
@@ -52,3 +58,24 @@ class ClientSettings(KafkaClientSettings, frozen=True, kw_only=True):
             keepalives_interval=int(self.db_keepalives_interval.total_seconds()),
             keepalives_count=self.db_keepalives_count,
         )
+
+
+class ServiceSettings(ClientSettings, frozen=True, kw_only=True):
+    """The client settings plus what every service process has: its metrics listener, its
+    log level and the prefix of its runtime database roles. A service overrides
+    `metrics_port` with its own default."""
+
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
+    metrics_port: Port = 0
+    log_level: LogLevel = "INFO"
+    db_role_prefix: str = ""
+    """Read by `migrate` alone: the runtime roles it creates and grants to are named this
+    prefix + their name (README "Database roles"), e.g. `staging_` when one cluster holds
+    several installations (roles are cluster-wide)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            check_role_prefix(self.db_role_prefix)
+        except ValueError as exc:
+            raise ValueError(f"DB_ROLE_PREFIX: {exc}") from None

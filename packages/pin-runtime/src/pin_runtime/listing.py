@@ -13,6 +13,7 @@ keep their full text and wrap only when a single value is wider than the termina
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -20,7 +21,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["Fields", "Listing"]
+__all__ = ["Fields", "Listing", "timestamp_cell"]
 
 
 # Measurement.get clamps to the width it is given: measure as if the line were endless.
@@ -40,6 +41,11 @@ def _block(pairs: Iterable[tuple[str, str]]) -> Table:
     for name, value in pairs:
         grid.add_row(f"{name}:", value)
     return grid
+
+
+def timestamp_cell(value: datetime | None) -> str:
+    """A point in time as a listing shows it: ISO 8601 to the second, "-" when there is none."""
+    return value.isoformat(timespec="seconds") if value else "-"
 
 
 class Listing:

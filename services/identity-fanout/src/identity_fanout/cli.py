@@ -36,19 +36,14 @@ from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.composition import Cli, uuid_argument
-from pin_runtime.listing import Fields, Listing
+from pin_runtime.listing import Fields, Listing, timestamp_cell
 
 # Plain messages never wrap (scripts parse them); listings take the terminal's width (a
 # table where it fits, else a block per row: pin_runtime.listing).
 _console = Console(soft_wrap=True)
 
 
-_CLI: Final = Cli(
-    SERVICE_NAME,
-    Settings,
-    ENV_PREFIX,
-    errors=(IdentityFanoutError,),
-)
+_CLI: Final = Cli(SERVICE_NAME, Settings, ENV_PREFIX, errors=(IdentityFanoutError,))
 
 
 def _positive(text: str) -> int:
@@ -136,10 +131,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _when(value: datetime | None) -> str:
-    return value.isoformat(timespec="seconds") if value else "-"
-
-
 def _tasks_table(tasks: Sequence[FanOutTask]) -> Listing:
     columns = (
         "id",
@@ -162,8 +153,8 @@ def _tasks_table(tasks: Sequence[FanOutTask]) -> Listing:
             str(t.processed_count),
             str(t.shard_count or "-"),
             str(t.attempt_count),
-            _when(t.created_at),
-            _when(t.lease_expires_at),
+            timestamp_cell(t.created_at),
+            timestamp_cell(t.lease_expires_at),
             (t.last_error or "")[:80],
         )
         for t in tasks
@@ -179,7 +170,7 @@ def _task_detail(task: FanOutTask) -> Fields:
 
 
 def _shown(value: object) -> str:
-    return _when(value) if isinstance(value, datetime) else str(value)
+    return timestamp_cell(value) if isinstance(value, datetime) else str(value)
 
 
 def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:

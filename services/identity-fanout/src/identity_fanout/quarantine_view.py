@@ -6,13 +6,9 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 
 from identity_fanout.quarantine import DiscardedRow, QuarantinedRow, RequeuedRow
-from pin_runtime.listing import Fields, Listing
+from pin_runtime.listing import Fields, Listing, timestamp_cell
 
 __all__ = ["discarded_line", "quarantine_detail", "quarantine_table", "requeued_line"]
-
-
-def _when(value: datetime) -> str:
-    return value.isoformat(timespec="seconds")
 
 
 def quarantine_table(rows: Sequence[QuarantinedRow]) -> Listing:
@@ -42,8 +38,8 @@ def quarantine_table(rows: Sequence[QuarantinedRow]) -> Listing:
             r.error_code,
             r.error_reason,
             str(r.attempts),
-            _when(r.first_failed_at),
-            _when(r.last_failed_at),
+            timestamp_cell(r.first_failed_at),
+            timestamp_cell(r.last_failed_at),
             r.error_message[:120],
         )
         for r in rows
@@ -76,4 +72,4 @@ def _detail_pairs(row: QuarantinedRow) -> Iterator[tuple[str, str]]:
         if name == "headers":
             yield from ((f"header {header}", text or "") for header, text in value)
         else:
-            yield name, _when(value) if isinstance(value, datetime) else str(value)
+            yield name, timestamp_cell(value) if isinstance(value, datetime) else str(value)

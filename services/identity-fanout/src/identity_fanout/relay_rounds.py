@@ -9,6 +9,7 @@ round's outcome and the result kept as `last_round`.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -22,48 +23,40 @@ from pin_runtime.http import ComponentState
 __all__ = ["Rounds"]
 
 
+@dataclass(eq=False)
 class Rounds:
-    def __init__(
-        self,
-        session: LaneSession,
-        pump: Pump,
-        metrics: RelayMetrics,
-        state: ComponentState,
-        *,
-        look_interval: float,
-    ) -> None:
-        self._session = session
-        self._pump = pump
-        self._metrics = metrics
-        self._state = state
-        self._look_interval = look_interval
-        self._next_look = 0.0
-        self._gauges_due = False
-        self.last_round: RoundResult | None = None
+    session: LaneSession
+    pump: Pump
+    metrics: RelayMetrics
+    state: ComponentState
+    look_interval: float = field(kw_only=True)
+    _next_look: float = field(init=False, default=0.0)
+    _gauges_due: bool = field(init=False, default=False)
+    last_round: RoundResult | None = field(init=False, default=None)
 
     def start(self, *, force: bool) -> psycopg.Connection[TupleRow]:
         """The connection; every `look_interval` (or if forced) also the lanes and gauges."""
-        conn = self._session.connection()
+        conn = self.session.connection()
         now = time.monotonic()
         if force or now >= self._next_look:
-            self._next_look = now + self._look_interval
-            self._session.rebalance()
+            self._next_look = now + self.look_interval
+            self.session.rebalance()
             self._gauges_due = True
         return conn
 
     def finish(self, conn: psycopg.Connection[TupleRow]) -> RoundResult:
-        idle = not self._pump.tally.read and not len(self._pump.window)
+        idle = not self.pump.tally.read and not len(self.pump.window)
         if idle:
-            self._pump.flush()  # nothing else to do: the last deletes, then the gauges
-        tally = self._pump.take_tally()
+            self.pump.flush()  # nothing else to do: the last deletes, then the gauges
+        tally = self.pump.take_tally()
         # After the step (the backlog it left): at each look, on a quarantine, when idle.
         if self._gauges_due or tally.quarantined or idle:
             self._gauges_due = False
-            refresh_gauges(conn, self._metrics)
-        result = tally.result(active=bool(self._session.lanes))
+            refresh_gauges(conn, self.metrics)
+        result = tally.result(active=bool(self.session.lanes))
         if result.error is None:
-            self._state.ok()
+            self.state.ok()
         else:
-            self._state.degraded(f"kafka: {result.error}")
+            self.state.degraded(f"kafka: {result.error}")
         self.last_round = result
         return result

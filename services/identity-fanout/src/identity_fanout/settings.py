@@ -12,9 +12,7 @@ from typing import Annotated, Final
 from msgspec import Meta
 
 from pin_contracts.topics import AGENT_MEMBERSHIP_CHANGED, USER_ACCESS_CHANGED
-from pin_runtime.clients import ClientSettings
-from pin_runtime.db_roles import check_role_prefix
-from pin_runtime.logging import LogLevel
+from pin_runtime.clients import Port, ServiceSettings
 from pin_runtime.settings import Secret
 
 ENV_PREFIX: Final = "IDENTITY_FANOUT_"
@@ -30,10 +28,9 @@ access topic) with the zstd-COMPRESSED batch. An access snapshot compresses abou
 record that compresses worse is refused by the broker instead, and quarantined all the same."""
 
 PositiveInt = Annotated[int, Meta(ge=1)]
-Port = Annotated[int, Meta(ge=0, le=65535)]
 
 
-class Settings(ClientSettings, frozen=True, kw_only=True):
+class Settings(ServiceSettings, frozen=True, kw_only=True):
     """Every setting of the service; field `batch_size` is `IDENTITY_FANOUT_BATCH_SIZE`."""
 
     database_dsn: Secret
@@ -75,21 +72,11 @@ class Settings(ClientSettings, frozen=True, kw_only=True):
     a larger row is quarantined at once. Raise it together with the topic's
     `max.message.bytes` (README "Sizes")."""
 
-    metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
     metrics_port: Port = 9108
-    log_level: LogLevel = "INFO"
-    db_role_prefix: str = ""
-    """Read by `migrate` alone: the runtime roles it creates and grants to are named this
-    prefix + their name (README "Database roles"), e.g. `staging_` when one cluster holds
-    several installations (roles are cluster-wide)."""
     db_pool_size: Annotated[int, Meta(ge=2, le=100)] = 4
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        try:
-            check_role_prefix(self.db_role_prefix)
-        except ValueError as exc:
-            raise ValueError(f"IDENTITY_FANOUT_DB_ROLE_PREFIX: {exc}") from None
         if self.polling_interval <= timedelta(0):
             raise ValueError("IDENTITY_FANOUT_POLLING_INTERVAL: must be positive")
         if self.max_lease_duration < timedelta(seconds=1):

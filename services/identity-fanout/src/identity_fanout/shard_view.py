@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from uuid import UUID
 
 from identity_fanout.shards import START, FanOutShard
-from pin_runtime.listing import Listing
-
-
-def _when(value: datetime | None) -> str:
-    return value.isoformat(timespec="seconds") if value else "-"
+from pin_runtime.listing import Listing, timestamp_cell
 
 
 def _bound(value: UUID | None, open_end: str) -> str:
@@ -40,7 +35,7 @@ def shards_table(shards: Sequence[FanOutShard]) -> Listing:
             str(s.processed_count),
             str(s.cursor) if s.cursor else "-",
             str(s.attempt_count),
-            _when(s.lease_expires_at),
+            timestamp_cell(s.lease_expires_at),
             (s.last_error or "")[:80],
         )
         for s in shards

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import InitVar, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -72,41 +73,33 @@ class UnitOps(msgspec.Struct, frozen=True, kw_only=True):
     record_failure: Callable[[Conn, str, timedelta], bool]
 
 
+@dataclass(eq=False, kw_only=True)
 class UnitRunner:
     """Walks units to their end; shared by the task and shard paths of the worker."""
 
-    def __init__(
-        self,
-        *,
-        pool: ConnectionPool[Conn],
-        metrics: FanoutMetrics,
-        stop: threading.Event,
-        polling_interval: timedelta,
-        lease: timedelta,
-        batch_size: int,
-        beat: Callable[[], None],
-        clock: Callable[[], float] = time.monotonic,
-        tracer: trace.Tracer | None = None,
-    ) -> None:
-        self._pool = pool
-        self._metrics = metrics
-        self._stop = stop
-        self._polling_interval = polling_interval
-        self._lease = lease
-        self._batch_size = batch_size
-        self._beat = beat
-        self._clock = clock
+    pool: ConnectionPool[Conn]
+    metrics: FanoutMetrics
+    stop: threading.Event
+    polling_interval: timedelta
+    lease: timedelta
+    batch_size: int
+    beat: Callable[[], None]
+    clock: Callable[[], float] = time.monotonic
+    tracer: InitVar[trace.Tracer | None] = None
+    _tracer: trace.Tracer = field(init=False)
+
+    def __post_init__(self, tracer: trace.Tracer | None) -> None:
         self._tracer = tracer or trace.get_tracer("identity_fanout.worker")
 
     def walk(self, unit: Unit, ops: UnitOps) -> None:
         """Walk ``unit`` from its Cursor to the end, or until stopped, fenced, or failing."""
         job_run_id = str(uuid.uuid4())
-        started = self._clock()
+        started = self.clock()
         log_event(_log, "job started", jobRunId=job_run_id)
         log_event(_log, "task dequeued", jobRunId=job_run_id, attempt=unit.attempt, **unit.ids())
         attributes: dict[str, Any] = {
             "jobRunId": job_run_id,
-            "batchSize": self._batch_size,
+            "batchSize": self.batch_size,
             "attempt": unit.attempt,
             **unit.ids(),
         }
@@ -114,19 +107,19 @@ class UnitRunner:
             "access-fanout task", attributes=attributes
         ) as span:
             while True:
-                self._beat()
-                if self._stop.is_set():
+                self.beat()
+                if self.stop.is_set():
                     self._release(unit, ops, job_run_id)
                     return
                 try:
                     with self._tracer.start_as_current_span(
-                        "access-fanout batch", attributes={"batchSize": self._batch_size}
+                        "access-fanout batch", attributes={"batchSize": self.batch_size}
                     ) as batch_span:
-                        with self._pool.connection() as conn:
+                        with self.pool.connection() as conn:
                             step = ops.batch(conn, job_run_id)
                         batch_span.set_attribute("rows", step.users)
                 except LeaseLostError:
-                    self._metrics.errors.labels(kind="lease_lost").inc()
+                    self.metrics.errors.labels(kind="lease_lost").inc()
                     self._count(unit, "lease_lost")
                     log_event(
                         _log,
@@ -144,8 +137,8 @@ class UnitRunner:
                     self.on_failure(unit, ops.record_failure, job_run_id, exc)
                     return
                 span.set_attribute("processedCount", step.task_processed_count)
-                self._metrics.batches.inc()
-                self._metrics.users.inc(step.users)
+                self.metrics.batches.inc()
+                self.metrics.users.inc(step.users)
                 log_event(
                     _log,
                     "batch processed",
@@ -155,14 +148,14 @@ class UnitRunner:
                     **unit.ids(),
                 )
                 if step.unit_completed and unit.shard_no is not None:
-                    self._metrics.shards.labels(outcome="completed").inc()
+                    self.metrics.shards.labels(outcome="completed").inc()
                 if step.task_completed:
                     self._on_completed(unit, job_run_id, started, step)
                 if step.unit_completed:
                     return
 
     def _count(self, unit: Unit, outcome: str) -> None:
-        counter = self._metrics.tasks if unit.shard_no is None else self._metrics.shards
+        counter = self.metrics.tasks if unit.shard_no is None else self.metrics.shards
         counter.labels(outcome=outcome).inc()
 
     def _on_completed(self, unit: Unit, job_run_id: str, started: float, step: Step) -> None:
@@ -170,12 +163,12 @@ class UnitRunner:
         if step.task_started_at is not None:
             duration_ms = (now - step.task_started_at).total_seconds() * 1000
         else:
-            duration_ms = (self._clock() - started) * 1000
+            duration_ms = (self.clock() - started) * 1000
         lag = (now - step.created_at).total_seconds()
-        self._metrics.task_duration_ms.observe(max(duration_ms, 0.0))
-        self._metrics.task_lag_seconds.observe(max(lag, 0.0))
-        self._metrics.size.observe(step.task_processed_count)
-        self._metrics.tasks.labels(outcome="completed").inc()
+        self.metrics.task_duration_ms.observe(max(duration_ms, 0.0))
+        self.metrics.task_lag_seconds.observe(max(lag, 0.0))
+        self.metrics.size.observe(step.task_processed_count)
+        self.metrics.tasks.labels(outcome="completed").inc()
         log_event(
             _log,
             "task completed",
@@ -194,7 +187,7 @@ class UnitRunner:
         exc: BaseException,
     ) -> None:
         """A batch (or the split) failed: log it, keep the reason, retry the unit soon."""
-        self._metrics.errors.labels(kind="batch").inc()
+        self.metrics.errors.labels(kind="batch").inc()
         reason = f"{type(exc).__name__}: {exc}"
         log_event(
             _log,
@@ -206,10 +199,10 @@ class UnitRunner:
             **unit.ids(),
         )
         retry_in = retry_delay(
-            unit.attempt, polling_interval=self._polling_interval, lease=self._lease
+            unit.attempt, polling_interval=self.polling_interval, lease=self.lease
         )
         try:
-            with self._pool.connection() as conn:
+            with self.pool.connection() as conn:
                 record_failure(conn, reason, retry_in)
         except Exception as record_exc:
             log_event(
@@ -222,10 +215,10 @@ class UnitRunner:
 
     def on_poisoned(self, unit: Unit, last_error: str | None) -> None:
         """A unit that reached MaxAttempts was marked Failed (and, for a shard, its task)."""
-        self._metrics.errors.labels(kind="poison").inc()
-        self._metrics.tasks.labels(outcome="failed").inc()
+        self.metrics.errors.labels(kind="poison").inc()
+        self.metrics.tasks.labels(outcome="failed").inc()
         if unit.shard_no is not None:
-            self._metrics.shards.labels(outcome="failed").inc()
+            self.metrics.shards.labels(outcome="failed").inc()
         log_event(
             _log,
             "task failed",
@@ -238,7 +231,7 @@ class UnitRunner:
 
     def _release(self, unit: Unit, ops: UnitOps, job_run_id: str) -> None:
         try:
-            with self._pool.connection() as conn:
+            with self.pool.connection() as conn:
                 released = ops.release(conn)
         except Exception as exc:
             released = False

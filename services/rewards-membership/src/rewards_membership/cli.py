@@ -16,7 +16,7 @@ import logging
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -66,12 +66,7 @@ __all__ = ["main"]
 _log = logging.getLogger("rewards_membership")
 
 
-_CLI: Final = Cli(
-    SERVICE_NAME,
-    Settings,
-    ENV_PREFIX,
-    errors=(RewardsMembershipError,),
-)
+_CLI: Final = Cli(SERVICE_NAME, Settings, ENV_PREFIX, errors=(RewardsMembershipError,))
 
 
 def _duration(text: str) -> timedelta:
@@ -267,71 +262,99 @@ def _selected(
     return found if isinstance(found, int) else [found]
 
 
-def _dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
-    replay_all, force = args.all, args.force
-    reader = _tool_consumer(settings, "replay")
+# The count of each state in the audit line of `dlq replay` / `dlq resolve`, by log field.
+_REPLAYED_FIELDS: Final = {
+    "records": ReplayState.REPLAYED,
+    "alreadyReplayed": ReplayState.ALREADY,
+    "resolved": ReplayState.RESOLVED,
+    "refused": ReplayState.REFUSED,
+    "gone": ReplayState.GONE,
+    "failed": ReplayState.FAILED,
+}
+_RESOLVED_FIELDS: Final = {
+    "records": ResolveState.RESOLVED,
+    "alreadyResolved": ResolveState.ALREADY,
+    "alreadyReplayed": ResolveState.REPLAYED,
+}
+
+
+def _tally(counts: Counter[str], fields: Mapping[str, str]) -> dict[str, int]:
+    return {field: counts[state] for field, state in fields.items()}
+
+
+_Run = Callable[
+    [Iterable[DeadLetterRecord], psycopg.Connection[TupleRow], Consumer],
+    Iterable[ReplayResult | ResolveResult],
+]
+
+
+def _over_dead_letters(
+    settings: Settings, args: argparse.Namespace, tool: str, run: _Run
+) -> Counter[str] | int:
+    """Run `dlq replay` or `dlq resolve` (`run`) over the selected dead letters with a
+    consumer of its own that reads their originals (`source`); one line per result, and the
+    results counted by state. The exit code instead when nothing could be selected."""
+    reader = _tool_consumer(settings, tool)
     source = _tool_consumer(settings, "source")
-    producer = create_replay_producer(settings, client_id=f"{SERVICE_NAME}-dlq-replay")
     try:
         records = _selected(reader, settings, args)
         if isinstance(records, int):
             return records
+        counts: Counter[str] = Counter()
         with _connect(settings) as conn:
-            replayer = Replayer(
-                producer=producer,
-                source=source,
-                conn=conn,
-                dlq_topic=settings.dlq_topic,
-                default_topic=settings.topic,
-                delivery_timeout=settings.delivery_timeout.total_seconds(),
-            )
-            counts: Counter[ReplayState] = Counter()
-            for result in replayer.replay(records, force=force):
+            for result in run(records, conn, source):
                 counts[result.state] += 1
                 _say(result)
+        return counts
     finally:
-        producer.flush(settings.delivery_timeout.total_seconds())
         reader.close()
         source.close()
-    log_event(
-        _log,
-        "dlq replayed",
-        records=counts[ReplayState.REPLAYED],
-        alreadyReplayed=counts[ReplayState.ALREADY],
-        resolved=counts[ReplayState.RESOLVED],
-        refused=counts[ReplayState.REFUSED],
-        gone=counts[ReplayState.GONE],
-        failed=counts[ReplayState.FAILED],
-        topic=settings.topic,
-    )
+
+
+def _dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
+    replay_all, force = args.all, args.force
+    producer = create_replay_producer(settings, client_id=f"{SERVICE_NAME}-dlq-replay")
+
+    def replay(
+        records: Iterable[DeadLetterRecord], conn: psycopg.Connection[TupleRow], source: Consumer
+    ) -> Iterable[ReplayResult]:
+        replayer = Replayer(
+            producer=producer,
+            source=source,
+            conn=conn,
+            dlq_topic=settings.dlq_topic,
+            default_topic=settings.topic,
+            delivery_timeout=settings.delivery_timeout.total_seconds(),
+        )
+        return replayer.replay(records, force=force)
+
+    try:
+        counts = _over_dead_letters(settings, args, "replay", replay)
+    finally:
+        producer.flush(settings.delivery_timeout.total_seconds())
+    if isinstance(counts, int):
+        return counts
+    log_event(_log, "dlq replayed", **_tally(counts, _REPLAYED_FIELDS), topic=settings.topic)
     if not replay_all and (counts[ReplayState.REFUSED] or counts[ReplayState.RESOLVED]):
         return 1
     return 1 if counts[ReplayState.GONE] or counts[ReplayState.FAILED] else 0
 
 
 def _dlq_resolve(settings: Settings, args: argparse.Namespace) -> int:
-    reader = _tool_consumer(settings, "resolve")
-    source = _tool_consumer(settings, "source")
-    try:
-        records = _selected(reader, settings, args)
-        if isinstance(records, int):
-            return records
-        with _connect(settings) as conn:
-            resolver = Resolver(conn=conn, source=source, dlq_topic=settings.dlq_topic)
-            counts: Counter[ResolveState] = Counter()
-            for result in resolver.resolve(records, reason=args.reason):
-                counts[result.state] += 1
-                _say(result)
-    finally:
-        reader.close()
-        source.close()
+    def resolve(
+        records: Iterable[DeadLetterRecord], conn: psycopg.Connection[TupleRow], source: Consumer
+    ) -> Iterable[ResolveResult]:
+        resolver = Resolver(conn=conn, source=source, dlq_topic=settings.dlq_topic)
+        return resolver.resolve(records, reason=args.reason)
+
+    counts = _over_dead_letters(settings, args, "resolve", resolve)
+    if isinstance(counts, int):
+        return counts
     # The audit line: who closed dead letters without a replay, and why.
     log_event(
         _log,
         "dlq resolved",
-        records=counts[ResolveState.RESOLVED],
-        alreadyResolved=counts[ResolveState.ALREADY],
-        alreadyReplayed=counts[ResolveState.REPLAYED],
+        **_tally(counts, _RESOLVED_FIELDS),
         reason=args.reason,
         topic=settings.dlq_topic,
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 import psycopg
 from confluent_kafka import KafkaException, Message
@@ -42,27 +43,19 @@ __all__ = ["BatchFinisher"]
 _log = logging.getLogger("rewards_membership.consumer")
 
 
+@dataclass(eq=False, kw_only=True)
 class BatchFinisher:
-    def __init__(
-        self,
-        *,
-        lane: DatabaseLane,
-        dead_letters: DeadLetterer,
-        partitions: PartitionControl,
-        database_state: ComponentState,
-        kafka_state: ComponentState,
-    ) -> None:
-        self._lane = lane
-        self._dead_letters = dead_letters
-        self._partitions = partitions
-        self._database_state = database_state
-        self._kafka_state = kafka_state
+    lane: DatabaseLane
+    dead_letters: DeadLetterer
+    partitions: PartitionControl
+    database_state: ComponentState
+    kafka_state: ComponentState
 
     def finish(
         self, batch: InFlight, *, now: float, exclude: Collection[int] = ()
     ) -> Finished | None:
         """The committed batch to report, or None when it failed (its partitions paused)."""
-        assigned = self._partitions.assigned
+        assigned = self.partitions.assigned
 
         def ours(partition: int) -> bool:
             return partition in assigned and partition not in exclude
@@ -79,8 +72,8 @@ class BatchFinisher:
             ]
             letters, receipts = self._dead_letter(kept)
             done = {p: batch.last[p] + 1 for p in partitions if p not in letters.failed}
-            self._partitions.ledger.applied(done)
-            self._partitions.commit(done, raise_errors=True)
+            self.partitions.ledger.applied(done)
+            self.partitions.commit(done, raise_errors=True)
         except Exception as exc:
             batch.process.end()
             if not is_infrastructure(exc):
@@ -95,10 +88,10 @@ class BatchFinisher:
         for partition, failure in letters.failed.items():
             # Only this partition: its dead letter could not be written.
             self.fail({partition: batch.first[partition]}, DeliveryError(str(failure)), batch=False)
-        self._partitions.pauser.succeeded(done)
-        self._database_state.ok()
-        if "kafka" not in self._partitions.pauser.dependencies():
-            self._kafka_state.ok()
+        self.partitions.pauser.succeeded(done)
+        self.database_state.ok()
+        if "kafka" not in self.partitions.pauser.dependencies():
+            self.kafka_state.ok()
         return Finished(
             done=finished_records(batch.records, batch.items, plan.outcomes, done, receipts),
             receipts=receipts,
@@ -116,14 +109,14 @@ class BatchFinisher:
             for m, item, outcome in kept
             if isinstance(item, InvalidEvent) and outcome is Outcome.DEAD_LETTERED
         ]
-        letters = self._dead_letters.write(dead)
+        letters = self.dead_letters.write(dead)
         acknowledged = [item.key for m, item in dead if item.key and _at(m) in letters.acknowledged]
-        self._lane.mark_dead_lettered(acknowledged)
+        self.lane.mark_dead_lettered(acknowledged)
         receipts = {
             _at(m): receipt
             for m, item, _ in kept
             if isinstance(item, InvalidEvent)
-            and (receipt := self._dead_letters.receipt(_at(m))) is not None
+            and (receipt := self.dead_letters.receipt(_at(m))) is not None
         }
         return letters, receipts
 
@@ -134,12 +127,12 @@ class BatchFinisher:
         dependency = _dependency(exc)
         reason = f"{type(exc).__name__}: {exc}".strip()[:300]
         if dependency == POSTGRESQL:
-            self._lane.discard()
-            self._database_state.degraded(reason)
+            self.lane.discard()
+            self.database_state.degraded(reason)
         else:
-            self._kafka_state.degraded(reason)
+            self.kafka_state.degraded(reason)
         event = "batch rolled back, partitions paused" if batch else "dead letter not written"
-        self._partitions.pause(first, dependency=dependency, reason=reason, event=event)
+        self.partitions.pause(first, dependency=dependency, reason=reason, event=event)
 
 
 def _at(message: Message) -> Position:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -44,24 +45,16 @@ def offset_lag(*, low: int, high: int, committed: int) -> int | None:
     return max(0, high - start)
 
 
+@dataclass(eq=False)
 class LagReporter:
-    def __init__(
-        self,
-        reader: Consumer,
-        *,
-        topic: str,
-        metrics: Metrics,
-        interval: float,
-        clock: Callable[[], float],
-    ) -> None:
-        self._consumer = reader
-        """Not the polling consumer: see the module's docstring."""
-        self._topic = topic
-        self._metrics = metrics
-        self._interval = interval
-        self._clock = clock
-        self._next = 0.0
-        self._paused_labels: set[int] = set()
+    reader: Consumer
+    """Not the polling consumer: see the module's docstring."""
+    topic: str = field(kw_only=True)
+    metrics: Metrics = field(kw_only=True)
+    interval: float = field(kw_only=True)
+    clock: Callable[[], float] = field(kw_only=True)
+    _next: float = field(init=False, default=0.0)
+    _paused_labels: set[int] = field(init=False, default_factory=set)
 
     def soon(self) -> None:
         """Refresh at the next turn (after an assignment)."""
@@ -73,21 +66,21 @@ class LagReporter:
         paused_for: Mapping[int, float],
         unreplayed: Callable[[], int | None],
     ) -> None:
-        now = self._clock()
+        now = self.clock()
         if now < self._next:
             return
-        self._next = now + self._interval
+        self._next = now + self.interval
         self._report_paused(paused_for)
         partitions = sorted(assigned)
         if partitions:
             self._report_lag(partitions)
         count = unreplayed()
         if count is not None:
-            self._metrics.dlq_unreplayed.set(count)
+            self.metrics.dlq_unreplayed.set(count)
 
     def _report_paused(self, paused_for: Mapping[int, float]) -> None:
-        gauge = self._metrics.partition_paused_seconds
-        self._metrics.paused_partitions.set(len(paused_for))
+        gauge = self.metrics.partition_paused_seconds
+        self.metrics.paused_partitions.set(len(paused_for))
         for partition, seconds in paused_for.items():
             gauge.labels(str(partition)).set(seconds)
         for partition in self._paused_labels - set(paused_for):
@@ -97,30 +90,30 @@ class LagReporter:
 
     def _report_lag(self, partitions: list[int]) -> None:
         try:
-            committed = self._consumer.committed(
-                [TopicPartition(self._topic, p) for p in partitions], timeout=_REQUEST_TIMEOUT
+            committed = self.reader.committed(
+                [TopicPartition(self.topic, p) for p in partitions], timeout=_REQUEST_TIMEOUT
             )
         except KafkaException as exc:
             log_event(_log, "lag refresh failed", logging.WARNING, reason=str(exc))
             return
         for tp in committed:
             try:
-                low, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(self._topic, tp.partition), timeout=_REQUEST_TIMEOUT
+                low, high = self.reader.get_watermark_offsets(
+                    TopicPartition(self.topic, tp.partition), timeout=_REQUEST_TIMEOUT
                 )
             except KafkaException:
                 return  # the broker does not answer: the others would wait as long
             lag = offset_lag(low=low, high=high, committed=tp.offset)
             if lag is not None:
-                self._metrics.consumer_lag.labels(str(tp.partition)).set(lag)
+                self.metrics.consumer_lag.labels(str(tp.partition)).set(lag)
 
     def close(self) -> None:
-        self._consumer.close()
+        self.reader.close()
 
     def forget(self, partitions: Iterable[int]) -> None:
         for p in partitions:
             with contextlib.suppress(KeyError):
-                self._metrics.consumer_lag.remove(str(p))
+                self.metrics.consumer_lag.remove(str(p))
             with contextlib.suppress(KeyError):
-                self._metrics.partition_paused_seconds.remove(str(p))
+                self.metrics.partition_paused_seconds.remove(str(p))
             self._paused_labels.discard(p)

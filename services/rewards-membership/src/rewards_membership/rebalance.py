@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
@@ -25,52 +26,44 @@ __all__ = ["RebalanceGuard"]
 _log = logging.getLogger("rewards_membership.consumer")
 
 
+@dataclass(eq=False)
 class RebalanceGuard:
-    def __init__(
-        self,
-        consumer: Consumer,
-        *,
-        topic: str,
-        partitions: PartitionControl,
-        settle: Callable[[Sequence[int]], None],
-        on_assigned: Callable[[], None],
-    ) -> None:
-        self._consumer = consumer
-        self._topic = topic
-        self._partitions = partitions
-        self._settle = settle
-        """Finish the batch in flight, leaving out the given (lost) partitions."""
-        self._on_assigned = on_assigned
-        self._touched: set[int] = set()
+    consumer: Consumer
+    topic: str = field(kw_only=True)
+    partitions: PartitionControl = field(kw_only=True)
+    settle: Callable[[Sequence[int]], None] = field(kw_only=True)
+    """Finish the batch in flight, leaving out the given (lost) partitions."""
+    on_assigned: Callable[[], None] = field(kw_only=True)
+    _touched: set[int] = field(init=False, default_factory=set)
 
     def poll_started(self) -> None:
         self._touched.clear()
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._partitions.on_assign(consumer, partitions)
-        self._on_assigned()
+        self.partitions.on_assign(consumer, partitions)
+        self.on_assigned()
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._touched.update(tp.partition for tp in partitions)
-        self._settle(())
-        self._partitions.on_revoke(consumer, partitions)
+        self.settle(())
+        self.partitions.on_revoke(consumer, partitions)
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Lost: another member may own them already; nothing of them is committed here.
         numbers = [tp.partition for tp in partitions]
         self._touched.update(numbers)
-        self._settle(numbers)
-        self._partitions.on_lost(consumer, partitions)
+        self.settle(numbers)
+        self.partitions.on_lost(consumer, partitions)
 
     def keep_polled(self, records: list[Message]) -> list[Message]:
         """The polled records minus those of partitions revoked or lost during the poll."""
         touched = self._touched
         if not touched:
             return records
-        pauser = self._partitions.pauser
-        reseek = reseek_offsets(records, touched, self._partitions.assigned, pauser.paused)
+        pauser = self.partitions.pauser
+        reseek = reseek_offsets(records, touched, self.partitions.assigned, pauser.paused)
         for partition, offset in sorted(reseek.items()):
-            seek_back(self._consumer, TopicPartition(self._topic, partition, offset))
+            seek_back(self.consumer, TopicPartition(self.topic, partition, offset))
         kept = [m for m in records if partition_of(m) not in touched]
         if len(kept) < len(records):
             log_event(

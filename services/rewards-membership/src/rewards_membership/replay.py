@@ -67,25 +67,15 @@ class _Copy:
     inbox_key: str | None
 
 
+@dataclass(eq=False, kw_only=True)
 class Replayer:
-    def __init__(
-        self,
-        *,
-        producer: Producer,
-        source: Consumer,
-        conn: psycopg.Connection[TupleRow],
-        dlq_topic: str,
-        default_topic: str,
-        delivery_timeout: float,
-        read_timeout: float = 10.0,
-    ) -> None:
-        self._producer = producer
-        self._source = source
-        self._conn = conn
-        self._dlq_topic = dlq_topic
-        self._default_topic = default_topic
-        self._delivery_timeout = delivery_timeout
-        self._read_timeout = read_timeout
+    producer: Producer
+    source: Consumer
+    conn: psycopg.Connection[TupleRow]
+    dlq_topic: str
+    default_topic: str
+    delivery_timeout: float
+    read_timeout: float = 10.0
 
     def replay(self, records: Iterable[DeadLetterRecord], *, force: bool) -> Iterator[ReplayResult]:
         """One result per record, page by page (the records may be a stream)."""
@@ -97,8 +87,8 @@ class Replayer:
         self, page: Sequence[DeadLetterRecord], *, force: bool
     ) -> Iterator[ReplayResult]:
         positions = [(r.partition, r.offset) for r in page]
-        done = fetch_replays(self._conn, self._dlq_topic, positions)
-        resolved = fetch_resolutions(self._conn, self._dlq_topic, positions)
+        done = fetch_replays(self.conn, self.dlq_topic, positions)
+        resolved = fetch_resolutions(self.conn, self.dlq_topic, positions)
         copies: list[_Copy] = []
         for record in page:
             at = done.get((record.partition, record.offset))
@@ -142,11 +132,11 @@ class Replayer:
         key = item.key
         if key is None and info is not None:
             key = position_key(info.original_topic, info.original_partition, info.original_offset)
-        topic = info.original_topic if info is not None else self._default_topic
+        topic = info.original_topic if info is not None else self.default_topic
         return _Copy(record, topic, value, headers, key)
 
     def _original(self, record: DeadLetterRecord) -> Message | ReplayResult:
-        original = read_original(self._source, record, timeout=self._read_timeout)
+        original = read_original(self.source, record, timeout=self.read_timeout)
         if isinstance(original, OriginalUnavailable):
             state = ReplayState.GONE if original.gone else ReplayState.REFUSED
             return ReplayResult(record, state, original.detail)
@@ -154,14 +144,14 @@ class Replayer:
 
     def _send(self, copies: Sequence[_Copy], *, force: bool) -> Iterator[ReplayResult]:
         # The consumer must not skip the copies as duplicates of the dead letters.
-        with self._conn.transaction():
-            clear_dead_letter_marks(self._conn, [c.inbox_key for c in copies if c.inbox_key])
+        with self.conn.transaction():
+            clear_dead_letter_marks(self.conn, [c.inbox_key for c in copies if c.inbox_key])
         tracker = DeliveryTracker[Position]()
         targets: dict[Position, Position] = {}
         for copy in copies:
             position = _pos(copy)
             try:
-                self._producer.produce(
+                self.producer.produce(
                     copy.topic,
                     key=copy.record.key,
                     value=copy.value,
@@ -170,13 +160,13 @@ class Replayer:
                 )
             except (KafkaException, BufferError) as exc:
                 tracker.refused(position, exc)
-            self._producer.poll(0)
-        tracker.wait(self._producer, self._delivery_timeout + _REPORT_MARGIN)
+            self.producer.poll(0)
+        tracker.wait(self.producer, self.delivery_timeout + _REPORT_MARGIN)
         acknowledged = [c for c in copies if (c.record.partition, c.record.offset) in targets]
-        with self._conn.transaction():
+        with self.conn.transaction():
             record_replays(
-                self._conn,
-                self._dlq_topic,
+                self.conn,
+                self.dlq_topic,
                 [
                     ((c.record.partition, c.record.offset), c.inbox_key, c.topic, targets[_pos(c)])
                     for c in acknowledged

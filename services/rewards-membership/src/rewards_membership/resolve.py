@@ -77,19 +77,12 @@ def candidate_keys(record: DeadLetterRecord, original: bytes | None) -> list[str
     return list(dict.fromkeys(keys))
 
 
+@dataclass(eq=False, kw_only=True)
 class Resolver:
-    def __init__(
-        self,
-        *,
-        conn: psycopg.Connection[TupleRow],
-        source: Consumer,
-        dlq_topic: str,
-        read_timeout: float = 10.0,
-    ) -> None:
-        self._conn = conn
-        self._source = source
-        self._dlq_topic = dlq_topic
-        self._read_timeout = read_timeout
+    conn: psycopg.Connection[TupleRow]
+    source: Consumer
+    dlq_topic: str
+    read_timeout: float = 10.0
 
     def resolve(
         self, records: Iterable[DeadLetterRecord], *, reason: str
@@ -103,8 +96,8 @@ class Resolver:
         self, page: Sequence[DeadLetterRecord], *, reason: str
     ) -> Iterator[ResolveResult]:
         positions = [(r.partition, r.offset) for r in page]
-        replayed = fetch_replays(self._conn, self._dlq_topic, positions)
-        resolved = fetch_resolutions(self._conn, self._dlq_topic, positions)
+        replayed = fetch_replays(self.conn, self.dlq_topic, positions)
+        resolved = fetch_resolutions(self.conn, self.dlq_topic, positions)
         todo: list[tuple[DeadLetterRecord, list[str]]] = []
         for record in page:
             position = (record.partition, record.offset)
@@ -124,19 +117,19 @@ class Resolver:
     def _value(self, record: DeadLetterRecord) -> bytes | None:
         if record.replaced is None:
             return record.value
-        original = read_original(self._source, record, timeout=self._read_timeout)
+        original = read_original(self.source, record, timeout=self.read_timeout)
         return None if isinstance(original, OriginalUnavailable) else original.value()
 
     def _close(
         self, todo: Sequence[tuple[DeadLetterRecord, list[str]]], *, reason: str
     ) -> Iterator[ResolveResult]:
-        with self._conn.transaction():
-            closed = resolve_dead_letter_marks(self._conn, [k for _, keys in todo for k in keys])
+        with self.conn.transaction():
+            closed = resolve_dead_letter_marks(self.conn, [k for _, keys in todo for k in keys])
             rows: list[tuple[Position, str | None]] = [
                 ((record.partition, record.offset), next((k for k in keys if k in closed), None))
                 for record, keys in todo
             ]
-            recorded = record_resolutions(self._conn, self._dlq_topic, rows, reason=reason)
+            recorded = record_resolutions(self.conn, self.dlq_topic, rows, reason=reason)
         for (record, _), (position, key) in zip(todo, rows, strict=True):
             if position not in recorded:  # another operator's resolve won the race
                 yield ResolveResult(record, ResolveState.ALREADY, "resolved meanwhile")

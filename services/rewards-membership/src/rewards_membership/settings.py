@@ -16,19 +16,16 @@ from pin_contracts import (
     IDENTITY_MEMBERSHIP_DLQ,
     REWARDS_MEMBERSHIP_CONSUMER_GROUP,
 )
-from pin_runtime.clients import ClientSettings
-from pin_runtime.db_roles import check_role_prefix
-from pin_runtime.logging import LogLevel
+from pin_runtime.clients import Port, ServiceSettings
 from pin_runtime.settings import Secret
 
 ENV_PREFIX: Final = "REWARDS_MEMBERSHIP_"
 SERVICE_NAME: Final = "rewards-membership"
 
-Port = Annotated[int, Meta(ge=0, le=65535)]
 NonEmpty = Annotated[str, Meta(min_length=1)]
 
 
-class Settings(ClientSettings, frozen=True, kw_only=True):
+class Settings(ServiceSettings, frozen=True, kw_only=True):
     """Every setting of the service; field `batch_size` is `REWARDS_MEMBERSHIP_BATCH_SIZE`."""
 
     database_dsn: Secret
@@ -53,20 +50,10 @@ class Settings(ClientSettings, frozen=True, kw_only=True):
     lag_interval: timedelta = timedelta(seconds=5)
     """How often the per-partition offset lag gauge is refreshed from the watermarks."""
 
-    metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
     metrics_port: Port = 9109
-    log_level: LogLevel = "INFO"
-    db_role_prefix: str = ""
-    """Read by `migrate` alone: the runtime roles it creates and grants to are named this
-    prefix + their name (README "Database roles"), e.g. `staging_` when one cluster holds
-    several installations (roles are cluster-wide)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        try:
-            check_role_prefix(self.db_role_prefix)
-        except ValueError as exc:
-            raise ValueError(f"REWARDS_MEMBERSHIP_DB_ROLE_PREFIX: {exc}") from None
         if not timedelta(seconds=6) <= self.kafka_session_timeout <= timedelta(minutes=5):
             raise ValueError("REWARDS_MEMBERSHIP_KAFKA_SESSION_TIMEOUT: must be within 6s..5m")
         if self.poll_timeout <= timedelta(0):
