@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypedDict, Unpack
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -148,18 +148,22 @@ def _error_callback(client_id: str, on_error: ErrorCallback | None) -> ErrorCall
     return callback
 
 
+class ProducerOptions(TypedDict, total=False):
+    """The optional settings of `producer_config`, passed through by `create_producer`."""
+
+    linger_ms: int
+    compression: Compression
+    extra: Mapping[str, ConfigValue] | None
+
+
 def create_producer(
     bootstrap: str,
     *,
     client_id: str,
-    linger_ms: int = 10,
-    compression: Compression = "lz4",
-    extra: Mapping[str, ConfigValue] | None = None,
     on_error: ErrorCallback | None = None,
+    **options: Unpack[ProducerOptions],
 ) -> Producer:
-    config = producer_config(
-        bootstrap, client_id=client_id, linger_ms=linger_ms, compression=compression, extra=extra
-    )
+    config = producer_config(bootstrap, client_id=client_id, **options)
     return Producer(
         {**config, "error_cb": _error_callback(client_id, on_error), "logger": _librdkafka_log}
     )

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Final, Self, TypeVar
+from typing import Final, Self, TypedDict, TypeVar, Unpack
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -131,6 +131,16 @@ class _Broker(Kafka):
         return f"-XX:SharedArchiveFile={archive}" if archive.is_file() else "-Xshare:auto"
 
 
+class BrokerOptions(TypedDict, total=False):
+    """The options of `PrivateKafka(...)` and `PrivateKafka.launch(...)`."""
+
+    shared: Layout | None
+    start_timeout: float
+    stop_timeout: float
+    secure: bool
+    proxied: int
+
+
 class PrivateKafka:
     """A single-node KRaft broker of its own: ``bootstrap``, ``stop()``, ``start()``.
 
@@ -160,30 +170,15 @@ class PrivateKafka:
         self.last_stop_seconds: float | None = None
 
     @classmethod
-    def launch(
-        cls,
-        *,
-        shared: Layout | None = None,
-        start_timeout: float = START_TIMEOUT,
-        stop_timeout: float = STOP_TIMEOUT,
-        secure: bool = False,
-        proxied: int = 0,
-    ) -> Self:
-        """A new broker, started and answering; closed again if it cannot start.
+    def launch(cls, **options: Unpack[BrokerOptions]) -> Self:
+        """A new broker (the constructor's `options`), started and answering; closed again if
+        it cannot start.
 
         ``secure=True`` adds a SASL_SSL (SCRAM) and an SSL (mutual TLS) listener: see
         :attr:`secured`. ``proxied=N`` adds N listeners for clients behind proxies (one per
         process whose path to the broker a test cuts on its own): see :attr:`proxied`.
         """
-        return _started_with_retries(
-            lambda: cls(
-                shared=shared,
-                start_timeout=start_timeout,
-                stop_timeout=stop_timeout,
-                secure=secure,
-                proxied=proxied,
-            )
-        )
+        return _started_with_retries(lambda: cls(**options))
 
     # -- addresses ------------------------------------------------------------------------
 

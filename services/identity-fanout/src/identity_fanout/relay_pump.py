@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Final
 
 import psycopg
@@ -79,16 +79,8 @@ class Tally:
     topics: set[str] = field(default_factory=set)
 
     def result(self, *, active: bool) -> RoundResult:
-        return RoundResult(
-            active=active,
-            read=self.read,
-            published=self.published,
-            failed=self.failed,
-            quarantined=self.quarantined,
-            first_id=self.first_id,
-            last_published_id=self.last_published_id,
-            error=self.error,
-        )
+        figures = {f.name: getattr(self, f.name) for f in fields(RoundResult) if f.name != "active"}
+        return RoundResult(active=active, **figures)
 
 
 class Pump:

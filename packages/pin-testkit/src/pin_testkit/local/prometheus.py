@@ -61,7 +61,6 @@ class PrometheusServer(ToolServer):
         self._interval = scrape_interval
         self._binary = binary
         self._targets: dict[str, list[str]] = {}
-        self._process: ToolProcess | None = None
 
     def start(self) -> Self:
         self._workdir.mkdir(parents=True, exist_ok=True)
@@ -82,23 +81,19 @@ class PrometheusServer(ToolServer):
         # JSON is YAML: no YAML library needed to write the configuration.
         write_atomic(config_file, json.dumps(config, indent=2))
         self.port = free_port()
-        self._process = ToolProcess("prometheus", self._workdir / "prometheus.log", grace=10.0)
-        self._process.start(
+        self._run(
+            ToolProcess("prometheus", self._workdir / "prometheus.log", grace=10.0),
             [
                 str(self._binary or prometheus_binary()),
                 f"--config.file={config_file}",
                 f"--storage.tsdb.path={self._workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--web.enable-lifecycle",
-            ]
+            ],
+            timeout=READY_TIMEOUT,
+            interval=0.2,
         )
-        self._process.await_ready(self._ready, timeout=READY_TIMEOUT, interval=0.2)
         return self
-
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            process.stop()
 
     def scrape(self, job: str, address: str) -> None:
         """Add `address` (host:port of a /metrics endpoint) under the label job=`job`."""

@@ -70,8 +70,24 @@ class ToolServer(ABC):
     def __exit__(self, *_exc: object) -> None:
         self.stop()
 
+    _process: ToolProcess | None = None
+
     @abstractmethod
     def start(self) -> Self: ...
 
     @abstractmethod
-    def stop(self) -> None: ...
+    def _ready(self) -> bool:
+        """The server's own readiness probe (its API answers)."""
+
+    def _run(
+        self, process: ToolProcess, argv: Sequence[str], *, timeout: float, interval: float
+    ) -> None:
+        """Start `argv` (the server on `self.port`) as `process`; return once `_ready()`."""
+        self._process = process
+        process.start(argv)
+        process.await_ready(self._ready, timeout=timeout, interval=interval)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            process.stop()

@@ -103,22 +103,22 @@ class ToxiproxyServer(ToolServer):
     def __init__(self, workdir: Path, *, binary: Path | None = None) -> None:
         self._workdir = workdir
         self._binary = binary
-        self._process: ToolProcess | None = None
         self.proxies: dict[str, Proxy] = {}
 
     def start(self) -> Self:
         self._workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self._process = ToolProcess("toxiproxy", self._workdir / "toxiproxy.log", grace=5.0)
         binary = self._binary or toxiproxy_binary()
-        self._process.start([str(binary), "-host", "127.0.0.1", "-port", str(self.port)])
-        self._process.await_ready(self._ready, timeout=READY_TIMEOUT, interval=0.1)
+        self._run(
+            ToolProcess("toxiproxy", self._workdir / "toxiproxy.log", grace=5.0),
+            [str(binary), "-host", "127.0.0.1", "-port", str(self.port)],
+            timeout=READY_TIMEOUT,
+            interval=0.1,
+        )
         return self
 
     def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            process.stop()
+        super().stop()
         self.proxies.clear()
 
     def proxy(self, name: str, upstream: str, *, port: int | None = None) -> Proxy:
