@@ -136,57 +136,63 @@ def decide(
     event = envelope.payload
     user = event.user_id
     axis = axis_of(event.parsed_change_reason)
-    if axis is None:
+
+    def decided(
+        decision: AccessDecision,
+        why: str,
+        entry_after: UserAccess | None,
+        marks_after: Mapping[VersionAxis, int],
+    ) -> Decision:
+        """The decision about this user: why, and their entry and marks after the event."""
         return Decision(
-            decision=AccessDecision.INVALIDATED,
-            user_id=user,
-            why=f"unknown ChangeReason {event.change_reason!r}: version axis unknown",
-            entry=None,
-            marks=dict(marks),
+            decision=decision, user_id=user, why=why, entry=entry_after, marks=dict(marks_after)
+        )
+
+    if axis is None:
+        return decided(
+            AccessDecision.INVALIDATED,
+            f"unknown ChangeReason {event.change_reason!r}: version axis unknown",
+            None,
+            marks,
         )
     seen = marks.get(axis)
     if seen is not None and event.version == seen:
-        return Decision(
-            decision=AccessDecision.DUPLICATE,
-            user_id=user,
-            why=f"(UserId, Version) = ({user}, {event.version}) already seen on {axis.value}",
-            entry=entry,
-            marks=dict(marks),
+        return decided(
+            AccessDecision.DUPLICATE,
+            f"(UserId, Version) = ({user}, {event.version}) already seen on {axis.value}",
+            entry,
+            marks,
         )
     if seen is not None and event.version < seen:
-        return Decision(
-            decision=AccessDecision.STALE,
-            user_id=user,
-            why=f"Version {event.version} < {seen} already seen on {axis.value}",
-            entry=entry,
-            marks=dict(marks),
+        return decided(
+            AccessDecision.STALE,
+            f"Version {event.version} < {seen} already seen on {axis.value}",
+            entry,
+            marks,
         )
     new_marks = {**marks, axis: event.version}
     unknown_scope = _unknown_scope(event.active_assignments)
     if unknown_scope is not None:
-        return Decision(
-            decision=AccessDecision.INVALIDATED,
-            user_id=user,
-            why=f"unknown ScopeType {unknown_scope!r} in the snapshot: cannot enforce it",
-            entry=None,
-            marks=new_marks,
+        return decided(
+            AccessDecision.INVALIDATED,
+            f"unknown ScopeType {unknown_scope!r} in the snapshot: cannot enforce it",
+            None,
+            new_marks,
         )
     if entry is not None and entry.axis is not axis:
-        return Decision(
-            decision=AccessDecision.INVALIDATED,
-            user_id=user,
-            why=(
+        return decided(
+            AccessDecision.INVALIDATED,
+            (
                 f"Version {event.version} on {axis.value} cannot be ordered against the "
                 f"cached Version {entry.version} on {entry.axis.value}"
             ),
-            entry=None,
-            marks=new_marks,
+            None,
+            new_marks,
         )
-    return Decision(
-        decision=AccessDecision.APPLIED,
-        user_id=user,
-        why=f"snapshot of Version {event.version} on {axis.value}",
-        entry=UserAccess(
+    return decided(
+        AccessDecision.APPLIED,
+        f"snapshot of Version {event.version} on {axis.value}",
+        UserAccess(
             user_id=user,
             company_id=event.company_id,
             assignments=event.active_assignments,
@@ -194,7 +200,7 @@ def decide(
             version=event.version,
             message_id=envelope.message_id,
         ),
-        marks=new_marks,
+        new_marks,
     )
 
 

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import psycopg
@@ -18,37 +19,29 @@ from pin_runtime.postgres import SessionLimits
 _log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False, kw_only=True)
 class Wakeup:
     """A LISTEN session of its own (bounded like the pool's), reopened after a failure."""
 
-    def __init__(
-        self,
-        *,
-        dsn: str,
-        session: SessionLimits,
-        stop: threading.Event,
-        beat: Callable[[], None],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._dsn = dsn
-        self._session = session
-        self._stop = stop
-        self._beat = beat
-        self._clock = clock
-        self._listener: psycopg.Connection[TupleRow] | None = None
+    dsn: str
+    session: SessionLimits
+    stop: threading.Event
+    beat: Callable[[], None]
+    clock: Callable[[], float] = time.monotonic
+    _listener: psycopg.Connection[TupleRow] | None = field(init=False, default=None)
 
     def wait(self, polling_interval: timedelta) -> None:
         """Sleep until NOTIFY, the polling interval, or a stop request, whichever is first."""
-        deadline = self._clock() + polling_interval.total_seconds()
+        deadline = self.clock() + polling_interval.total_seconds()
         listener = self._listen()
-        while not self._stop.is_set():
-            remaining = deadline - self._clock()
+        while not self.stop.is_set():
+            remaining = deadline - self.clock()
             if remaining <= 0:
                 return
             # Short slices so a stop request is seen within half a second.
             slice_seconds = min(remaining, 0.5)
             if listener is None:
-                self._stop.wait(slice_seconds)
+                self.stop.wait(slice_seconds)
                 continue
             try:
                 for _ in listener.notifies(timeout=slice_seconds, stop_after=1):
@@ -56,17 +49,17 @@ class Wakeup:
             except psycopg.Error:
                 self.close()
                 listener = None
-            self._beat()
+            self.beat()
 
     def _listen(self) -> psycopg.Connection[TupleRow] | None:
         if self._listener is not None and not self._listener.closed:
             return self._listener
         try:
             self._listener = psycopg.connect(
-                self._dsn,
+                self.dsn,
                 autocommit=True,
                 connect_timeout=5,
-                **self._session.connect_kwargs(),
+                **self.session.connect_kwargs(),
             )
             listen(self._listener, TASKS_CHANNEL)
         except psycopg.Error as exc:

@@ -13,12 +13,15 @@ Decisions (spec: "Алгоритм", "Идемпотентность и retry", 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 import psycopg
 from opentelemetry import trace
@@ -26,6 +29,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from identity_fanout.claim import (
+    Claim,
     claim_shard,
     claim_task,
     is_poisoned,
@@ -54,28 +58,22 @@ from pin_runtime.sql import load_queries
 from pin_runtime.structs import built_from
 
 _log = logging.getLogger(__name__)
+R = TypeVar("R")
+
 _tasks = load_queries("identity_fanout", "sql/tasks.sql")
 
 DEFAULT_SHARD_SIZE = 25_000
 
 
+@dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     """The parts of Settings the loop uses, as plain values (tests build them directly)."""
 
-    def __init__(
-        self,
-        *,
-        batch_size: int,
-        polling_interval: timedelta,
-        max_lease_duration: timedelta,
-        max_attempts: int,
-        shard_size: int = DEFAULT_SHARD_SIZE,
-    ) -> None:
-        self.batch_size = batch_size
-        self.polling_interval = polling_interval
-        self.max_lease_duration = max_lease_duration
-        self.max_attempts = max_attempts
-        self.shard_size = shard_size
+    batch_size: int
+    polling_interval: timedelta
+    max_lease_duration: timedelta
+    max_attempts: int
+    shard_size: int = DEFAULT_SHARD_SIZE
 
 
 class FanoutWorker:
@@ -219,29 +217,34 @@ class FanoutWorker:
 
     def process_task(self, task: FanOutTask) -> None:
         """Walk ``task`` as one unit from its Cursor to the end (or stop, fence, failure)."""
-
-        def batch(conn: Conn, correlation_id: str) -> Step:
-            result = process_batch(conn, task, **self._options(correlation_id))
-            if self._on_batch is not None:
-                self._on_batch(task, result)
-            return _task_step(result)
-
-        claim = task_claim(task)
-        ops = UnitOps(batch=batch, release=claim.release, record_failure=claim.record_failure)
-        self._runner.walk(_task_unit(task), ops)
+        on_batch = self._on_batch and functools.partial(self._on_batch, task)
+        run = functools.partial(process_batch, task=task)
+        self._walk(_task_unit(task), task_claim(task), run, _task_step, on_batch)
 
     def process_shard(self, claimed: ClaimedShard) -> None:
         """Walk one shard of a large task from its cursor to its upper bound."""
+        on_batch = self._on_shard_batch and functools.partial(self._on_shard_batch, claimed)
+        run = functools.partial(process_shard_batch, claimed=claimed)
+        self._walk(_shard_unit(claimed), shard_claim(claimed.shard), run, _shard_step, on_batch)
+
+    def _walk(
+        self,
+        unit: Unit,
+        claim: Claim,
+        run: Callable[..., R],
+        step: Callable[[R], Step],
+        on_batch: Callable[[R], None] | None,
+    ) -> None:
+        """Walk `unit`: each batch is `run(conn, **options)`, reported to `on_batch`."""
 
         def batch(conn: Conn, correlation_id: str) -> Step:
-            result = process_shard_batch(conn, claimed, **self._options(correlation_id))
-            if self._on_shard_batch is not None:
-                self._on_shard_batch(claimed, result)
-            return _shard_step(result)
+            result = run(conn, **self._options(correlation_id))
+            if on_batch is not None:
+                on_batch(result)
+            return step(result)
 
-        claim = shard_claim(claimed.shard)
         ops = UnitOps(batch=batch, release=claim.release, record_failure=claim.record_failure)
-        self._runner.walk(_shard_unit(claimed), ops)
+        self._runner.walk(unit, ops)
 
     def _beat(self) -> None:
         if self._heartbeat is not None:

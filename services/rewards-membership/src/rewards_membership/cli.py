@@ -397,7 +397,7 @@ def _say(result: ReplayResult | ResolveResult) -> None:
     record = result.record
     line = f"{record.partition}@{record.offset}: {result.state.value}"
     line += f": {result.detail}\n" if result.detail else "\n"
-    settled = isinstance(result, ResolveResult) or result.state in (
+    settled = isinstance(result.state, ResolveState) or result.state in (
         ReplayState.REPLAYED,
         ReplayState.ALREADY,
     )

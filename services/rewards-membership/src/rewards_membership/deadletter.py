@@ -59,23 +59,15 @@ _Outgoing = tuple[Message, Headers, bytes | None, str | None]
 """The source record, the DLQ copy's headers and value, the replacement reason if any."""
 
 
+@dataclass(eq=False)
 class DeadLetterer:
-    def __init__(
-        self,
-        producer: Producer,
-        *,
-        topic: str,
-        group_id: str,
-        delivery_timeout: float,
-        on_tick: Callable[[], None] | None = None,
-    ) -> None:
-        self._producer = producer
-        self._topic = topic
-        self._group_id = group_id
-        self._delivery_timeout = delivery_timeout
-        self._on_tick = on_tick
-        self._partitions: int | None = None
-        self._acknowledged: dict[Position, Receipt] = {}
+    producer: Producer
+    topic: str = field(kw_only=True)
+    group_id: str = field(kw_only=True)
+    delivery_timeout: float = field(kw_only=True)
+    on_tick: Callable[[], None] | None = field(kw_only=True, default=None)
+    _partitions: int | None = field(init=False, default=None)
+    _acknowledged: dict[Position, Receipt] = field(init=False, default_factory=dict)
 
     def write(self, records: Sequence[Item]) -> DeadLetterResult:
         """Produce what is not in the DLQ yet, wait for the broker, say what landed."""
@@ -103,12 +95,12 @@ class DeadLetterer:
         count = self._partition_count()
         if count is None:
             failure = DeliveryFailure(
-                "_UNKNOWN_TOPIC", "retriable", f"DLQ topic {self._topic!r} unavailable", True
+                "_UNKNOWN_TOPIC", "retriable", f"DLQ topic {self.topic!r} unavailable", True
             )
             for message, _ in todo:
                 result.failed.setdefault(partition_of(message), failure)
             return
-        infos = {_position(m): dead_letter_info(m, inv, self._group_id) for m, inv in todo}
+        infos = {_position(m): dead_letter_info(m, inv, self.group_id) for m, inv in todo}
         first = self._produce_round(
             [
                 (m, headers_of(m) + infos[_position(m)].to_headers(), m.value(), None)
@@ -158,8 +150,8 @@ class DeadLetterer:
             position = _position(message)
             on_delivery = self._remember(tracker, position, replaced)
             try:
-                self._producer.produce(
-                    self._topic,
+                self.producer.produce(
+                    self.topic,
                     key=message.key(),
                     value=value,
                     partition=position[0] % partitions,
@@ -168,14 +160,14 @@ class DeadLetterer:
                 )
             except (KafkaException, BufferError) as exc:
                 tracker.refused(position, exc)
-            self._producer.poll(0)
+            self.producer.poll(0)
         # The producer gives up on a record after message.timeout.ms = delivery_timeout, so
         # nothing is written after this wait ends: a retry cannot add a second copy.
-        tracker.wait(self._producer, self._delivery_timeout + _REPORT_MARGIN, on_tick=self._on_tick)
+        tracker.wait(self.producer, self.delivery_timeout + _REPORT_MARGIN, on_tick=self.on_tick)
         failures = dict(tracker.failures)
         if tracker.pending:
-            self._producer.purge(in_queue=True, in_flight=False)
-            self._producer.poll(0)
+            self.producer.purge(in_queue=True, in_flight=False)
+            self.producer.poll(0)
             late = DeliveryFailure(
                 "_MSG_TIMED_OUT", "retriable", "not acknowledged in time", retriable=True
             )
@@ -202,12 +194,12 @@ class DeadLetterer:
     def _partition_count(self) -> int | None:
         if self._partitions is None:
             try:
-                metadata = self._producer.list_topics(
-                    self._topic, timeout=min(self._delivery_timeout, 10.0)
+                metadata = self.producer.list_topics(
+                    self.topic, timeout=min(self.delivery_timeout, 10.0)
                 )
             except KafkaException:
                 return None
-            topic = metadata.topics.get(self._topic)
+            topic = metadata.topics.get(self.topic)
             count = len(topic.partitions) if topic is not None and topic.error is None else 0
             if count == 0:
                 return None

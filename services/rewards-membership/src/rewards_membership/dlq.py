@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from enum import StrEnum
+from typing import Generic, NamedTuple, TypeVar
 
 import msgspec
 from confluent_kafka import (
@@ -33,6 +34,7 @@ from rewards_membership.validation import InvalidEvent
 
 __all__ = [
     "DeadLetterRecord",
+    "Handled",
     "OriginalUnavailable",
     "dead_letter_at",
     "dead_letter_info",
@@ -84,6 +86,20 @@ class DeadLetterRecord:
             if name == DLT_VALUE_REPLACED_HEADER:
                 return value.decode(errors="replace") if isinstance(value, bytes) else value or ""
         return None
+
+
+S = TypeVar("S", bound=StrEnum)
+
+
+# No slots: a generic frozen dataclass with slots cannot be built through its alias
+# (`Handled[ReplayState](...)`) on Python 3.11.
+@dataclass(frozen=True)
+class Handled(Generic[S]):
+    """What `dlq replay` or `dlq resolve` did with one dead letter (`state`), and why."""
+
+    record: DeadLetterRecord
+    state: S
+    detail: str = ""
 
 
 def _record(message: Message) -> DeadLetterRecord:

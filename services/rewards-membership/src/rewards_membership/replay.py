@@ -24,7 +24,7 @@ from psycopg.rows import TupleRow
 
 from pin_contracts import Headers
 from pin_runtime.delivery import DeliveryTracker
-from rewards_membership.dlq import DeadLetterRecord, OriginalUnavailable, read_original
+from rewards_membership.dlq import DeadLetterRecord, Handled, OriginalUnavailable, read_original
 from rewards_membership.records import headers_of, offset_of, partition_of
 from rewards_membership.store import (
     Position,
@@ -51,11 +51,7 @@ class ReplayState(StrEnum):
     FAILED = "failed"
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayResult:
-    record: DeadLetterRecord
-    state: ReplayState
-    detail: str = ""
+ReplayResult = Handled[ReplayState]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +101,7 @@ class Replayer:
                 )
                 continue
             prepared = self._prepare(record, force=force)
-            if isinstance(prepared, ReplayResult):
+            if isinstance(prepared, Handled):
                 yield prepared
             else:
                 copies.append(prepared)
@@ -119,7 +115,7 @@ class Replayer:
         value, headers = record.value, record.original_headers
         if record.replaced is not None:
             original = self._original(record)
-            if isinstance(original, ReplayResult):
+            if isinstance(original, Handled):
                 return original
             value, headers = original.value(), headers_of(original)
         item = validate(value)

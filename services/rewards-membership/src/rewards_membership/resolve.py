@@ -26,7 +26,7 @@ from confluent_kafka import Consumer
 from psycopg.rows import TupleRow
 
 from pin_contracts import MESSAGE_ID_HEADER, header_text
-from rewards_membership.dlq import DeadLetterRecord, OriginalUnavailable, read_original
+from rewards_membership.dlq import DeadLetterRecord, Handled, OriginalUnavailable, read_original
 from rewards_membership.store import (
     Position,
     fetch_replays,
@@ -47,11 +47,7 @@ class ResolveState(StrEnum):
     REPLAYED = "already-replayed"
 
 
-@dataclass(frozen=True, slots=True)
-class ResolveResult:
-    record: DeadLetterRecord
-    state: ResolveState
-    detail: str = ""
+ResolveResult = Handled[ResolveState]
 
 
 def candidate_keys(record: DeadLetterRecord, original: bytes | None) -> list[str]:

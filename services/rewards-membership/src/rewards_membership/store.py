@@ -194,20 +194,22 @@ class MembershipStore:
 Position = tuple[int, int]
 
 
+def _positions(dlq_topic: str, positions: Sequence[Position]) -> dict[str, object]:
+    """The parameters naming `positions` (partition, offset) of the DLQ: an array a column."""
+    return {
+        "topic": dlq_topic,
+        "partitions": [p for p, _ in positions],
+        "offsets": [o for _, o in positions],
+    }
+
+
 def fetch_replays(
     conn: psycopg.Connection[TupleRow], dlq_topic: str, positions: Sequence[Position]
 ) -> dict[Position, datetime]:
     """(DLQ partition, offset) -> when it was replayed, for those of `positions` replayed."""
     if not positions:
         return {}
-    cursor = conn.execute(
-        _dead_letters.select_replays,
-        {
-            "topic": dlq_topic,
-            "partitions": [p for p, _ in positions],
-            "offsets": [o for _, o in positions],
-        },
-    )
+    cursor = conn.execute(_dead_letters.select_replays, _positions(dlq_topic, positions))
     return {(partition, offset): at for partition, offset, at in cursor}
 
 
@@ -252,14 +254,7 @@ def fetch_resolutions(
     """(DLQ partition, offset) -> when and why it was resolved, for those of `positions`."""
     if not positions:
         return {}
-    cursor = conn.execute(
-        _dead_letters.select_resolutions,
-        {
-            "topic": dlq_topic,
-            "partitions": [p for p, _ in positions],
-            "offsets": [o for _, o in positions],
-        },
-    )
+    cursor = conn.execute(_dead_letters.select_resolutions, _positions(dlq_topic, positions))
     return {(partition, offset): Resolution(at, reason) for partition, offset, at, reason in cursor}
 
 
