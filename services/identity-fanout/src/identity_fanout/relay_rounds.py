@@ -9,7 +9,7 @@ round's outcome and the result kept as `last_round`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -29,7 +29,8 @@ class Rounds:
     pump: Pump
     metrics: RelayMetrics
     state: ComponentState
-    look_interval: float = field(kw_only=True)
+    _: KW_ONLY
+    look_interval: float
     _next_look: float = field(init=False, default=0.0)
     _gauges_due: bool = field(init=False, default=False)
     last_round: RoundResult | None = field(init=False, default=None)

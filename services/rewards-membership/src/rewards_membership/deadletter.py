@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Final
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -62,10 +62,11 @@ _Outgoing = tuple[Message, Headers, bytes | None, str | None]
 @dataclass(eq=False)
 class DeadLetterer:
     producer: Producer
-    topic: str = field(kw_only=True)
-    group_id: str = field(kw_only=True)
-    delivery_timeout: float = field(kw_only=True)
-    on_tick: Callable[[], None] | None = field(kw_only=True, default=None)
+    _: KW_ONLY
+    topic: str
+    group_id: str
+    delivery_timeout: float
+    on_tick: Callable[[], None] | None = None
     _partitions: int | None = field(init=False, default=None)
     _acknowledged: dict[Position, Receipt] = field(init=False, default_factory=dict)
 

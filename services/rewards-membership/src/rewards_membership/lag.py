@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Final
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -49,10 +49,11 @@ def offset_lag(*, low: int, high: int, committed: int) -> int | None:
 class LagReporter:
     reader: Consumer
     """Not the polling consumer: see the module's docstring."""
-    topic: str = field(kw_only=True)
-    metrics: Metrics = field(kw_only=True)
-    interval: float = field(kw_only=True)
-    clock: Callable[[], float] = field(kw_only=True)
+    _: KW_ONLY
+    topic: str
+    metrics: Metrics
+    interval: float
+    clock: Callable[[], float]
     _next: float = field(init=False, default=0.0)
     _paused_labels: set[int] = field(init=False, default_factory=set)
 

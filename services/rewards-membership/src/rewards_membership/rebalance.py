@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
@@ -29,11 +29,12 @@ _log = logging.getLogger("rewards_membership.consumer")
 @dataclass(eq=False)
 class RebalanceGuard:
     consumer: Consumer
-    topic: str = field(kw_only=True)
-    partitions: PartitionControl = field(kw_only=True)
-    settle: Callable[[Sequence[int]], None] = field(kw_only=True)
+    _: KW_ONLY
+    topic: str
+    partitions: PartitionControl
+    settle: Callable[[Sequence[int]], None]
     """Finish the batch in flight, leaving out the given (lost) partitions."""
-    on_assigned: Callable[[], None] = field(kw_only=True)
+    on_assigned: Callable[[], None]
     _touched: set[int] = field(init=False, default_factory=set)
 
     def poll_started(self) -> None:

@@ -12,32 +12,28 @@ consumer skips as a duplicate of the first.
 
 from __future__ import annotations
 
-import itertools
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
-from psycopg.rows import TupleRow
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from pin_contracts import Headers
 from pin_runtime.delivery import DeliveryTracker
 from rewards_membership.dlq import DeadLetterRecord, Handled, OriginalUnavailable, read_original
+from rewards_membership.dlq_pass import DeadLetterPass, History
 from rewards_membership.records import headers_of, offset_of, partition_of
 from rewards_membership.store import (
     Position,
     clear_dead_letter_marks,
-    fetch_replays,
-    fetch_resolutions,
     record_replays,
 )
 from rewards_membership.validation import InvalidEvent, position_key, validate
 
 __all__ = ["ReplayResult", "ReplayState", "Replayer"]
 
-_PAGE: Final = 200
 _REPORT_MARGIN: Final = 5.0
 
 
@@ -64,27 +60,19 @@ class _Copy:
 
 
 @dataclass(eq=False, kw_only=True)
-class Replayer:
+class Replayer(DeadLetterPass):
     producer: Producer
-    source: Consumer
-    conn: psycopg.Connection[TupleRow]
-    dlq_topic: str
     default_topic: str
     delivery_timeout: float
-    read_timeout: float = 10.0
 
     def replay(self, records: Iterable[DeadLetterRecord], *, force: bool) -> Iterator[ReplayResult]:
         """One result per record, page by page (the records may be a stream)."""
-        iterator = iter(records)
-        while page := list(itertools.islice(iterator, _PAGE)):
-            yield from self._replay_page(page, force=force)
+        return self.each_page(records, functools.partial(self._replay_page, force=force))
 
     def _replay_page(
-        self, page: Sequence[DeadLetterRecord], *, force: bool
+        self, page: Sequence[DeadLetterRecord], history: History, *, force: bool
     ) -> Iterator[ReplayResult]:
-        positions = [(r.partition, r.offset) for r in page]
-        done = fetch_replays(self.conn, self.dlq_topic, positions)
-        resolved = fetch_resolutions(self.conn, self.dlq_topic, positions)
+        done, resolved = history.replayed, history.resolved
         copies: list[_Copy] = []
         for record in page:
             at = done.get((record.partition, record.offset))

@@ -14,31 +14,22 @@ marks into resolved ones and write the audit rows (who, when, why) to
 from __future__ import annotations
 
 import contextlib
-import itertools
+import functools
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
-
-import psycopg
-from confluent_kafka import Consumer
-from psycopg.rows import TupleRow
 
 from pin_contracts import MESSAGE_ID_HEADER, header_text
 from rewards_membership.dlq import DeadLetterRecord, Handled, OriginalUnavailable, read_original
+from rewards_membership.dlq_pass import DeadLetterPass, History
 from rewards_membership.store import (
     Position,
-    fetch_replays,
-    fetch_resolutions,
     record_resolutions,
     resolve_dead_letter_marks,
 )
 from rewards_membership.validation import idempotency_key, position_key, validate
 
 __all__ = ["ResolveResult", "ResolveState", "Resolver", "candidate_keys"]
-
-_PAGE: Final = 200
 
 
 class ResolveState(StrEnum):
@@ -73,27 +64,19 @@ def candidate_keys(record: DeadLetterRecord, original: bytes | None) -> list[str
     return list(dict.fromkeys(keys))
 
 
-@dataclass(eq=False, kw_only=True)
-class Resolver:
-    conn: psycopg.Connection[TupleRow]
-    source: Consumer
-    dlq_topic: str
-    read_timeout: float = 10.0
+class Resolver(DeadLetterPass):
+    """Closes dead letters without a replay (`dlq resolve`)."""
 
     def resolve(
         self, records: Iterable[DeadLetterRecord], *, reason: str
     ) -> Iterator[ResolveResult]:
         """One result per record, page by page (the records may be a stream)."""
-        iterator = iter(records)
-        while page := list(itertools.islice(iterator, _PAGE)):
-            yield from self._resolve_page(page, reason=reason)
+        return self.each_page(records, functools.partial(self._resolve_page, reason=reason))
 
     def _resolve_page(
-        self, page: Sequence[DeadLetterRecord], *, reason: str
+        self, page: Sequence[DeadLetterRecord], history: History, *, reason: str
     ) -> Iterator[ResolveResult]:
-        positions = [(r.partition, r.offset) for r in page]
-        replayed = fetch_replays(self.conn, self.dlq_topic, positions)
-        resolved = fetch_resolutions(self.conn, self.dlq_topic, positions)
+        replayed, resolved = history.replayed, history.resolved
         todo: list[tuple[DeadLetterRecord, list[str]]] = []
         for record in page:
             position = (record.partition, record.offset)

@@ -194,23 +194,30 @@ class MembershipStore:
 Position = tuple[int, int]
 
 
-def _positions(dlq_topic: str, positions: Sequence[Position]) -> dict[str, object]:
-    """The parameters naming `positions` (partition, offset) of the DLQ: an array a column."""
-    return {
+def _rows_at(
+    conn: psycopg.Connection[TupleRow],
+    statement: str,
+    dlq_topic: str,
+    positions: Sequence[Position],
+) -> list[TupleRow]:
+    """The rows `statement` reads for `positions` (partition, offset) of the DLQ, in one
+    query (an array a column); none without a query when there are no positions."""
+    if not positions:
+        return []
+    params = {
         "topic": dlq_topic,
         "partitions": [p for p, _ in positions],
         "offsets": [o for _, o in positions],
     }
+    return conn.execute(statement, params).fetchall()
 
 
 def fetch_replays(
     conn: psycopg.Connection[TupleRow], dlq_topic: str, positions: Sequence[Position]
 ) -> dict[Position, datetime]:
     """(DLQ partition, offset) -> when it was replayed, for those of `positions` replayed."""
-    if not positions:
-        return {}
-    cursor = conn.execute(_dead_letters.select_replays, _positions(dlq_topic, positions))
-    return {(partition, offset): at for partition, offset, at in cursor}
+    rows = _rows_at(conn, _dead_letters.select_replays, dlq_topic, positions)
+    return {(partition, offset): at for partition, offset, at in rows}
 
 
 def clear_dead_letter_marks(conn: psycopg.Connection[TupleRow], keys: Sequence[str]) -> None:
@@ -252,10 +259,8 @@ def fetch_resolutions(
     conn: psycopg.Connection[TupleRow], dlq_topic: str, positions: Sequence[Position]
 ) -> dict[Position, Resolution]:
     """(DLQ partition, offset) -> when and why it was resolved, for those of `positions`."""
-    if not positions:
-        return {}
-    cursor = conn.execute(_dead_letters.select_resolutions, _positions(dlq_topic, positions))
-    return {(partition, offset): Resolution(at, reason) for partition, offset, at, reason in cursor}
+    rows = _rows_at(conn, _dead_letters.select_resolutions, dlq_topic, positions)
+    return {(partition, offset): Resolution(at, reason) for partition, offset, at, reason in rows}
 
 
 def resolve_dead_letter_marks(conn: psycopg.Connection[TupleRow], keys: Sequence[str]) -> set[str]:
