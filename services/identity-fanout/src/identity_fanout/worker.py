@@ -58,11 +58,12 @@ from pin_runtime.sql import load_queries
 from pin_runtime.structs import built_from
 
 _log = logging.getLogger(__name__)
-R = TypeVar("R")
-
 _tasks = load_queries("identity_fanout", "sql/tasks.sql")
 
 DEFAULT_SHARD_SIZE = 25_000
+
+R = TypeVar("R")
+"""What one batch of a unit returns (a task's or a shard's result)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,13 +218,15 @@ class FanoutWorker:
 
     def process_task(self, task: FanOutTask) -> None:
         """Walk ``task`` as one unit from its Cursor to the end (or stop, fence, failure)."""
-        on_batch = self._on_batch and functools.partial(self._on_batch, task)
+        hook = self._on_batch
+        on_batch = None if hook is None else functools.partial(hook, task)
         run = functools.partial(process_batch, task=task)
         self._walk(_task_unit(task), task_claim(task), run, _task_step, on_batch)
 
     def process_shard(self, claimed: ClaimedShard) -> None:
         """Walk one shard of a large task from its cursor to its upper bound."""
-        on_batch = self._on_shard_batch and functools.partial(self._on_shard_batch, claimed)
+        hook = self._on_shard_batch
+        on_batch = None if hook is None else functools.partial(hook, claimed)
         run = functools.partial(process_shard_batch, claimed=claimed)
         self._walk(_shard_unit(claimed), shard_claim(claimed.shard), run, _shard_step, on_batch)
 

@@ -120,6 +120,17 @@ def _record(message: Message) -> DeadLetterRecord:
     )
 
 
+def _next_record(consumer: Consumer, timeout: float, source: str) -> Message:
+    """The next record of the consumer's assignment, error events skipped; TimeoutError when
+    none comes within `timeout` (the assignment ends before the watermark it was read to)."""
+    while True:
+        message = consumer.poll(timeout)
+        if message is None:
+            raise TimeoutError(f"no record from {source} within {timeout}s")
+        if message.error() is None:
+            return message
+
+
 def read_at(
     consumer: Consumer, topic: str, partition: int, offset: int, *, timeout: float
 ) -> Message | None:
@@ -131,14 +142,8 @@ def read_at(
         return None
     consumer.assign([TopicPartition(topic, partition, offset)])
     try:
-        while True:
-            message = consumer.poll(timeout)
-            if message is None:
-                raise TimeoutError(f"no record from {topic}[{partition}] within {timeout}s")
-            if message.error() is not None:
-                continue
-            found = offset_of(message)
-            return message if found == offset else None
+        message = _next_record(consumer, timeout, f"{topic}[{partition}]")
+        return message if offset_of(message) == offset else None
     finally:
         consumer.unassign()
 
@@ -227,11 +232,7 @@ def read_dead_letters(
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
     try:
         while ends:
-            message = consumer.poll(timeout)
-            if message is None:
-                raise TimeoutError(f"no record from {topic} within {timeout}s")
-            if message.error() is not None:
-                continue
+            message = _next_record(consumer, timeout, topic)
             partition, offset = partition_of(message), offset_of(message)
             if partition not in ends:
                 continue

@@ -194,22 +194,28 @@ class MembershipStore:
 Position = tuple[int, int]
 
 
+def _at(dlq_topic: str, positions: Sequence[Position], **columns: object) -> dict[str, object]:
+    """The parameters of a statement over rows at `positions` (partition, offset) of the DLQ:
+    the topic, then one array per column, the positions' first."""
+    return {
+        "topic": dlq_topic,
+        "partitions": [p for p, _ in positions],
+        "offsets": [o for _, o in positions],
+        **columns,
+    }
+
+
 def _rows_at(
     conn: psycopg.Connection[TupleRow],
     statement: str,
     dlq_topic: str,
     positions: Sequence[Position],
 ) -> list[TupleRow]:
-    """The rows `statement` reads for `positions` (partition, offset) of the DLQ, in one
-    query (an array a column); none without a query when there are no positions."""
+    """The rows `statement` reads for `positions` of the DLQ, in one query; none without a
+    query when there are no positions."""
     if not positions:
         return []
-    params = {
-        "topic": dlq_topic,
-        "partitions": [p for p, _ in positions],
-        "offsets": [o for _, o in positions],
-    }
-    return conn.execute(statement, params).fetchall()
+    return conn.execute(statement, _at(dlq_topic, positions)).fetchall()
 
 
 def fetch_replays(
@@ -235,19 +241,16 @@ def record_replays(
     """Rows of `((dlq partition, offset), inbox key, target topic, (target partition, offset))`."""
     if not replays:
         return
-    conn.execute(
-        _dead_letters.insert_replays,
-        {
-            "topic": dlq_topic,
-            "forced": forced,
-            "partitions": [r[0][0] for r in replays],
-            "offsets": [r[0][1] for r in replays],
-            "keys": [r[1] for r in replays],
-            "targets": [r[2] for r in replays],
-            "target_partitions": [r[3][0] for r in replays],
-            "target_offsets": [r[3][1] for r in replays],
-        },
+    params = _at(
+        dlq_topic,
+        [r[0] for r in replays],
+        forced=forced,
+        keys=[r[1] for r in replays],
+        targets=[r[2] for r in replays],
+        target_partitions=[r[3][0] for r in replays],
+        target_offsets=[r[3][1] for r in replays],
     )
+    conn.execute(_dead_letters.insert_replays, params)
 
 
 class Resolution(NamedTuple):
@@ -281,16 +284,10 @@ def record_resolutions(
     """Rows of `((dlq partition, offset), inbox key closed)`; the positions recorded now."""
     if not resolutions:
         return set()
-    cursor = conn.execute(
-        _dead_letters.insert_resolutions,
-        {
-            "topic": dlq_topic,
-            "reason": reason,
-            "partitions": [r[0][0] for r in resolutions],
-            "offsets": [r[0][1] for r in resolutions],
-            "keys": [r[1] for r in resolutions],
-        },
+    params = _at(
+        dlq_topic, [r[0] for r in resolutions], reason=reason, keys=[r[1] for r in resolutions]
     )
+    cursor = conn.execute(_dead_letters.insert_resolutions, params)
     return {(partition, offset) for partition, offset in cursor}
 
 
