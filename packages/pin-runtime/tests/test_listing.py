@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 from rich.console import Console, RenderableType
 
-from pin_runtime.listing import Fields, Listing
+from pin_runtime.listing import Fields, Listing, timestamp_cell
 
 IDS = [str(uuid.UUID(int=n)) for n in (1, 2)]
 ROLES = [str(uuid.UUID(int=n * 1000)) for n in (1, 2)]
@@ -88,3 +89,9 @@ def test_fields_are_a_table_when_they_fit_and_lines_when_not() -> None:
     assert narrow[0] == "outbox"
     assert "backlog:        12" in narrow
     assert any(line.startswith(f"{holder}: lanes 0, 1, 2, 3") for line in narrow)
+
+
+def test_a_timestamp_cell_is_iso_to_the_second_and_a_dash_when_there_is_none() -> None:
+    moment = datetime(2025, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC)
+    assert timestamp_cell(moment) == "2025-01-02T03:04:05+00:00"
+    assert timestamp_cell(None) == "-"

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 import pytest
 
-from pin_runtime.clients import ClientSettings
+from pin_runtime.clients import ClientSettings, Port, ServiceSettings
 from pin_runtime.errors import PinRuntimeError, SettingsError
 from pin_runtime.settings import (
     Secret,
@@ -257,3 +257,20 @@ def test_client_settings_name_the_variable_of_a_bad_limit() -> None:
     with pytest.raises(SettingsError) as raised:
         load_settings(ClientSettings, "SVC_", {"SVC_DB_KEEPALIVES_IDLE": "0s"})
     assert raised.value.variable == "SVC_DB_KEEPALIVES_IDLE"
+
+
+class ServiceExample(ServiceSettings, frozen=True, kw_only=True):
+    metrics_port: Port = 9100
+
+
+def test_service_settings_name_the_role_prefix_variable_of_the_service() -> None:
+    env = {f"{P}DB_ROLE_PREFIX": "Prod-"}
+    with pytest.raises(SettingsError) as caught:
+        load_settings(ServiceExample, P, env)
+    assert caught.value.variable == f"{P}DB_ROLE_PREFIX"
+    settings = load_settings(ServiceExample, P, {f"{P}DB_ROLE_PREFIX": "staging_"})
+    assert (settings.db_role_prefix, settings.metrics_port, settings.log_level) == (
+        "staging_",
+        9100,
+        "INFO",
+    )
