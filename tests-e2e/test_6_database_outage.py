@@ -14,6 +14,7 @@ from collections.abc import Callable
 from uuid import UUID
 
 import pytest
+from pin_e2e import verify
 from pin_e2e.checks import MembershipPlan
 from pin_e2e.report import Recorder, ScenarioStats
 from pin_e2e.steps import (
@@ -26,13 +27,6 @@ from pin_e2e.steps import (
     task_row,
 )
 from pin_e2e.system import System
-from pin_e2e.verify import (
-    access_delivered,
-    membership_message_ids,
-    record_both_paths,
-    wait_converged,
-    wait_task_drained,
-)
 
 from pin_testkit.service import ServiceProcess
 from pin_testkit.waiting import wait_until
@@ -108,24 +102,24 @@ def test_database_stopped_mid_flow(
         database_outage(system, task, [worker, consumer], stats)
 
         record_changes(system, plan.changes[CHANGES_BEFORE:])
-        wait_task_drained(
+        verify.wait_task_drained(
             system,
             task,
             what="task Completed and the outbox drained after the outage",
             interval=0.25,
             alive=[worker, consumer],
         )
-        wait_converged(system, plan, alive=[worker, consumer])
+        verify.wait_converged(system, plan, alive=[worker, consumer])
         stats.mark("converged")
 
         # Access path: every user, at most one repeated batch; the checkpoint counted each once.
-        delivery = access_delivered(system, users, change.version)
+        delivery = verify.access_delivered(system, users, change.version)
         assert delivery.fanout_duplicates <= BATCH_SIZE
         assert task_row(system, task)["processed_count"] == USERS
         # Membership path: rows equal identity's and each change was applied exactly once (the
         # row's version counts applied changes and equals identity's Version; checked by
         # projection_converged), with one inbox mark each.
-        message_ids = membership_message_ids(system)
+        message_ids = verify.membership_message_ids(system)
         assert len(set(message_ids)) == total
         assert inbox_count(system) == total
         metrics = consumer.metrics()
@@ -137,7 +131,7 @@ def test_database_stopped_mid_flow(
         }
         stats.notes.append(f"consumer retries: {retries or 'none'}")
 
-        record_both_paths(
+        verify.record_both_paths(
             stats,
             delivery,
             message_ids,

@@ -1,5 +1,6 @@
 """What every fan-out benchmark needs around the service: a scratch database, the service's
-processes as the chart runs them (each as its runtime login), and deadline-bounded waits.
+processes as the chart runs them (each as its runtime login, through pin_testkit's
+ServiceProcess), and what they count.
 
 One set of helpers for `run.py`, `scale.py` and `shards.py`: they differ in what they
 measure, not in how they start, watch and stop the service.
@@ -9,31 +10,23 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from http import HTTPStatus
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 from rich.console import Console
 
 from identity_fanout.schema import migrate_database
+from pin_testkit.databases import temporary_database
 from pin_testkit.local import ensure_up
+from pin_testkit.ports import free_port
 from pin_testkit.runtime_roles import all_logins, ensure_login, runtime_dsn
+from pin_testkit.service import ServiceProcess, service_environment
 
 console = Console(width=max(150, Console().width))
 """Wide enough for the tables when the output is a file or a pipe (`make bench | tee`)."""
-
-SCRIPT = str(Path(sys.executable).with_name("identity-fanout"))
-"""The service's console script of the environment the benchmark runs in."""
 
 WORKER = ("worker", "--no-relay")
 RELAY = ("relay",)
@@ -58,20 +51,11 @@ def services() -> Services:
 @contextlib.contextmanager
 def scratch_database(admin_dsn: str, prefix: str) -> Iterator[str]:
     """A migrated database of its own (runtime logins ensured), dropped again afterwards."""
-    dbname = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-    try:
-        dsn = make_conninfo(admin_dsn, dbname=dbname)
+    with temporary_database(admin_dsn, prefix) as dsn:
         migrate_database(dsn)
         for _, groups in all_logins():
             ensure_login(admin_dsn, *groups)
         yield dsn
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
-            )
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -143,36 +127,17 @@ def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
     return 1 - (after[1] - before[1]) / total if total else float("nan")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def published(processes: Iterable[ServiceProcess]) -> float:
+    """`identity_outbox_published_total` summed over `processes` (counted after the DELETE
+    of acknowledged rows, so it is what Kafka acknowledged and the outbox let go)."""
+    return sum(p.metric("identity_outbox_published_total") for p in processes)
 
 
-def ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
-            return bool(response.status == HTTPStatus.OK)
-    except OSError:
-        return False
-
-
-def published(port: int) -> float:
-    """`identity_outbox_published_total` of the relay listening on `port` (counted after the
-    DELETE of acknowledged rows, so it is what Kafka acknowledged and the outbox let go)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith("identity_outbox_published_total "):
-                return float(line.split()[1])
-    return 0.0
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, pause: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not done within {timeout}s")
-        time.sleep(pause)
+def task_completed(db: psycopg.Connection[tuple[object, ...]], task_id: uuid.UUID) -> bool:
+    row = db.execute(
+        "SELECT status FROM identity.access_fanout_tasks WHERE id = %s", (task_id,)
+    ).fetchone()
+    return row is not None and row[0] == "Completed"
 
 
 def login_of(args: Sequence[str]) -> tuple[str, ...]:
@@ -184,43 +149,30 @@ def login_of(args: Sequence[str]) -> tuple[str, ...]:
     return ("identity_fanout_worker", "identity_fanout_relay")
 
 
-class Process(NamedTuple):
-    args: tuple[str, ...]
-    port: int
-    popen: subprocess.Popen[bytes]
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-
 @contextlib.contextmanager
 def launched(
     dsn: str, commands: Sequence[Sequence[str]], env: Mapping[str, str]
-) -> Iterator[list[Process]]:
+) -> Iterator[list[ServiceProcess]]:
     """`identity-fanout <command>` processes, each as its runtime login and with a metrics
     port of its own; ready (`/readyz`) when this yields, terminated when it ends."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")}
-    processes: list[Process] = []
-    try:
+    base = service_environment(("IDENTITY_FANOUT_",), IDENTITY_FANOUT_LOG_LEVEL="WARNING")
+    with contextlib.ExitStack() as stack:
+        processes: list[ServiceProcess] = []
         for args in commands:
             port = free_port()
-            popen = subprocess.Popen(
-                [SCRIPT, *args],
+            process = ServiceProcess(
+                name=" ".join(args),
+                program="identity-fanout",
+                args=tuple(args),
                 env=base
-                | {"IDENTITY_FANOUT_LOG_LEVEL": "WARNING"}
                 | dict(env)
                 | {
                     "IDENTITY_FANOUT_METRICS_PORT": str(port),
                     "IDENTITY_FANOUT_DATABASE_DSN": runtime_dsn(dsn, *login_of(args)),
                 },
+                metrics_port=port,
             )
-            processes.append(Process(tuple(args), port, popen))
+            processes.append(stack.enter_context(process.start()))
         for process in processes:  # measured from idle, ready processes
-            wait_for(lambda process=process: ready(process.port), 60, pause=0.1)  # type: ignore[misc]
+            process.wait_ready(60)
         yield processes
-    finally:
-        for process in processes:
-            process.popen.terminate()
-        for process in processes:
-            process.popen.wait(60)

@@ -21,27 +21,16 @@ import time
 from typing import Final, NamedTuple
 from uuid import UUID
 
+import procs
 import psycopg
 import scale
-from procs import (
-    RELAY,
-    WORKER,
-    busy_share,
-    console,
-    launched,
-    machine_jiffies,
-    peak_rss_mib,
-    published,
-    scratch_database,
-    services,
-    wait_for,
-)
 from rich.table import Table
 
 from identity_fanout.enqueue import set_role_permissions
 from pin_testkit.bench import Comparison, record
 from pin_testkit.runtime_roles import runtime_dsn
 from pin_testkit.seeding import add_permissions, seed_role_with_users
+from pin_testkit.waiting import wait_until
 
 BENCHMARK: Final = "identity-fanout: {users:,}-user role, commit -> last event acked"
 TARGET: Final = 3.0
@@ -51,7 +40,7 @@ TARGET: Final = 3.0
 # runs it in a thread of the worker process instead.
 CHART: Final = "relay apart (chart default)"
 TOPOLOGIES: Final[dict[str, list[tuple[str, ...]]]] = {
-    CHART: [WORKER, RELAY],
+    CHART: [procs.WORKER, procs.RELAY],
     "relay in the worker (one process)": [("worker",)],
 }
 # Each measurement changes the role's permissions anew: the set alternates between these.
@@ -97,7 +86,7 @@ class Timings(NamedTuple):
 
 
 def seed(dsn: str, users: int) -> UUID:
-    with console.status(f"seeding a role of {users:,} users"), psycopg.connect(dsn) as db:
+    with procs.console.status(f"seeding a role of {users:,} users"), psycopg.connect(dsn) as db:
         role, _ = seed_role_with_users(db, users=users, other_roles=2)
         # Other roles and users too, so the role is not the whole table.
         seed_role_with_users(db, users=users // 2, other_roles=1, code="bystanders")
@@ -141,38 +130,35 @@ def measure(
         "IDENTITY_FANOUT_BATCH_SIZE": str(batch_size),
     }
     with (
-        launched(dsn, commands, env) as processes,
+        procs.launched(dsn, commands, env) as processes,
         psycopg.connect(runtime_dsn(dsn, "identity_fanout_operator"), autocommit=True) as db,
     ):
-        machine = machine_jiffies()
+        machine = procs.machine_jiffies()
         started = time.monotonic()
         change = set_role_permissions(db, role, PERMISSION_SETS[run % 2], inline_threshold=1000)
         committed = time.monotonic()
         if change.task_id is None:
             raise RuntimeError(f"expected a queued task, got {change.mode}")
 
-        def task_done() -> bool:
-            row = db.execute(
-                "SELECT status FROM identity.access_fanout_tasks WHERE id = %s",
-                (change.task_id,),
-            ).fetchone()
-            return row is not None and row[0] == "Completed"
-
-        wait_for(task_done, 600)
+        task_id = change.task_id
+        done = "the task completed"
+        wait_until(lambda: procs.task_completed(db, task_id), 600, done, interval=0.02)
         completed = time.monotonic()
         # The relays' counters, scraped every 20 ms: a count(*) of the outbox that often
         # would load the database the relay reads from.
-        wait_for(lambda: sum(published(p.port) for p in processes) >= users, 600)
+        wait_until(
+            lambda: procs.published(processes) >= users, 600, "every event published", interval=0.02
+        )
         acknowledged = time.monotonic()
-        busy = busy_share(machine, machine_jiffies())
+        busy = procs.busy_share(machine, procs.machine_jiffies())
         if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
             raise RuntimeError("the relay reported more rows than it deleted")
         return Timings(
             enqueue_ms=(committed - started) * 1000,
             completed_s=completed - committed,
             acknowledged_s=acknowledged - committed,
-            worker_rss_mib=peak_rss_mib(processes[0].pid),
-            relay_rss_mib=peak_rss_mib(processes[1].pid) if len(processes) > 1 else None,
+            worker_rss_mib=procs.peak_rss_mib(processes[0].pid),
+            relay_rss_mib=procs.peak_rss_mib(processes[1].pid) if len(processes) > 1 else None,
             machine_busy=busy,
             load=os.getloadavg()[0],
         )
@@ -216,7 +202,7 @@ def report(users: int, batch_size: int, results: dict[str, Timings], floor: list
     )
     row("machine CPU busy (anyone's work)", [f"{t.machine_busy:.0%}" for t in timings])
     row("load average (1 min) at the end", [f"{t.load:.1f}" for t in timings])
-    console.print(table)
+    procs.console.print(table)
 
 
 def main() -> None:
@@ -231,14 +217,14 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    admin_dsn, bootstrap = services()
-    with scratch_database(admin_dsn, "pin_bench_fanout") as dsn:
+    admin_dsn, bootstrap = procs.services()
+    with procs.scratch_database(admin_dsn, "pin_bench_fanout") as dsn:
         role = seed(dsn, args.users)
-        with console.status("the floor: one statement building every snapshot"):
+        with procs.console.status("the floor: one statement building every snapshot"):
             floor = floor_seconds(dsn, role, args.users)
         results = {}
         for run, (name, commands) in enumerate(TOPOLOGIES.items()):
-            with console.status(f"fan-out, {name}"):
+            with procs.console.status(f"fan-out, {name}"):
                 results[name] = measure(
                     dsn,
                     bootstrap,

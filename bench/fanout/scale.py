@@ -39,7 +39,7 @@ from procs import (
     published,
     scratch_database,
     services,
-    wait_for,
+    task_completed,
 )
 from psycopg import sql
 from rich.table import Table
@@ -51,6 +51,7 @@ from pin_contracts import ScopeType
 from pin_testkit.bench import Comparison, record
 from pin_testkit.runtime_roles import runtime_dsn
 from pin_testkit.seeding import add_permissions, add_role
+from pin_testkit.waiting import wait_until
 
 USERS: Final = 1_000_000
 SPEED_UP_TARGET: Final = 1.3
@@ -191,7 +192,9 @@ def measure(
         psycopg.connect(runtime_dsn(dsn, "identity_fanout_operator"), autocommit=True) as db,
     ):
         workers, relays = processes[:instances], processes[instances:]
-        wait_for(lambda: relays_settled(db, instances), 60, pause=0.2)
+        wait_until(
+            lambda: relays_settled(db, instances), 60, "relays hold their lanes", interval=0.2
+        )
         cpu = [cpu_seconds(p.pid) for p in processes]
         machine = machine_jiffies()
         dbname = str(db.info.dbname)
@@ -203,16 +206,10 @@ def measure(
         if change.task_id is None:
             raise RuntimeError(f"expected a queued task, got {change.mode}")
 
-        def task_done() -> bool:
-            row = db.execute(
-                "SELECT status FROM identity.access_fanout_tasks WHERE id = %s",
-                (change.task_id,),
-            ).fetchone()
-            return row is not None and row[0] == "Completed"
-
-        wait_for(task_done, 1800, pause=0.05)
+        task_id = change.task_id
+        wait_until(lambda: task_completed(db, task_id), 1800, "the task completed")
         completed = time.monotonic()
-        wait_for(lambda: sum(published(p.port) for p in relays) >= users, 1800, pause=0.05)
+        wait_until(lambda: published(relays) >= users, 1800, "every event published")
         acknowledged = time.monotonic()
         busy = busy_share(machine, machine_jiffies())
         postgres_cpu = database_cpu_since(dbname, postgres)

@@ -11,23 +11,25 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import time
-import uuid
-from pathlib import Path
 from typing import NamedTuple
 from uuid import UUID
 
 import psycopg
-from procs import console, cpu_seconds, free_port, ready, wait_for
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from procs import (
+    WORKER,
+    console,
+    cpu_seconds,
+    launched,
+    scratch_database,
+    services,
+    task_completed,
+)
 from rich.table import Table
 from run import PERMISSION_SETS, seed
 
 from identity_fanout.enqueue import set_role_permissions
-from identity_fanout.schema import migrate_database
+from pin_testkit.waiting import wait_until
 
 SETUPS: dict[str, tuple[int, str]] = {
     "1 worker, one unit": (1, "100000000"),
@@ -54,59 +56,37 @@ class Result(NamedTuple):
 
 
 def measure(dsn: str, role: UUID, *, workers: int, shard_size: str, run: int) -> Result:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")} | {
-        "IDENTITY_FANOUT_DATABASE_DSN": dsn,
-        "IDENTITY_FANOUT_SHARD_SIZE": shard_size,
-        "IDENTITY_FANOUT_LOG_LEVEL": "WARNING",
-    }
-    script = str(Path(sys.executable).with_name("identity-fanout"))
-    ports = [free_port() for _ in range(workers)]
-    processes = [
-        subprocess.Popen(
-            [script, "worker", "--no-relay"],
-            env=env | {"IDENTITY_FANOUT_METRICS_PORT": str(port)},
-        )
-        for port in ports
-    ]
-    try:
-        with psycopg.connect(dsn, autocommit=True) as db:
-            db.execute("TRUNCATE identity.outbox")
-            for port in ports:
-                wait_for(lambda port=port: ready(port), 60)  # type: ignore[misc]
-            change = set_role_permissions(db, role, PERMISSION_SETS[run % 2], inline_threshold=1000)
-            committed = time.monotonic()
-            if change.task_id is None:
-                raise RuntimeError(f"expected a queued task, got {change.mode}")
+    env = {"IDENTITY_FANOUT_SHARD_SIZE": shard_size}
+    with (
+        psycopg.connect(dsn, autocommit=True) as db,
+        launched(dsn, [WORKER] * workers, env) as processes,
+    ):
+        db.execute("TRUNCATE identity.outbox")
+        change = set_role_permissions(db, role, PERMISSION_SETS[run % 2], inline_threshold=1000)
+        committed = time.monotonic()
+        if change.task_id is None:
+            raise RuntimeError(f"expected a queued task, got {change.mode}")
+        task_id = change.task_id
+        samples: list[tuple[int, int]] = []
 
-            samples: list[tuple[int, int]] = []
+        def done() -> bool:
+            # Sampled with the status: worker statements running now, and how many of them
+            # wait for a lock (the task row's roll-up would show up here).
+            active = db.execute(SAMPLE_ACTIVITY).fetchone()
+            if active is not None:
+                samples.append((active[0], active[1]))
+            return task_completed(db, task_id)
 
-            def done() -> bool:
-                # Sampled with the status: worker statements running now, and how many of
-                # them wait for a lock (the task row's roll-up would show up here).
-                active = db.execute(SAMPLE_ACTIVITY).fetchone()
-                if active is not None:
-                    samples.append((active[0], active[1]))
-                row = db.execute(
-                    "SELECT status FROM identity.access_fanout_tasks WHERE id = %s",
-                    (change.task_id,),
-                ).fetchone()
-                return row is not None and row[0] == "Completed"
-
-            wait_for(done, 900)
-            seconds = time.monotonic() - committed
+        wait_until(done, 900, "the task completed")
+        seconds = time.monotonic() - committed
         cpu = [cpu_seconds(p.pid) for p in processes]
-        busy = [s for s in samples if s[0] > 0]
-        return Result(
-            seconds=seconds,
-            concurrent=sum(a for a, _ in busy) / max(len(busy), 1),
-            lock_waits=sum(w for _, w in busy) / max(sum(a for a, _ in busy), 1),
-            worker_cpu=cpu,
-        )
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(60)
+    busy = [s for s in samples if s[0] > 0]
+    return Result(
+        seconds=seconds,
+        concurrent=sum(a for a, _ in busy) / max(len(busy), 1),
+        lock_waits=sum(w for _, w in busy) / max(sum(a for a, _ in busy), 1),
+        worker_cpu=cpu,
+    )
 
 
 def main() -> None:
@@ -114,13 +94,7 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
-    admin_dsn = os.environ["PIN_POSTGRES_DSN"]
-    dbname = f"pin_bench_shards_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-    dsn = make_conninfo(admin_dsn, dbname=dbname)
-    try:
-        migrate_database(dsn)
+    with scratch_database(services().admin_dsn, "pin_bench_shards") as dsn:
         role = seed(dsn, args.users)
         results: dict[str, list[Result]] = {name: [] for name in SETUPS}
         for run in range(args.runs):
@@ -158,11 +132,6 @@ def main() -> None:
                 " + ".join(f"{c:.1f}" for c in best.worker_cpu),
             )
         console.print(table)
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
-            )
 
 
 if __name__ == "__main__":

@@ -19,20 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
-from collections.abc import Callable
-from http import HTTPStatus
 from pathlib import Path
 
 import psycopg
 from confluent_kafka import KafkaError, Message, Producer
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 from rich.console import Console
 from rich.table import Table
 
@@ -52,25 +44,15 @@ from pin_contracts.enums import ScopeType
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_runtime.kafka import producer_config
 from pin_testkit.bench import Comparison, record
+from pin_testkit.databases import temporary_database
 from pin_testkit.local import ensure_up
+from pin_testkit.ports import free_port
+from pin_testkit.service import ServiceProcess, service_environment
 from pin_testkit.topics import TopicFactory
+from pin_testkit.waiting import wait_until
 
 console = Console()
 PARTITIONS = 6
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
-            return bool(response.status == HTTPStatus.OK)
-    except OSError:
-        return False
 
 
 RELAY_CPU: list[float] = []
@@ -100,23 +82,6 @@ def backend_cpu(db: psycopg.Connection[tuple[object, ...]]) -> dict[int, float]:
         except OSError:  # gone, or the server runs elsewhere
             continue
     return cpu
-
-
-def published(port: int) -> float:
-    """`identity_outbox_published_total` of the relay listening on `port`."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith("identity_outbox_published_total "):
-                return float(line.split()[1])
-    return 0.0
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, pause: float = 0.01) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not done within {timeout}s")
-        time.sleep(pause)
 
 
 def create_topic(topics: TopicFactory) -> Topic:
@@ -199,40 +164,45 @@ def relay_drain(
 ) -> float:
     """Seconds from the commit of `batch` to the relay deleting its last row."""
     port = free_port()
-    env = os.environ | {
-        "IDENTITY_FANOUT_DATABASE_DSN": dsn,
-        "IDENTITY_FANOUT_KAFKA_BOOTSTRAP": bootstrap,
-        "IDENTITY_FANOUT_METRICS_PORT": str(port),
-        "IDENTITY_FANOUT_LOG_LEVEL": "WARNING",
-        "IDENTITY_FANOUT_OUTBOX_LANES": str(lanes),
-    }
-    script = str(Path(sys.executable).with_name("identity-fanout"))
-    process = subprocess.Popen([script, "relay"], env=env)
-    try:
-        with psycopg.connect(dsn, autocommit=True) as db:
-            wait_for(lambda: ready(port), 60, pause=0.1)
-            time.sleep(1.0)  # its first look at the lanes (they are free: it takes them all)
-            with db.transaction():
-                write_outbox(db, batch)
-            started, cpu_before = time.monotonic(), cpu_seconds(process.pid)
-            database_before = backend_cpu(db)
-            # Watched on its metrics (counted after each DELETE) every 50 ms: a count(*)
-            # every few ms would load the database the relay reads from, and scraping it
-            # more often would take the relay's own CPU.
-            wait_for(lambda: published(port) >= len(batch), 300, pause=0.05)
-            took = time.monotonic() - started
-            RELAY_CPU.append(cpu_seconds(process.pid) - cpu_before)
-            database_after = backend_cpu(db)
-            if database_after:
-                DATABASE_CPU.append(
-                    sum(t - database_before.get(pid, 0.0) for pid, t in database_after.items())
-                )
-            if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
-                raise RuntimeError("the relay reported more rows than it deleted")
-            return took
-    finally:
-        process.terminate()
-        process.wait(60)
+    relay = ServiceProcess(
+        name="relay",
+        program="identity-fanout",
+        args=("relay",),
+        env=service_environment(
+            IDENTITY_FANOUT_DATABASE_DSN=dsn,
+            IDENTITY_FANOUT_KAFKA_BOOTSTRAP=bootstrap,
+            IDENTITY_FANOUT_METRICS_PORT=str(port),
+            IDENTITY_FANOUT_LOG_LEVEL="WARNING",
+            IDENTITY_FANOUT_OUTBOX_LANES=str(lanes),
+        ),
+        metrics_port=port,
+    )
+    with relay.start(), psycopg.connect(dsn, autocommit=True) as db:
+        relay.wait_ready(60)
+        time.sleep(1.0)  # its first look at the lanes (they are free: it takes them all)
+        with db.transaction():
+            write_outbox(db, batch)
+        started, cpu_before = time.monotonic(), cpu_seconds(relay.pid)
+        database_before = backend_cpu(db)
+        # Watched on its metrics (`identity_outbox_published_total`, counted after each
+        # DELETE) every 50 ms: a count(*) every few ms would load the database the relay
+        # reads from, and scraping it more often would take the relay's own CPU.
+        wait_until(
+            lambda: relay.metric("identity_outbox_published_total") >= len(batch),
+            300,
+            "the batch published",
+            alive=[relay],
+        )
+        took = time.monotonic() - started
+        RELAY_CPU.append(cpu_seconds(relay.pid) - cpu_before)
+        database_after = backend_cpu(db)
+        if database_after:
+            DATABASE_CPU.append(
+                sum(t - database_before.get(pid, 0.0) for pid, t in database_after.items())
+            )
+        if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
+            raise RuntimeError("the relay reported more rows than it deleted")
+        return took
 
 
 def main() -> None:
@@ -247,33 +217,26 @@ def main() -> None:
     if not (admin_dsn and bootstrap):
         services = ensure_up()
         admin_dsn, bootstrap = services.postgres_dsn, services.kafka_bootstrap
-    dbname = f"pin_bench_relay_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-    dsn = make_conninfo(admin_dsn, dbname=dbname)
     topics = TopicFactory(bootstrap, prefix="pin-bench-relay")
     plain: list[float] = []
     relay: list[float] = []
-    try:
-        migrate_database(dsn)
-        with console.status(f"building {args.rows:,} access events"):
-            template = create_topic(topics)
-            batch = messages(template, args.rows, uuid.uuid4())
-        size = sum(len(m.value) for m in batch) / len(batch)
-        for round_ in range(args.rounds):
-            with console.status(f"round {round_ + 1}: plain producer"):
-                topic = create_topic(topics)
-                plain.append(plain_producer(bootstrap, topic, batch))
-            with console.status(f"round {round_ + 1}: relay"):
-                topic = create_topic(topics)
-                moved = [msg_for(m, topic) for m in batch]
-                relay.append(relay_drain(dsn, bootstrap, topic, moved, args.lanes))
-    finally:
-        topics.delete_all()
-        with psycopg.connect(admin_dsn, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
-            )
+    with temporary_database(admin_dsn, "pin_bench_relay") as dsn:
+        try:
+            migrate_database(dsn)
+            with console.status(f"building {args.rows:,} access events"):
+                template = create_topic(topics)
+                batch = messages(template, args.rows, uuid.uuid4())
+            size = sum(len(m.value) for m in batch) / len(batch)
+            for round_ in range(args.rounds):
+                with console.status(f"round {round_ + 1}: plain producer"):
+                    topic = create_topic(topics)
+                    plain.append(plain_producer(bootstrap, topic, batch))
+                with console.status(f"round {round_ + 1}: relay"):
+                    topic = create_topic(topics)
+                    moved = [msg_for(m, topic) for m in batch]
+                    relay.append(relay_drain(dsn, bootstrap, topic, moved, args.lanes))
+        finally:
+            topics.delete_all()
     report(args.rows, size, args.lanes, plain, relay)
 
 
@@ -320,28 +283,14 @@ def report(rows: int, size: float, lanes: int, plain: list[float], relay: list[f
         "",
         "",
     )
-    table.add_row(
-        "plain producer CPU-s per 100,000 rows",
-        ", ".join(f"{t * 100_000 / rows:.2f}" for t in PLAIN_CPU),
-        "",
-        "",
-        "",
-    )
-    table.add_row(
-        "relay CPU-s per 100,000 rows",
-        ", ".join(f"{t * 100_000 / rows:.2f}" for t in RELAY_CPU),
-        "",
-        "",
-        "",
-    )
-    if DATABASE_CPU:
-        table.add_row(
-            "its PostgreSQL backends' CPU-s per 100,000 rows",
-            ", ".join(f"{t * 100_000 / rows:.2f}" for t in DATABASE_CPU),
-            "",
-            "",
-            "",
-        )
+    for label, seconds in (
+        ("plain producer CPU-s per 100,000 rows", PLAIN_CPU),
+        ("relay CPU-s per 100,000 rows", RELAY_CPU),
+        ("its PostgreSQL backends' CPU-s per 100,000 rows", DATABASE_CPU),
+    ):
+        if seconds:
+            per_row = ", ".join(f"{t * 100_000 / rows:.2f}" for t in seconds)
+            table.add_row(label, per_row, "", "", "")
     console.print(table)
     record(
         Comparison(

@@ -49,17 +49,7 @@ envelope_like = st.fixed_dictionaries(
     {},
     optional={
         key: json_values | st.uuids().map(str) | st.datetimes(timezones=st.just(UTC)).map(str)
-        for key in (
-            "MessageId",
-            "EventType",
-            "ContractVersion",
-            "OccurredAt",
-            "AggregateType",
-            "AggregateId",
-            "Version",
-            "CorrelationId",
-            "Payload",
-        )
+        for key in Envelope.__struct_encode_fields__  # the wire names
     },
 )
 

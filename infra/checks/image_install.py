@@ -1,13 +1,13 @@
-"""Run the install step of a service's Dockerfile without a Docker engine.
+"""Run the install step of a service's image target without a Docker engine.
 
-    python image_install.py services/identity-fanout/Dockerfile WORK_DIR
+    python image_install.py infra/docker/Dockerfile identity-fanout WORK_DIR
 
 The build context is made from the checkout as Docker would (the repository's files filtered
-by `/.dockerignore`), the `uv sync ...` command of the Dockerfile's `RUN` runs in it with the
-build stage's `ENV` (the environment directory moved under WORK_DIR), and then, from outside
-the checkout with an empty environment, the installed console script must answer `--help`
-for each of its commands. The environment must hold no development tools and no other
-service. Exit code 1 with the reason on failure.
+by `/.dockerignore`), the Dockerfile's `RUN uv sync --package SERVICE ...` runs in it with the
+`ENV` of its stage and the stages it builds on (the environment directory moved under
+WORK_DIR), and then, from outside the checkout with an empty environment, the installed
+console script must answer `--help` for each of its commands. The environment must hold no
+development tools and no other service. Exit code 1 with the reason on failure.
 """
 
 from __future__ import annotations
@@ -52,14 +52,18 @@ def instructions(text: str) -> list[tuple[str, str]]:
     return result
 
 
-def build_stage(dockerfile: Path) -> BuildStage:
-    """The stage that runs `uv sync` (its ENV, WORKDIR, COPY from the context and RUN)."""
+def build_stage(dockerfile: Path, service: str) -> BuildStage:
+    """The stage that runs `uv sync --package SERVICE`, with what it inherits from the stages
+    it is built `FROM` (their ENV, WORKDIR and COPY from the context)."""
+    stages: dict[str, BuildStage] = {}
     stage: BuildStage | None = None
     for keyword, args in instructions(dockerfile.read_text(encoding="utf-8")):
         if keyword == "FROM":
-            if stage is not None and stage.run:
-                return stage
-            stage = BuildStage()
+            words = [w for w in args.split() if not w.startswith("--")]
+            parent = stages.get(words[0])
+            stage = BuildStage() if parent is None else _inherit(parent)
+            if len(words) == 3 and words[1].upper() == "AS":  # noqa: PLR2004 - FROM x AS name
+                stages[words[2]] = stage
         elif stage is None:
             continue
         elif keyword == "ENV":
@@ -75,10 +79,18 @@ def build_stage(dockerfile: Path) -> BuildStage:
             stage.copies.append((parts[:-1], parts[-1]))
         elif keyword == "RUN" and "uv sync" in args:
             tokens = [t for t in shlex.split(args) if not t.startswith("--mount=")]
-            stage.run = tokens
-    if stage is None or not stage.run:
-        raise CheckError(f"{dockerfile}: no stage runs `uv sync`")
-    return stage
+            if _package(tokens) == service:
+                stage.run = tokens
+                return stage
+    raise CheckError(f"{dockerfile}: no stage runs `uv sync --package {service}`")
+
+
+def _inherit(parent: BuildStage) -> BuildStage:
+    return BuildStage(dict(parent.env), parent.workdir, list(parent.copies), list(parent.run))
+
+
+def _package(tokens: list[str]) -> str | None:
+    return tokens[tokens.index("--package") + 1] if "--package" in tokens else None
 
 
 def _pattern_regex(pattern: str) -> re.Pattern[str]:
@@ -172,11 +184,10 @@ def _bare_env() -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"}
 
 
-def check(dockerfile: Path, work: Path) -> str:
-    stage = build_stage(dockerfile)
-    service = stage.run[stage.run.index("--package") + 1]
+def check(dockerfile: Path, service: str, work: Path) -> str:
     if service not in SERVICES:
-        raise CheckError(f"{dockerfile}: unknown package {service!r} in `uv sync`")
+        raise CheckError(f"unknown service {service!r}")
+    stage = build_stage(dockerfile, service)
     for flag in ("--frozen", "--no-dev"):
         if flag not in stage.run:
             raise CheckError(f"{dockerfile}: `uv sync` must use {flag}")
@@ -217,11 +228,12 @@ def check(dockerfile: Path, work: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:  # noqa: PLR2004 - DOCKERFILE and WORK_DIR
+    if len(argv) != 3:  # noqa: PLR2004 - DOCKERFILE, SERVICE and WORK_DIR
         sys.stderr.write(__doc__ or "")
         return 2
     try:
-        sys.stdout.write(check(Path(argv[0]).resolve(), Path(argv[1]).resolve()) + "\n")
+        result = check(Path(argv[0]).resolve(), argv[1], Path(argv[2]).resolve())
+        sys.stdout.write(result + "\n")
     except (CheckError, subprocess.CalledProcessError) as exc:
         sys.stderr.write(f"image install check failed: {exc}\n")
         return 1

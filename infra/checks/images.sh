@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The service images without a Docker engine: hadolint (plus the rules it cannot see through
-# build arguments), then each Dockerfile's install step (`uv sync --package <svc> --frozen
+# build arguments), then each service target's install step (`uv sync --package <svc> --frozen
 # --no-dev --no-editable`) in a clean environment from the .dockerignore'd context, whose
 # console script must answer --help for every command.
 set -euo pipefail
@@ -8,30 +8,33 @@ source "$(dirname "${BASH_SOURCE[0]}")/tools.sh"
 cd "$ROOT"
 
 HADOLINT="$(ensure_hadolint)"
-DOCKERFILES=(services/*/Dockerfile)
-"$HADOLINT" --config infra/checks/hadolint.yaml "${DOCKERFILES[@]}"
+# One Dockerfile, one target per service (named like the service and its console script).
+DOCKERFILE=infra/docker/Dockerfile
+SERVICES=()
+for dir in services/*/; do SERVICES+=("$(basename "$dir")"); done
+"$HADOLINT" --config infra/checks/hadolint.yaml "$DOCKERFILE"
 
 status=0
-for f in "${DOCKERFILES[@]}"; do
-    svc="$(basename "$(dirname "$f")")"
-    fail() { echo "$f: $*" >&2; status=1; }
-    # The base images are build arguments, which hadolint does not resolve: pinned, never latest.
-    grep -Eq '^ARG [A-Z_]+_IMAGE=[^ ]+:[0-9][^ ]*$' "$f" || fail "base images must be ARGs with a pinned version tag"
-    ! grep -Eiq '(:latest\b|^ADD +https?://)' "$f" || fail "no :latest, no ADD of URLs"
-    [[ "$(grep -E '^USER ' "$f" | tail -1)" =~ ^USER\ [1-9][0-9]*(:[1-9][0-9]*)?$ ]] || fail "the last USER must be a numeric non-root uid"
+f="$DOCKERFILE"
+fail() { echo "$f: $*" >&2; status=1; }
+# The base images are build arguments, which hadolint does not resolve: pinned, never latest.
+grep -Eq '^ARG [A-Z_]+_IMAGE=[^ ]+:[0-9][^ ]*$' "$f" || fail "base images must be ARGs with a pinned version tag"
+! grep -Eiq '(:latest\b|^ADD +https?://)' "$f" || fail "no :latest, no ADD of URLs"
+[[ "$(grep -E '^USER ' "$f" | tail -1)" =~ ^USER\ [1-9][0-9]*(:[1-9][0-9]*)?$ ]] || fail "the last USER must be a numeric non-root uid"
+for svc in "${SERVICES[@]}"; do
+    grep -Eq "^FROM runtime AS $svc$" "$f" || fail "target $svc must build FROM runtime (the non-root user)"
     grep -Eq "^ENTRYPOINT \[\"$svc\"\]$" "$f" || fail "ENTRYPOINT must be [\"$svc\"]"
     grep -Eq "uv sync --package $svc --frozen --no-dev --no-editable" "$f" || fail "install with uv sync --package $svc --frozen --no-dev --no-editable"
 done
 [[ $status == 0 ]] || exit 1
-echo "hadolint and image rules: ${DOCKERFILES[*]} ok"
+echo "hadolint and image rules: $DOCKERFILE (${SERVICES[*]}) ok"
 
 # The install steps, side by side (each mostly waits on bytecode compilation).
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 pids=()
-for f in "${DOCKERFILES[@]}"; do
-    svc="$(basename "$(dirname "$f")")"
-    UV="$UV" python3 infra/checks/image_install.py "$f" "$WORK/$svc" >"$WORK/$svc.log" 2>&1 &
+for svc in "${SERVICES[@]}"; do
+    UV="$UV" python3 infra/checks/image_install.py "$DOCKERFILE" "$svc" "$WORK/$svc" >"$WORK/$svc.log" 2>&1 &
     pids+=("$!:$svc")
 done
 for entry in "${pids[@]}"; do

@@ -12,6 +12,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg.rows import dict_row
 
 from pin_contracts import (
     ContractViolation,
@@ -199,41 +200,28 @@ def identity_memberships(
         SELECT agent_user_id, company_id, status, reason, effective_at, left_at, version
           FROM identity.agent_memberships WHERE agent_user_id = ANY(%s)
     """
-    with psycopg.connect(identity_dsn, autocommit=True) as conn:
-        rows = conn.execute(query, (list(agents),)).fetchall()
-    return {
-        (r[0], r[1]): {
-            "status": r[2],
-            "reason": r[3],
-            "effective_at": r[4],
-            "left_at": r[5],
-            "version": r[6],
-        }
-        for r in rows
-    }
+    return _by_agent_and_company(identity_dsn, query, agents)
 
 
 def rewards_rows(
     rewards_dsn: str, agents: Sequence[UUID]
 ) -> dict[tuple[UUID, UUID], dict[str, Any]]:
     query = """
-        SELECT agent_user_id, company_id, membership_status, leave_reason, effective_at,
-               left_at, last_membership_version, version
+        SELECT agent_user_id, company_id, membership_status AS status,
+               leave_reason AS reason, effective_at, left_at, last_membership_version,
+               version AS applied
           FROM rewards.agent_performance WHERE agent_user_id = ANY(%s)
     """
-    with psycopg.connect(rewards_dsn, autocommit=True) as conn:
+    return _by_agent_and_company(rewards_dsn, query, agents)
+
+
+def _by_agent_and_company(
+    dsn: str, query: str, agents: Sequence[UUID]
+) -> dict[tuple[UUID, UUID], dict[str, Any]]:
+    """Each row's other columns by name, keyed by (agent_user_id, company_id)."""
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
         rows = conn.execute(query, (list(agents),)).fetchall()
-    return {
-        (r[0], r[1]): {
-            "status": r[2],
-            "reason": r[3],
-            "effective_at": r[4],
-            "left_at": r[5],
-            "last_membership_version": r[6],
-            "applied": r[7],
-        }
-        for r in rows
-    }
+    return {(r.pop("agent_user_id"), r.pop("company_id")): r for r in rows}
 
 
 def membership_differences(

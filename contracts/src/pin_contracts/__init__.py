@@ -3,25 +3,10 @@
 JSON Schema tooling lives in ``pin_contracts.schemas`` (not imported here: it is a CLI).
 """
 
+from pin_contracts import dlq
 from pin_contracts.access import ActiveRoleAssignmentSnapshot, UserAccessChangedKafkaEvent
 from pin_contracts.codec import decode, decode_access_changed, decode_membership_changed, encode
-from pin_contracts.dlq import (
-    DLQ_HEADERS,
-    DLT_EXCEPTION_FQCN_HEADER,
-    DLT_EXCEPTION_MESSAGE_HEADER,
-    DLT_ORIGINAL_CONSUMER_GROUP_HEADER,
-    DLT_ORIGINAL_OFFSET_HEADER,
-    DLT_ORIGINAL_PARTITION_HEADER,
-    DLT_ORIGINAL_TIMESTAMP_HEADER,
-    DLT_ORIGINAL_TIMESTAMP_TYPE_HEADER,
-    DLT_ORIGINAL_TOPIC_HEADER,
-    DLT_VALUE_REPLACED_HEADER,
-    ERROR_CODE_HEADER,
-    ERROR_PATH_HEADER,
-    REWARDS_MEMBERSHIP_EVENT_INVALID,
-    DeadLetterInfo,
-    original_headers,
-)
+from pin_contracts.dlq import *  # noqa: F403 - the dead-letter header set is dlq.py's
 from pin_contracts.enums import (
     AccessChangeReason,
     AgentMembershipStatus,
@@ -67,24 +52,11 @@ __all__ = [
     "AGENT_MEMBERSHIP_CHANGED",
     "CATALOGUE",
     "CONTRACT_VERSION_HEADER",
-    "DLQ_HEADERS",
-    "DLT_EXCEPTION_FQCN_HEADER",
-    "DLT_EXCEPTION_MESSAGE_HEADER",
-    "DLT_ORIGINAL_CONSUMER_GROUP_HEADER",
-    "DLT_ORIGINAL_OFFSET_HEADER",
-    "DLT_ORIGINAL_PARTITION_HEADER",
-    "DLT_ORIGINAL_TIMESTAMP_HEADER",
-    "DLT_ORIGINAL_TIMESTAMP_TYPE_HEADER",
-    "DLT_ORIGINAL_TOPIC_HEADER",
-    "DLT_VALUE_REPLACED_HEADER",
     "EMPTY_GUID",
-    "ERROR_CODE_HEADER",
-    "ERROR_PATH_HEADER",
     "EVENT_TYPE_HEADER",
     "IDENTITY_MEMBERSHIP_DLQ",
     "MESSAGE_ID_HEADER",
     "REWARDS_MEMBERSHIP_CONSUMER_GROUP",
-    "REWARDS_MEMBERSHIP_EVENT_INVALID",
     "TRACEPARENT_HEADER",
     "TRACESTATE_HEADER",
     "USER_ACCESS_CHANGED",
@@ -94,7 +66,6 @@ __all__ = [
     "AgentMembershipStatus",
     "ContractError",
     "ContractViolation",
-    "DeadLetterInfo",
     "Envelope",
     "EventPayload",
     "FanOutTaskStatus",
@@ -116,8 +87,8 @@ __all__ = [
     "headers_for",
     "is_empty_guid",
     "kafka_key",
-    "original_headers",
     "parse_enum",
     "trace_context",
     "trace_headers",
 ]
+__all__ += dlq.__all__

@@ -15,11 +15,9 @@ ExpiresAt are left out: a producer may send them, the cache does not depend on t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from pact import Pact, match
 
 from pin_contracts import EVENT_TYPE_HEADER, USER_ACCESS_CHANGED, ScopeType
@@ -27,7 +25,7 @@ from pin_contracts.access_cache import AccessCache, AccessDecision, Decision, Ve
 from pin_testkit.message_pacts import (
     envelope,
     examples,
-    no_telemetry,
+    pact_fixture,
     record_metadata,
     record_value,
     uuid_like,
@@ -93,15 +91,7 @@ def access_pact() -> Pact:
     return pact
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_telemetry() -> Iterator[None]:
-    with no_telemetry():
-        yield
-
-
-@pytest.fixture(scope="module")
-def pact() -> Pact:
-    return access_pact()
+pact = pact_fixture(access_pact)
 
 
 def consume(cache: AccessCache, value: bytes, metadata: dict[str, Any]) -> Decision:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from typing import Literal
+from uuid import UUID
 
+import msgspec
 import psycopg
 import pytest
 
-from pin_runtime.composition import long_running, run_command
+from pin_runtime.composition import Cli, long_running, run_command, uuid_argument
 from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.settings import Secret
@@ -115,7 +120,7 @@ def test_long_running_serves_its_checks_and_stops_on_request() -> None:
 
 def test_a_bad_tracing_variable_is_a_config_error_exit_2() -> None:
     probe = (
-        "from pin_runtime.composition import long_running, run_command\n"
+        "from pin_runtime.composition import Cli, long_running, run_command, uuid_argument\n"
         "from pin_runtime.http import Heartbeat\n"
         "def run():\n"
         "    with long_running('t', log_level='INFO', metrics_host='127.0.0.1', metrics_port=0,"
@@ -142,3 +147,68 @@ def test_the_composition_module_loads_no_kafka_client() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert loaded.stdout.strip() == "False"
+
+
+class _CliSettings(msgspec.Struct, frozen=True):
+    log_level: str = "INFO"
+
+
+def test_a_cli_command_logs_json_to_stdout_and_keeps_stderr_for_failures(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PIN_CLI_TEST_LOG_LEVLE", "a typo")
+    logger = logging.getLogger("pin_cli_test")
+    parser = argparse.ArgumentParser(prog="pin-cli-test")
+    parser.add_argument("command", choices=["show", "fail"])
+
+    def run(args: argparse.Namespace, settings: _CliSettings) -> int:
+        logger.info("audit line")
+        print(f"{args.command}: {settings.log_level}")  # noqa: T201 - what the command prints
+        if args.command == "fail":
+            raise DomainError("nothing to show")
+        return 3
+
+    cli = Cli("pin-cli-test", _CliSettings, "PIN_CLI_TEST_", errors=(DomainError,))
+    assert cli.main(parser, run, ["show"]) == 3
+    out, err = capsys.readouterr()
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(e["event"], e.get("variable")) for e in events] == [
+        ("unknown setting ignored", "PIN_CLI_TEST_LOG_LEVLE"),
+        ("audit line", None),
+    ]
+    assert {e["service"] for e in events} == {"pin-cli-test"}
+    assert "show: INFO" in out
+    assert err == ""
+    assert cli.main(parser, run, ["fail"]) == 1
+    assert capsys.readouterr().err == "error: nothing to show\n"
+
+
+def test_a_cli_with_a_bad_setting_exits_2_before_the_command_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PIN_CLI_TEST_LOG_LEVEL", "LOUD")
+    parser = argparse.ArgumentParser(prog="pin-cli-test")
+    parser.add_argument("command")
+    cli = Cli("pin-cli-test", _Leveled, "PIN_CLI_TEST_")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(parser, lambda _args, _settings: pytest.fail("ran"), ["show"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith("config error: PIN_CLI_TEST_LOG_LEVEL:")
+
+
+class _Leveled(msgspec.Struct, frozen=True):
+    log_level: Literal["DEBUG", "INFO"] = "INFO"
+
+
+def test_a_cli_parser_names_the_service_and_takes_uuids(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cli = Cli("pin-cli-test", _CliSettings, "PIN_CLI_TEST_")
+    parser, commands = cli.parser("A test tool.")
+    commands.add_parser("show").add_argument("id", type=uuid_argument)
+    assert "Configured by PIN_CLI_TEST_* environment variables" in parser.format_help()
+    assert parser.parse_args(["show", str(UUID(int=7))]).id == UUID(int=7)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["show", "seven"])
+    assert exited.value.code == 2
+    assert "not a UUID: 'seven'" in capsys.readouterr().err

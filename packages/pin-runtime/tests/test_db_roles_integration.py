@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -38,6 +38,18 @@ def write(directory: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         (directory / name).write_text(text)
     return directory
+
+
+@pytest.fixture
+def migrate_app(tmp_path: Path, prefix: str) -> Callable[..., list[str]]:
+    """`migrate_app(dsn, roles=(WRITER, READER))`: FILES migrated into schema `app`, the
+    roles under this test's prefix; what `migrate` returns."""
+    directory = write(tmp_path / "m", FILES)
+
+    def run(dsn: str, roles: tuple[RuntimeRole, ...] = (WRITER, READER)) -> list[str]:
+        return migrate(dsn, schema="app", migrations=directory, roles=roles, role_prefix=prefix)
+
+    return run
 
 
 @pytest.fixture
@@ -76,16 +88,9 @@ def privileges(dsn: str, role: str) -> dict[str, set[str]]:
 
 
 def test_roles_are_created_nologin_and_granted_exactly(
-    fresh_database: str, tmp_path: Path, prefix: str
+    fresh_database: str, migrate_app: Callable[..., list[str]], prefix: str
 ) -> None:
-    directory = write(tmp_path / "m", FILES)
-    migrate(
-        fresh_database,
-        schema="app",
-        migrations=directory,
-        roles=(WRITER, READER),
-        role_prefix=prefix,
-    )
+    migrate_app(fresh_database)
     assert privileges(fresh_database, f"{prefix}writer") == {
         "tasks": {"SELECT", "INSERT", "UPDATE"}
     }
@@ -101,25 +106,15 @@ def test_roles_are_created_nologin_and_granted_exactly(
 
 
 def test_a_privilege_dropped_from_the_declaration_is_revoked_at_the_next_run(
-    fresh_database: str, tmp_path: Path, prefix: str
+    fresh_database: str, migrate_app: Callable[..., list[str]], prefix: str
 ) -> None:
-    directory = write(tmp_path / "m", FILES)
-    migrate(fresh_database, schema="app", migrations=directory, roles=(WRITER,), role_prefix=prefix)
+    migrate_app(fresh_database, (WRITER,))
     narrower = RuntimeRole(
         name="writer",
         purpose="test writer",
         grants=(TableGrant("tasks", ("SELECT",)), TableGrant("audit", ("INSERT",))),
     )
-    assert (
-        migrate(
-            fresh_database,
-            schema="app",
-            migrations=directory,
-            roles=(narrower,),
-            role_prefix=prefix,
-        )
-        == []
-    )
+    assert migrate_app(fresh_database, (narrower,)) == []
     assert privileges(fresh_database, f"{prefix}writer") == {
         "tasks": {"SELECT"},
         "audit": {"INSERT"},
@@ -127,10 +122,9 @@ def test_a_privilege_dropped_from_the_declaration_is_revoked_at_the_next_run(
 
 
 def test_runtime_login_is_refused_ddl_and_ungranted_tables(
-    fresh_database: str, tmp_path: Path, prefix: str, postgres_admin_dsn: str
+    fresh_database: str, migrate_app: Callable[..., list[str]], prefix: str, postgres_admin_dsn: str
 ) -> None:
-    directory = write(tmp_path / "m", FILES)
-    migrate(fresh_database, schema="app", migrations=directory, roles=(WRITER,), role_prefix=prefix)
+    migrate_app(fresh_database, (WRITER,))
     login = f"{prefix}writer_login"
     with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
         admin.execute(
@@ -154,7 +148,7 @@ def test_runtime_login_is_refused_ddl_and_ungranted_tables(
 
 
 def test_a_user_without_createrole_is_told_which_roles_to_create(
-    tmp_path: Path, prefix: str, postgres_admin_dsn: str
+    migrate_app: Callable[..., list[str]], prefix: str, postgres_admin_dsn: str
 ) -> None:
     owner = f"{prefix}owner"
     database = f"{prefix}db"
@@ -166,16 +160,9 @@ def test_a_user_without_createrole_is_told_which_roles_to_create(
             )
         )
     owner_dsn = make_conninfo(postgres_admin_dsn, dbname=database, user=owner)
-    directory = write(tmp_path / "m", FILES)
     try:
         with pytest.raises(MigrationError) as refused:
-            migrate(
-                owner_dsn,
-                schema="app",
-                migrations=directory,
-                roles=(WRITER, READER),
-                role_prefix=prefix,
-            )
+            migrate_app(owner_dsn)
         message = str(refused.value)
         assert f"{prefix}writer, {prefix}reader do not exist" in message
         assert f"CREATE ROLE {prefix}writer NOLOGIN" in message
@@ -192,16 +179,7 @@ def test_a_user_without_createrole_is_told_which_roles_to_create(
                 admin.execute(
                     sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(prefix + name))
                 )
-        assert (
-            migrate(
-                owner_dsn,
-                schema="app",
-                migrations=directory,
-                roles=(WRITER, READER),
-                role_prefix=prefix,
-            )
-            == []
-        )
+        assert migrate_app(owner_dsn) == []
         assert privileges(owner_dsn, f"{prefix}reader") == {"tasks": {"SELECT"}}
     finally:
         with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:

@@ -23,6 +23,7 @@ from pin_runtime.kafka import (
 )
 from pin_runtime.settings import load_settings
 from pin_testkit.local.tls import CertificateAuthority
+from pin_testkit.records import first_value
 from pin_testkit.secured import SecuredKafka
 
 pytestmark = pytest.mark.integration
@@ -60,17 +61,7 @@ def round_trip(svc: Svc, topic: str) -> bytes:
         client_id="secured-consumer",
         extra=svc.kafka_security(),
     )
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            message = consumer.poll(1.0)
-            if message is not None:
-                assert message.error() is None, message.error()
-                return message.value() or b""
-    finally:
-        consumer.close()
-    pytest.fail("the record did not come back within 30s")
+    return first_value(consumer, topic)
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "SCRAM-SHA-256"])

@@ -11,16 +11,11 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from pin_contracts import (
-    AgentMembershipChanged,
-    AgentMembershipStatus,
-    LeaveReason,
-    decode_membership_changed,
-    encode,
-    envelope_for,
-    headers_for,
-    kafka_key,
-)
+from pin_contracts.codec import decode_membership_changed, encode
+from pin_contracts.enums import AgentMembershipStatus, LeaveReason
+from pin_contracts.envelope import envelope_for
+from pin_contracts.kafka import headers_for, kafka_key
+from pin_contracts.membership import AgentMembershipChanged
 from pin_runtime.delivery import flush_or_raise
 from pin_runtime.kafka import create_consumer, create_producer
 from pin_runtime.tracing import extract_context, inject_headers

@@ -72,6 +72,9 @@ def test_postgres_settings() -> None:
     assert "port = 25432" in conf
     assert "unix_socket_directories = '/s/pg/run'" in conf
     assert "fsync = off" in conf
+    # A crash of PostgreSQL itself (the chaos campaign's immediate restart) must not lose a
+    # committed transaction that a relay may already have published.
+    assert "synchronous_commit = on" in conf
     assert "max_connections = 200" in conf
     assert "unix_socket_directories = ''" in render_conf(1, None)
     assert "'it''s'" in render_conf(1, Path("it's"))
@@ -125,8 +128,9 @@ def test_catalogue_topics_are_the_contract_catalogue() -> None:
     ]
 
 
-def test_env_lines_are_shell_exports() -> None:
-    services = LocalServices(
+def local_services(secured: SecuredKafka | None = None) -> LocalServices:
+    """Local servers on fixed ports (PostgreSQL 25432, Kafka 29092), as `pin-local` records them."""
+    return LocalServices(
         postgres_dsn=dsn(25432),
         identity_dsn=dsn(25432, "pin_identity"),
         rewards_dsn=dsn(25432, "pin_rewards"),
@@ -134,7 +138,12 @@ def test_env_lines_are_shell_exports() -> None:
         pg_port=25432,
         kafka_port=29092,
         state_dir=Path("/s"),
+        secured=secured,
     )
+
+
+def test_env_lines_are_shell_exports() -> None:
+    services = local_services()
     lines = env_lines(services)
     assert "export PIN_POSTGRES_DSN=postgresql://pin@127.0.0.1:25432/postgres" in lines
     assert "export PIN_KAFKA_BOOTSTRAP=127.0.0.1:29092" in lines
@@ -164,16 +173,7 @@ def test_env_lines_describe_the_secured_listeners_and_read_back(tmp_path: Path) 
         sasl_port=29094, ssl_port=29095, tls=tls, users=(ScramUser("pin-client", "s3 cret"),)
     )
     secured = secured_of("127.0.0.1:29092", security)
-    services = LocalServices(
-        postgres_dsn=dsn(25432),
-        identity_dsn=dsn(25432, "pin_identity"),
-        rewards_dsn=dsn(25432, "pin_rewards"),
-        kafka_bootstrap="127.0.0.1:29092",
-        pg_port=25432,
-        kafka_port=29092,
-        state_dir=Path("/s"),
-        secured=secured,
-    )
+    services = local_services(secured=secured)
     lines = env_lines(services)
     assert "export PIN_KAFKA_SECURE_BOOTSTRAP=127.0.0.1:29094" in lines
     assert "export PIN_KAFKA_MTLS_BOOTSTRAP=127.0.0.1:29095" in lines

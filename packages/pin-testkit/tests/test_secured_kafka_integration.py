@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
 from pin_runtime.kafka import create_admin, ensure_topics
+from pin_testkit.records import first_value
 from pin_testkit.secured import SecuredKafka
 
 pytestmark = pytest.mark.integration
@@ -35,17 +36,7 @@ def _round_trip(config: dict[str, str | int | float | bool], topic: str) -> byte
     consumer = Consumer(
         {**config, "group.id": f"g-{uuid.uuid4().hex}", "auto.offset.reset": "earliest"}
     )
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            message = consumer.poll(1.0)
-            if message is not None:
-                assert message.error() is None, message.error()
-                return message.value() or b""
-    finally:
-        consumer.close()
-    raise AssertionError("the record did not come back within 30s")
+    return first_value(consumer, topic)
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "SCRAM-SHA-256"])

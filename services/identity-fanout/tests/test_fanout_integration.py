@@ -5,22 +5,21 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
+from worker_support import new_worker
 
 from identity_fanout.claim import claim_task, is_poisoned
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import LeaseLostError
 from identity_fanout.fanout import BatchResult, process_batch
-from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.tasks import FanOutTask
-from identity_fanout.worker import FanoutWorker, WorkerConfig
+from identity_fanout.worker import FanoutWorker
 from pin_contracts import Envelope, UserAccessChangedKafkaEvent, decode_access_changed
 from pin_testkit.seeding import Assignment, add_assignments, add_role, seed_role_with_users
 from pin_testkit.waiting import wait_until
@@ -62,34 +61,6 @@ def permit(db: Conn, *codes: str) -> None:
         "INSERT INTO identity.permissions (code) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING",
         (list(codes),),
     )
-
-
-def new_worker(
-    dsn: str,
-    pool: ConnectionPool[Conn],
-    *,
-    batch_size: int = 50,
-    max_attempts: int = 5,
-    polling: timedelta = timedelta(seconds=30),
-    stop: threading.Event | None = None,
-    registry: CollectorRegistry | None = None,
-    on_batch: Callable[[FanOutTask, BatchResult], None] | None = None,
-) -> tuple[FanoutWorker, FanoutMetrics]:
-    metrics = FanoutMetrics(registry or CollectorRegistry())
-    worker = FanoutWorker(
-        pool=pool,
-        listen_dsn=dsn,
-        config=WorkerConfig(
-            batch_size=batch_size,
-            polling_interval=polling,
-            max_lease_duration=LEASE,
-            max_attempts=max_attempts,
-        ),
-        metrics=metrics,
-        stop=stop or threading.Event(),
-        on_batch=on_batch,
-    )
-    return worker, metrics
 
 
 @pytest.fixture

@@ -188,12 +188,26 @@ def test_unreachable_kafka_keeps_every_row_then_a_live_broker_gets_them_all(
     assert sorted(r.value() or b"" for r in received) == sorted(m.value for m in messages)
 
 
+Cut = Callable[[], None]
+
+
+@pytest.fixture
+def cut_relay_session(dsn: str, postgres_admin_dsn: str) -> Cut:
+    """`cut_relay_session()`: the active relay's database session terminated, as a
+    failover or a network cut would end it (its lane locks end with it)."""
+
+    def cut() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            status = outbox_status(conn)
+        assert status.relay is not None
+        with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (status.relay.pid,))
+
+    return cut
+
+
 def test_one_active_relay_and_take_over_when_its_connection_dies(
-    dsn: str,
-    topic: Topic,
-    kafka_bootstrap: str,
-    make_relay: RelayFactory,
-    postgres_admin_dsn: str,
+    dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory, cut_relay_session: Cut
 ) -> None:
     write(dsn, [outbox_message(access_event(), topic) for _ in range(3)])
     first, second = make_relay(), make_relay()
@@ -203,12 +217,7 @@ def test_one_active_relay_and_take_over_when_its_connection_dies(
     assert second.run_once() == 0
     assert (first.active, second.active) == (True, False)
     assert outbox_count(dsn) == 4  # the standby did not touch them
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        status = outbox_status(conn)
-    assert status.relay is not None
-
-    with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (status.relay.pid,))
+    cut_relay_session()
     wait_until(lambda: second.run_once() > 0 or second.active, 10, "standby takes over")
     wait_until(lambda: outbox_count(dsn) == 0, 10, "take-over relay publishes")
     assert second.active
@@ -256,21 +265,13 @@ def test_notify_wakes_the_running_relay_long_before_the_poll_interval(
 
 
 def test_running_relay_survives_losing_its_database_connection(
-    dsn: str,
-    topic: Topic,
-    kafka_bootstrap: str,
-    make_relay: RelayFactory,
-    postgres_admin_dsn: str,
+    dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory, cut_relay_session: Cut
 ) -> None:
     state = ComponentState()
     relay = make_relay(poll_interval=0.2, state=state)
     with RelayThread(relay):
         wait_until(lambda: relay.active, 10, "relay active")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            status = outbox_status(conn)
-        assert status.relay is not None
-        with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (status.relay.pid,))
+        cut_relay_session()
         write(dsn, [outbox_message(access_event(), topic) for _ in range(3)])
         wait_until(lambda: outbox_count(dsn) == 0, 15, "relay reconnects and publishes")
         assert relay.active

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -154,43 +155,65 @@ def make_relay(dsn: str, bootstrap: str, name: str, **overrides: Any) -> OutboxR
     return OutboxRelay(**options)
 
 
-# -- tests --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LaneKit:
+    """What the lane tests use: the identity database (as its owner), the broker, the
+    test's access topic, relay processes (`relay_process`) and relays in this process
+    (`new_relay(name, **options)`, as the relay's runtime role)."""
+
+    identity_dsn: str
+    kafka_bootstrap: str
+    topic: Topic
+    relay_process: Callable[..., ServiceProcess]
+    new_relay: Callable[..., OutboxRelay]
 
 
-def test_lane_takeover_after_a_relay_process_is_killed(
+@pytest.fixture
+def kit(
     identity_dsn: str,
     relay_dsn: str,
     kafka_bootstrap: str,
     kafka_topic: Callable[..., str],
     relay_process: Callable[..., ServiceProcess],
-) -> None:
+) -> LaneKit:
+    def new_relay(name: str, **overrides: Any) -> OutboxRelay:
+        return make_relay(relay_dsn, kafka_bootstrap, name, **overrides)
+
     topic = access_topic(kafka_topic(partitions=3))
-    killed = relay_process()
-    wait_until(lambda: len(lanes_of(identity_dsn, PROCESS_APP)) == LANES, 30, "process holds all")
-    survivor = make_relay(relay_dsn, kafka_bootstrap, "survivor")
+    return LaneKit(identity_dsn, kafka_bootstrap, topic, relay_process, new_relay)
+
+
+# -- tests --------------------------------------------------------------------------------
+
+
+def test_lane_takeover_after_a_relay_process_is_killed(kit: LaneKit) -> None:
+    killed = kit.relay_process()
+    wait_until(
+        lambda: len(lanes_of(kit.identity_dsn, PROCESS_APP)) == LANES, 30, "process holds all"
+    )
+    survivor = kit.new_relay("survivor")
     with RelayThread(survivor):
         wait_until(lambda: len(survivor.lanes) == LANES // 2, 15, "lanes shared 4 + 4")
-        assert lanes_of(identity_dsn, PROCESS_APP) == set(range(LANES)) - survivor.lanes
-        assert status(identity_dsn).instances == 2
+        assert lanes_of(kit.identity_dsn, PROCESS_APP) == set(range(LANES)) - survivor.lanes
+        assert status(kit.identity_dsn).instances == 2
 
         killed.kill()  # no goodbye: its session's locks end with its connection
         took = wait_until(lambda: len(survivor.lanes) == LANES, 10, "survivor takes every lane")
         assert took < 5
         users = [uuid.uuid4() for _ in range(40)]  # keys in (nearly) every lane
-        write_versions(identity_dsn, topic, users, range(1, 11))
-        wait_until(lambda: outbox_count(identity_dsn) == 0, 30, "survivor publishes everything")
-        after = status(identity_dsn)
+        write_versions(kit.identity_dsn, kit.topic, users, range(1, 11))
+        wait_until(lambda: outbox_count(kit.identity_dsn) == 0, 30, "survivor publishes everything")
+        after = status(kit.identity_dsn)
         assert after.instances == 1
         assert [h.lanes for h in after.holders] == [tuple(range(LANES))]
-    seen = versions_by_user(kafka_bootstrap, topic.name, {str(u).encode(): 10 for u in users})
+    seen = versions_by_user(
+        kit.kafka_bootstrap, kit.topic.name, {str(u).encode(): 10 for u in users}
+    )
     for versions in seen.values():
         assert_in_order_but_for_repeated_suffixes(versions, 10)
 
 
-def test_two_relays_never_publish_one_lane_at_once(
-    identity_dsn: str, relay_dsn: str, kafka_bootstrap: str, kafka_topic: Callable[..., str]
-) -> None:
-    topic = access_topic(kafka_topic(partitions=3))
+def test_two_relays_never_publish_one_lane_at_once(kit: LaneKit) -> None:
     events: list[tuple[float, str, str, int]] = []
     guard = threading.Lock()
 
@@ -208,17 +231,13 @@ def test_two_relays_never_publish_one_lane_at_once(
         return record
 
     users = [uuid.uuid4() for _ in range(64)]
-    first = make_relay(
-        relay_dsn,
-        kafka_bootstrap,
+    first = kit.new_relay(
         "first",
         probe=probe("first"),
         batch_size=200,
         window_records=400,
     )
-    second = make_relay(
-        relay_dsn,
-        kafka_bootstrap,
+    second = kit.new_relay(
         "second",
         probe=probe("second"),
         batch_size=200,
@@ -227,7 +246,7 @@ def test_two_relays_never_publish_one_lane_at_once(
     with RelayThread(first) as a:
         wait_until(lambda: len(first.lanes) == LANES, 10, "first holds every lane")
         writer = threading.Thread(
-            target=write_versions, args=(identity_dsn, topic, users, range(1, 101))
+            target=write_versions, args=(kit.identity_dsn, kit.topic, users, range(1, 101))
         )
         writer.start()
         with RelayThread(second):
@@ -237,7 +256,7 @@ def test_two_relays_never_publish_one_lane_at_once(
             a.thread.join(30)
             wait_until(lambda: len(second.lanes) == LANES, 10, "second takes every lane")
             writer.join(120)
-            wait_until(lambda: outbox_count(identity_dsn) == 0, 60, "everything published")
+            wait_until(lambda: outbox_count(kit.identity_dsn) == 0, 60, "everything published")
 
     # Per lane: who held it when. A holder's interval runs from its "acquired" (after the
     # locks were taken) to its "releasing" (before they were given back).
@@ -265,34 +284,31 @@ def test_two_relays_never_publish_one_lane_at_once(
         assert any(n == name and s <= at <= e for n, s, e in held[lane]), (
             f"{name} published lane {lane} at {at} without holding it: {held[lane]}"
         )
-    seen = versions_by_user(kafka_bootstrap, topic.name, {str(u).encode(): 100 for u in users})
+    seen = versions_by_user(
+        kit.kafka_bootstrap, kit.topic.name, {str(u).encode(): 100 for u in users}
+    )
     for versions in seen.values():
         assert_in_order_but_for_repeated_suffixes(versions, 100)
 
 
-def test_per_key_order_is_kept_across_a_takeover(
-    identity_dsn: str,
-    relay_dsn: str,
-    kafka_bootstrap: str,
-    kafka_topic: Callable[..., str],
-    relay_process: Callable[..., ServiceProcess],
-) -> None:
-    topic = access_topic(kafka_topic(partitions=3))
+def test_per_key_order_is_kept_across_a_takeover(kit: LaneKit) -> None:
     # 10,000 rows; a key has one record in flight at a time, so many keys keep it busy.
     users = [uuid.uuid4() for _ in range(200)]
-    write_versions(identity_dsn, topic, users, range(1, 51))
-    total = outbox_count(identity_dsn)
+    write_versions(kit.identity_dsn, kit.topic, users, range(1, 51))
+    total = outbox_count(kit.identity_dsn)
     # Small reads and window: the process is still busy when it is killed.
-    killed = relay_process(relay_batch_size="100", relay_window_records="300")
-    wait_until(lambda: outbox_count(identity_dsn) < total, 30, "the process publishes")
+    killed = kit.relay_process(relay_batch_size="100", relay_window_records="300")
+    wait_until(lambda: outbox_count(kit.identity_dsn) < total, 30, "the process publishes")
     killed.kill()
-    left = outbox_count(identity_dsn)
+    left = outbox_count(kit.identity_dsn)
     assert 0 < left < total  # killed midway
 
-    survivor = make_relay(relay_dsn, kafka_bootstrap, "survivor")
+    survivor = kit.new_relay("survivor")
     with RelayThread(survivor):
-        wait_until(lambda: outbox_count(identity_dsn) == 0, 60, "the survivor finishes")
-    seen = versions_by_user(kafka_bootstrap, topic.name, {str(u).encode(): 50 for u in users})
+        wait_until(lambda: outbox_count(kit.identity_dsn) == 0, 60, "the survivor finishes")
+    seen = versions_by_user(
+        kit.kafka_bootstrap, kit.topic.name, {str(u).encode(): 50 for u in users}
+    )
     assert set(seen) == {str(u).encode() for u in users}
     for versions in seen.values():
         assert_in_order_but_for_repeated_suffixes(versions, 50)

@@ -17,20 +17,13 @@ from typing import Any
 
 import psycopg
 import pytest
+import relay_support as support
 
 # Re-exported by confluent_kafka.admin without __all__; mypy strict wants the defining modules.
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
-from relay_support import (
-    RelayFactory,
-    RelayThread,
-    access_event,
-    access_topic,
-    outbox_count,
-    write,
-)
 
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.membership import join_agency
@@ -95,7 +88,7 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 
 @pytest.fixture
-def make_relay(make_relay: RelayFactory) -> RelayFactory:
+def make_relay(make_relay: support.RelayFactory) -> support.RelayFactory:
     """conftest's relays with a 0.2 s polling interval, so a round follows a change soon."""
     return functools.partial(make_relay, poll_interval=0.2)
 
@@ -114,7 +107,7 @@ def test_a_user_with_20000_assignments_gets_their_access_event(
     identity_dsn: str,
     kafka_bootstrap: str,
     kafka_topic: Callable[..., str],
-    make_relay: RelayFactory,
+    make_relay: support.RelayFactory,
     operator_db: Conn,
 ) -> None:
     topic = kafka_topic(partitions=3, config=USER_ACCESS_CHANGED.config())
@@ -146,7 +139,7 @@ def test_a_user_with_20000_assignments_gets_their_access_event(
     relay = make_relay(registry=registry)  # the defaults: zstd, message.max.bytes 16 MiB
 
     assert relay.run_once() == 2
-    assert outbox_count(identity_dsn) == 0
+    assert support.outbox_count(identity_dsn) == 0
     assert sample(registry, "identity_outbox_quarantined_total") == 0
 
     records = {r.key(): r for r in read_messages(kafka_bootstrap, topic)}
@@ -167,7 +160,7 @@ def test_rows_over_the_limits_are_quarantined_and_the_rows_behind_them_flow(
     identity_dsn: str,
     kafka_bootstrap: str,
     kafka_topic: Callable[..., str],
-    make_relay: RelayFactory,
+    make_relay: support.RelayFactory,
     json_logs: io.StringIO,
     operator_dsn: str,
 ) -> None:
@@ -181,11 +174,17 @@ def test_rows_over_the_limits_are_quarantined_and_the_rows_behind_them_flow(
     # Under the producer's limit, over the membership topic's 1 MiB even compressed: the
     # broker refuses it in the delivery report.
     too_big_membership = opaque(membership, agent, 2 * MIB, AgentMembershipChanged.EVENT_TYPE)
-    before = [outbox_message(access_event(), access_topic(access)) for _ in range(3)]
-    later_of_same_user = outbox_message(access_event(poisoned_user, 2), access_topic(access))
-    behind = [outbox_message(access_event(), access_topic(access)) for _ in range(3)]
-    write(identity_dsn, [*before, too_big_access, too_big_membership])
-    write(identity_dsn, [later_of_same_user, *behind])
+    before = [
+        outbox_message(support.access_event(), support.access_topic(access)) for _ in range(3)
+    ]
+    later_of_same_user = outbox_message(
+        support.access_event(poisoned_user, 2), support.access_topic(access)
+    )
+    behind = [
+        outbox_message(support.access_event(), support.access_topic(access)) for _ in range(3)
+    ]
+    support.write(identity_dsn, [*before, too_big_access, too_big_membership])
+    support.write(identity_dsn, [later_of_same_user, *behind])
     with psycopg.connect(identity_dsn, autocommit=True) as conn:
         join_agency(conn, uuid.uuid4(), uuid.uuid4())  # a membership event recorded after
         conn.execute(
@@ -196,8 +195,8 @@ def test_rows_over_the_limits_are_quarantined_and_the_rows_behind_them_flow(
     registry, state = CollectorRegistry(), ComponentState()
     relay = make_relay(registry=registry, state=state)
 
-    with RelayThread(relay):
-        took = wait_until(lambda: outbox_count(identity_dsn) == 0, 30, "the outbox drained")
+    with support.RelayThread(relay):
+        took = wait_until(lambda: support.outbox_count(identity_dsn) == 0, 30, "the outbox drained")
     assert took < 10
     assert state().status == "ok"  # a quarantined row is not an outage
 
@@ -255,13 +254,13 @@ def test_retry_counts_attempts_and_delivers_once_the_limit_is_raised(
     identity_dsn: str,
     kafka_bootstrap: str,
     kafka_topic: Callable[..., str],
-    make_relay: RelayFactory,
+    make_relay: support.RelayFactory,
     operator_dsn: str,
 ) -> None:
     topic = kafka_topic(partitions=3, config={"max.message.bytes": str(MIB)})
     user = uuid.uuid4()
     row = opaque(topic, user, 2 * MIB, UserAccessChangedKafkaEvent.EVENT_TYPE)
-    write(identity_dsn, [row])
+    support.write(identity_dsn, [row])
     small = make_relay(message_max_bytes=MIB)
 
     assert small.run_once() == 0
@@ -289,7 +288,7 @@ def test_retry_counts_attempts_and_delivers_once_the_limit_is_raised(
         assert back.attempts == 2
         assert list_quarantined(conn) == []
     assert large.run_once() == 1
-    assert outbox_count(identity_dsn) == 0
+    assert support.outbox_count(identity_dsn) == 0
     [record] = read_messages(kafka_bootstrap, topic)
     assert record.key() == str(user).encode()
     assert record.value() == row.value

@@ -12,13 +12,14 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import psycopg
 import pytest
-from prometheus_client import CollectorRegistry
+import worker_support
 from psycopg.rows import TupleRow, dict_row
 from psycopg_pool import ConnectionPool
 
@@ -27,17 +28,18 @@ from identity_fanout.claim import claim_shard, claim_task
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import LeaseLostError
 from identity_fanout.fanout import ShardBatchResult, process_shard_batch
-from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.runbook import list_shards, replay_task
 from identity_fanout.shards import ClaimedShard
 from identity_fanout.split import split_task
-from identity_fanout.worker import FanoutWorker, WorkerConfig
+from identity_fanout.worker import FanoutWorker
 from pin_testkit.seeding import seed_role_with_users
 from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 Conn = psycopg.Connection[TupleRow]
+# Small batches and shards, so that a few hundred users make several of each.
+new_worker = partial(worker_support.new_worker, batch_size=10, shard_size=100)
 CLI = str(Path(sys.executable).with_name("identity-fanout"))
 
 
@@ -67,36 +69,6 @@ def task_row(db: Conn, task_id: uuid.UUID) -> dict[str, object]:
         ).fetchone()
     assert row is not None
     return row
-
-
-def new_worker(
-    dsn: str,
-    pool: ConnectionPool[Conn],
-    stop: threading.Event,
-    *,
-    batch_size: int = 10,
-    shard_size: int = 100,
-    max_attempts: int = 5,
-    lease: timedelta = timedelta(minutes=5),
-    polling: timedelta = timedelta(seconds=30),
-    on_shard_batch: Callable[[ClaimedShard, ShardBatchResult], None] | None = None,
-) -> tuple[FanoutWorker, FanoutMetrics]:
-    metrics = FanoutMetrics(CollectorRegistry())
-    worker = FanoutWorker(
-        pool=pool,
-        listen_dsn=dsn,
-        config=WorkerConfig(
-            batch_size=batch_size,
-            polling_interval=polling,
-            max_lease_duration=lease,
-            max_attempts=max_attempts,
-            shard_size=shard_size,
-        ),
-        metrics=metrics,
-        stop=stop,
-        on_shard_batch=on_shard_batch,
-    )
-    return worker, metrics
 
 
 class Running:

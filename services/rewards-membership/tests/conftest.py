@@ -8,11 +8,14 @@ grant to that role fails the test with SQLSTATE 42501.
 
 from __future__ import annotations
 
+import sys
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, LiteralString
 
 import msgspec
@@ -37,6 +40,9 @@ from rewards_membership.app import build_consumer, run_migrations
 from rewards_membership.db_roles import CONSUMER, OPERATOR
 from rewards_membership.metrics import Metrics
 from rewards_membership.settings import Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # consumer_kit, for the test modules
+from consumer_kit import ConsumerKit
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -264,3 +270,60 @@ def sql(database: str) -> Callable[..., list[tuple[Any, ...]]]:
             return cursor.fetchall() if cursor.description else []
 
     return run
+
+
+@pytest.fixture
+def stream() -> Callable[..., list[AgentMembershipChanged]]:
+    """`stream(agents=, versions=)`: per agent (one agency) versions 1..n, alternating Active
+    / Left, so every event applies."""
+
+    def build(agents: int, versions: int) -> list[AgentMembershipChanged]:
+        company = uuid.uuid4()
+        payloads = []
+        for agent in (uuid.uuid4() for _ in range(agents)):
+            for version in range(1, versions + 1):
+                left = version % 2 == 0
+                status, reason = ("Left", "SelfLeave") if left else ("Active", None)
+                payloads.append(membership(agent, company, version, status, reason=reason))
+        return payloads
+
+    return build
+
+
+@pytest.fixture
+def assert_applied_once_each(
+    sql: Callable[..., list[tuple[Any, ...]]],
+) -> Callable[[list[AgentMembershipChanged]], None]:
+    """`assert_applied_once_each(payloads)`: every event has its inbox mark and was applied
+    exactly once (a row's version is +1 per applied change: equal to its event count)."""
+
+    def check(payloads: list[AgentMembershipChanged]) -> None:
+        (marks,) = sql("SELECT count(*) FROM rewards.inbox")[0]
+        assert marks == len(payloads)
+        expected = Counter((p.agent_user_id, p.company_id) for p in payloads)
+        found = {
+            (a, c): (version, last)
+            for a, c, version, last in sql(
+                "SELECT agent_user_id, company_id, version, last_membership_version"
+                " FROM rewards.agent_performance"
+            )
+        }
+        assert found == {key: (n, n) for key, n in expected.items()}
+
+    return check
+
+
+@pytest.fixture
+def kit(  # noqa: PLR0917 - the fixtures it groups
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    start_consumer: Callable[..., RunningConsumer],
+    event: Callable[..., AgentMembershipChanged],
+    raw: Callable[..., bytes],
+    sql: Callable[..., list[tuple[Any, ...]]],
+    settings: Settings,
+    wait: Callable[..., float],
+) -> ConsumerKit:
+    return ConsumerKit(
+        kafka_bootstrap, kafka_topic, start_consumer, event, raw, sql, settings, wait
+    )

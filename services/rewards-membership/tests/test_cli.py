@@ -37,6 +37,14 @@ def environment(settings: Settings, dsn: str | None = None) -> dict[str, str]:
     }
 
 
+@pytest.fixture
+def cli_environment(monkeypatch: pytest.MonkeyPatch, settings: Settings, operator_dsn: str) -> None:
+    """The tool's variables (`environment`, the operator's login), a 400-column terminal."""
+    for name, value in environment(settings, operator_dsn).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COLUMNS", "400")
+
+
 def test_bad_setting_exits_2_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -91,11 +99,10 @@ def test_migrate_is_idempotent(fresh_database: str, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.integration
 def test_agent_show_and_inbox_prune(
-    settings: Settings,
     sql: Sql,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    operator_dsn: str,
+    cli_environment: None,
 ) -> None:
     agent, agency_a, agency_b = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     for company, status in ((agency_a, "Left"), (agency_b, "Active")):
@@ -109,9 +116,6 @@ def test_agent_show_and_inbox_prune(
         " ('rewards:identity-membership:old', 'membership-applied', now() - interval '40 days'),"
         " ('rewards:identity-membership:new', 'membership-applied', now())"
     )
-    for name, value in environment(settings, operator_dsn).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("COLUMNS", "400")
     assert main(["agent", "show", str(agent)]) == 0
     out = capsys.readouterr().out
     assert f"in agency {agency_b}" in out
@@ -139,19 +143,15 @@ def test_dlq_list_and_replay(
     kafka: Any,
     start_consumer: Any,
     event: Event,
-    settings: Settings,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    operator_dsn: str,
+    cli_environment: None,
 ) -> None:
     agent = uuid.uuid4()
     consumer = start_consumer()
     kafka.send(event(agent, uuid.UUID(int=0), 1, membership_id=uuid.uuid4()))
     kafka.send_raw((str(agent).encode(), b"garbage", None))
     consumer.wait_handled(2)
-    for name, value in environment(settings, operator_dsn).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("COLUMNS", "400")
     assert main(["dlq", "list"]) == 0
     out = capsys.readouterr().out
     assert "2 record(s)" in out
@@ -199,11 +199,10 @@ def test_dlq_resolve_closes_dead_letters_without_a_replay(
     kafka: Any,
     start_consumer: Any,
     event: Event,
-    settings: Settings,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     operator_dsn: str,
     sql: Sql,
+    cli_environment: None,
 ) -> None:
     agent = uuid.uuid4()
     consumer = start_consumer()
@@ -213,9 +212,6 @@ def test_dlq_resolve_closes_dead_letters_without_a_replay(
     consumer.wait_handled(2)
     gauge = "rewards_identity_membership_dlq_unreplayed"
     wait_until(lambda: consumer.value(gauge) == 2, timeout=30, what="2 unreplayed dead letters")
-    for name, value in environment(settings, operator_dsn).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("COLUMNS", "400")
     assert main(["dlq", "list"]) == 0
     listed = capsys.readouterr().out
     first = next(

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from consumer_kit import ConsumerKit
 
 from pin_contracts import (
     DLT_VALUE_REPLACED_HEADER,
@@ -146,33 +147,32 @@ def cli_env(
 )
 def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: PLR0915
     *,
-    kafka_bootstrap: str,
-    kafka_topic: Callable[..., str],
-    start_consumer: Any,
-    event: Event,
-    raw: Callable[..., bytes],
-    sql: Sql,
-    settings: Settings,
-    wait: Callable[..., None],
+    kit: ConsumerKit,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     dlq_limit: int,
     padding: int,
     operator_dsn: str,
 ) -> None:
-    topic = kafka_topic(partitions=3, config={"max.message.bytes": str(SOURCE_LIMIT)})
-    dlq = kafka_topic(partitions=3, config={"max.message.bytes": str(dlq_limit)})
-    producer = big_producer(kafka_bootstrap)
-    bad = poison(raw, event, 0, padding)
-    records = [valid(event, 0), bad, valid(event, 0), valid(event, 1), valid(event, 2)]
-    consumer = start_consumer(topic=topic, dlq_topic=dlq)
+    topic = kit.kafka_topic(partitions=3, config={"max.message.bytes": str(SOURCE_LIMIT)})
+    dlq = kit.kafka_topic(partitions=3, config={"max.message.bytes": str(dlq_limit)})
+    producer = big_producer(kit.kafka_bootstrap)
+    bad = poison(kit.raw, kit.event, 0, padding)
+    records = [
+        valid(kit.event, 0),
+        bad,
+        valid(kit.event, 0),
+        valid(kit.event, 1),
+        valid(kit.event, 2),
+    ]
+    consumer = kit.start_consumer(topic=topic, dlq_topic=dlq)
     produce(producer, topic, records)
     consumer.wait_handled(len(records), timeout=90)
 
     # Every partition moved on, the poison's included; the valid records are applied.
     assert consumer.total("rewards_membership_applied_total") == 4
-    wait(
-        lambda: committed(kafka_bootstrap, settings.group_id, topic) == {0: 3, 1: 1, 2: 1},
+    kit.wait(
+        lambda: committed(kit.kafka_bootstrap, kit.settings.group_id, topic) == {0: 3, 1: 1, 2: 1},
         what="offsets of every partition committed",
     )
     assert consumer.consumer.paused_partitions == frozenset()
@@ -181,7 +181,7 @@ def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: 
         "rewards_identity_membership_dlq_total", {"code": "REWARDS_MEMBERSHIP_EVENT_INVALID"}
     )
 
-    [letter] = dead_letters(kafka_bootstrap, dlq)
+    [letter] = dead_letters(kit.kafka_bootstrap, dlq)
     assert letter.key == bad[1]
     assert letter.replaced == "too-large"
     assert (DLT_VALUE_REPLACED_HEADER, b"too-large") in letter.headers
@@ -194,15 +194,15 @@ def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: 
     assert letter.info is not None
     assert letter.info.error_path == "$.Payload.CompanyId"
     assert len(letter.value or b"") < 2000
-    assert sql("SELECT outcome FROM rewards.inbox WHERE outcome = 'dead-lettered'") == [
+    assert kit.sql("SELECT outcome FROM rewards.inbox WHERE outcome = 'dead-lettered'") == [
         ("dead-lettered",)
     ]
-    wait(
+    kit.wait(
         lambda: consumer.value("rewards_identity_membership_dlq_unreplayed") == 1,
         what="the unreplayed gauge counts it",
     )
 
-    local = msgspec.structs.replace(settings, topic=topic, dlq_topic=dlq)
+    local = msgspec.structs.replace(kit.settings, topic=topic, dlq_topic=dlq)
     cli_env(monkeypatch, local, operator_dsn)
     assert main(["dlq", "list"]) == 0
     listed = capsys.readouterr().out
@@ -222,20 +222,22 @@ def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: 
     out = said(capsys.readouterr().out)[0]
     assert out.startswith(f"0@0: replayed: to {topic}[")
     target_partition, target_offset = (int(n) for n in out.rsplit("[", 1)[1].split("]@"))
-    wait(lambda: len(dead_letters(kafka_bootstrap, dlq)) == 2, what="the copy dead-lettered")
-    source = create_consumer(kafka_bootstrap, group_id="source-reader", client_id="src")
+    kit.wait(
+        lambda: len(dead_letters(kit.kafka_bootstrap, dlq)) == 2, what="the copy dead-lettered"
+    )
+    source = create_consumer(kit.kafka_bootstrap, group_id="source-reader", client_id="src")
     try:
         copy = read_at(source, topic, target_partition, target_offset, timeout=10)
     finally:
         source.close()
     assert copy is not None
     assert (copy.key(), copy.value()) == (bad[1], bad[2])
-    before = high_watermarks(kafka_bootstrap, topic)
+    before = high_watermarks(kit.kafka_bootstrap, topic)
 
     # Replaying the same DLQ record again produces nothing.
     assert main(["dlq", "replay", "--offset", "0", "--partition", "0", "--force"]) == 0
     assert "already-replayed" in capsys.readouterr().out
-    assert high_watermarks(kafka_bootstrap, topic) == before
+    assert high_watermarks(kit.kafka_bootstrap, topic) == before
     assert main(["dlq", "list"]) == 0
     assert "2 record(s), 1 not replayed" in capsys.readouterr().out
 
@@ -275,64 +277,63 @@ def test_replay_says_clearly_when_the_original_is_gone(
 
 def test_dead_letter_that_cannot_be_written_pauses_only_its_partition(
     *,
-    kafka_bootstrap: str,
-    kafka_topic: Callable[..., str],
-    start_consumer: Any,
-    event: Event,
-    raw: Callable[..., bytes],
-    sql: Sql,
-    settings: Settings,
-    wait: Callable[..., None],
+    kit: ConsumerKit,
 ) -> None:
-    topic = kafka_topic(partitions=3)
+    topic = kit.kafka_topic(partitions=3)
     # The DLQ topic does not exist yet (the broker does not create topics): every dead
     # letter write fails for a retriable reason until an operator creates it.
     dlq = f"pin-test.dlq-missing.{uuid.uuid4().hex[:8]}"
-    producer = big_producer(kafka_bootstrap)
-    consumer = start_consumer(topic=topic, dlq_topic=dlq, delivery_timeout=timedelta(seconds=2))
-    first = [valid(event, 0), poison(raw, event, 0, 100), valid(event, 0)]
-    others = [valid(event, 1), valid(event, 2), valid(event, 1)]
+    producer = big_producer(kit.kafka_bootstrap)
+    consumer = kit.start_consumer(topic=topic, dlq_topic=dlq, delivery_timeout=timedelta(seconds=2))
+    first = [valid(kit.event, 0), poison(kit.raw, kit.event, 0, 100), valid(kit.event, 0)]
+    others = [valid(kit.event, 1), valid(kit.event, 2), valid(kit.event, 1)]
     produce(producer, topic, first + others)
 
-    wait(
+    kit.wait(
         lambda: (
             consumer.consumer.paused_partitions == frozenset({0})
             and consumer.total("rewards_membership_applied_total") == 3
         ),
         what="partition 0 paused, partitions 1 and 2 applied",
     )
-    wait(
-        lambda: committed(kafka_bootstrap, settings.group_id, topic) == {0: -1001, 1: 2, 2: 1},
+    kit.wait(
+        lambda: (
+            committed(kit.kafka_bootstrap, kit.settings.group_id, topic) == {0: -1001, 1: 2, 2: 1}
+        ),
         what="the other partitions committed",
     )
     assert consumer.consumer.kafka_state().status == "degraded"
     assert consumer.value("rewards_membership_retries_total", dependency="kafka") >= 1
 
     # Records keep arriving on the paused partition: its lag gauge grows, its pause ages.
-    produce(producer, topic, [valid(event, 0, 1) for _ in range(5)])
-    wait(
+    produce(producer, topic, [valid(kit.event, 0, 1) for _ in range(5)])
+    kit.wait(
         lambda: consumer.value("rewards_identity_membership_consumer_lag", partition="0") == 8,
         what="lag of the paused partition counts every record since its committed offset",
     )
-    wait(
-        lambda: consumer.value("rewards_membership_partition_paused_seconds", partition="0") > 0.5,
-        what="the paused-seconds gauge moves",
+    # Between two pauses the partition retries its batch (unpaused for the DLQ's delivery
+    # timeout), so the paused count is awaited with the gauge, not read once.
+    kit.wait(
+        lambda: (
+            consumer.value("rewards_membership_partition_paused_seconds", partition="0") > 0.5
+            and consumer.value("rewards_membership_paused_partitions") == 1
+        ),
+        what="the paused-seconds gauge moves, one partition paused",
     )
-    assert consumer.value("rewards_membership_paused_partitions") == 1
     assert consumer.value("rewards_identity_membership_consumer_lag", partition="1") == 0
 
-    ensure_topics(create_admin(kafka_bootstrap, client_id="rm-test"), [(dlq, 3)])
+    ensure_topics(create_admin(kit.kafka_bootstrap, client_id="rm-test"), [(dlq, 3)])
     consumer.wait_handled(3 + 3 + 5, timeout=90)
-    wait(lambda: consumer.consumer.paused_partitions == frozenset(), what="partition 0 resumed")
-    wait(lambda: consumer.consumer.kafka_state().status == "ok", what="ready again")
-    wait(
+    kit.wait(lambda: consumer.consumer.paused_partitions == frozenset(), what="partition 0 resumed")
+    kit.wait(lambda: consumer.consumer.kafka_state().status == "ok", what="ready again")
+    kit.wait(
         lambda: consumer.value("rewards_identity_membership_consumer_lag", partition="0") == 0,
         what="lag back to 0",
     )
     assert consumer.value("rewards_membership_partition_paused_seconds", partition="0") == 0
-    assert len(dead_letters(kafka_bootstrap, dlq)) == 1
+    assert len(dead_letters(kit.kafka_bootstrap, dlq)) == 1
     assert consumer.total("rewards_identity_membership_dlq_total") == 1
-    (applied,) = sql("SELECT count(*) FROM rewards.agent_performance")[0]
+    (applied,) = kit.sql("SELECT count(*) FROM rewards.agent_performance")[0]
     assert applied == 2 + 3 + 5
 
 

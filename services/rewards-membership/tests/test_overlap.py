@@ -25,44 +25,7 @@ from rewards_membership.validation import InvalidEvent
 
 Event = Callable[..., AgentMembershipChanged]
 Sql = Callable[..., list[tuple[Any, ...]]]
-
-
-def stream(event: Event, agents: int, versions: int) -> list[AgentMembershipChanged]:
-    """Per agent (one agency) versions 1..n, alternating Active / Left: every event applies."""
-    company = uuid.uuid4()
-    payloads = []
-    for agent in (uuid.uuid4() for _ in range(agents)):
-        for version in range(1, versions + 1):
-            left = version % 2 == 0
-            payloads.append(
-                event(
-                    agent,
-                    company,
-                    version,
-                    "Left" if left else "Active",
-                    reason="SelfLeave" if left else None,
-                )
-            )
-    return payloads
-
-
-def assert_applied_once_each(sql: Sql, payloads: list[AgentMembershipChanged]) -> None:
-    """Every event has its inbox mark and was applied exactly once (row version = count)."""
-    (marks,) = sql("SELECT count(*) FROM rewards.inbox")[0]
-    assert marks == len(payloads)
-    expected: dict[tuple[uuid.UUID, uuid.UUID], int] = {}
-    for p in payloads:
-        expected[(p.agent_user_id, p.company_id)] = (
-            expected.get((p.agent_user_id, p.company_id), 0) + 1
-        )
-    found = {
-        (a, c): (version, last)
-        for a, c, version, last in sql(
-            "SELECT agent_user_id, company_id, version, last_membership_version"
-            " FROM rewards.agent_performance"
-        )
-    }
-    assert found == {key: (n, n) for key, n in expected.items()}
+Stream = Callable[..., list[AgentMembershipChanged]]
 
 
 def committed_offsets(settings: Settings) -> dict[int, int]:
@@ -117,10 +80,10 @@ def test_a_rebalance_with_a_batch_in_flight_loses_and_repeats_nothing(
     kafka: Any,
     settings: Settings,
     start_consumer: Any,
-    event: Event,
-    sql: Sql,
     wait: Callable[..., None],
     monkeypatch: pytest.MonkeyPatch,
+    stream: Stream,
+    assert_applied_once_each: Callable[..., None],
 ) -> None:
     revokes: list[bool] = []
     settle = MembershipConsumer._settle_and_report
@@ -131,7 +94,7 @@ def test_a_rebalance_with_a_batch_in_flight_loses_and_repeats_nothing(
         settle(self, exclude)
 
     monkeypatch.setattr(MembershipConsumer, "_settle_and_report", watched)
-    available = stream(event, agents=150, versions=200)  # fed as they are consumed
+    available = stream(agents=150, versions=200)  # fed as they are consumed
     payloads = available[:1000]
     kafka.send(*payloads)
     first = start_consumer(batch_size=50)
@@ -163,7 +126,7 @@ def test_a_rebalance_with_a_batch_in_flight_loses_and_repeats_nothing(
     # No redelivery at all: the second consumer started exactly after what the first applied.
     duplicates = "rewards_membership_skipped_duplicate_total"
     assert first.total(duplicates) + second.total(duplicates) == 0
-    assert_applied_once_each(sql, payloads)
+    assert_applied_once_each(payloads)
     first.close()
     second.close()
     assert sum(committed_offsets(settings).values()) == len(payloads)
@@ -179,6 +142,7 @@ def test_a_failed_transaction_with_the_next_batch_polled_replays_and_commits_not
     database: str,
     settings: Settings,
     wait: Callable[..., None],
+    stream: Stream,
 ) -> None:
     blocked_agent, company = uuid.uuid4(), uuid.uuid4()
     sql(
@@ -187,7 +151,7 @@ def test_a_failed_transaction_with_the_next_batch_polled_replays_and_commits_not
         {"a": blocked_agent, "c": company},
     )
     blocked = event(blocked_agent, company, 2, "Left", reason="SelfLeave")
-    payloads = stream(event, agents=60, versions=10)
+    payloads = stream(agents=60, versions=10)
     # The batch holding `blocked` waits on a row lock held here (and fails at the lock
     # timeout, again and again); the records behind it are polled meanwhile.
     records = [*payloads[:40], blocked, *payloads[40:]]

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
 from pact import Pact, match
 
 from pin_contracts import (
@@ -33,7 +31,7 @@ from pin_testkit.message_pacts import (
     envelope,
     examples,
     moment,
-    no_telemetry,
+    pact_fixture,
     record_metadata,
     record_value,
     uuid_like,
@@ -124,15 +122,7 @@ def membership_pact() -> Pact:
     return pact
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_telemetry() -> Iterator[None]:
-    with no_telemetry():
-        yield
-
-
-@pytest.fixture(scope="module")
-def pact() -> Pact:
-    return membership_pact()
+pact = pact_fixture(membership_pact)
 
 
 def handle(value: bytes, metadata: dict[str, Any]) -> tuple[MembershipChange, MembershipRow]:

@@ -23,18 +23,7 @@ pytestmark = pytest.mark.integration
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 Event = Callable[..., AgentMembershipChanged]
 Sql = Callable[..., list[tuple[Any, ...]]]
-
-
-def stream(event: Event, agents: int, versions: int) -> list[AgentMembershipChanged]:
-    """Every event applies: per (agent, agency) versions 1..n, alternating Active / Left."""
-    company = uuid.uuid4()
-    payloads = []
-    for agent in (uuid.uuid4() for _ in range(agents)):
-        for version in range(1, versions + 1):
-            status = "Active" if version % 2 else "Left"
-            reason = None if status == "Active" else "SelfLeave"
-            payloads.append(event(agent, company, version, status, reason=reason))
-    return payloads
+Stream = Callable[..., list[AgentMembershipChanged]]
 
 
 def in_order(payloads: list[AgentMembershipChanged], part: int, of: int) -> list[Any]:
@@ -47,25 +36,6 @@ def in_order(payloads: list[AgentMembershipChanged], part: int, of: int) -> list
         size = len(events) // of
         chosen += events[part * size : (part + 1) * size]
     return chosen
-
-
-def assert_exactly_once(sql: Sql, payloads: list[AgentMembershipChanged]) -> None:
-    (count,) = sql("SELECT count(*) FROM rewards.inbox")[0]
-    assert count == len(payloads)
-    per_row: dict[tuple[uuid.UUID, uuid.UUID], int] = {}
-    for p in payloads:
-        per_row[(p.agent_user_id, p.company_id)] = (
-            per_row.get((p.agent_user_id, p.company_id), 0) + 1
-        )
-    found = {
-        (a, c): (version, last)
-        for a, c, version, last in sql(
-            "SELECT agent_user_id, company_id, version, last_membership_version"
-            " FROM rewards.agent_performance"
-        )
-    }
-    # version is +1 per applied change: equal to the event count means none applied twice.
-    assert found == {key: (n, n) for key, n in per_row.items()}
 
 
 def test_malformed_records_go_to_dlq_and_the_stream_continues(
@@ -115,13 +85,13 @@ def test_postgres_outage_mid_stream_loses_and_duplicates_nothing(
     *,
     kafka: Any,
     start_consumer: Any,
-    event: Event,
-    sql: Sql,
     database: str,
     postgres_admin_dsn: str,
     wait: Callable[..., None],
+    stream: Stream,
+    assert_applied_once_each: Callable[..., None],
 ) -> None:
-    payloads = stream(event, agents=30, versions=4)
+    payloads = stream(agents=30, versions=4)
     name = str(conninfo_to_dict(database)["dbname"])
     consumer = start_consumer()
     kafka.send(*in_order(payloads, 0, 2))
@@ -155,13 +125,17 @@ def test_postgres_outage_mid_stream_loses_and_duplicates_nothing(
     wait(lambda: consumer.consumer.database_state().status == "ok", what="ready again")
     assert consumer.total("rewards_membership_applied_total") == len(payloads)
     assert consumer.consumer.paused_partitions == frozenset()
-    assert_exactly_once(sql, payloads)
+    assert_applied_once_each(payloads)
 
 
 def test_second_consumer_joining_loses_and_duplicates_nothing(
-    kafka: Any, start_consumer: Any, event: Event, sql: Sql, wait: Callable[..., None]
+    kafka: Any,
+    start_consumer: Any,
+    wait: Callable[..., None],
+    stream: Stream,
+    assert_applied_once_each: Callable[..., None],
 ) -> None:
-    payloads = stream(event, agents=40, versions=6)
+    payloads = stream(agents=40, versions=6)
     first = start_consumer()
     kafka.send(*in_order(payloads, 0, 3))
     first.wait_handled(len(payloads) // 3)
@@ -184,4 +158,4 @@ def test_second_consumer_joining_loses_and_duplicates_nothing(
     )
     assert applied == len(payloads)
     assert first.handled + second.handled == len(payloads)  # no redelivery at all
-    assert_exactly_once(sql, payloads)
+    assert_applied_once_each(payloads)

@@ -7,6 +7,9 @@
   (`error: database unavailable: <first line of the driver's message>`). Every line passes
   through `settings.redact`. Kafka credentials the brokers refuse are exit 2 through
   `kafka_security.kafka_or_exit`, which each command that talks to Kafka calls first.
+- `Cli` is each service's command line: one `main` (arguments, settings, logging the same
+  way for every command: JSON lines on stdout, stderr kept for what went wrong; a warning
+  for each unknown `<PREFIX>*` variable; then `run_command`).
 - `long_running` is what a long-lived command (a worker, a relay, a consumer) runs inside:
   JSON logging, tracing, SIGTERM/SIGINT as a stop event, and the ops HTTP server
   (`/metrics`, `/healthz`, `/readyz`) once the service calls `Runtime.serve` with its
@@ -17,11 +20,15 @@ Nothing here loads a Kafka client: operator commands that never talk to Kafka im
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, Generic
+from uuid import UUID
 
 import psycopg
 from opentelemetry import trace
@@ -29,14 +36,38 @@ from prometheus_client import CollectorRegistry
 
 from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import Check, Heartbeat, OpsServer
-from pin_runtime.logging import LogLevel, configure_logging
-from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE, redact
+from pin_runtime.logging import LogLevel, configure_logging, log_event
+from pin_runtime.settings import (
+    CONFIG_ERROR_EXIT_CODE,
+    S,
+    redact,
+    settings_or_exit,
+    unknown_variables,
+)
 from pin_runtime.shutdown import GracefulShutdown
 from pin_runtime.tracing import configure_tracing, shutdown_tracing
 
-__all__ = ["ERROR_EXIT_CODE", "Runtime", "error_line", "long_running", "run_command"]
+__all__ = [
+    "ERROR_EXIT_CODE",
+    "Cli",
+    "Runtime",
+    "error_line",
+    "long_running",
+    "run_command",
+    "uuid_argument",
+]
 
 ERROR_EXIT_CODE: Final = 1
+
+_log = logging.getLogger("pin_runtime")
+
+
+def uuid_argument(text: str) -> UUID:
+    """An argparse `type=` for ids: a UUID, or argparse's usage error (exit 2)."""
+    try:
+        return UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from None
 
 
 def error_line(line: str) -> None:
@@ -68,6 +99,52 @@ def run_command(
         error_line(f"error: database unavailable: {_first_line(exc)}")
         return ERROR_EXIT_CODE
     return 0 if code is None else code
+
+
+@dataclass(frozen=True)
+class Cli(Generic[S]):
+    """A service's command line, the same for every service: `main` parses the arguments,
+    reads the settings (a bad one: exit 2), configures logging the same way for every
+    command, warns about unknown `<PREFIX>*` variables and runs the command under
+    `run_command`.
+
+    Every command logs JSON lines to stdout (a long-running one as its whole output, an
+    operator command its audit lines and warnings next to what it prints); stderr carries
+    only what went wrong: the one `error: ...` line of a failure, a record that could not be
+    handled.
+    """
+
+    service: str
+    settings_type: type[S]
+    env_prefix: str
+    errors: tuple[type[Exception], ...] = ()
+    """The service's own errors: exit 1 with `error: <message>`."""
+
+    def parser(
+        self, description: str
+    ) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
+        """The service's argument parser (`prog` its console script; the help names the
+        settings' prefix) and the sub-parsers its commands are added to (`args.command`)."""
+        parser = argparse.ArgumentParser(
+            prog=self.service,
+            description=f"{description} Configured by {self.env_prefix}* environment "
+            "variables (see the README).",
+        )
+        return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def main(
+        self,
+        parser: argparse.ArgumentParser,
+        run: Callable[[argparse.Namespace, S], int | None],
+        argv: Sequence[str] | None = None,
+    ) -> int:
+        args = parser.parse_args(argv)
+        settings = settings_or_exit(self.settings_type, self.env_prefix)
+        # Every service's settings carry log_level (the chart's LOG_LEVEL).
+        configure_logging(getattr(settings, "log_level", "INFO"), self.service)
+        for variable in unknown_variables(self.settings_type, self.env_prefix):
+            log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
+        return run_command(lambda: run(args, settings), errors=self.errors)
 
 
 class Runtime:

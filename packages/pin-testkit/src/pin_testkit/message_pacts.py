@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
+import pytest
 from pact import Pact, match
 
 from pin_contracts import CONTRACT_VERSION_HEADER, EVENT_TYPE_HEADER
@@ -27,6 +28,7 @@ __all__ = [
     "examples",
     "moment",
     "no_telemetry",
+    "pact_fixture",
     "record_metadata",
     "record_value",
     "uuid_like",
@@ -118,3 +120,15 @@ def no_telemetry() -> Iterator[None]:
             os.environ.pop("PACT_DO_NOT_TRACK", None)
         else:
             os.environ["PACT_DO_NOT_TRACK"] = saved
+
+
+def pact_fixture(build: Callable[[], Pact]) -> Callable[[], Iterator[Pact]]:
+    """A module-scoped ``pact`` fixture: the pact ``build`` declares, with Pact's telemetry
+    off while the module's tests use it (``pact = pact_fixture(access_pact)``)."""
+
+    @pytest.fixture(scope="module", name="pact")
+    def pact() -> Iterator[Pact]:
+        with no_telemetry():
+            yield build()
+
+    return pact

@@ -18,9 +18,9 @@ import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import TracebackType
-from typing import Final, Self
+from typing import Final, Self, TypeVar
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -62,6 +62,7 @@ from pin_testkit.secured import SecuredKafka
 __all__ = ["PrivateKafka"]
 
 log = logging.getLogger(__name__)
+_P = TypeVar("_P", bound="PrivateKafka")
 
 PRIVATE_HEAP: Final = ("-Xms128m", "-Xmx512m")
 STATE_PREFIX: Final = "pin-private-kafka-"
@@ -114,6 +115,17 @@ class _Broker(Kafka):
         write_atomic(self.layout.kafka_log4j, render_log4j2())
         return True
 
+    def kill(self) -> None:
+        """SIGKILL, and wait until the process is gone (a no-op when it is not running)."""
+        pid = self.pid()
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        if not wait_gone(pid, Deadline.after(10.0)):
+            raise LocalInfraError(f"private Kafka (pid {pid}) survived SIGKILL")
+        self.layout.kafka_pid.unlink(missing_ok=True)
+
     def class_data_flag(self, java: JavaRuntime, libs: Path) -> str:
         archive = class_data_archive(self._shared_dir, java, libs)
         return f"-XX:SharedArchiveFile={archive}" if archive.is_file() else "-Xshare:auto"
@@ -140,30 +152,10 @@ class PrivateKafka:
         self._shared = shared if shared is not None else resolve_layout()
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
-        port = pick_port(set())
-        controller_port = pick_port({port})
-        self.state_dir = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
-        (self.state_dir / OWNER_FILE).write_text(f"{os.getpid()}\n", encoding="ascii")
-        layout = Layout(repo_root=self._shared.repo_root, state_dir=self.state_dir)
-        security = _security(self.state_dir, {port, controller_port}) if secure else None
-        taken = {port, controller_port}
-        if security is not None:
-            taken |= {security.sasl_port, security.ssl_port}
-        listeners: list[ProxiedListener] = []
-        for _ in range(proxied):
-            own = pick_port(taken)
-            advertised = pick_port(taken | {own})
-            taken |= {own, advertised}
-            listeners.append(ProxiedListener(own, advertised))
-        self._broker = _Broker(
-            layout,
-            port,
-            controller_port,
-            self._shared.kafka_dir,
-            security,
-            proxied=tuple(listeners),
-        )
-        self._runtime: tuple[JavaRuntime, Path] | None = None
+        self._state = _StateDir()
+        self.state_dir = self._state.path
+        self._broker = _new_broker(self._shared, self.state_dir, secure=secure, proxied=proxied)
+        self._runtime = _Runtime(self._shared)
         self.last_start_seconds: float | None = None
         self.last_stop_seconds: float | None = None
 
@@ -183,29 +175,15 @@ class PrivateKafka:
         :attr:`secured`. ``proxied=N`` adds N listeners for clients behind proxies (one per
         process whose path to the broker a test cuts on its own): see :attr:`proxied`.
         """
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            broker = cls(
+        return _started_with_retries(
+            lambda: cls(
                 shared=shared,
                 start_timeout=start_timeout,
                 stop_timeout=stop_timeout,
                 secure=secure,
                 proxied=proxied,
             )
-            try:
-                broker.start()
-            except LocalInfraError as exc:
-                broker.close()
-                # Ports are picked free, then bound by the JVM seconds later: on a busy
-                # machine another process may take one in between. New ports, new broker.
-                if attempt == PORT_ATTEMPTS or not _lost_a_port(str(exc)):
-                    raise
-                log.warning("private kafka: a port was taken during start-up, new ports")
-                continue
-            except BaseException:
-                broker.close()
-                raise
-            return broker
-        raise AssertionError("unreachable")  # the loop returns or raises
+        )
 
     # -- addresses ------------------------------------------------------------------------
 
@@ -275,15 +253,15 @@ class PrivateKafka:
                     f"private Kafka cannot restart: port(s) {taken} on 127.0.0.1 were taken "
                     "by another process while it was stopped"
                 )
-            java, libs = self._java_and_libs()
+            java, libs = self._runtime.java_and_libs()
             self._broker.write_config()
-            if not self._broker.formatted():
+            if not self._broker.storage.formatted():
                 self._broker.format(java, libs)
             log.info("private kafka: starting on %s", self.bootstrap)
             pid = self._broker.start(java, libs)
         try:
             self._broker.wait_answering(pid, deadline)
-            self._wait_for_leaders(deadline)
+            _wait_for_leaders(self.bootstrap, deadline, self.log_tails)
         except BaseException:
             self._broker.stop(grace=5.0)  # never leave a broker that did not come up
             raise
@@ -298,21 +276,15 @@ class PrivateKafka:
         started = time.monotonic()
         grace = self.stop_timeout if timeout is None else timeout
         self._broker.stop(grace=grace)
-        self._wait_ports_closed(Deadline.after(10.0))
+        _wait_ports_closed(self._broker.ports, Deadline.after(10.0))
         self.last_stop_seconds = time.monotonic() - started
         return self.last_stop_seconds
 
     def kill(self) -> float:
         """SIGKILL: a crash (no clean shutdown; the next ``start()`` recovers the logs)."""
         started = time.monotonic()
-        pid = self._broker.pid()
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            if not wait_gone(pid, Deadline.after(10.0)):
-                raise LocalInfraError(f"private Kafka (pid {pid}) survived SIGKILL")
-            self._broker.layout.kafka_pid.unlink(missing_ok=True)
-        self._wait_ports_closed(Deadline.after(10.0))
+        self._broker.kill()
+        _wait_ports_closed(self._broker.ports, Deadline.after(10.0))
         self.last_stop_seconds = time.monotonic() - started
         return self.last_stop_seconds
 
@@ -339,62 +311,119 @@ class PrivateKafka:
             if self._broker.pid() is not None:
                 self._broker.stop(grace=10.0)
         finally:
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+            self._state.close()
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
         return f"PrivateKafka({self.bootstrap}, pid={self.pid}, state_dir={self.state_dir})"
 
-    def _java_and_libs(self) -> tuple[JavaRuntime, Path]:
-        if self._runtime is None:
+
+class _StateDir:
+    """The broker's temporary state directory, marked with its owner's pid so that a later
+    run can tell it is orphaned (`sweep_orphans`); `close()` removes it."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
+        (self.path / OWNER_FILE).write_text(f"{os.getpid()}\n", encoding="ascii")
+
+    def close(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class _Runtime:
+    """Java and the Kafka jars, found (and fetched by the first run) once per broker."""
+
+    def __init__(self, shared: Layout) -> None:
+        self._shared = shared
+        self._found: tuple[JavaRuntime, Path] | None = None
+
+    def java_and_libs(self) -> tuple[JavaRuntime, Path]:
+        if self._found is None:
             java = find_java()
             if libs_current(self._shared):
                 libs = self._shared.kafka_libs
             else:  # the first run fetches them: serialise with `pin-local up`
                 with file_lock(self._shared.lock_file, LIBS_LOCK_TIMEOUT):
                     libs = ensure_libs(self._shared)
-            self._runtime = (java, libs)
-        return self._runtime
+            self._found = (java, libs)
+        return self._found
 
-    def _wait_for_leaders(self, deadline: Deadline) -> None:
-        """After a restart, wait until every partition of every topic has its leader back."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
-        while True:
-            try:
-                topics = admin.list_topics(timeout=max(0.5, min(3.0, deadline.remaining())))
-                if all(
-                    p.leader >= 0 and p.error is None
-                    for t in topics.topics.values()
-                    for p in t.partitions.values()
-                ):
-                    return
-            except KafkaException:
-                pass
-            if deadline.expired():
-                raise LocalInfraError(
-                    f"private Kafka on {self.bootstrap} has partitions without a leader; "
-                    f"{self.log_tails()}"
-                )
-            time.sleep(POLL_INTERVAL)
 
-    def _wait_ports_closed(self, deadline: Deadline) -> None:
-        while not self.refuses_connections():
-            if deadline.expired():
-                raise LocalInfraError(
-                    f"private Kafka's ports {self._broker.ports} still accept connections "
-                    "after it stopped"
-                )
-            time.sleep(POLL_INTERVAL)
+def _new_broker(shared: Layout, state_dir: Path, *, secure: bool, proxied: int) -> _Broker:
+    """A broker in `state_dir` on free loopback ports: its own, a controller's, the secured
+    listeners' (`secure`) and `proxied` pairs of a listener and its advertised proxy port."""
+    port = pick_port(set())
+    controller_port = pick_port({port})
+    layout = Layout(repo_root=shared.repo_root, state_dir=state_dir)
+    security = _security(state_dir, {port, controller_port}) if secure else None
+    taken = {port, controller_port}
+    if security is not None:
+        taken |= {security.sasl_port, security.ssl_port}
+    listeners: list[ProxiedListener] = []
+    for _ in range(proxied):
+        own = pick_port(taken)
+        advertised = pick_port(taken | {own})
+        taken |= {own, advertised}
+        listeners.append(ProxiedListener(own, advertised))
+    return _Broker(
+        layout, port, controller_port, shared.kafka_dir, security, proxied=tuple(listeners)
+    )
+
+
+def _started_with_retries(new: Callable[[], _P]) -> _P:
+    """A broker from `new()`, started; closed again if it cannot start. Ports are picked
+    free, then bound by the JVM seconds later: on a busy machine another process may take
+    one in between, and then a new broker on new ports is tried."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        broker = new()
+        try:
+            broker.start()
+        except LocalInfraError as exc:
+            broker.close()
+            if attempt == PORT_ATTEMPTS or not _lost_a_port(str(exc)):
+                raise
+            log.warning("private kafka: a port was taken during start-up, new ports")
+            continue
+        except BaseException:
+            broker.close()
+            raise
+        return broker
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _wait_for_leaders(bootstrap: str, deadline: Deadline, log_tails: Callable[[], str]) -> None:
+    """After a restart, wait until every partition of every topic has its leader back."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    while True:
+        try:
+            topics = admin.list_topics(timeout=max(0.5, min(3.0, deadline.remaining())))
+            if all(
+                p.leader >= 0 and p.error is None
+                for t in topics.topics.values()
+                for p in t.partitions.values()
+            ):
+                return
+        except KafkaException:
+            pass
+        if deadline.expired():
+            raise LocalInfraError(
+                f"private Kafka on {bootstrap} has partitions without a leader; {log_tails()}"
+            )
+        time.sleep(POLL_INTERVAL)
+
+
+def _wait_ports_closed(ports: Iterable[int], deadline: Deadline) -> None:
+    while any(listens(p) for p in ports):
+        if deadline.expired():
+            raise LocalInfraError(
+                f"private Kafka's ports {list(ports)} still accept connections after it stopped"
+            )
+        time.sleep(POLL_INTERVAL)
 
 
 def _security(state_dir: Path, taken: set[int]) -> KafkaSecurity:

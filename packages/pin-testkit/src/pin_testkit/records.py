@@ -24,6 +24,7 @@ __all__ = [
     "commit_group_offsets",
     "consume",
     "end_offsets",
+    "first_value",
     "produce",
     "read_messages",
     "read_topic",
@@ -215,3 +216,21 @@ def produce(
     if failures or remaining:
         raise AssertionError(f"produce to {topic}: {failures}, {remaining} not acknowledged")
     return [delivered[i] for i in range(len(records))]
+
+
+def first_value(consumer: Consumer, topic: str, timeout: float = 30.0) -> bytes:
+    """Subscribe ``consumer`` (configured by the caller: a secured client, say) to ``topic``
+    and return the value of the first record it receives; closes the consumer. Fails unless
+    a record arrives within ``timeout`` and without an error."""
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is not None:
+                if message.error() is not None:
+                    raise AssertionError(f"{topic}: {message.error()}")
+                return message.value() or b""
+    finally:
+        consumer.close()
+    raise AssertionError(f"{topic}: no record came back within {timeout:g}s")

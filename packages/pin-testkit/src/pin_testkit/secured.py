@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-__all__ = ["ENVIRONMENT", "SecuredKafka"]
+from pin_testkit.service import run_cli, service_environment
+
+__all__ = ["ENVIRONMENT", "SecuredKafka", "assert_wrong_password_refused"]
 
 # What `pin-local env` exports for a secured local broker, and `secured_kafka` reads.
 ENVIRONMENT: tuple[str, ...] = (
@@ -25,6 +29,8 @@ ENVIRONMENT: tuple[str, ...] = (
 PLAINTEXT_VARIABLE = "PIN_KAFKA_BOOTSTRAP"
 
 ConfigValue = str | int | float | bool
+WRONG_PASSWORD_WITHIN = 30.0
+"""Seconds a service may take to refuse a wrong password (it must not retry it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,3 +133,32 @@ def _common_name(certificate: Path) -> str:
     cert = x509.load_pem_x509_certificate(certificate.read_bytes())
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     return str(names[0].value) if names else cert.subject.rfc4514_string()
+
+
+def assert_wrong_password_refused(
+    secured: SecuredKafka, program: str, args: Sequence[str], prefix: str, **settings: str
+) -> None:
+    """`program args` with every `<prefix>KAFKA_*` setting of `secured` but a wrong SASL
+    password (plus `<prefix><name>` of `settings`) stops at once: exit code 2, a last line
+    naming the failed authentication and the user, and neither password in its output."""
+    wrong = f"wrong-{uuid.uuid4().hex}"
+    env = (
+        service_environment((prefix,))
+        | secured.environment(prefix)
+        | {f"{prefix}{name}": value for name, value in settings.items()}
+        | {f"{prefix}KAFKA_SASL_PASSWORD": wrong}
+    )
+    started = time.monotonic()
+    result = run_cli(program, list(args), env, timeout=60, check=False)
+    took = time.monotonic() - started
+    last = (result.stderr.strip().splitlines() or [""])[-1]
+    expected = (
+        f"config error: {prefix}KAFKA_*: Kafka authentication failed for user '{secured.username}'"
+    )
+    if result.returncode != 2 or not last.startswith(expected):  # noqa: PLR2004 - config error
+        raise AssertionError(f"exit {result.returncode}, not 2 with {expected!r}:\n{result.stderr}")
+    if took >= WRONG_PASSWORD_WITHIN:
+        raise AssertionError(f"took {took:.1f}s to refuse a wrong password")
+    outputs = (result.stdout, result.stderr)
+    if any(text in output for text in (wrong, secured.password) for output in outputs):
+        raise AssertionError(f"a password in the output:\n{result.stderr}")

@@ -17,7 +17,7 @@ from psycopg import Connection, sql
 from psycopg.rows import TupleRow, class_row, kwargs_row
 
 from identity_fanout.shards import ClaimedShard, FanOutShard
-from identity_fanout.tasks import FanOutTask
+from identity_fanout.tasks import FanOutTask, LeasedRow
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.sql import columns, load_queries
 
@@ -101,7 +101,7 @@ def claim_shard(
     return claimed
 
 
-def is_poisoned(unit: FanOutTask | FanOutShard) -> bool:
+def is_poisoned(unit: LeasedRow) -> bool:
     return unit.status == FanOutTaskStatus.FAILED
 
 

@@ -11,13 +11,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from datetime import datetime
-from uuid import UUID
+from typing import Final
 
 import msgspec
 import psycopg
 from psycopg.rows import TupleRow
 from rich.console import Console
-from rich.table import Table
 
 from identity_fanout import quarantine as q
 from identity_fanout.enqueue import set_role_permissions
@@ -32,25 +31,24 @@ from identity_fanout.quarantine_view import (
 )
 from identity_fanout.runbook import get_task, list_shards, list_tasks, replay_task
 from identity_fanout.schema import migrate_database
-from identity_fanout.settings import ENV_PREFIX, Settings
+from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
-from pin_runtime.composition import run_command
-from pin_runtime.listing import Listing
-from pin_runtime.logging import configure_logging
-from pin_runtime.settings import settings_or_exit
+from pin_runtime.composition import Cli, uuid_argument
+from pin_runtime.listing import Fields, Listing
 
 # Plain messages never wrap (scripts parse them); listings take the terminal's width (a
 # table where it fits, else a block per row: pin_runtime.listing).
 _console = Console(soft_wrap=True)
 
 
-def _uuid(text: str) -> UUID:
-    try:
-        return UUID(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from None
+_CLI: Final = Cli(
+    SERVICE_NAME,
+    Settings,
+    ENV_PREFIX,
+    errors=(IdentityFanoutError,),
+)
 
 
 def _positive(text: str) -> int:
@@ -72,12 +70,9 @@ def _status(text: str) -> FanOutTaskStatus:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="identity-fanout",
-        description="PIN identity access fan-out: worker, outbox relay and runbook commands. "
-        f"Configuration comes from {ENV_PREFIX}* environment variables.",
+    parser, commands = _CLI.parser(
+        "PIN identity access fan-out: worker, outbox relay and runbook commands."
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("migrate", help="apply the database migrations of the identity schema")
     worker = commands.add_parser("worker", help="run the fan-out worker (and the outbox relay)")
     worker.add_argument(
@@ -91,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     set_permissions = roles.add_parser(
         "set-permissions", help="replace a role's permissions and fan the change out"
     )
-    set_permissions.add_argument("role_id", type=_uuid, metavar="ROLE_ID")
+    set_permissions.add_argument("role_id", type=uuid_argument, metavar="ROLE_ID")
     set_permissions.add_argument("permissions", nargs="*", metavar="PERMISSION_CODE")
 
     tasks = commands.add_parser("tasks", help="fan-out queue commands").add_subparsers(
@@ -101,9 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--status", type=_status, default=None)
     listing.add_argument("--limit", type=int, default=50)
     show = tasks.add_parser("show", help="show one task")
-    show.add_argument("task_id", type=_uuid, metavar="TASK_ID")
+    show.add_argument("task_id", type=uuid_argument, metavar="TASK_ID")
     replay = tasks.add_parser("replay", help="put a Failed task back in the queue")
-    replay.add_argument("task_id", type=_uuid, metavar="TASK_ID")
+    replay.add_argument("task_id", type=uuid_argument, metavar="TASK_ID")
 
     outbox = commands.add_parser("outbox", help="outbox commands").add_subparsers(
         dest="outbox_command", required=True, metavar="OUTBOX_COMMAND"
@@ -137,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
         "--reason", required=True, help="why (logged with each row: the audit trail)"
     )
 
-    membership_command.add_commands(commands, _uuid)
+    membership_command.add_commands(commands, uuid_argument)
     return parser
 
 
@@ -176,14 +171,15 @@ def _tasks_table(tasks: Sequence[FanOutTask]) -> Listing:
     return Listing(columns, rows, title="access fan-out tasks")
 
 
-def _task_detail(task: FanOutTask) -> Table:
-    table = Table(show_header=False, title=f"task {task.id}", title_justify="left")
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
-    for name in FanOutTask.__struct_fields__:
-        value = getattr(task, name)
-        table.add_row(name, _when(value) if isinstance(value, datetime) else str(value))
-    return table
+def _task_detail(task: FanOutTask) -> Fields:
+    return Fields(
+        ((name, _shown(getattr(task, name))) for name in FanOutTask.__struct_fields__),
+        title=f"task {task.id}",
+    )
+
+
+def _shown(value: object) -> str:
+    return _when(value) if isinstance(value, datetime) else str(value)
 
 
 def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
@@ -266,9 +262,6 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
             _tasks(conn, args)
     elif args.command == "outbox":
         with _connect(settings) as conn:
-            if getattr(args, "quarantine_command", None) == "discard":
-                # The audit line of each discarded row, as JSON on stderr (stdout: the table).
-                configure_logging(settings.log_level, "identity-fanout", stream=sys.stderr)
             _outbox(conn, args, lanes=settings.outbox_lanes)
     elif args.command == "memberships":
         with _connect(settings) as conn:
@@ -277,9 +270,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    settings = settings_or_exit(Settings, ENV_PREFIX)
-    return run_command(lambda: _run(args, settings), errors=(IdentityFanoutError,))
+    return _CLI.main(_parser(), _run, argv)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 
-from rich.table import Table
-
 from identity_fanout.quarantine import DiscardedRow, QuarantinedRow, RequeuedRow
-from pin_runtime.listing import Listing
+from pin_runtime.listing import Fields, Listing
 
 __all__ = ["discarded_line", "quarantine_detail", "quarantine_table", "requeued_line"]
 
@@ -53,21 +51,6 @@ def quarantine_table(rows: Sequence[QuarantinedRow]) -> Listing:
     return Listing(columns, values, title="outbox quarantine")
 
 
-def quarantine_detail(row: QuarantinedRow) -> Table:
-    """Every field of one quarantined row (headers included, the payload by size only)."""
-    table = Table(show_header=False, title=f"quarantined row {row.id}", title_justify="left")
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
-    for name in QuarantinedRow.__struct_fields__:
-        value = getattr(row, name)
-        if name == "headers":
-            for header, text in value:
-                table.add_row(f"header {header}", text or "")
-            continue
-        table.add_row(name, _when(value) if isinstance(value, datetime) else str(value))
-    return table
-
-
 def requeued_line(row: RequeuedRow) -> str:
     return (
         f"quarantined row {row.quarantine_id} is back in the outbox as id {row.outbox_id} "
@@ -80,3 +63,17 @@ def discarded_line(row: DiscardedRow) -> str:
         f"quarantined row {row.quarantine_id} discarded "
         f"(topic {row.topic}, key {row.key}, {row.error_reason}, {row.attempts} refusal(s))"
     )
+
+
+def quarantine_detail(row: QuarantinedRow) -> Fields:
+    """Every field of one quarantined row (headers included, the payload by size only)."""
+    return Fields(_detail_pairs(row), title=f"quarantined row {row.id}")
+
+
+def _detail_pairs(row: QuarantinedRow) -> Iterator[tuple[str, str]]:
+    for name in QuarantinedRow.__struct_fields__:
+        value = getattr(row, name)
+        if name == "headers":
+            yield from ((f"header {header}", text or "") for header, text in value)
+        else:
+            yield name, _when(value) if isinstance(value, datetime) else str(value)

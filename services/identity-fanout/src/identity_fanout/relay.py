@@ -13,6 +13,7 @@ server noticing. Within its lanes an instance keeps producing while acknowledgem
 pending, up to a bounded in-flight window, and deletes acknowledged prefixes in batches.
 
 The parts, one job each: `LaneSession` (connection, lane locks, balancing, LISTEN),
+`Rounds` (when to look at the lanes again, how a round ends),
 `Pump` (read, produce, settle, delete: the pipelined flow), `InflightWindow` (pure window
 accounting), `Publisher` (the producer), `settle` (pure: delete, quarantine, or stop),
 `quarantine` (SQL), `RelayMetrics`. This module is the loop around them.
@@ -24,7 +25,6 @@ import gc
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Self
 
@@ -40,7 +40,8 @@ from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_pacing import Pacer
 from identity_fanout.relay_publisher import Publisher
 from identity_fanout.relay_pump import Pump, RoundResult
-from identity_fanout.relay_report import refresh_gauges, report_failed_round
+from identity_fanout.relay_report import report_failed_round
+from identity_fanout.relay_rounds import Rounds
 from identity_fanout.relay_session import LaneSession
 from identity_fanout.relay_window import (
     DEFAULT_WINDOW_BYTES,
@@ -143,9 +144,14 @@ class OutboxRelay:
             probe=probe,
         )
         self._pace = Pacer(heartbeat)
-        self._next_look = 0.0
-        self._gauges_due = False
-        self.last_round: RoundResult | None = None
+        self._rounds = Rounds(
+            self._session, self._pump, self.metrics, self.state, look_interval=lock_retry_interval
+        )
+
+    @property
+    def last_round(self) -> RoundResult | None:
+        """What the last round did (published, quarantined, the Kafka error that stopped it)."""
+        return self._rounds.last_round
 
     @property
     def active(self) -> bool:
@@ -193,13 +199,13 @@ class OutboxRelay:
         """
 
         def once() -> float:
-            conn = self._look(force=True)
+            conn = self._rounds.start(force=True)
             if self.active:
                 self._pump.fill(conn, self._session.readable_lanes())
                 self._pump.drain(conn, self._pace.beat, self._pace.give_up)
                 self._pump.flush()
                 self._release_idle(conn)
-            self._finish_step(conn)
+            self._rounds.finish(conn)
             return 0.0
 
         self._guarded(once)
@@ -207,9 +213,9 @@ class OutboxRelay:
 
     def _step(self) -> float:
         """One turn of the pipelined flow, then the wait it calls for (0: go on at once)."""
-        conn = self._look(force=False)
+        conn = self._rounds.start(force=False)
         if not self.active:
-            self._finish_step(conn)
+            self._rounds.finish(conn)
             return self._lock_retry_interval
         read = self._pump.cycle(
             conn,
@@ -218,7 +224,7 @@ class OutboxRelay:
             give_up=self._pace.give_up,
         )
         self._release_idle(conn)
-        result = self._finish_step(conn)
+        result = self._rounds.finish(conn)
         self._db_backoff.reset()
         if result.error is not None:
             return self._kafka_backoff.next_delay()
@@ -230,38 +236,11 @@ class OutboxRelay:
             )
         return 0.0
 
-    def _look(self, *, force: bool) -> psycopg.Connection[TupleRow]:
-        """The connection; every `lock_retry_interval` also the lanes and the gauges."""
-        conn = self._session.connection()
-        now = time.monotonic()
-        if force or now >= self._next_look:
-            self._next_look = now + self._lock_retry_interval
-            self._session.rebalance()
-            self._gauges_due = True
-        return conn
-
     def _release_idle(self, conn: psycopg.Connection[TupleRow]) -> None:
         """Hand over the surplus lanes with nothing in flight (their acks deleted first, so
         the next holder does not send them again)."""
         if self._session.handing_over and self._pump.flush():
             self._session.release_idle(self._pump.window.busy_slots())
-
-    def _finish_step(self, conn: psycopg.Connection[TupleRow]) -> RoundResult:
-        idle = not self._pump.tally.read and not len(self._pump.window)
-        if idle:
-            self._pump.flush()  # nothing else to do: the last deletes, then the gauges
-        tally = self._pump.take_tally()
-        # After the step (the backlog it left): at each look, on a quarantine, when idle.
-        if self._gauges_due or tally.quarantined or idle:
-            self._gauges_due = False
-            refresh_gauges(conn, self.metrics)
-        result = tally.result(active=self.active)
-        if result.error is None:
-            self.state.ok()
-        else:
-            self.state.degraded(f"kafka: {result.error}")
-        self.last_round = result
-        return result
 
     def _guarded(self, step: Callable[[], float]) -> float:
         """Any database error: drop the connection (and the lanes) and forget the window."""

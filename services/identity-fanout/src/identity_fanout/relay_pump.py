@@ -28,12 +28,18 @@ from identity_fanout.relay_deleter import Deleter
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_pacing import SHUTDOWN_GRACE
 from identity_fanout.relay_publisher import FLUSH_MARGIN, Publisher
-from identity_fanout.relay_reader import Reader
+from identity_fanout.relay_reader import Reader, ReadRequest
 from identity_fanout.relay_records import OutboxRecord
 from identity_fanout.relay_report import report_refusals, report_stopped
 from identity_fanout.relay_settlement import Settlement
 from identity_fanout.relay_window import InflightWindow
 from pin_runtime.logging import log_event
+
+Conn = psycopg.Connection[TupleRow]
+Tick = Callable[[], None]
+"""Called while waiting: the process's heartbeat."""
+GiveUp = Callable[[], bool]
+"""Asked while waiting: True once the process is stopping."""
 
 __all__ = ["Pump", "RoundResult", "Tally"]
 
@@ -122,7 +128,7 @@ class Pump:
         tally.published, tally.last_published_id = self._deleter.take_published()
         return tally
 
-    def fill(self, conn: psycopg.Connection[TupleRow], lanes: Collection[int]) -> int:
+    def fill(self, conn: Conn, lanes: Collection[int]) -> int:
         """Read and produce the next rows of `lanes` if the window has room; rows read.
 
         Each lane reads on after its own cursor (the last id read in it): a lane taken over
@@ -143,9 +149,9 @@ class Pump:
             limit = room - read
             if limit <= 0:
                 break
-            slots = slots_of(group, self._lanes)
+            slots = tuple(slots_of(group, self._lanes))
             budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
-            records = self._reader.read(conn, slots, after, limit, budget)
+            records = self._reader.read(conn, ReadRequest(slots, after, limit, budget))
             # At most one record per key in flight (InflightWindow.admissible): the rest of
             # the read waits, and is read again, from after the last one produced.
             records = records[: self.window.admissible(records)]
@@ -157,7 +163,8 @@ class Pump:
             read += len(records)
             if len(groups) == 1 and len(records) == limit:  # more is likely: read ahead
                 budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
-                self._reader.ahead(conn, slots, records[-1].id, self._batch_size, budget)
+                following = ReadRequest(slots, records[-1].id, self._batch_size, budget)
+                self._reader.ahead(conn, following)
             self._produce(records)
         return read
 
@@ -176,14 +183,7 @@ class Pump:
             self._submit()
         return self._deleter.flush(self._flush_timeout)
 
-    def cycle(
-        self,
-        conn: psycopg.Connection[TupleRow],
-        lanes: Collection[int],
-        *,
-        on_tick: Callable[[], None],
-        give_up: Callable[[], bool],
-    ) -> int:
+    def cycle(self, conn: Conn, lanes: Collection[int], *, on_tick: Tick, give_up: GiveUp) -> int:
         """Read on if there is room, serve reports, apply what is settled; rows read."""
         read = self.fill(conn, lanes)
         full = self.window.room() == 0
@@ -196,27 +196,14 @@ class Pump:
             self.fail(conn, on_tick, give_up)
         return read
 
-    def drain(
-        self,
-        conn: psycopg.Connection[TupleRow],
-        on_tick: Callable[[], None],
-        give_up: Callable[[], bool],
-    ) -> None:
+    def drain(self, conn: Conn, on_tick: Tick, give_up: GiveUp) -> None:
         """Wait (bounded) for every outcome, apply them; anything unsettled fails the flow."""
-        self._publisher.wait(self.window, on_tick=on_tick, give_up=give_up)
-        settlement = self._settle(conn, flush=True)
-        if settlement.stopped:
+        if self._settle_all(conn, on_tick, give_up).stopped:
             self.fail(conn, on_tick, give_up)
 
-    def fail(
-        self,
-        conn: psycopg.Connection[TupleRow],
-        on_tick: Callable[[], None],
-        give_up: Callable[[], bool],
-    ) -> None:
+    def fail(self, conn: Conn, on_tick: Tick, give_up: GiveUp) -> None:
         """The failure path: outcomes of all outstanding records, settle, purge the rest."""
-        self._publisher.wait(self.window, on_tick=on_tick, give_up=give_up)
-        settlement = self._settle(conn, flush=True)
+        settlement = self._settle_all(conn, on_tick, give_up)
         if not settlement.stopped:
             return  # the late outcomes were all good after all
         self._publisher.purge()
@@ -232,7 +219,7 @@ class Pump:
         self._cursors.clear()
         self._metrics.in_flight.set(0)
 
-    def stop(self, connection: Callable[[], psycopg.Connection[TupleRow]] | None) -> None:
+    def stop(self, connection: Callable[[], Conn] | None) -> None:
         """On stop: in-flight records get SHUTDOWN_GRACE (settled on `connection()` if the
         lanes are still held), acknowledged rows are deleted, then every client closes."""
         if len(self.window) and connection is not None:
@@ -256,7 +243,12 @@ class Pump:
         self._cursors.clear()
         self._metrics.in_flight.set(0)
 
-    def _settle(self, conn: psycopg.Connection[TupleRow], *, flush: bool) -> Settlement:
+    def _settle_all(self, conn: Conn, on_tick: Tick, give_up: GiveUp) -> Settlement:
+        """Wait (bounded) for the outcome of every record in flight, then apply them."""
+        self._publisher.wait(self.window, on_tick=on_tick, give_up=give_up)
+        return self._settle(conn, flush=True)
+
+    def _settle(self, conn: Conn, *, flush: bool) -> Settlement:
         settlement = self.window.settle()
         if settlement.quarantine:
             moved = quarantine_rows(conn, settlement.quarantine)

@@ -8,6 +8,7 @@ overlap, and a lost connection still shows at the next read (its error surfaces 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -15,11 +16,22 @@ from psycopg.rows import TupleRow
 from identity_fanout.relay_records import OutboxRecord, records_from_rows
 from pin_runtime.sql import load_queries
 
-__all__ = ["Reader"]
+__all__ = ["ReadRequest", "Reader"]
 
 _q = load_queries("identity_fanout", "sql/relay.sql")
 
-_Key = tuple[tuple[int, ...], int]
+
+class ReadRequest(NamedTuple):
+    """Up to `limit` rows of `slots` after `after`, within `budget` payload bytes."""
+
+    slots: tuple[int, ...]
+    after: int
+    limit: int
+    budget: int
+
+    def same_rows(self, other: ReadRequest) -> bool:
+        """Whether `other` reads from the same place (its limit and budget may differ)."""
+        return (self.slots, self.after) == (other.slots, other.after)
 
 
 class Reader:
@@ -27,38 +39,23 @@ class Reader:
 
     def __init__(self) -> None:
         self._executor: ThreadPoolExecutor | None = None
-        self._ahead: tuple[_Key, Future[list[OutboxRecord]]] | None = None
+        self._ahead: tuple[ReadRequest, Future[list[OutboxRecord]]] | None = None
 
-    def read(
-        self,
-        conn: psycopg.Connection[TupleRow],
-        slots: list[int],
-        after: int,
-        limit: int,
-        budget: int,
-    ) -> list[OutboxRecord]:
-        """Up to `limit` rows of `slots` after `after` (within `budget` payload bytes):
-        those read ahead if they are what is asked (same slots, same cursor), else now."""
+    def read(self, conn: psycopg.Connection[TupleRow], request: ReadRequest) -> list[OutboxRecord]:
+        """The rows `request` asks for: those read ahead if they are what is asked (same
+        slots, same cursor), else read now."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            key, future = ahead
+            asked, future = ahead
             records = future.result()
-            if key == (tuple(slots), after) and records:
-                return records[:limit]
-        return fetch(conn, slots, after, limit, budget)
+            if asked.same_rows(request) and records:
+                return records[: request.limit]
+        return fetch(conn, request)
 
-    def ahead(
-        self,
-        conn: psycopg.Connection[TupleRow],
-        slots: list[int],
-        after: int,
-        limit: int,
-        budget: int,
-    ) -> None:
+    def ahead(self, conn: psycopg.Connection[TupleRow], request: ReadRequest) -> None:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-reader")
-        future = self._executor.submit(fetch, conn, slots, after, limit, budget)
-        self._ahead = ((tuple(slots), after), future)
+        self._ahead = (request, self._executor.submit(fetch, conn, request))
 
     def forget(self) -> None:
         """Drop what was read ahead (a reset cursor, lost lanes)."""
@@ -71,10 +68,8 @@ class Reader:
             executor.shutdown(wait=True, cancel_futures=True)
 
 
-def fetch(
-    conn: psycopg.Connection[TupleRow], slots: list[int], after: int, limit: int, budget: int
-) -> list[OutboxRecord]:
-    params = {"slots": slots, "after": after, "limit": limit, "budget": budget}
+def fetch(conn: psycopg.Connection[TupleRow], request: ReadRequest) -> list[OutboxRecord]:
+    params = request._asdict() | {"slots": list(request.slots)}
     # Binary: the payload (bytea) arrives as is instead of hex text to decode.
     rows = conn.execute(_q.read_lanes, params, binary=True).fetchall()
     return records_from_rows(rows)

@@ -16,12 +16,12 @@ is Failed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Final
 from uuid import UUID
 
 import msgspec
 
+from identity_fanout.tasks import LeasedRow
 from pin_contracts import FanOutTaskStatus
 
 # Below every real UserId (the schema forbids the nil UUID): shard 1's lower bound.
@@ -30,23 +30,13 @@ START: Final = UUID(int=0)
 END: Final = UUID(int=(1 << 128) - 1)
 
 
-class FanOutShard(msgspec.Struct, frozen=True, kw_only=True):
+class FanOutShard(LeasedRow, frozen=True, kw_only=True):
     """One row of identity.access_fanout_shards: users in (lower_bound, upper_bound]."""
 
-    id: UUID
     task_id: UUID
     shard_no: int
     lower_bound: UUID
     upper_bound: UUID | None
-    status: str
-    cursor: UUID | None
-    processed_count: int
-    attempt_count: int
-    lease_expires_at: datetime | None
-    last_error: str | None
-    started_at: datetime | None
-    completed_at: datetime | None
-    updated_at: datetime
 
 
 class ClaimedShard(msgspec.Struct, frozen=True, kw_only=True):

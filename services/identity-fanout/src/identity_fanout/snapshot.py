@@ -13,6 +13,7 @@ from pin_contracts import (
     ActiveRoleAssignmentSnapshot,
     UserAccessChangedKafkaEvent,
 )
+from pin_runtime.structs import built_from
 
 
 class AssignmentRow(NamedTuple):
@@ -31,16 +32,7 @@ class AssignmentRow(NamedTuple):
 
 
 def _snapshot(row: AssignmentRow) -> ActiveRoleAssignmentSnapshot:
-    return ActiveRoleAssignmentSnapshot(
-        assignment_id=row.assignment_id,
-        role_id=row.role_id,
-        role_code=row.role_code,
-        scope_type=row.scope_type,
-        scope_organization_id=row.scope_organization_id,
-        scope_project_group_id=row.scope_project_group_id,
-        scope_project_id=row.scope_project_id,
-        expires_at=row.expires_at,
-    )
+    return built_from(ActiveRoleAssignmentSnapshot, row)
 
 
 def _company(

@@ -1,4 +1,5 @@
-"""The AccessFanOutTask row, as the worker and the runbook CLI see it."""
+"""The AccessFanOutTask row, as the worker and the runbook CLI see it, and the columns it
+shares with a shard row."""
 
 from __future__ import annotations
 
@@ -8,23 +9,29 @@ from uuid import UUID
 import msgspec
 
 
-class FanOutTask(msgspec.Struct, frozen=True, kw_only=True):
-    """One row of identity.access_fanout_tasks (spec: AccessFanOutTask)."""
+class LeasedRow(msgspec.Struct, frozen=True, kw_only=True):
+    """The columns every unit of fan-out work has, a task or a shard: its id, where its
+    work stands (status, cursor, count) and the lease and attempts of its claims."""
 
     id: UUID
-    role_id: UUID
-    company_id: UUID | None
-    role_version: int
-    reason: str
     status: str
     cursor: UUID | None
     processed_count: int
     attempt_count: int
     lease_expires_at: datetime | None
     last_error: str | None
-    created_at: datetime
     started_at: datetime | None
     completed_at: datetime | None
     updated_at: datetime
+
+
+class FanOutTask(LeasedRow, frozen=True, kw_only=True):
+    """One row of identity.access_fanout_tasks (spec: AccessFanOutTask)."""
+
+    role_id: UUID
+    company_id: UUID | None
+    role_version: int
+    reason: str
+    created_at: datetime
     shard_count: int = 0
     """0: one unit; otherwise the number of shards the task was split into."""

@@ -51,6 +51,7 @@ from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import SessionLimits, is_retriable
 from pin_runtime.sql import load_queries
+from pin_runtime.structs import built_from
 
 _log = logging.getLogger(__name__)
 _tasks = load_queries("identity_fanout", "sql/tasks.sql")
@@ -261,23 +262,16 @@ def _shard_unit(claimed: ClaimedShard) -> Unit:
 
 
 def _task_step(result: BatchResult) -> Step:
-    return Step(
-        users=result.users,
-        cursor=result.cursor,
+    return built_from(
+        Step,
+        result,
         unit_completed=result.completed,
         task_completed=result.completed,
         task_processed_count=result.processed_count,
-        created_at=result.created_at,
     )
 
 
 def _shard_step(result: ShardBatchResult) -> Step:
-    return Step(
-        users=result.users,
-        cursor=result.cursor,
-        unit_completed=result.shard_completed,
-        task_completed=result.task_completed,
-        task_processed_count=result.task_processed_count,
-        created_at=result.created_at,
-        task_started_at=result.started_at,
+    return built_from(
+        Step, result, unit_completed=result.shard_completed, task_started_at=result.started_at
     )

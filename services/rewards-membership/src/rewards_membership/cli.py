@@ -18,6 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Final
 
 import msgspec
 import psycopg
@@ -25,16 +26,14 @@ from confluent_kafka import Consumer
 from psycopg.rows import TupleRow
 from rich.console import Console
 
-from pin_runtime.composition import run_command
+from pin_runtime.composition import Cli, uuid_argument
 from pin_runtime.kafka import create_consumer
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.listing import Listing
-from pin_runtime.logging import configure_logging, log_event
+from pin_runtime.logging import log_event
 from pin_runtime.settings import (
     CONFIG_ERROR_EXIT_CODE,
     parse_duration,
-    settings_or_exit,
-    unknown_variables,
 )
 from rewards_membership.app import (
     create_replay_producer,
@@ -67,18 +66,19 @@ __all__ = ["main"]
 _log = logging.getLogger("rewards_membership")
 
 
+_CLI: Final = Cli(
+    SERVICE_NAME,
+    Settings,
+    ENV_PREFIX,
+    errors=(RewardsMembershipError,),
+)
+
+
 def _duration(text: str) -> timedelta:
     try:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _uuid(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from exc
 
 
 def _reason(text: str) -> str:
@@ -97,12 +97,7 @@ def _which_records(command: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rewards-membership",
-        description="PIN rewards: AgentMembershipChanged consumer and its tooling. "
-        f"Configured by {ENV_PREFIX}* variables (see README).",
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = _CLI.parser("PIN rewards: AgentMembershipChanged consumer and its tooling.")
     commands.add_parser("migrate", help="apply the rewards schema migrations")
     commands.add_parser("consume", help="run the membership consumer until SIGTERM/SIGINT")
 
@@ -129,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent = commands.add_parser("agent", help="the projection of one agent")
     agent_commands = agent.add_subparsers(dest="agent_command", required=True)
     show = agent_commands.add_parser("show", help="rows and derived display status")
-    show.add_argument("agent_user_id", type=_uuid, metavar="AGENT_USER_ID")
+    show.add_argument("agent_user_id", type=uuid_argument, metavar="AGENT_USER_ID")
 
     inbox = commands.add_parser("inbox", help="the idempotency store")
     inbox_commands = inbox.add_subparsers(dest="inbox_command", required=True)
@@ -141,15 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    settings = settings_or_exit(Settings, ENV_PREFIX)
-    return run_command(lambda: _run(args, settings), errors=(RewardsMembershipError,))
+    return _CLI.main(build_parser(), _run, argv)
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
-    configure_logging(settings.log_level, SERVICE_NAME)
-    for variable in unknown_variables(Settings, ENV_PREFIX):
-        log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
     if args.command == "migrate":
         applied = run_migrations(
             settings.database_dsn.reveal(),

@@ -35,6 +35,22 @@ _log = logging.getLogger("rewards_membership.consumer")
 POSTGRESQL = "postgresql"
 
 
+def seek_back(consumer: Consumer, tp: TopicPartition, *, pause: bool = False) -> bool:
+    """Rewind a partition to `tp.offset` (paused first if asked), so its records are read
+    again. False, logged, when it cannot be: the partition was revoked meanwhile and its
+    next owner reads it from the committed offset."""
+    try:
+        if pause:
+            consumer.pause([tp])
+        consumer.seek(tp)
+    except KafkaException as error:
+        log_event(
+            _log, "seek back failed", logging.WARNING, partition=tp.partition, reason=str(error)
+        )
+        return False
+    return True
+
+
 class PartitionControl:
     def __init__(
         self,
@@ -63,17 +79,7 @@ class PartitionControl:
         delays = []
         for partition, offset in sorted(first.items()):
             tp = TopicPartition(self._topic, partition, offset)
-            try:
-                self._consumer.pause([tp])
-                self._consumer.seek(tp)
-            except KafkaException as error:  # revoked meanwhile: the next owner reads it
-                log_event(
-                    _log,
-                    "seek back failed",
-                    logging.WARNING,
-                    partition=partition,
-                    reason=str(error),
-                )
+            if not seek_back(self._consumer, tp, pause=True):
                 continue
             pause = self.pauser.pause(
                 partition, seek_to=offset, dependency=dependency, reason=reason, now=now

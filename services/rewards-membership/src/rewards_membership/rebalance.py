@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from pin_runtime.logging import log_event
 from rewards_membership.inflight import reseek_offsets
-from rewards_membership.partitions import PartitionControl
+from rewards_membership.partitions import PartitionControl, seek_back
 from rewards_membership.records import partition_of
 
 __all__ = ["RebalanceGuard"]
@@ -70,16 +70,7 @@ class RebalanceGuard:
         pauser = self._partitions.pauser
         reseek = reseek_offsets(records, touched, self._partitions.assigned, pauser.paused)
         for partition, offset in sorted(reseek.items()):
-            try:
-                self._consumer.seek(TopicPartition(self._topic, partition, offset))
-            except KafkaException as error:
-                log_event(
-                    _log,
-                    "seek back failed",
-                    logging.WARNING,
-                    partition=partition,
-                    reason=str(error),
-                )
+            seek_back(self._consumer, TopicPartition(self._topic, partition, offset))
         kept = [m for m in records if partition_of(m) not in touched]
         if len(kept) < len(records):
             log_event(

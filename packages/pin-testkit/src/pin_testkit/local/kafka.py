@@ -24,6 +24,7 @@ from pin_testkit.local.procs import (
     cmdline,
     pid_alive,
     read_pid,
+    spawn_detached,
     tail,
     terminate,
     write_atomic,
@@ -319,6 +320,35 @@ def class_data_archive(kafka_dir: Path, java: JavaRuntime, libs: Path) -> Path:
     return kafka_dir / f"cds-{digest}.jsa"
 
 
+class KafkaStorage:
+    """The broker's log directory: formatted once (KRaft, this node its only voter)."""
+
+    def __init__(self, layout: Layout, cluster_id: str) -> None:
+        self.layout = layout
+        self.cluster_id = cluster_id
+
+    def formatted(self) -> bool:
+        return (self.layout.kafka_data / "meta.properties").is_file()
+
+    def format(self, tool: list[str], security: KafkaSecurity | None) -> None:
+        """Format with the storage tool (`tool`: its java command line), writing the first
+        SCRAM credentials of `security` into the cluster metadata."""
+        shutil.rmtree(self.layout.kafka_data, ignore_errors=True)
+        log.info("kafka: formatting storage (cluster id %s)", self.cluster_id)
+        args = [*tool, "format", "-t", self.cluster_id, "-c", str(self.layout.kafka_properties)]
+        args.append("--standalone")
+        if security is not None:
+            args += security.scram_arguments()
+        done = subprocess.run(  # noqa: S603 - argv built here from resolved programs
+            args, capture_output=True, text=True, check=False, timeout=300, stdin=subprocess.DEVNULL
+        )
+        if done.returncode != 0 or not self.formatted():
+            shutil.rmtree(self.layout.kafka_data, ignore_errors=True)
+            raise LocalInfraError(
+                f"kafka storage format failed ({done.returncode}):\n{done.stdout}{done.stderr}"
+            )
+
+
 class Kafka:
     heap: tuple[str, ...] = HEAP  # JVM heap flags; a subclass may run a smaller broker
 
@@ -341,6 +371,7 @@ class Kafka:
             proxied=proxied,
         )
         self.cluster_id = cluster_id
+        self.storage = KafkaStorage(layout, cluster_id)
 
     @property
     def bootstrap(self) -> str:
@@ -360,9 +391,6 @@ class Kafka:
         write_atomic(self.layout.kafka_log4j, render_log4j2())
         return changed
 
-    def formatted(self) -> bool:
-        return (self.layout.kafka_data / "meta.properties").is_file()
-
     def java_args(self, java: JavaRuntime, libs: Path, main: str) -> list[str]:
         """``java ... -cp <jars> main``: the broker's classpath and logging, for its tools too."""
         logs = self.layout.kafka_logs
@@ -377,29 +405,9 @@ class Kafka:
         ]
 
     def format(self, java: JavaRuntime, libs: Path) -> None:
-        """Format the log directory once (KRaft, this node its only voter)."""
-        shutil.rmtree(self.layout.kafka_data, ignore_errors=True)
-        log.info("kafka: formatting storage (cluster id %s)", self.cluster_id)
-        args = self.java_args(java, libs, "kafka.tools.StorageTool")
-        args += [
-            "format",
-            "-t",
-            self.cluster_id,
-            "-c",
-            str(self.layout.kafka_properties),
-            "--standalone",
-        ]
-        if self.config.security is not None:
-            # SCRAM credentials live in the cluster metadata; the format writes the first ones.
-            args += self.config.security.scram_arguments()
-        done = subprocess.run(  # noqa: S603 - argv built here from resolved programs
-            args, capture_output=True, text=True, check=False, timeout=300, stdin=subprocess.DEVNULL
-        )
-        if done.returncode != 0 or not self.formatted():
-            shutil.rmtree(self.layout.kafka_data, ignore_errors=True)
-            raise LocalInfraError(
-                f"kafka storage format failed ({done.returncode}):\n{done.stdout}{done.stderr}"
-            )
+        """Format the log directory (the storage tool runs on the broker's jars)."""
+        tool = self.java_args(java, libs, "kafka.tools.StorageTool")
+        self.storage.format(tool, self.config.security)
 
     def pid(self) -> int | None:
         """The recorded pid if that process is alive and is this state directory's broker."""
@@ -453,23 +461,7 @@ class Kafka:
         ]
         args.append(str(self.layout.kafka_properties))
         log.info("kafka: starting on %s", self.bootstrap)
-        console = os.open(
-            self.layout.kafka_console_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
-        )
-        try:
-            pid = os.posix_spawn(
-                args[0],
-                args,
-                dict(os.environ),
-                file_actions=[
-                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, console, 1),
-                    (os.POSIX_SPAWN_DUP2, console, 2),
-                ],
-                setsid=True,
-            )
-        finally:
-            os.close(console)
+        pid = spawn_detached(args, self.layout.kafka_console_log)
         write_atomic(self.layout.kafka_pid, f"{pid}\n")
         return pid
 

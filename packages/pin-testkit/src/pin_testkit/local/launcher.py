@@ -135,7 +135,7 @@ def _begin_kafka(kafka: Kafka, layout: Layout) -> int | None:
         kafka.stop()
     java = find_java()
     libs = ensure_libs(layout)
-    if not kafka.formatted():
+    if not kafka.storage.formatted():
         kafka.format(java, libs)
         if kafka.config.security is not None:  # the format wrote the SCRAM users
             mark_users_created(layout)

@@ -95,6 +95,26 @@ def terminate(pid: int, grace: float) -> bool:
     return False
 
 
+def spawn_detached(args: list[str], output: Path) -> int:
+    """Start ``args`` in a session of its own (it outlives this process), stdin from
+    /dev/null, stdout and stderr to ``output`` (truncated); its pid."""
+    console = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        return os.posix_spawn(
+            args[0],
+            args,
+            dict(os.environ),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, console, 1),
+                (os.POSIX_SPAWN_DUP2, console, 2),
+            ],
+            setsid=True,
+        )
+    finally:
+        os.close(console)
+
+
 def read_pid(path: Path) -> int | None:
     try:
         text = path.read_text(encoding="ascii").strip()

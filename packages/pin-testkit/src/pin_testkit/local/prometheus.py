@@ -11,8 +11,6 @@ The binary is Debian's (`infra/checks/tools.sh prometheus` extracts it once per 
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,7 +19,8 @@ from pathlib import Path
 from typing import Any, Final, Self
 
 from pin_testkit.local.errors import LocalInfraError
-from pin_testkit.local.procs import Deadline, tail, terminate, write_atomic
+from pin_testkit.local.procs import write_atomic
+from pin_testkit.local.tool_process import ToolProcess, ToolServer
 from pin_testkit.local.tools import repo_root, tool_binary
 from pin_testkit.ports import free_port
 
@@ -42,7 +41,7 @@ def repository_rule_files() -> list[Path]:
     return sorted((repo_root() / "infra" / "monitoring" / "rules").glob("*.rules.yml"))
 
 
-class PrometheusServer:
+class PrometheusServer(ToolServer):
     """`prometheus` scraping `targets` (job -> host:port) every `scrape_interval`.
 
     Evaluation runs as often as scraping, so an alert's `for:` is the only delay between a
@@ -62,18 +61,7 @@ class PrometheusServer:
         self._interval = scrape_interval
         self._binary = binary
         self._targets: dict[str, list[str]] = {}
-        self._process: subprocess.Popen[bytes] | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
+        self._process: ToolProcess | None = None
 
     def start(self) -> Self:
         self._workdir.mkdir(parents=True, exist_ok=True)
@@ -94,28 +82,23 @@ class PrometheusServer:
         # JSON is YAML: no YAML library needed to write the configuration.
         write_atomic(config_file, json.dumps(config, indent=2))
         self.port = free_port()
-        log = (self._workdir / "prometheus.log").open("ab")
-        self._process = subprocess.Popen(  # noqa: S603 - a binary of the tools cache
+        self._process = ToolProcess("prometheus", self._workdir / "prometheus.log", grace=10.0)
+        self._process.start(
             [
                 str(self._binary or prometheus_binary()),
                 f"--config.file={config_file}",
                 f"--storage.tsdb.path={self._workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--web.enable-lifecycle",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            ]
         )
-        log.close()
-        self._await_ready()
+        self._process.await_ready(self._ready, timeout=READY_TIMEOUT, interval=0.2)
         return self
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            terminate(process.pid, grace=10.0)
-            process.wait(timeout=10)
+        if process is not None:
+            process.stop()
 
     def scrape(self, job: str, address: str) -> None:
         """Add `address` (host:port of a /metrics endpoint) under the label job=`job`."""
@@ -133,21 +116,12 @@ class PrometheusServer:
         ]
         write_atomic(self._targets_file, json.dumps(groups))
 
-    def _await_ready(self) -> None:
-        deadline = Deadline.after(READY_TIMEOUT)
-        while not deadline.expired():
-            if self._process is not None and self._process.poll() is not None:
-                break
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:  # noqa: S310
-                    if response.status == 200:  # noqa: PLR2004
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.2)  # readiness has no notification to wait on
-        log = tail(self._workdir / "prometheus.log")
-        self.stop()
-        raise LocalInfraError(f"prometheus did not become ready:\n{log}")
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:  # noqa: S310
+                return bool(response.status == 200)  # noqa: PLR2004
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
 
     # -- the HTTP API ---------------------------------------------------------------------
 

@@ -13,8 +13,6 @@ The server is Toxiproxy 2.5 built from the Go module proxy into the tools cache
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -22,7 +20,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, Self
 
 from pin_testkit.local.errors import LocalInfraError
-from pin_testkit.local.procs import Deadline, tail, terminate
+from pin_testkit.local.tool_process import ToolProcess, ToolServer
 from pin_testkit.local.tools import tool_binary
 from pin_testkit.ports import free_port
 
@@ -99,51 +97,28 @@ class Proxy:
         self.enable()
 
 
-class ToxiproxyServer:
+class ToxiproxyServer(ToolServer):
     """A toxiproxy server of its own (a free port, logs in `workdir`). A context manager."""
 
     def __init__(self, workdir: Path, *, binary: Path | None = None) -> None:
         self._workdir = workdir
         self._binary = binary
-        self._process: subprocess.Popen[bytes] | None = None
-        self.port = 0
+        self._process: ToolProcess | None = None
         self.proxies: dict[str, Proxy] = {}
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
 
     def start(self) -> Self:
         self._workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        log = (self._workdir / "toxiproxy.log").open("ab")
-        self._process = subprocess.Popen(  # noqa: S603 - a binary of the tools cache
-            [
-                str(self._binary or toxiproxy_binary()),
-                "-host",
-                "127.0.0.1",
-                "-port",
-                str(self.port),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        self._await_ready()
+        self._process = ToolProcess("toxiproxy", self._workdir / "toxiproxy.log", grace=5.0)
+        binary = self._binary or toxiproxy_binary()
+        self._process.start([str(binary), "-host", "127.0.0.1", "-port", str(self.port)])
+        self._process.await_ready(self._ready, timeout=READY_TIMEOUT, interval=0.1)
         return self
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            terminate(process.pid, grace=5.0)
-            process.wait(timeout=10)
+        if process is not None:
+            process.stop()
         self.proxies.clear()
 
     def proxy(self, name: str, upstream: str, *, port: int | None = None) -> Proxy:
@@ -178,17 +153,9 @@ class ToxiproxyServer:
             return payload.decode()
         return json.loads(payload) if payload.strip() else None
 
-    def _await_ready(self) -> None:
-        deadline = Deadline.after(READY_TIMEOUT)
-        while not deadline.expired():
-            if self._process is not None and self._process.poll() is not None:
-                break
-            try:
-                self.request("GET", "/version")
-            except (urllib.error.URLError, ConnectionError, TimeoutError, LocalInfraError):
-                time.sleep(0.1)  # the API has no readiness notification to wait on
-            else:
-                return
-        log = tail(self._workdir / "toxiproxy.log")
-        self.stop()
-        raise LocalInfraError(f"toxiproxy did not become ready:\n{log}")
+    def _ready(self) -> bool:
+        try:
+            self.request("GET", "/version")
+        except (urllib.error.URLError, ConnectionError, TimeoutError, LocalInfraError):
+            return False
+        return True

@@ -37,6 +37,7 @@ from pin_contracts import (
     is_empty_guid,
     parse_enum,
 )
+from pin_runtime.structs import built_from
 
 __all__ = [
     "ChangeDetails",
@@ -215,18 +216,7 @@ def next_membership(
 
 def membership_event(membership: Membership) -> AgentMembershipChanged:
     """The payload announcing ``membership`` as it now is (Version = the row's Version)."""
-    return AgentMembershipChanged(
-        membership_id=membership.id,
-        agent_user_id=membership.agent_user_id,
-        company_id=membership.company_id,
-        status=membership.status,
-        reason=membership.reason,
-        effective_at=membership.effective_at,
-        version=membership.version,
-        left_at=membership.left_at,
-        joined_at=membership.joined_at,
-        invitation_id=membership.invitation_id,
-    )
+    return built_from(AgentMembershipChanged, membership, membership_id=membership.id)
 
 
 def membership_message(
