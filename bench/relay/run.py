@@ -58,11 +58,31 @@ PARTITIONS = 6
 
 RELAY_CPU: list[float] = []
 """CPU seconds the relay process used during each drain (all its threads)."""
+PLAIN_CPU: list[float] = []
+"""CPU seconds the plain producer (this process, every thread) used for each send."""
+DATABASE_CPU: list[float] = []
+"""CPU seconds the relay's PostgreSQL backends used during each drain (read only where the
+server runs on this machine: its backends' /proc entries; empty otherwise)."""
 
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def backend_cpu(db: psycopg.Connection[tuple[object, ...]]) -> dict[int, float]:
+    """CPU seconds per backend of this database other than `db`'s own (the relay's)."""
+    rows = db.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid()"
+    ).fetchall()
+    cpu: dict[int, float] = {}
+    for (pid,) in rows:
+        try:
+            cpu[int(str(pid))] = cpu_seconds(int(str(pid)))
+        except OSError:  # gone, or the server runs elsewhere
+            continue
+    return cpu
 
 
 def create_topic(topics: TopicFactory) -> Topic:
@@ -121,7 +141,7 @@ def plain_producer(bootstrap: str, topic: Topic, batch: list[OutboxMessage]) -> 
             failed.append(error)
 
     producer.list_topics(topic.name, timeout=10)  # connected and warm, like the idle relay
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), time.process_time()
     for key, value, headers in records:
         while True:
             try:
@@ -134,6 +154,7 @@ def plain_producer(bootstrap: str, topic: Topic, batch: list[OutboxMessage]) -> 
         producer.poll(0)
     remaining = producer.flush(120)
     took = time.monotonic() - started
+    PLAIN_CPU.append(time.process_time() - cpu_before)
     if remaining or failed:
         raise RuntimeError(f"plain producer: {remaining} unsent, {len(failed)} failed")
     return took
@@ -163,6 +184,7 @@ def relay_drain(
         with db.transaction():
             write_outbox(db, batch)
         started, cpu_before = time.monotonic(), cpu_seconds(relay.pid)
+        database_before = backend_cpu(db)
         # Watched on its metrics (`identity_outbox_published_total`, counted after each
         # DELETE) every 50 ms: a count(*) every few ms would load the database the relay
         # reads from, and scraping it more often would take the relay's own CPU.
@@ -174,6 +196,11 @@ def relay_drain(
         )
         took = time.monotonic() - started
         RELAY_CPU.append(cpu_seconds(relay.pid) - cpu_before)
+        database_after = backend_cpu(db)
+        if database_after:
+            DATABASE_CPU.append(
+                sum(t - database_before.get(pid, 0.0) for pid, t in database_after.items())
+            )
         if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
             raise RuntimeError("the relay reported more rows than it deleted")
         return took
@@ -250,6 +277,14 @@ def report(rows: int, size: float, lanes: int, plain: list[float], relay: list[f
         "",
         "",
     )
+    for label, seconds in (
+        ("plain producer CPU-s per 100,000 rows", PLAIN_CPU),
+        ("relay CPU-s per 100,000 rows", RELAY_CPU),
+        ("its PostgreSQL backends' CPU-s per 100,000 rows", DATABASE_CPU),
+    ):
+        if seconds:
+            per_row = ", ".join(f"{t * 100_000 / rows:.2f}" for t in seconds)
+            table.add_row(label, per_row, "", "", "")
     console.print(table)
     record(
         Comparison(

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from identity_fanout.relay_records import OutboxRecord, record_from_row, records_from_rows
+from identity_fanout.relay_records import (
+    OutboxRecord,
+    record_from_row,
+    records_from_rows,
+    span_links,
+)
 
 
 def row(id_: int, headers: str) -> tuple[int, str, str, bytes, str, int]:
@@ -45,3 +50,23 @@ def test_a_read_with_an_object_or_a_non_string_value_falls_back_row_by_row() -> 
 
 def test_an_empty_read_is_no_records() -> None:
     assert records_from_rows([]) == []
+
+
+def test_span_links_one_per_distinct_writer_context_in_read_order() -> None:
+    first = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    second = "00-1bf7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01"
+    records = [
+        OutboxRecord(1, "t", b"a", b"v", [("pin-message-id", "m1"), ("traceparent", second)]),
+        OutboxRecord(2, "t", b"b", b"v", [("pin-message-id", "m2")]),  # written untraced
+        OutboxRecord(3, "t", b"c", b"v", [("traceparent", first), ("pin-message-id", "m3")]),
+        OutboxRecord(4, "t", b"d", b"v", [("traceparent", second)]),
+        OutboxRecord(5, "t", b"e", b"v", [("traceparent", "not-a-traceparent")]),
+    ]
+    links = span_links(records)
+    assert [
+        (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in links
+    ] == [
+        ("1bf7651916cd43dd8448eb211c80319c", "c7ad6b7169203331"),
+        ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"),
+    ]
+    assert span_links(records[1:2]) == []

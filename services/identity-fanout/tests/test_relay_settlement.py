@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
 from identity_fanout.relay_records import OutboxRecord
-from identity_fanout.relay_settlement import Refusal, settle
+from identity_fanout.relay_settlement import Refusal, Settlement, settle
 from pin_runtime.delivery import DeliveryFailure
 
 TOO_LARGE = DeliveryFailure("MSG_SIZE_TOO_LARGE", "too-large", "too big", retriable=False)
@@ -66,3 +68,41 @@ def test_a_refusal_at_the_head_does_not_hold_up_the_rows_behind_it() -> None:
 def test_nothing_to_settle() -> None:
     s = settle([], set(), {})
     assert (s.delete, s.quarantine, s.stopped, s.waiting) == ((), (), False, 0)
+
+
+def test_with_the_ids_kept_beside_the_rows_the_decision_is_the_same() -> None:
+    # The in-flight window passes its ids (the C-level path): every mix of outcomes must
+    # decide exactly as the row-by-row walk does.
+    outcomes = ("ack", "too-large", "timed-out", "none")
+    rng = random.Random(7)
+    for _ in range(500):
+        rows = records(*range(1, rng.randint(0, 12) + 1))
+        acked: set[int] = set()
+        failures: dict[int, DeliveryFailure] = {}
+        for row in rows:
+            outcome = rng.choice(outcomes)
+            if outcome == "ack":
+                acked.add(row.id)
+            elif outcome == "too-large":
+                failures[row.id] = TOO_LARGE
+            elif outcome == "timed-out":
+                failures[row.id] = TIMED_OUT
+        assert settle(rows, acked, failures, [r.id for r in rows]) == walk(rows, acked, failures)
+
+
+def walk(
+    rows: list[OutboxRecord], acked: set[int], failures: dict[int, DeliveryFailure]
+) -> Settlement:
+    """The rule, one row at a time (the reference for the fast path)."""
+    delete: list[int] = []
+    quarantine: list[Refusal] = []
+    for index, row in enumerate(rows):
+        if row.id in acked:
+            delete.append(row.id)
+        elif row.id in failures and not failures[row.id].retriable:
+            quarantine.append(Refusal(row, failures[row.id]))
+        else:
+            return Settlement(
+                tuple(delete), tuple(quarantine), row, failures.get(row.id), len(rows) - index
+            )
+    return Settlement(tuple(delete), tuple(quarantine))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from identity_fanout.relay_records import OutboxRecord
@@ -12,7 +13,9 @@ from identity_fanout.relay_window import InflightWindow
 
 
 def record(id_: int, *, slot: int = 0, size: int = 10) -> OutboxRecord:
-    return OutboxRecord(id=id_, topic="t", key=b"k", value=b"v" * (size - 1), headers=[], slot=slot)
+    """A record of a key of its own (one byte: sizes stay round), as `admissible` reads."""
+    key = bytes([id_])
+    return OutboxRecord(id=id_, topic="t", key=key, value=b"v" * (size - 1), headers=[], slot=slot)
 
 
 Callbacks = dict[int, Callable[[Any, Any], None]]
@@ -125,3 +128,31 @@ def test_one_record_per_key_in_flight_the_rest_of_the_read_waits() -> None:
     assert window.admissible([keyed(3, "a"), keyed(4, "c")]) == 2  # "a" settled: it may go
     window.clear()
     assert window.admissible([keyed(5, "b")]) == 1
+
+
+def test_a_key_already_in_flight_is_refused_and_nothing_is_counted() -> None:
+    window = InflightWindow(max_records=100, max_bytes=10_000)
+    window.add([keyed(1, "a")], 0.0)
+    with pytest.raises(ValueError, match="in flight twice"):
+        window.add([keyed(2, "b"), keyed(3, "a")], 0.0)
+    with pytest.raises(ValueError, match="in flight twice"):
+        window.add([keyed(4, "c"), keyed(5, "c")], 0.0)
+    assert (len(window), window.last_id, window.admissible([keyed(6, "b")])) == (1, 1, 1)
+
+
+def test_head_age_follows_the_batches_as_their_records_settle() -> None:
+    window = InflightWindow(max_records=100, max_bytes=10_000)
+    first = [record(i) for i in (1, 2, 3)]
+    second = [record(i) for i in (4, 5)]
+    window.add(first, 10.0)
+    window.add(second, 20.0)
+    callbacks = {r.id: window.expect(r) for r in first + second}
+    ack(callbacks, 1, 2)
+    window.settle()
+    assert window.oldest_age(30.0) == 20.0  # 3 is left of the first batch
+    ack(callbacks, 3, 4)
+    window.settle()
+    assert (len(window), window.oldest_age(30.0)) == (1, 10.0)
+    ack(callbacks, 5)
+    window.settle()
+    assert (len(window), window.oldest_age(30.0), window.busy_slots()) == (0, 0.0, set())

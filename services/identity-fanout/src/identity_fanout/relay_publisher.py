@@ -86,17 +86,16 @@ class Publisher:
             name, kind=SpanKind.PRODUCER, attributes=attributes, links=span_links(records)
         ) as span:
             window.add(records, now)
-            expect = window.expect
+            expect, send = window.tracker.expect, producer.produce  # bound once per read
             for record in records:
-                on_delivery = expect(record)
                 try:
                     # Headers go out as stored: their traceparent is the writer's context.
-                    producer.produce(
+                    send(
                         record.topic,
                         key=record.key,
                         value=record.value,
                         headers=record.headers,
-                        on_delivery=on_delivery,
+                        on_delivery=expect(record.id),
                     )
                 except (BufferError, KafkaException) as exc:
                     # Too large for message.max.bytes: refused for good, the next goes on.

@@ -15,8 +15,9 @@ The rows of a round are walked in outbox id order:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 
 from identity_fanout.relay_records import OutboxRecord
 from pin_runtime.delivery import DeliveryFailure
@@ -63,23 +64,37 @@ def settle(
     records: Sequence[OutboxRecord],
     acknowledged: Collection[int],
     failures: Mapping[int, DeliveryFailure],
+    ids: Iterable[int] | None = None,
 ) -> Settlement:
-    """Decide each row of a round from the tracker's outcome (keyed by outbox id)."""
+    """Decide each row of a round from the tracker's outcome (keyed by outbox id).
+
+    `ids`: the records' ids in the same order, if the caller keeps them (the in-flight
+    window does): each run of acknowledged rows is then taken in one C-level pass
+    (`takewhile` over the ids), which is all a healthy flow ever sees; only a row that is
+    not acknowledged costs a look of its own.
+    """
     delete: list[int] = []
     quarantine: list[Refusal] = []
-    for index, record in enumerate(records):
-        if record.id in acknowledged:
-            delete.append(record.id)
-            continue
+    remaining = iter(ids if ids is not None else [r.id for r in records])
+    acked = acknowledged.__contains__
+    total = len(records)
+    index = 0
+    while True:
+        run = list(takewhile(acked, remaining))  # also consumes the first row not in it
+        delete.extend(run)
+        index += len(run)
+        if index >= total:
+            return Settlement(delete=tuple(delete), quarantine=tuple(quarantine))
+        record = records[index]
         failure = failures.get(record.id)
         if failure is not None and not failure.retriable:
             quarantine.append(Refusal(record, failure))
+            index += 1
             continue
         return Settlement(
             delete=tuple(delete),
             quarantine=tuple(quarantine),
             stopped_at=record,
             stop_failure=failure,
-            waiting=len(records) - index,
+            waiting=total - index,
         )
-    return Settlement(delete=tuple(delete), quarantine=tuple(quarantine))

@@ -8,12 +8,17 @@ settled prefix off the front with `relay_settlement.settle`'s rules: acknowledge
 delete, non-retriable refusals to quarantine, and it stops at the first row that is still
 in flight (normal: wait) or was refused with a retriable error (the caller's failure path:
 that row and all behind it go out again). Pure: no producer, no database.
+
+Its bookkeeping runs for every record the relay publishes, so it is done per read and per
+settled prefix, in bulk (`map` over attribute getters, set and Counter operations in C),
+never with a Python step per record where a bulk one does.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Final
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -27,6 +32,16 @@ __all__ = ["DEFAULT_WINDOW_BYTES", "DEFAULT_WINDOW_RECORDS", "InflightWindow"]
 DEFAULT_WINDOW_RECORDS: Final = 20_000
 DEFAULT_WINDOW_BYTES: Final = 32 * 1024 * 1024
 
+_ID = attrgetter("id")
+_KEY = attrgetter("key")
+_VALUE = attrgetter("value")
+_SLOT = attrgetter("slot")
+_TOPIC = attrgetter("topic")
+
+
+def _size(records: Sequence[OutboxRecord]) -> int:
+    return sum(map(len, map(_KEY, records))) + sum(map(len, map(_VALUE, records)))
+
 
 class InflightWindow:
     """Records produced and not yet settled; see the module docstring."""
@@ -37,10 +52,14 @@ class InflightWindow:
         self.max_records = max_records
         self.max_bytes = max_bytes
         self._records: deque[OutboxRecord] = deque()
-        self._produced_at: deque[float] = deque()
+        self._ids: deque[int] = deque()
+        """The records' ids, kept beside them: settling walks these (C-level)."""
+        self._produced: deque[list[float]] = deque()
+        """[when, records left] per produced batch, oldest first (one entry per read)."""
         self._bytes = 0
         self._slots: Counter[int] = Counter()
-        self._keys: Counter[bytes] = Counter()
+        self._keys: set[bytes] = set()
+        """Keys in flight: at most one record each (`admissible`, checked by `add`)."""
         self.tracker: DeliveryTracker[int] = DeliveryTracker()
         self._settled_topics: set[str] = set()
         self._settled_slots: set[int] = set()
@@ -64,12 +83,22 @@ class InflightWindow:
         return max(0, self.max_records - len(self._records))
 
     def add(self, records: Sequence[OutboxRecord], now: float) -> None:
-        """Count `records` in (about to be produced, in this order)."""
+        """Count `records` in (about to be produced, in this order).
+
+        ValueError if a key would be in flight twice (a caller that skipped `admissible`):
+        per-key order rests on it, so it is refused here rather than trusted.
+        """
+        if not records:
+            return
+        keys = set(map(_KEY, records))
+        if len(keys) != len(records) or not self._keys.isdisjoint(keys):
+            raise ValueError("a key would be in flight twice; produce admissible() rows only")
+        self._keys |= keys
         self._records.extend(records)
-        self._produced_at.extend([now] * len(records))
-        self._bytes += sum(len(r.key) + len(r.value) for r in records)
-        self._slots.update(r.slot for r in records)
-        self._keys.update(r.key for r in records)
+        self._ids.extend(map(_ID, records))
+        self._produced.append([now, len(records)])
+        self._bytes += _size(records)
+        self._slots.update(map(_SLOT, records))
 
     def expect(self, record: OutboxRecord) -> Callable[[KafkaError | None, Message], None]:
         """The `on_delivery` callback of `record` (added before)."""
@@ -89,9 +118,12 @@ class InflightWindow:
         consumers first. The rest of the read is read again once the earlier one settled.
         """
         keys = self._keys
+        read = list(map(_KEY, records))
+        if keys.isdisjoint(read) and len(set(read)) == len(read):
+            return len(records)  # the usual case, decided in C
         seen: set[bytes] = set()
         for index, record in enumerate(records):
-            if record.key in seen or keys[record.key]:
+            if record.key in seen or record.key in keys:
                 return index
             seen.add(record.key)
         return len(records)
@@ -102,7 +134,7 @@ class InflightWindow:
 
     def oldest_age(self, now: float) -> float:
         """Seconds since the head record was produced (0 when empty)."""
-        return now - self._produced_at[0] if self._produced_at else 0.0
+        return now - self._produced[0][0] if self._produced else 0.0
 
     def settle(self) -> Settlement:
         """Take the settled prefix off the front; `stopped_at` is the first unsettled row.
@@ -110,7 +142,8 @@ class InflightWindow:
         `stop_failure` set means a retriable refusal (the failure path); None with
         `stopped_at` set means the head is still in flight.
         """
-        settlement = settle(self._records, self.tracker.acknowledged, self.tracker.failures)
+        tracker = self.tracker
+        settlement = settle(self._records, tracker.acknowledged, tracker.failures, self._ids)
         self._pop(len(settlement.delete) + len(settlement.quarantine))
         return settlement
 
@@ -123,7 +156,8 @@ class InflightWindow:
     def clear(self) -> None:
         """Forget every record (after the failure path purged or waited them out)."""
         self._records.clear()
-        self._produced_at.clear()
+        self._ids.clear()
+        self._produced.clear()
         self._slots.clear()
         self._keys.clear()
         self._bytes = 0
@@ -133,21 +167,28 @@ class InflightWindow:
         """Take `count` settled records off the front (bulk operations: the hot path)."""
         if not count:
             return
-        popleft = self._records.popleft
+        popleft, ids_popleft = self._records.popleft, self._ids.popleft
         popped = [popleft() for _ in range(count)]
-        del_time = self._produced_at.popleft
-        for _ in range(count):
-            del_time()
-        self._bytes -= sum(len(r.key) + len(r.value) for r in popped)
-        slots = [r.slot for r in popped]
+        ids = [ids_popleft() for _ in range(count)]
+        left = count
+        while left:  # one step per produced batch, not per record
+            batch = self._produced[0]
+            taken = min(left, int(batch[1]))
+            batch[1] -= taken
+            left -= taken
+            if not batch[1]:
+                self._produced.popleft()
+        self._bytes -= _size(popped)
+        slots = Counter(map(_SLOT, popped))  # counted in C (Counter.subtract is Python)
         self._slots.subtract(slots)
-        self._slots = +self._slots  # drops the slots with nothing left in flight
-        self._keys.subtract(r.key for r in popped)
-        self._keys = +self._keys
+        for slot in slots:  # a few dozen slots at most
+            if self._slots[slot] <= 0:
+                del self._slots[slot]
+        self._keys.difference_update(map(_KEY, popped))
         self._settled_slots.update(slots)
-        self._settled_topics.update(r.topic for r in popped)
-        self.tracker.acknowledged.difference_update(r.id for r in popped)
+        self._settled_topics.update(map(_TOPIC, popped))
+        self.tracker.acknowledged.difference_update(ids)
         failures = self.tracker.failures
         if failures:
-            for r in popped:
-                failures.pop(r.id, None)
+            for id_ in ids:
+                failures.pop(id_, None)
