@@ -7,6 +7,8 @@ found lazily: a run of pure unit tests starts nothing.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,22 @@ from pin_testkit.topics import TopicFactory
 if TYPE_CHECKING:
     from pin_testkit.private import PrivateKafka
     from pin_testkit.secured import SecuredKafka
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM ends a run the way Ctrl-C does, so every fixture's teardown still runs.
+
+    Tests start processes and servers of their own (service processes, private brokers,
+    Toxiproxy, Prometheus) that only their fixtures stop. By default SIGTERM kills pytest
+    outright and leaves them running; as KeyboardInterrupt it unwinds the run and pytest
+    tears every fixture down before it exits. A handler someone else installed is kept.
+    """
+    del config
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
