@@ -27,7 +27,7 @@ from typing import Any, LiteralString
 import msgspec
 from psycopg import sql
 
-from pin_runtime.errors import PinRuntimeError
+from pin_runtime.errors import PinRuntimeError, TemplatedError
 
 __all__ = ["Queries", "SqlFileError", "assignments", "columns", "load_queries", "parse_queries"]
 
@@ -37,14 +37,14 @@ _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _RESERVED = frozenset({"compose", "doc", "get", "items", "keys", "source", "values"})
 
 
-class SqlFileError(PinRuntimeError):
+@dataclasses.dataclass(eq=False)
+class SqlFileError(PinRuntimeError, TemplatedError):
     """A `.sql` file of named statements is malformed; `source:line` says where."""
 
-    def __init__(self, source: str, line: int, problem: str) -> None:
-        super().__init__(f"{source}:{line}: {problem}")
-        self.source = source
-        self.line = line
-        self.problem = problem
+    template = "{source}:{line}: {problem}"
+    source: str
+    line: int
+    problem: str
 
 
 @dataclasses.dataclass(slots=True)
