@@ -23,10 +23,11 @@ __all__ = [
 class TemplatedError(Exception):
     """An error whose message is its `template` filled with its fields.
 
-    A subclass is a `@dataclass(eq=False)` (raised and caught by identity, not compared)
-    that declares the values it carries, typed, and the sentence they fill:
+    A subclass is a `@dataclass(eq=False, repr=False)` that declares the values it carries,
+    typed, and the sentence they fill (`eq=False`: an error is raised and caught by identity,
+    not compared; `repr=False`: its repr stays the exception's own, `Name('message')`):
 
-        @dataclass(eq=False)
+        @dataclass(eq=False, repr=False)
         class TaskNotFoundError(ServiceError):
             template = "fan-out task {task_id} does not exist"
             task_id: UUID
@@ -49,7 +50,7 @@ class PinRuntimeError(Exception):
     """Something the shared runtime refused or could not do."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class SettingsError(PinRuntimeError, TemplatedError):
     """A configuration value is missing or wrong; `variable` names the exact env var."""
 

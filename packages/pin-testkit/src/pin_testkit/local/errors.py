@@ -11,7 +11,7 @@ class LocalInfraError(Exception):
     """A local server could not be prepared, started, reached or stopped."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class MissingPrerequisiteError(LocalInfraError, TemplatedError):
     """A program the launcher needs is not installed (java, mvn, the PostgreSQL server)."""
 

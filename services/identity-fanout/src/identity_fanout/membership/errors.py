@@ -23,7 +23,7 @@ class MembershipError(IdentityFanoutError):
     """Root of the membership producer's refusals."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class InvalidMembershipChangeError(MembershipError):
     """A membership change request the producer refuses before writing anything.
 
@@ -35,7 +35,7 @@ class InvalidMembershipChangeError(MembershipError):
     problem: str
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class MembershipNotActiveError(MembershipError):
     """leave-agency for an agent who is not an Active member of that agency."""
 
@@ -51,7 +51,7 @@ class MembershipNotActiveError(MembershipError):
         )
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class MembershipAlreadyActiveError(MembershipError):
     """accept-invitation for an agent who already is an Active member of that agency."""
 
