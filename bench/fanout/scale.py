@@ -20,6 +20,7 @@ import math
 import os
 import time
 import uuid
+from collections.abc import Callable
 from typing import Final, NamedTuple
 from uuid import UUID
 
@@ -248,41 +249,46 @@ def _label(r: Result, small: Result) -> str:
     return f"{r.instances}" + (f" ({r.users:,} users)" if r is small else "")
 
 
+Cells = dict[str, Callable[[Result], str]]
+
+
+def _figures(title: str, runs: list[Result], cells: Cells) -> Table:
+    """One row per run, one right-aligned column per cell (header -> its figure)."""
+    table = Table(title=title, title_justify="left")
+    for column in cells:
+        table.add_column(column, justify="right")
+    for r in runs:
+        table.add_row(*(cell(r) for cell in cells.values()))
+    return table
+
+
+def _rest_of_machine(r: Result) -> str:
+    """CPU seconds of everything but this run's processes, PostgreSQL and Kafka."""
+    ours = sum(r.worker_cpu_s) + sum(r.relay_cpu_s) + r.postgres_cpu_s + (r.kafka_cpu_s or 0)
+    return f"{r.machine_cpu_s - ours:.1f}"
+
+
 def report(results: list[Result], small: Result) -> None:
     base = next(r for r in results if r.instances == 1)
-    table = Table(
-        title=f"identity-fanout: a {base.users:,}-user role by N instances of worker + relay, "
+    runs = [small, *results]
+    targets = {2: f">= {SPEED_UP_TARGET:g}x", 4: "(information)"}
+    title = (
+        f"identity-fanout: a {base.users:,}-user role by N instances of worker + relay, "
         f"commit -> last event acked (SHARD_SIZE {SHARD_SIZE:,}, {LANES} lanes; "
-        f"{os.cpu_count()} cores shared with PostgreSQL and Kafka)",
-        title_justify="left",
+        f"{os.cpu_count()} cores shared with PostgreSQL and Kafka)"
     )
-    for column in (
-        "instances",
-        "shards",
-        "commit -> Completed",
-        "commit -> last ack",
-        "users/s",
-        "speed-up vs 1",
-        "target",
-        "worker peak RSS MiB",
-        "relay peak RSS MiB",
-    ):
-        table.add_column(column, justify="right")
-    for r in [small, *results]:
-        first = r is small
-        target = {2: f">= {SPEED_UP_TARGET:g}x", 4: "(information)"}.get(r.instances, "")
-        table.add_row(
-            _label(r, small),
-            str(r.shards),
-            f"{r.completed_s:.1f} s",
-            f"{r.seconds:.1f} s",
-            f"{r.users / r.seconds:,.0f}",
-            "" if first else f"{base.seconds / r.seconds:.2f}x",
-            "" if first else target,
-            _each(r.worker_rss_mib),
-            _each(r.relay_rss_mib),
-        )
-    console.print(table)
+    speed: Cells = {
+        "instances": lambda r: _label(r, small),
+        "shards": lambda r: str(r.shards),
+        "commit -> Completed": lambda r: f"{r.completed_s:.1f} s",
+        "commit -> last ack": lambda r: f"{r.seconds:.1f} s",
+        "users/s": lambda r: f"{r.users / r.seconds:,.0f}",
+        "speed-up vs 1": lambda r: "" if r is small else f"{base.seconds / r.seconds:.2f}x",
+        "target": lambda r: "" if r is small else targets.get(r.instances, ""),
+        "worker peak RSS MiB": lambda r: _each(r.worker_rss_mib),
+        "relay peak RSS MiB": lambda r: _each(r.relay_rss_mib),
+    }
+    console.print(_figures(title, runs, speed))
     ratio = max(base.worker_rss_mib) / max(small.worker_rss_mib)
     console.print(
         f"worker peak RSS, 1 instance: {max(base.worker_rss_mib):.0f} MiB at {base.users:,} "
@@ -291,31 +297,19 @@ def report(results: list[Result], small: Result) -> None:
     )
     # Where the cores went during each run: on a shared machine the speed-up is bounded by
     # the CPU left over by everything else, not by the service alone.
-    cpu = Table(title="CPU seconds during each run", title_justify="left")
-    for column in (
-        "instances",
-        "workers",
-        "relays",
-        "PostgreSQL (this database)",
-        "Kafka broker",
-        "rest of the machine (other work)",
-        "machine busy",
-        "load average",
-    ):
-        cpu.add_column(column, justify="right")
-    for r in [small, *results]:
-        ours = sum(r.worker_cpu_s) + sum(r.relay_cpu_s) + r.postgres_cpu_s + (r.kafka_cpu_s or 0)
-        cpu.add_row(
-            _label(r, small),
-            _each(r.worker_cpu_s, 1),
-            _each(r.relay_cpu_s, 1),
-            f"{r.postgres_cpu_s:.1f}",
-            "(not local)" if r.kafka_cpu_s is None else f"{r.kafka_cpu_s:.1f}",
-            f"{r.machine_cpu_s - ours:.1f}",
-            f"{r.machine_busy:.0%} of {os.cpu_count()} cores",
-            f"{r.load:.1f}",
-        )
-    console.print(cpu)
+    cpu: Cells = {
+        "instances": lambda r: _label(r, small),
+        "workers": lambda r: _each(r.worker_cpu_s, 1),
+        "relays": lambda r: _each(r.relay_cpu_s, 1),
+        "PostgreSQL (this database)": lambda r: f"{r.postgres_cpu_s:.1f}",
+        "Kafka broker": lambda r: (
+            "(not local)" if r.kafka_cpu_s is None else f"{r.kafka_cpu_s:.1f}"
+        ),
+        "rest of the machine (other work)": _rest_of_machine,
+        "machine busy": lambda r: f"{r.machine_busy:.0%} of {os.cpu_count()} cores",
+        "load average": lambda r: f"{r.load:.1f}",
+    }
+    console.print(_figures("CPU seconds during each run", runs, cpu))
 
 
 def record_all(results: list[Result], small: Result) -> None:

@@ -47,10 +47,17 @@ from pin_contracts import (
 from pin_runtime.kafka import create_admin, create_consumer, create_producer, ensure_topics
 from pin_runtime.logging import configure_logging
 from pin_runtime.settings import Secret
+from pin_runtime.sql import assignments, columns
 from pin_testkit.bench import Comparison, record
 from pin_testkit.runtime_roles import ensure_login, runtime_dsn
 from rewards_membership.app import build_consumer, run_migrations
-from rewards_membership.batch_sql import INSERT_INBOX, inbox_document, rows_document
+from rewards_membership.batch_sql import (
+    INSERT_INBOX,
+    ROW_DOCUMENT,
+    ROW_KEY,
+    inbox_document,
+    rows_document,
+)
 from rewards_membership.guard import MembershipRow
 from rewards_membership.metrics import Metrics
 from rewards_membership.plan import RowKey, plan_batch
@@ -66,26 +73,19 @@ BENCHMARK = "4. membership consumer"
 
 Record = tuple[bytes, bytes, list[tuple[str, str | bytes | None]]]
 
-# The floor's one statement for a batch's rows: a plain upsert of their final state.
-FLOOR_UPSERT: Final = """
-INSERT INTO rewards.agent_performance (
-    agent_user_id, company_id, membership_status, leave_reason, left_at, effective_at,
-    first_activity_at, last_activity_at, last_membership_version, version)
-SELECT * FROM json_to_recordset(%(rows)s::json) AS r (
-    agent_user_id uuid, company_id uuid, membership_status text, leave_reason text,
-    left_at timestamptz, effective_at timestamptz, first_activity_at timestamptz,
-    last_activity_at timestamptz, last_membership_version bigint, version bigint)
-ON CONFLICT (agent_user_id, company_id) DO UPDATE
-SET membership_status = excluded.membership_status,
-    leave_reason = excluded.leave_reason,
-    left_at = excluded.left_at,
-    effective_at = excluded.effective_at,
-    first_activity_at = excluded.first_activity_at,
-    last_activity_at = excluded.last_activity_at,
-    last_membership_version = excluded.last_membership_version,
-    version = excluded.version,
-    updated_at = now()
-"""
+# The floor's one statement for a batch's rows: a plain upsert of their final state (no row
+# lock, no version guard). It writes the consumer's row document, read the consumer's way:
+# MembershipRow's columns and `json_to_recordset` fragment, so both write the same columns.
+FLOOR_UPSERT: Final = sql.SQL(
+    "INSERT INTO rewards.agent_performance ({columns})"
+    " SELECT * FROM json_to_recordset(%(rows)s::json) AS r ({row_document})"
+    " ON CONFLICT ({key}) DO UPDATE SET {assignments}, updated_at = now()"
+).format(
+    columns=columns(MembershipRow),
+    row_document=ROW_DOCUMENT,
+    key=sql.SQL(", ").join(map(sql.Identifier, ROW_KEY)),
+    assignments=assignments(MembershipRow, "excluded", keep=ROW_KEY),
+)
 
 
 def workload(*, events: int, agents: int, agencies: int, seed: int) -> Iterator[Record]:

@@ -73,6 +73,13 @@ def test_an_empty_listing_still_says_what_it_lists() -> None:
     assert render(listing, 80)[0].strip() == "outbox quarantine"
 
 
+def test_a_listing_of_items_takes_each_cell_from_its_column() -> None:
+    items = [(IDS[0], "Completed"), (IDS[1], "Failed")]
+    listing = Listing.of(items, {"id": lambda i: i[0], "state": lambda i: i[1].lower()})
+    assert listing.columns == ("id", "state")
+    assert listing.rows == [(IDS[0], "completed"), (IDS[1], "failed")]
+
+
 def test_rows_must_match_the_columns() -> None:
     with pytest.raises(ValueError, match="a row of 1 values under 2 columns"):
         Listing(("a", "b"), [("x",)])

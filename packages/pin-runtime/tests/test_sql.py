@@ -9,7 +9,14 @@ import msgspec
 import pytest
 from psycopg import sql
 
-from pin_runtime.sql import Queries, SqlFileError, columns, load_queries, parse_queries
+from pin_runtime.sql import (
+    Queries,
+    SqlFileError,
+    assignments,
+    columns,
+    load_queries,
+    parse_queries,
+)
 
 FILE = """\
 -- Statements of the example aggregate.
@@ -113,6 +120,15 @@ def test_columns_of_a_row_type() -> None:
     assert columns(Pair).as_string(None) == '"key", "value"'
     with pytest.raises(TypeError, match="neither"):
         columns(dict)
+
+
+def test_assignments_of_a_row_type_but_its_key() -> None:
+    assert assignments(Pair, "u", keep=("key",)).as_string(None) == '"value" = "u"."value"'
+    assert assignments(Row, "excluded").as_string(None) == (
+        '"id" = "excluded"."id", "created_at" = "excluded"."created_at"'
+    )
+    with pytest.raises(ValueError, match="no field"):
+        assignments(Pair, "u", keep=("id",))
 
 
 def test_load_queries_reads_a_file_of_a_package_once(

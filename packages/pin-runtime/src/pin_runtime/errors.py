@@ -1,6 +1,13 @@
-"""The one error tree of pin-runtime: catch `PinRuntimeError` to catch all of it."""
+"""The one error tree of pin-runtime: catch `PinRuntimeError` to catch all of it.
+
+Also the form every error that carries values takes (`TemplatedError`), here and in the
+packages built on pin-runtime: a dataclass naming its fields, and a message template.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 __all__ = [
     "DeliveryError",
@@ -9,20 +16,47 @@ __all__ = [
     "MigrationError",
     "PinRuntimeError",
     "SettingsError",
+    "TemplatedError",
 ]
+
+
+class TemplatedError(Exception):
+    """An error whose message is its `template` filled with its fields.
+
+    A subclass is a `@dataclass(eq=False, repr=False)` that declares the values it carries,
+    typed, and the sentence they fill (`eq=False`: an error is raised and caught by identity,
+    not compared; `repr=False`: its repr stays the exception's own, `Name('message')`):
+
+        @dataclass(eq=False, repr=False)
+        class TaskNotFoundError(ServiceError):
+            template = "fan-out task {task_id} does not exist"
+            task_id: UUID
+
+    `TaskNotFoundError(task_id)` then has `.task_id` and that message. A message that is
+    more than a template overrides `describe`.
+    """
+
+    template: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        """The message: `template` over the fields."""
+        return self.template.format_map(vars(self))
 
 
 class PinRuntimeError(Exception):
     """Something the shared runtime refused or could not do."""
 
 
-class SettingsError(PinRuntimeError):
+@dataclass(eq=False, repr=False)
+class SettingsError(PinRuntimeError, TemplatedError):
     """A configuration value is missing or wrong; `variable` names the exact env var."""
 
-    def __init__(self, variable: str, reason: str) -> None:
-        super().__init__(f"{variable}: {reason}")
-        self.variable = variable
-        self.reason = reason
+    template = "{variable}: {reason}"
+    variable: str
+    reason: str
 
 
 class MigrationError(PinRuntimeError):

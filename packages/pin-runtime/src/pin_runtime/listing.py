@@ -7,21 +7,27 @@ console, and otherwise one block per row, `field: value` per line (`psql`'s `\\x
 keep their full text and wrap only when a single value is wider than the terminal.
 
     console.print(Listing(("id", "status"), rows, title="tasks"))
+    console.print(Listing.of(tasks, {"id": lambda t: str(t.id), "status": lambda t: t.status}))
     console.print(Fields([("backlog", "12"), ("oldest", "-")], title="outbox"))
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["Fields", "Listing", "timestamp_cell"]
+__all__ = ["Columns", "Fields", "Listing", "timestamp_cell"]
+
+T = TypeVar("T")
+
+Columns: TypeAlias = Mapping[str, Callable[[T], str]]
+"""A listing's columns in order, each with the cell it shows for an item."""
 
 
 # Measurement.get clamps to the width it is given: measure as if the line were endless.
@@ -64,6 +70,14 @@ class Listing:
             if len(row) != len(self.columns):
                 raise ValueError(f"a row of {len(row)} values under {len(self.columns)} columns")
         self.table_options = table_options
+
+    @classmethod
+    def of(cls, items: Iterable[T], columns: Columns[T], **table_options: Any) -> Listing:
+        """One row per item: each column names its cell next to its header, so the two
+        cannot drift apart as columns come and go."""
+        cells = tuple(columns.values())
+        rows = ([cell(item) for cell in cells] for item in items)
+        return cls(tuple(columns), rows, **table_options)
 
     def table(self) -> Table:
         table = Table(**{"title_justify": "left", **self.table_options})

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from importlib import resources
 from types import MappingProxyType
 from typing import Any, LiteralString
@@ -27,9 +27,9 @@ from typing import Any, LiteralString
 import msgspec
 from psycopg import sql
 
-from pin_runtime.errors import PinRuntimeError
+from pin_runtime.errors import PinRuntimeError, TemplatedError
 
-__all__ = ["Queries", "SqlFileError", "columns", "load_queries", "parse_queries"]
+__all__ = ["Queries", "SqlFileError", "assignments", "columns", "load_queries", "parse_queries"]
 
 _HEADER = re.compile(r"^--\s*name:(?P<name>.*?)--\s*$")
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -37,14 +37,14 @@ _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _RESERVED = frozenset({"compose", "doc", "get", "items", "keys", "source", "values"})
 
 
-class SqlFileError(PinRuntimeError):
+@dataclasses.dataclass(eq=False, repr=False)
+class SqlFileError(PinRuntimeError, TemplatedError):
     """A `.sql` file of named statements is malformed; `source:line` says where."""
 
-    def __init__(self, source: str, line: int, problem: str) -> None:
-        super().__init__(f"{source}:{line}: {problem}")
-        self.source = source
-        self.line = line
-        self.problem = problem
+    template = "{source}:{line}: {problem}"
+    source: str
+    line: int
+    problem: str
 
 
 @dataclasses.dataclass(slots=True)
@@ -170,18 +170,35 @@ def load_queries(package: str, filename: str) -> Queries:
     return parse_queries(resource.read_text(encoding="utf-8"), f"{package}/{filename}")
 
 
+def _field_names(row_type: type[Any]) -> tuple[str, ...]:
+    if issubclass(row_type, msgspec.Struct):
+        return row_type.__struct_fields__
+    if dataclasses.is_dataclass(row_type):
+        return tuple(field.name for field in dataclasses.fields(row_type))
+    raise TypeError(f"{row_type!r} is neither a msgspec Struct nor a dataclass")
+
+
 def columns(row_type: type[Any], *, prefix: str | None = None) -> sql.Composed:
     """The column list of a row type (a msgspec Struct or a dataclass), in field order.
 
     The row type's fields are the one place a column list is written: the statements say
     `SELECT {columns}` and read rows with `psycopg.rows.class_row(row_type)`.
     """
-    if issubclass(row_type, msgspec.Struct):
-        names: tuple[str, ...] = row_type.__struct_fields__
-    elif dataclasses.is_dataclass(row_type):
-        names = tuple(field.name for field in dataclasses.fields(row_type))
-    else:
-        raise TypeError(f"{row_type!r} is neither a msgspec Struct nor a dataclass")
     return sql.SQL(", ").join(
-        sql.Identifier(name) if prefix is None else sql.Identifier(prefix, name) for name in names
+        sql.Identifier(name) if prefix is None else sql.Identifier(prefix, name)
+        for name in _field_names(row_type)
+    )
+
+
+def assignments(row_type: type[Any], source: str, *, keep: Collection[str] = ()) -> sql.Composed:
+    """`col = source.col, ...` for the row type's fields but `keep` (the key columns): the
+    SET list of an UPDATE (`source` the row document's alias) or of an upsert (`excluded`),
+    from the same one place as `columns`."""
+    unknown = set(keep).difference(_field_names(row_type))
+    if unknown:
+        raise ValueError(f"{row_type.__name__} has no field(s) {sorted(unknown)}")
+    return sql.SQL(", ").join(
+        sql.SQL("{} = {}").format(sql.Identifier(name), sql.Identifier(source, name))
+        for name in _field_names(row_type)
+        if name not in keep
     )

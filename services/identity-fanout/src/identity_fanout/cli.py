@@ -36,7 +36,7 @@ from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.composition import Cli, uuid_argument
-from pin_runtime.listing import Fields, Listing, timestamp_cell
+from pin_runtime.listing import Columns, Fields, Listing, timestamp_cell
 
 # Plain messages never wrap (scripts parse them); listings take the terminal's width (a
 # table where it fits, else a block per row: pin_runtime.listing).
@@ -131,35 +131,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_TASK_COLUMNS: Final[Columns[FanOutTask]] = {
+    "id": lambda t: str(t.id),
+    "role": lambda t: str(t.role_id),
+    "version": lambda t: str(t.role_version),
+    "status": lambda t: t.status,
+    "processed": lambda t: str(t.processed_count),
+    "shards": lambda t: str(t.shard_count or "-"),
+    "attempts": lambda t: str(t.attempt_count),
+    "created": lambda t: timestamp_cell(t.created_at),
+    "lease until": lambda t: timestamp_cell(t.lease_expires_at),
+    "last error": lambda t: (t.last_error or "")[:80],
+}
+
+
 def _tasks_table(tasks: Sequence[FanOutTask]) -> Listing:
-    columns = (
-        "id",
-        "role",
-        "version",
-        "status",
-        "processed",
-        "shards",
-        "attempts",
-        "created",
-        "lease until",
-        "last error",
-    )
-    rows = [
-        (
-            str(t.id),
-            str(t.role_id),
-            str(t.role_version),
-            t.status,
-            str(t.processed_count),
-            str(t.shard_count or "-"),
-            str(t.attempt_count),
-            timestamp_cell(t.created_at),
-            timestamp_cell(t.lease_expires_at),
-            (t.last_error or "")[:80],
-        )
-        for t in tasks
-    ]
-    return Listing(columns, rows, title="access fan-out tasks")
+    return Listing.of(tasks, _TASK_COLUMNS, title="access fan-out tasks")
 
 
 def _task_detail(task: FanOutTask) -> Fields:

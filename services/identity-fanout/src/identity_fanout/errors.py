@@ -1,71 +1,74 @@
 """Errors of identity-fanout. Each names what an operator or caller must fix.
 
-The membership producer's refusals live with it (`identity_fanout.membership.errors`).
+Each carries its values as typed fields and says them in its `template`
+(`pin_runtime.errors.TemplatedError`). The membership producer's refusals live with it
+(`identity_fanout.membership.errors`).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass
 from uuid import UUID
 
+from pin_runtime.errors import TemplatedError
 
-class IdentityFanoutError(Exception):
+
+class IdentityFanoutError(TemplatedError):
     """Root of the service's own errors."""
 
 
+@dataclass(eq=False, repr=False)
 class RoleRefusedError(IdentityFanoutError):
     """A change of the role `role_id` refused before anything was written; each subclass
-    says why in its `reason` (formatted with the role id)."""
+    says why in its `template`."""
 
-    reason: ClassVar[str]
-
-    def __init__(self, role_id: UUID) -> None:
-        super().__init__(self.reason.format(role_id=role_id))
-        self.role_id = role_id
+    role_id: UUID
 
 
 class RoleNotFoundError(RoleRefusedError):
-    reason = "role {role_id} does not exist"
+    template = "role {role_id} does not exist"
 
 
 class RoleArchivedError(RoleRefusedError):
-    reason = "role {role_id} is archived; its permissions cannot change"
+    template = "role {role_id} is archived; its permissions cannot change"
 
 
+@dataclass(eq=False, repr=False)
 class UnknownPermissionError(IdentityFanoutError):
-    def __init__(self, codes: list[str]) -> None:
-        super().__init__(f"unknown permission code(s): {', '.join(codes)}")
-        self.codes = codes
+    codes: list[str]
+
+    def describe(self) -> str:
+        return f"unknown permission code(s): {', '.join(self.codes)}"
 
 
+@dataclass(eq=False, repr=False)
 class TaskNotFoundError(IdentityFanoutError):
-    def __init__(self, task_id: UUID) -> None:
-        super().__init__(f"fan-out task {task_id} does not exist")
-        self.task_id = task_id
+    template = "fan-out task {task_id} does not exist"
+    task_id: UUID
 
 
+@dataclass(eq=False, repr=False)
 class TaskNotFailedError(IdentityFanoutError):
-    def __init__(self, task_id: UUID, status: str) -> None:
-        super().__init__(f"fan-out task {task_id} is {status}; only Failed tasks are replayed")
-        self.task_id = task_id
-        self.status = status
+    template = "fan-out task {task_id} is {status}; only Failed tasks are replayed"
+    task_id: UUID
+    status: str
 
 
+@dataclass(eq=False, repr=False)
 class LeaseLostError(IdentityFanoutError):
     """The task was claimed by another worker after this one's lease ran out.
 
     The batch in hand was rolled back; this worker must drop the task.
     """
 
-    def __init__(self, task_id: UUID, attempt: int) -> None:
-        super().__init__(f"lease of task {task_id} (attempt {attempt}) was lost")
-        self.task_id = task_id
-        self.attempt = attempt
+    template = "lease of task {task_id} (attempt {attempt}) was lost"
+    task_id: UUID
+    attempt: int
 
 
+@dataclass(eq=False, repr=False)
 class QuarantinedRowNotFoundError(IdentityFanoutError):
     """`outbox quarantine show/retry` of an id that is not (or no longer) quarantined."""
 
-    def __init__(self, row_id: int) -> None:
-        super().__init__(f"no quarantined row {row_id}")
-        self.row_id = row_id
+    template = "no quarantined row {row_id}"
+    row_id: int

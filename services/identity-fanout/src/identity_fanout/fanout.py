@@ -28,6 +28,7 @@ from identity_fanout.snapshot import AssignmentRow, build_events
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import USER_ACCESS_CHANGED, UserAccessChangedKafkaEvent, envelope_for
 from pin_runtime.sql import load_queries
+from pin_runtime.structs import built_from
 
 __all__ = [
     "BatchOptions",
@@ -209,13 +210,7 @@ def process_batch(
     unit = _Unit(task_claim(task), task.role_id, task.company_id, task.role_version)
     with conn.transaction():
         page = _page(conn, unit, **options)
-    return BatchResult(
-        users=page.users,
-        cursor=page.cursor,
-        completed=page.last,
-        processed_count=page.processed_count,
-        created_at=task.created_at,
-    )
+    return built_from(BatchResult, page, completed=page.last, created_at=task.created_at)
 
 
 def process_shard_batch(
@@ -251,9 +246,9 @@ def process_shard_batch(
         ).fetchone()
         if task is None:  # the task row is locked above and cascades to its shards
             raise LeaseLostError(shard.id, shard.attempt_count)
-    return ShardBatchResult(
-        users=page.users,
-        cursor=page.cursor,
+    return built_from(
+        ShardBatchResult,
+        page,
         shard_completed=page.last,
         task_completed=rollup.completed_now,
         task_processed_count=rollup.processed_count,

@@ -4,47 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import datetime
+from typing import Final
 
 from identity_fanout.quarantine import DiscardedRow, QuarantinedRow, RequeuedRow
-from pin_runtime.listing import Fields, Listing, timestamp_cell
+from pin_runtime.listing import Columns, Fields, Listing, timestamp_cell
 
 __all__ = ["discarded_line", "quarantine_detail", "quarantine_table", "requeued_line"]
 
 
+_QUARANTINE_COLUMNS: Final[Columns[QuarantinedRow]] = {
+    "id": lambda r: str(r.id),
+    "outbox id": lambda r: str(r.outbox_id),
+    "topic": lambda r: r.topic,
+    "key": lambda r: r.key,
+    "event": lambda r: r.event_type,
+    "size": lambda r: str(r.size),
+    "code": lambda r: r.error_code,
+    "reason": lambda r: r.error_reason,
+    "attempts": lambda r: str(r.attempts),
+    "first failed": lambda r: timestamp_cell(r.first_failed_at),
+    "last failed": lambda r: timestamp_cell(r.last_failed_at),
+    "message": lambda r: r.error_message[:120],
+}
+
+
 def quarantine_table(rows: Sequence[QuarantinedRow]) -> Listing:
     """One row per quarantined row: what it is, whose, how big, and why it was refused."""
-    columns = (
-        "id",
-        "outbox id",
-        "topic",
-        "key",
-        "event",
-        "size",
-        "code",
-        "reason",
-        "attempts",
-        "first failed",
-        "last failed",
-        "message",
-    )
-    values = [
-        (
-            str(r.id),
-            str(r.outbox_id),
-            r.topic,
-            r.key,
-            r.event_type,
-            str(r.size),
-            r.error_code,
-            r.error_reason,
-            str(r.attempts),
-            timestamp_cell(r.first_failed_at),
-            timestamp_cell(r.last_failed_at),
-            r.error_message[:120],
-        )
-        for r in rows
-    ]
-    return Listing(columns, values, title="outbox quarantine")
+    return Listing.of(rows, _QUARANTINE_COLUMNS, title="outbox quarantine")
 
 
 def requeued_line(row: RequeuedRow) -> str:

@@ -19,7 +19,7 @@ from typing import Final
 import msgspec
 from psycopg import sql
 
-from pin_runtime.sql import columns, load_queries
+from pin_runtime.sql import assignments, columns, load_queries
 from rewards_membership.guard import MembershipRow
 from rewards_membership.plan import Outcome, RowKey
 
@@ -27,6 +27,8 @@ __all__ = [
     "INSERT_INBOX",
     "INSERT_ROWS",
     "LOCK_ROWS",
+    "ROW_DOCUMENT",
+    "ROW_KEY",
     "SELECT_SEEN_KEYS",
     "UPDATE_ROWS",
     "decode_rows",
@@ -41,14 +43,21 @@ _ROWS_DECODER: Final = msgspec.json.Decoder(list[MembershipRow])
 
 _q = load_queries("rewards_membership", "sql/projection.sql")
 _inbox = load_queries("rewards_membership", "sql/inbox.sql")
-# A row document's columns: MembershipRow's fields, typed once in projection.sql.
-_ROW_DOCUMENT: Final = sql.SQL(_q.row_document)
+ROW_DOCUMENT: Final = sql.SQL(_q.row_document)
+"""A row document's columns for `json_to_recordset`: MembershipRow's fields, typed once in
+projection.sql."""
+ROW_KEY: Final = ("agent_user_id", "company_id")
+"""The columns that find a row; an update writes every other field of MembershipRow."""
 
 SELECT_SEEN_KEYS: Final = _inbox.select_seen_keys
 LOCK_ROWS: Final = _q.compose("lock_rows", columns=columns(MembershipRow, prefix="ap"))
-UPDATE_ROWS: Final = _q.compose("update_rows", row_document=_ROW_DOCUMENT)
+UPDATE_ROWS: Final = _q.compose(
+    "update_rows",
+    assignments=assignments(MembershipRow, "u", keep=ROW_KEY),
+    row_document=ROW_DOCUMENT,
+)
 INSERT_ROWS: Final = _q.compose(
-    "insert_rows", columns=columns(MembershipRow), row_document=_ROW_DOCUMENT
+    "insert_rows", columns=columns(MembershipRow), row_document=ROW_DOCUMENT
 )
 INSERT_INBOX: Final = _inbox.insert_inbox
 

@@ -36,10 +36,10 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
     group_id: NonEmpty = REWARDS_MEMBERSHIP_CONSUMER_GROUP
 
     batch_size: Annotated[int, Meta(ge=1, le=10_000)] = 5000
+    """Most messages one `consume()` returns, and one database transaction applies."""
     kafka_session_timeout: timedelta = timedelta(seconds=45)
     """librdkafka `session.timeout.ms`: how long a crashed consumer keeps its partitions
     before the group hands them to another instance (the broker bounds it, 6 s..5 min)."""
-    """Most messages one `consume()` returns, and one database transaction applies."""
     poll_timeout: timedelta = timedelta(seconds=1)
     """How long one `consume()` waits for the first message of a batch."""
     retry_initial: timedelta = timedelta(seconds=1)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from pin_runtime.errors import TemplatedError
+
 
 class LocalInfraError(Exception):
     """A local server could not be prepared, started, reached or stopped."""
 
 
-class MissingPrerequisiteError(LocalInfraError):
+@dataclass(eq=False, repr=False)
+class MissingPrerequisiteError(LocalInfraError, TemplatedError):
     """A program the launcher needs is not installed (java, mvn, the PostgreSQL server)."""
 
-    def __init__(self, what: str, hint: str) -> None:
-        super().__init__(f"{what} not found: {hint}")
-        self.what = what
-        self.hint = hint
+    template = "{what} not found: {hint}"
+    what: str
+    hint: str

@@ -6,6 +6,7 @@ other typed refusal.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from uuid import UUID
 
 from identity_fanout.errors import IdentityFanoutError
@@ -22,35 +23,38 @@ class MembershipError(IdentityFanoutError):
     """Root of the membership producer's refusals."""
 
 
+@dataclass(eq=False, repr=False)
 class InvalidMembershipChangeError(MembershipError):
     """A membership change request the producer refuses before writing anything.
 
     ``field`` names the input (``AgentUserId``, ``Reason``, ...), ``problem`` what is wrong.
     """
 
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"invalid membership change: {field}: {problem}")
-        self.field = field
-        self.problem = problem
+    template = "invalid membership change: {field}: {problem}"
+    field: str
+    problem: str
 
 
+@dataclass(eq=False, repr=False)
 class MembershipNotActiveError(MembershipError):
     """leave-agency for an agent who is not an Active member of that agency."""
 
-    def __init__(self, agent_user_id: UUID, company_id: UUID, status: str | None) -> None:
-        where = "has never been a member" if status is None else f"is {status}"
-        super().__init__(
-            f"agent {agent_user_id} {where} in agency {company_id}; only an Active member leaves"
+    agent_user_id: UUID
+    company_id: UUID
+    status: str | None
+
+    def describe(self) -> str:
+        where = "has never been a member" if self.status is None else f"is {self.status}"
+        return (
+            f"agent {self.agent_user_id} {where} in agency {self.company_id}; "
+            "only an Active member leaves"
         )
-        self.agent_user_id = agent_user_id
-        self.company_id = company_id
-        self.status = status
 
 
+@dataclass(eq=False, repr=False)
 class MembershipAlreadyActiveError(MembershipError):
     """accept-invitation for an agent who already is an Active member of that agency."""
 
-    def __init__(self, agent_user_id: UUID, company_id: UUID) -> None:
-        super().__init__(f"agent {agent_user_id} is already Active in agency {company_id}")
-        self.agent_user_id = agent_user_id
-        self.company_id = company_id
+    template = "agent {agent_user_id} is already Active in agency {company_id}"
+    agent_user_id: UUID
+    company_id: UUID

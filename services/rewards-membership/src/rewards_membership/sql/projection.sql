@@ -24,18 +24,11 @@ WITH locked AS (
 SELECT coalesce(json_agg(locked), '[]')::text FROM locked
 
 -- name: update_rows --
--- Membership columns only; earned metrics are not named here on purpose. The version
+-- Membership columns only (`{assignments}`: MembershipRow's fields but its key, each from
+-- the row document); earned metrics are not named here on purpose. The version
 -- condition repeats the guard in SQL: the rows are locked, so it always holds.
 UPDATE rewards.agent_performance AS ap
-SET membership_status = u.membership_status,
-    leave_reason = u.leave_reason,
-    left_at = u.left_at,
-    effective_at = u.effective_at,
-    first_activity_at = u.first_activity_at,
-    last_activity_at = u.last_activity_at,
-    last_membership_version = u.last_membership_version,
-    version = u.version,
-    updated_at = now()
+SET {assignments}, updated_at = now()
 FROM json_to_recordset(%(rows)s::json) AS u ({row_document})
 WHERE ap.agent_user_id = u.agent_user_id AND ap.company_id = u.company_id
   AND ap.last_membership_version < u.last_membership_version
