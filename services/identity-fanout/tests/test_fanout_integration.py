@@ -12,15 +12,16 @@ import psycopg
 import pytest
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
-from worker_support import new_worker
+from worker_support import new_worker, stop_after
 
 from identity_fanout.claim import claim_task, is_poisoned
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import LeaseLostError
-from identity_fanout.fanout import BatchResult, process_batch
+from identity_fanout.fanout import process_batch
 from identity_fanout.tasks import FanOutTask
 from identity_fanout.worker import FanoutWorker
 from pin_contracts import Envelope, UserAccessChangedKafkaEvent, decode_access_changed
+from pin_testkit.concurrency import run_together
 from pin_testkit.seeding import Assignment, add_assignments, add_role, seed_role_with_users
 from pin_testkit.waiting import wait_until
 
@@ -266,23 +267,16 @@ def test_restart_after_committed_batches_resumes_from_the_cursor(
 def test_two_workers_never_hold_one_task(db: Conn, operator_db: Conn, worker_dsn: str) -> None:
     roles = [seed_role_with_users(db, users=1, other_roles=0, code=f"r{i}")[0] for i in range(40)]
     tasks = {enqueue(db, operator_db, role) for role in roles}
-    claimed: list[FanOutTask] = []
-    lock = threading.Lock()
-    start = threading.Barrier(4)
 
-    def claimer() -> None:
+    def claimer(start: threading.Barrier) -> list[FanOutTask]:
         with psycopg.connect(worker_dsn) as conn:
             start.wait()
+            mine: list[FanOutTask] = []
             while (task := claim_task(conn, lease=LEASE, max_attempts=5)) is not None:
-                with lock:
-                    claimed.append(task)
+                mine.append(task)
+            return mine
 
-    threads = [threading.Thread(target=claimer) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-
+    claimed = [task for mine in run_together(claimer, 4) for task in mine]
     assert sorted(t.id for t in claimed) == sorted(tasks)  # each once, none left behind
     assert {t.attempt_count for t in claimed} == {1}
 
@@ -372,14 +366,7 @@ def test_stop_between_batches_keeps_committed_batches(
     role, users = seed_role_with_users(db, users=100, other_roles=0)
     task_id = enqueue(db, operator_db, role)
     stop = threading.Event()
-    batches: list[BatchResult] = []
-
-    def stop_after_two(_task: FanOutTask, result: BatchResult) -> None:
-        batches.append(result)
-        if len(batches) == 2:
-            stop.set()  # as SIGTERM would: the loop notices before the third batch
-
-    worker, _ = new_worker(worker_dsn, pool, batch_size=25, stop=stop, on_batch=stop_after_two)
+    worker, _ = new_worker(worker_dsn, pool, batch_size=25, stop=stop, on_batch=stop_after(2, stop))
     worker.run()
 
     task = task_row(db, task_id)

@@ -40,6 +40,7 @@ pytestmark = pytest.mark.integration
 Conn = psycopg.Connection[TupleRow]
 # Small batches and shards, so that a few hundred users make several of each.
 new_worker = partial(worker_support.new_worker, batch_size=10, shard_size=100)
+stop_after = worker_support.stop_after
 CLI = str(Path(sys.executable).with_name("identity-fanout"))
 
 
@@ -346,14 +347,7 @@ def test_a_stop_hands_the_shard_back_and_keeps_its_batches(
 ) -> None:
     task_id, users = split_for_test(db, users=120, shard_size=60)
     stop = threading.Event()
-    batches: list[ShardBatchResult] = []
-
-    def stop_after_two(_shard: ClaimedShard, result: ShardBatchResult) -> None:
-        batches.append(result)
-        if len(batches) == 2:
-            stop.set()  # as SIGTERM would: the loop notices before the third batch
-
-    worker, metrics = new_worker(worker_dsn, pool, stop, on_shard_batch=stop_after_two)
+    worker, metrics = new_worker(worker_dsn, pool, stop, on_shard_batch=stop_after(2, stop))
     worker.run()
 
     first = list_shards(db, task_id)[0]

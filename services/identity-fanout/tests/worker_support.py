@@ -1,5 +1,6 @@
 """A fan-out worker under test, as `FanoutWorker` is built by the service, with the knobs
-the tests turn (batch and shard sizes, attempts, lease, polling, hooks).
+the tests turn (batch and shard sizes, attempts, lease, polling, hooks, readiness, session
+limits, tracer), and a hook that stops it after a number of batches.
 
 Imported by the test modules (``conftest`` puts this directory on ``sys.path``).
 """
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import psycopg
+from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
@@ -20,8 +22,10 @@ from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.shards import ClaimedShard
 from identity_fanout.tasks import FanOutTask
 from identity_fanout.worker import DEFAULT_SHARD_SIZE, FanoutWorker, WorkerConfig
+from pin_runtime.http import ComponentState
+from pin_runtime.postgres import SessionLimits
 
-__all__ = ["new_worker"]
+__all__ = ["new_worker", "stop_after"]
 
 Conn = psycopg.Connection[TupleRow]
 
@@ -39,6 +43,9 @@ def new_worker(
     registry: CollectorRegistry | None = None,
     on_batch: Callable[[FanOutTask, BatchResult], None] | None = None,
     on_shard_batch: Callable[[ClaimedShard, ShardBatchResult], None] | None = None,
+    database: ComponentState | None = None,
+    session: SessionLimits | None = None,
+    tracer: trace.Tracer | None = None,
 ) -> tuple[FanoutWorker, FanoutMetrics]:
     """A worker on `pool` listening on `dsn`, and its metrics (on `registry` or its own)."""
     metrics = FanoutMetrics(registry or CollectorRegistry())
@@ -56,5 +63,22 @@ def new_worker(
         stop=stop or threading.Event(),
         on_batch=on_batch,
         on_shard_batch=on_shard_batch,
+        database=database,
+        session=session,
+        tracer=tracer,
     )
     return worker, metrics
+
+
+def stop_after(batches: int, stop: threading.Event) -> Callable[[object, object], None]:
+    """An ``on_batch`` / ``on_shard_batch`` hook that sets ``stop`` once ``batches`` batches
+    have committed, as SIGTERM would: the loop notices before it starts the next one."""
+    committed = 0
+
+    def hook(_unit: object, _result: object) -> None:
+        nonlocal committed
+        committed += 1
+        if committed == batches:
+            stop.set()
+
+    return hook
