@@ -9,15 +9,9 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from pin_testkit.databases import DatabaseFactory, dsn_dbname
+from pin_testkit.databases import DatabaseFactory, database_exists, dsn_dbname
 
 pytestmark = pytest.mark.integration
-
-
-def _database_exists(admin_dsn: str, name: str) -> bool:
-    with psycopg.connect(admin_dsn) as conn:
-        row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-    return row is not None
 
 
 def test_fresh_databases_are_distinct_and_writable(
@@ -69,7 +63,7 @@ def test_dropped_database_is_gone(
     with psycopg.connect(dsn):
         pass
     database_factory.drop(dsn)
-    assert not _database_exists(postgres_admin_dsn, dsn_dbname(dsn))
+    assert not database_exists(postgres_admin_dsn, dsn_dbname(dsn))
 
 
 def test_topic_round_trip(kafka_bootstrap: str, kafka_topic: Callable[..., str]) -> None:
