@@ -273,6 +273,52 @@ def sql(database: str) -> Callable[..., list[tuple[Any, ...]]]:
 
 
 @pytest.fixture
+def states(
+    sql: Callable[..., list[tuple[Any, ...]]],
+) -> Callable[..., list[tuple[Any, ...]]]:
+    """`states()` / `states(agent)`: (membership_status, last_membership_version, version) of
+    every projection row, or of the agent's rows: what an ordering or retry test checks."""
+
+    def read(agent: uuid.UUID | None = None) -> list[tuple[Any, ...]]:
+        return sql(
+            "SELECT membership_status, last_membership_version, version"
+            " FROM rewards.agent_performance"
+            " WHERE %(agent)s::uuid IS NULL OR agent_user_id = %(agent)s",
+            {"agent": agent},
+        )
+
+    return read
+
+
+@pytest.fixture
+def locked_row(
+    database: str, sql: Callable[..., list[tuple[Any, ...]]]
+) -> Iterator[Callable[[uuid.UUID, uuid.UUID], psycopg.Connection[Any]]]:
+    """`locked_row(agent, company)`: the pair's projection row, Active at version 1 (as its
+    first event left it), locked FOR UPDATE by another session (an operator's open
+    transaction) until `.rollback()` on the session returned; closed after the test."""
+    blockers: list[psycopg.Connection[Any]] = []
+
+    def lock(agent: uuid.UUID, company: uuid.UUID) -> psycopg.Connection[Any]:
+        sql(
+            "INSERT INTO rewards.agent_performance (agent_user_id, company_id,"
+            " membership_status, last_membership_version, version)"
+            " VALUES (%(a)s, %(c)s, 'Active', 1, 1)",
+            {"a": agent, "c": company},
+        )
+        blocker = psycopg.connect(database)
+        blockers.append(blocker)
+        blocker.execute(
+            "SELECT 1 FROM rewards.agent_performance WHERE agent_user_id = %s FOR UPDATE", (agent,)
+        )
+        return blocker
+
+    yield lock
+    for blocker in blockers:
+        blocker.close()
+
+
+@pytest.fixture
 def stream() -> Callable[..., list[AgentMembershipChanged]]:
     """`stream(agents=, versions=)`: per agent (one agency) versions 1..n, alternating Active
     / Left, so every event applies."""

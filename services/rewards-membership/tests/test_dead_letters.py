@@ -409,33 +409,23 @@ def test_a_row_locked_elsewhere_fails_within_the_lock_timeout_and_recovers(
     kafka: Any,
     start_consumer: Any,
     event: Event,
-    sql: Sql,
-    database: str,
+    locked_row: Callable[[uuid.UUID, uuid.UUID], psycopg.Connection[Any]],
+    states: Sql,
     wait: Callable[..., None],
 ) -> None:
     agent, company = uuid.uuid4(), uuid.uuid4()
-    sql(
-        "INSERT INTO rewards.agent_performance (agent_user_id, company_id, membership_status,"
-        " last_membership_version, version) VALUES (%(a)s, %(c)s, 'Active', 1, 1)",
-        {"a": agent, "c": company},
-    )
+    blocker = locked_row(agent, company)
     consumer = start_consumer(db_lock_timeout=timedelta(milliseconds=300))
-    with psycopg.connect(database) as blocker:
-        blocker.execute(
-            "SELECT 1 FROM rewards.agent_performance WHERE agent_user_id = %s FOR UPDATE", (agent,)
-        )
-        kafka.send(event(agent, company, 2, "Left", reason="SelfLeave"))
-        wait(
-            lambda: consumer.consumer.database_state().status == "degraded",
-            what="the blocked statement failed within the lock timeout",
-        )
-        assert consumer.handled == 0
-        blocker.rollback()
+    kafka.send(event(agent, company, 2, "Left", reason="SelfLeave"))
+    wait(
+        lambda: consumer.consumer.database_state().status == "degraded",
+        what="the blocked statement failed within the lock timeout",
+    )
+    assert consumer.handled == 0
+    blocker.rollback()
     consumer.wait_handled(1)
     wait(lambda: consumer.consumer.database_state().status == "ok", what="ready again")
-    assert sql(
-        "SELECT membership_status, last_membership_version, version FROM rewards.agent_performance"
-    ) == [("Left", 2, 2)]
+    assert states() == [("Left", 2, 2)]
 
 
 def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(

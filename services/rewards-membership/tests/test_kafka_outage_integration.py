@@ -39,7 +39,7 @@ def _records(payloads: list[Any]) -> list[tuple[bytes, bytes, Any]]:
 
 
 def test_failed_dlq_write_pauses_and_retries_until_the_dead_letter_lands(
-    *, kafka: Any, start_consumer: Any, event: Event, sql: Any, wait: Any
+    *, kafka: Any, start_consumer: Any, event: Event, states: Any, wait: Any
 ) -> None:
     # The DLQ topic does not exist yet and the broker does not create topics: every DLQ
     # write fails until an operator creates it.
@@ -72,9 +72,7 @@ def test_failed_dlq_write_pauses_and_retries_until_the_dead_letter_lands(
     assert letters[0].info.original_topic == kafka.topic
     assert letters[0].key == str(agent).encode()
     # Applied once each, in order: the Left of version 3 is the row's state.
-    assert sql(
-        "SELECT membership_status, last_membership_version, version FROM rewards.agent_performance"
-    ) == [("Left", 3, 2)]
+    assert states() == [("Left", 3, 2)]
 
 
 def test_broker_outage_mid_stream_loses_and_duplicates_nothing(
