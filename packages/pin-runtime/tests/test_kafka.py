@@ -145,26 +145,54 @@ def test_flush_or_raise_reports_failed_deliveries() -> None:
     assert tracker.all_failures()[0].code == "_MSG_TIMED_OUT"
 
 
-def test_security_config_plaintext_by_default() -> None:
-    assert security_config() == {"security.protocol": "PLAINTEXT"}
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({}, {"security.protocol": "PLAINTEXT"}),
+        (
+            {
+                "protocol": "SASL_SSL",
+                "sasl_mechanism": "SCRAM-SHA-512",
+                "sasl_username": "u",
+                "sasl_password": "p",
+                "ssl_ca_location": "/etc/ca.pem",
+            },
+            {
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": "u",
+                "sasl.password": "p",
+                "ssl.ca.location": "/etc/ca.pem",
+            },
+        ),
+        (
+            {
+                "protocol": "SSL",
+                "ssl_ca_location": "/ca.pem",
+                "ssl_certificate_location": "/client.pem",
+                "ssl_key_location": "/client.key",
+                "ssl_key_password": "kp",
+            },
+            {
+                "security.protocol": "SSL",
+                "ssl.ca.location": "/ca.pem",
+                "ssl.certificate.location": "/client.pem",
+                "ssl.key.location": "/client.key",
+                "ssl.key.password": "kp",
+            },
+        ),
+    ],
+    ids=["plaintext-by-default", "sasl-ssl", "client-certificate"],
+)
+def test_security_config_is_librdkafkas_keys(
+    settings: dict[str, str], expected: dict[str, str]
+) -> None:
+    assert security_config(**settings) == expected  # type: ignore[arg-type]
 
 
 def test_security_config_sasl_needs_credentials() -> None:
     with pytest.raises(ValueError, match="SASL"):
         security_config(protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512")
-    assert security_config(
-        protocol="SASL_SSL",
-        sasl_mechanism="SCRAM-SHA-512",
-        sasl_username="u",
-        sasl_password="p",
-        ssl_ca_location="/etc/ca.pem",
-    ) == {
-        "security.protocol": "SASL_SSL",
-        "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "u",
-        "sasl.password": "p",
-        "ssl.ca.location": "/etc/ca.pem",
-    }
 
 
 def test_kafka_client_settings_are_read_with_the_service_prefix() -> None:
@@ -204,20 +232,7 @@ def test_security_config_refuses_sasl_plain_in_clear_text_unless_allowed() -> No
     assert security_config(**{**plain, "protocol": "SASL_SSL"})  # type: ignore[arg-type]
 
 
-def test_security_config_client_certificate() -> None:
-    assert security_config(
-        protocol="SSL",
-        ssl_ca_location="/ca.pem",
-        ssl_certificate_location="/client.pem",
-        ssl_key_location="/client.key",
-        ssl_key_password="kp",
-    ) == {
-        "security.protocol": "SSL",
-        "ssl.ca.location": "/ca.pem",
-        "ssl.certificate.location": "/client.pem",
-        "ssl.key.location": "/client.key",
-        "ssl.key.password": "kp",
-    }
+def test_security_config_client_certificate_needs_its_key_and_tls() -> None:
     with pytest.raises(ValueError, match="both"):
         security_config(protocol="SSL", ssl_certificate_location="/client.pem")
     with pytest.raises(ValueError, match="SSL or SASL_SSL"):
