@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from pin_runtime.kafka import (
 )
 from pin_runtime.settings import load_settings, settings_or_exit
 from pin_testkit.ports import free_port
+
+UnreachableProducer = Callable[..., Producer]  # the conftest fixture
 
 
 def test_producer_config() -> None:
@@ -127,17 +130,19 @@ def test_delivery_tracker() -> None:
     assert tracker.delivered == 0
 
 
-def test_flush_or_raise_reports_queued_messages() -> None:
-    producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.timeout.ms": 60000})
+def test_flush_or_raise_reports_queued_messages(unreachable_producer: UnreachableProducer) -> None:
+    producer = unreachable_producer({"message.timeout.ms": 60000})
     tracker = DeliveryTracker[int]()
     producer.produce("t", b"v", on_delivery=tracker)
     with pytest.raises(DeliveryError, match="still queued"):
         flush_or_raise(producer, 0.2, tracker)
 
 
-def test_flush_or_raise_reports_failed_deliveries() -> None:
+def test_flush_or_raise_reports_failed_deliveries(
+    unreachable_producer: UnreachableProducer,
+) -> None:
     # message.timeout.ms expires while the broker is unreachable: a delivery error.
-    producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.timeout.ms": 200})
+    producer = unreachable_producer({"message.timeout.ms": 200})
     tracker = DeliveryTracker[int]()
     producer.produce("t", b"v", on_delivery=tracker)
     with pytest.raises(DeliveryError, match="not delivered"):

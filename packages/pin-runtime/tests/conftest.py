@@ -1,0 +1,24 @@
+"""Fixtures of the pin-runtime tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import pytest
+from confluent_kafka import Producer
+
+from pin_runtime.kafka import ConfigValue, create_producer
+
+UnreachableProducer = Callable[[Mapping[str, ConfigValue]], Producer]
+
+
+@pytest.fixture
+def unreachable_producer() -> UnreachableProducer:
+    """`unreachable_producer(config)`: a producer (client id ``p``) of a broker that never
+    answers (port 1 of the loopback): a record stays queued until its ``message.timeout.ms``
+    runs out, then fails with _MSG_TIMED_OUT; ``produce()`` checks still apply at once."""
+
+    def make(config: Mapping[str, ConfigValue]) -> Producer:
+        return create_producer("127.0.0.1:1", client_id="p", extra=config)
+
+    return make
