@@ -5,14 +5,13 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
-from worker_support import new_worker, stop_after
+from worker_support import enqueue, new_worker, stop_after, task_row
 
 from identity_fanout.claim import claim_task, is_poisoned
 from identity_fanout.enqueue import set_role_permissions
@@ -22,7 +21,13 @@ from identity_fanout.tasks import FanOutTask
 from identity_fanout.worker import FanoutWorker
 from pin_contracts import Envelope, UserAccessChangedKafkaEvent, decode_access_changed
 from pin_testkit.concurrency import run_together
-from pin_testkit.seeding import Assignment, add_assignments, add_role, seed_role_with_users
+from pin_testkit.seeding import (
+    Assignment,
+    add_assignments,
+    add_permissions,
+    add_role,
+    seed_role_with_users,
+)
 from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -34,41 +39,6 @@ LEASE = timedelta(minutes=5)
 def outbox_events(db: Conn) -> list[Envelope[UserAccessChangedKafkaEvent]]:
     rows = db.execute("SELECT payload FROM identity.outbox ORDER BY id").fetchall()
     return [decode_access_changed(bytes(row[0])) for row in rows]
-
-
-def task_row(db: Conn, task_id: uuid.UUID) -> dict[str, object]:
-    with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        row = cur.execute(
-            "SELECT * FROM identity.access_fanout_tasks WHERE id = %s", (task_id,)
-        ).fetchone()
-    assert row is not None
-    return row
-
-
-def enqueue(db: Conn, operator: Conn, role_id: uuid.UUID) -> uuid.UUID:
-    """Change the role's permissions with an inline threshold of 0: always a queued task.
-
-    `db` (the owner) adds the permission code to the catalogue; `operator` runs the command.
-    """
-    code = f"perm.{uuid.uuid4().hex[:8]}"
-    permit(db, code)
-    change = set_role_permissions(operator, role_id, [code], inline_threshold=0)
-    assert change.task_id is not None
-    return change.task_id
-
-
-def permit(db: Conn, *codes: str) -> None:
-    db.execute(
-        "INSERT INTO identity.permissions (code) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING",
-        (list(codes),),
-    )
-
-
-@pytest.fixture
-def pool(worker_dsn: str) -> Iterator[ConnectionPool[Conn]]:
-    """The worker's pool, as its runtime role."""
-    with ConnectionPool(worker_dsn, min_size=1, max_size=4, open=True) as p:
-        yield p
 
 
 def drain(worker: FanoutWorker) -> int:
@@ -84,7 +54,7 @@ def drain(worker: FanoutWorker) -> int:
 
 def test_small_role_is_fanned_out_inline(db: Conn, operator_db: Conn) -> None:
     role, users = seed_role_with_users(db, users=7)
-    permit(db, "docs.read")
+    add_permissions(db, ["docs.read"])
 
     change = set_role_permissions(operator_db, role, ["docs.read"], inline_threshold=7)
 
@@ -99,7 +69,7 @@ def test_large_role_becomes_one_task_with_the_new_version(
     db: Conn, identity_dsn: str, operator_db: Conn
 ) -> None:
     role, _ = seed_role_with_users(db, users=8)
-    permit(db, "docs.read")
+    add_permissions(db, ["docs.read"])
     with psycopg.connect(identity_dsn, autocommit=True) as listener:
         listener.execute("LISTEN identity_access_fanout_tasks")
 

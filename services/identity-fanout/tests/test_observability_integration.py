@@ -25,7 +25,11 @@ Conn = psycopg.Connection[TupleRow]
 
 
 def test_task_run_logs_and_traces_what_the_spec_names(
-    db: Conn, json_logs: io.StringIO, operator_db: Conn, worker_dsn: str
+    db: Conn,
+    json_logs: io.StringIO,
+    operator_db: Conn,
+    pool: ConnectionPool[Conn],
+    worker_dsn: str,
 ) -> None:
     role, users = seed_role_with_users(db, users=25, other_roles=0)
     add_permissions(db, ["p.x"])
@@ -34,16 +38,15 @@ def test_task_run_logs_and_traces_what_the_spec_names(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
 
-    with ConnectionPool(worker_dsn, min_size=1, max_size=2, open=True) as pool:
-        worker, _ = new_worker(
-            worker_dsn,
-            pool,
-            batch_size=10,
-            polling=timedelta(seconds=5),
-            max_attempts=3,
-            tracer=provider.get_tracer("test"),
-        )
-        assert worker.run_once()
+    worker, _ = new_worker(
+        worker_dsn,
+        pool,
+        batch_size=10,
+        polling=timedelta(seconds=5),
+        max_attempts=3,
+        tracer=provider.get_tracer("test"),
+    )
+    assert worker.run_once()
 
     records = [json.loads(line) for line in json_logs.getvalue().splitlines()]
     by_event: dict[str, list[dict[str, object]]] = {}
