@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -22,3 +23,18 @@ def unreachable_producer() -> UnreachableProducer:
         return create_producer("127.0.0.1:1", client_id="p", extra=config)
 
     return make
+
+
+@pytest.fixture
+def migrations_dir(tmp_path: Path) -> Callable[[Mapping[str, str]], Path]:
+    """`migrations_dir(files)`: the test's migrations directory with ``files`` (name -> SQL)
+    written into it, next to what earlier calls wrote (a release adding a file); its path."""
+    directory = tmp_path / "m"
+
+    def write(files: Mapping[str, str]) -> Path:
+        directory.mkdir(exist_ok=True)
+        for name, text in files.items():
+            (directory / name).write_text(text)
+        return directory
+
+    return write
