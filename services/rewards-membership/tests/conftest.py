@@ -42,7 +42,7 @@ from rewards_membership.metrics import Metrics
 from rewards_membership.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # consumer_kit, for the test modules
-from consumer_kit import ConsumerKit
+from consumer_kit import ConsumerKit, publish
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -88,9 +88,7 @@ class Kafka:
     producer: Producer
 
     def send(self, *payloads: AgentMembershipChanged) -> list[Envelope[AgentMembershipChanged]]:
-        envelopes = [envelope_for(p) for p in payloads]
-        self.send_envelopes(*envelopes)
-        return envelopes
+        return publish(self.producer, self.topic, *payloads)
 
     def send_envelopes(self, *envelopes: Envelope[AgentMembershipChanged]) -> None:
         self.send_raw(
