@@ -26,12 +26,8 @@ from confluent_kafka import Producer
 from pin_contracts import (
     AgentMembershipChanged,
     Envelope,
-    encode,
     envelope_for,
-    headers_for,
-    kafka_key,
 )
-from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_producer
 from pin_runtime.settings import Secret
 from pin_runtime.shutdown import GracefulShutdown
@@ -42,7 +38,7 @@ from rewards_membership.metrics import Metrics
 from rewards_membership.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # consumer_kit, for the test modules
-from consumer_kit import ConsumerKit, publish
+from consumer_kit import ConsumerKit, RawRecord, publish, publish_raw, record_of
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -91,17 +87,10 @@ class Kafka:
         return publish(self.producer, self.topic, *payloads)
 
     def send_envelopes(self, *envelopes: Envelope[AgentMembershipChanged]) -> None:
-        self.send_raw(
-            *((kafka_key(e), encode(e), headers_for(e)) for e in envelopes),
-        )
+        publish_raw(self.producer, self.topic, *map(record_of, envelopes))
 
-    def send_raw(self, *records: tuple[bytes | None, bytes | None, list[Any] | None]) -> None:
-        tracker = DeliveryTracker[int]()
-        for key, value, headers in records:
-            self.producer.produce(
-                self.topic, key=key, value=value, headers=headers or [], on_delivery=tracker
-            )
-        flush_or_raise(self.producer, 30.0, tracker)
+    def send_raw(self, *records: RawRecord) -> None:
+        publish_raw(self.producer, self.topic, *records)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """What a consumer test on its own topics uses, as one value: the ``kit`` fixture; and
-``publish``, membership events written to a topic as identity's relay writes them.
+``publish`` (``publish_raw``, ``record_of``), records written to a topic as identity's relay
+writes them.
 
 Imported by the test modules (``conftest`` puts this directory on ``sys.path``).
 """
@@ -23,7 +24,7 @@ from pin_contracts import (
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from rewards_membership.settings import Settings
 
-__all__ = ["ConsumerKit", "publish"]
+__all__ = ["ConsumerKit", "RawRecord", "publish", "publish_raw", "record_of"]
 
 
 @dataclass(frozen=True)
@@ -41,20 +42,28 @@ class ConsumerKit:
     wait: Callable[..., float]
 
 
+RawRecord = tuple[bytes | None, bytes | None, list[Any] | None]
+"""Key, value and headers of a record as written, whatever the value holds."""
+
+
+def record_of(envelope: Envelope[AgentMembershipChanged]) -> RawRecord:
+    """The record identity's relay writes for ``envelope``: its key, value and headers."""
+    return kafka_key(envelope), encode(envelope), headers_for(envelope)
+
+
+def publish_raw(producer: Producer, topic: str, *records: RawRecord) -> None:
+    """The records, in order, every one acknowledged (or DeliveryError)."""
+    tracker = DeliveryTracker[int]()
+    for key, value, headers in records:
+        producer.produce(topic, key=key, value=value, headers=headers or [], on_delivery=tracker)
+    flush_or_raise(producer, 30.0, tracker)
+
+
 def publish(
     producer: Producer, topic: str, *payloads: AgentMembershipChanged
 ) -> list[Envelope[AgentMembershipChanged]]:
-    """Each payload in an envelope of its own, with the key and headers the relay gives it,
-    every record acknowledged (or DeliveryError); the envelopes, in order."""
+    """Each payload in an envelope of its own, written as the relay writes it, every record
+    acknowledged (or DeliveryError); the envelopes, in order."""
     envelopes = [envelope_for(p) for p in payloads]
-    tracker = DeliveryTracker[int]()
-    for envelope in envelopes:
-        producer.produce(
-            topic,
-            key=kafka_key(envelope),
-            value=encode(envelope),
-            headers=headers_for(envelope),
-            on_delivery=tracker,
-        )
-    flush_or_raise(producer, 30.0, tracker)
+    publish_raw(producer, topic, *map(record_of, envelopes))
     return envelopes

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from consumer_kit import ConsumerKit
+from consumer_kit import ConsumerKit, record_of
 
 from pin_contracts import (
     DLT_VALUE_REPLACED_HEADER,
@@ -71,9 +71,10 @@ def produce(
     flush_or_raise(producer, 30.0, tracker)
 
 
-def valid(event: Event, partition: int, version: int = 1) -> tuple[int, bytes, bytes, Any]:
-    envelope = envelope_for(event(uuid.uuid4(), uuid.uuid4(), version))
-    return (partition, kafka_key(envelope), encode(envelope), headers_for(envelope))
+def valid(
+    event: Event, partition: int, version: int = 1
+) -> tuple[int, bytes | None, bytes | None, Any]:
+    return (partition, *record_of(envelope_for(event(uuid.uuid4(), uuid.uuid4(), version))))
 
 
 def poison(raw: Callable[..., bytes], event: Event, partition: int, padding: int) -> Any:
