@@ -28,9 +28,12 @@ def run_together(
     ``timeout`` seconds fails the call (a barrier nobody reaches breaks after ``timeout``).
     """
     start = threading.Barrier(count, timeout=timeout)
-    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="together") as pool:
-        futures = [pool.submit(task, start) for _ in range(count)]
-        _, running = wait(futures, timeout=timeout)
-        if running:
-            raise TimeoutError(f"{len(running)} of {count} threads still running after {timeout}s")
-        return [future.result() for future in futures]
+    pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="together")
+    futures = [pool.submit(task, start) for _ in range(count)]
+    _, running = wait(futures, timeout=timeout)
+    # A stuck thread must fail the test now, not hang it in the pool's shutdown.
+    pool.shutdown(wait=not running)
+    if running:
+        start.abort()  # a thread still at the barrier leaves it with BrokenBarrierError
+        raise TimeoutError(f"{len(running)} of {count} threads still running after {timeout}s")
+    return [future.result() for future in futures]
