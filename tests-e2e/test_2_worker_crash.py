@@ -8,9 +8,7 @@ import pytest
 from pin_e2e.report import Recorder
 from pin_e2e.steps import change_role_permissions, outbox_backlog, seed_role, task_row
 from pin_e2e.system import System
-from pin_e2e.verify import access_delivered, record_access, wait_task_drained
-
-from pin_testkit.waiting import wait_until
+from pin_e2e.verify import access_delivered, record_access, wait_checkpointed, wait_task_drained
 
 pytestmark = pytest.mark.integration
 
@@ -31,13 +29,7 @@ def test_worker_killed_mid_task_then_restarted(
         change = change_role_permissions(system, role, "s2-role")
         assert change.task is not None
         task = change.task
-        wait_until(
-            lambda: task_row(system, task)["processed_count"] >= KILL_AT,
-            timeout=120,
-            what=f"{KILL_AT} users checkpointed",
-            interval=0.02,
-            alive=[first],
-        )
+        wait_checkpointed(system, task, KILL_AT, alive=[first])
         first.kill()
         at_crash = task_row(system, task)
         assert at_crash["status"] == "InProgress", "the crash must come before the task ended"

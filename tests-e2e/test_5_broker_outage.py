@@ -26,11 +26,10 @@ from pin_e2e.verify import (
     access_delivered,
     membership_message_ids,
     record_both_paths,
+    wait_checkpointed,
     wait_converged,
     wait_task_drained,
 )
-
-from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -61,13 +60,7 @@ def test_broker_stopped_for_ten_seconds(
         change = change_role_permissions(system, role, "s5-role")
         assert change.task is not None
         task = change.task
-        wait_until(
-            lambda: task_row(system, task)["processed_count"] >= STOP_AT,
-            timeout=120,
-            what=f"{STOP_AT} users checkpointed",
-            interval=0.02,
-            alive=[worker, consumer],
-        )
+        wait_checkpointed(system, task, STOP_AT, alive=[worker, consumer])
         progress = task_row(system, task)["processed_count"]
         recorded_then = changes.recorded
         unpublished = outbox_backlog(system)

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from pin_e2e.checks import PlannedChange, rewards_rows
-from pin_e2e.poison import Raw, empty_agent_event
+from pin_e2e.poison import Raw, empty_agent_event, membership_event, raw_record
 from pin_e2e.report import Recorder
 from pin_e2e.steps import projection_converged, record_changes_cli
 from pin_e2e.system import System
@@ -34,16 +34,12 @@ from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
     IDENTITY_MEMBERSHIP_DLQ,
     REWARDS_MEMBERSHIP_EVENT_INVALID,
-    AgentMembershipChanged,
     AgentMembershipStatus,
     ContractViolation,
     DeadLetterInfo,
     LeaveReason,
     decode_membership_changed,
     encode,
-    envelope_for,
-    headers_for,
-    kafka_key,
 )
 from pin_testkit.private_servers import PrivateServers
 from pin_testkit.records import Delivered, Record, produce
@@ -58,22 +54,14 @@ VIOLATION_FQCN = f"{ContractViolation.__module__}.{ContractViolation.__qualname_
 def legacy_left_event(agent: uuid.UUID, agency: uuid.UUID) -> Raw:
     """A Left event as a producer older than ADR-0072 wrote it: no Reason, no EffectiveAt keys."""
     now = datetime.now(UTC)
-    envelope = envelope_for(
-        AgentMembershipChanged(
-            membership_id=uuid.uuid4(),
-            agent_user_id=agent,
-            company_id=agency,
-            status=AgentMembershipStatus.LEFT,
-            version=1,
-            left_at=now,
-            joined_at=now - timedelta(days=90),
-        )
+    envelope = membership_event(
+        agent, agency, AgentMembershipStatus.LEFT, left_at=now, joined_at=now - timedelta(days=90)
     )
     document = json.loads(encode(envelope))
     del document["Payload"]["Reason"], document["Payload"]["EffectiveAt"]
     value = json.dumps(document).encode()
     assert decode_membership_changed(value).payload.reason is None  # valid for the contract
-    return kafka_key(envelope), value, headers_for(envelope)
+    return raw_record(envelope, value)
 
 
 def dead_letter(record: Record, info: DeadLetterInfo) -> Raw:

@@ -121,6 +121,17 @@ def exposed(process: ServiceProcess) -> str:
     return "\n".join(texts)
 
 
+def stop_showing_nothing(processes: list[ServiceProcess], secrets: Secrets) -> None:
+    """Each process shows no secret in what it serves and has logged, stops cleanly (exit 0)
+    on SIGTERM, and shows none on its way out either."""
+    for process in processes:
+        leaks = secrets.found_in(exposed(process))
+        assert not leaks, f"{process.name} shows {leaks}"
+        assert process.terminate() == 0
+        leaks = secrets.found_in(process.log_text())
+        assert not leaks, f"{process.name} shows {leaks} on its way out"
+
+
 def test_no_secret_in_any_output(
     system_s9: System,
     login_with_password: tuple[str, str],
@@ -156,12 +167,7 @@ def test_no_secret_in_any_output(
             what="a change published and applied over SASL_SSL",
             alive=reachable,
         )
-        for process in reachable:
-            leaks = secrets.found_in(exposed(process))
-            assert not leaks, f"{process.name} shows {leaks}"
-            assert process.terminate() == 0
-            leaks = secrets.found_in(process.log_text())
-            assert not leaks, f"{process.name} shows {leaks} on its way out"
+        stop_showing_nothing(reachable, secrets)
         stats.fault("database reachable: DEBUG logs, spans, /metrics, /readyz scanned")
 
         # Unreachable: the processes retry, report degraded, and still show no secret.
@@ -179,11 +185,6 @@ def test_no_secret_in_any_output(
             what="every process degraded, retrying the database",
             alive=down,
         )
-        for process in down:
-            leaks = secrets.found_in(exposed(process))
-            assert not leaks, f"{process.name} shows {leaks}"
-            assert process.terminate() == 0
-            leaks = secrets.found_in(process.log_text())
-            assert not leaks, f"{process.name} shows {leaks} on its way out"
+        stop_showing_nothing(down, secrets)
         stats.fault("database unreachable: retry logs and degraded readiness scanned")
         stats.lost = 0

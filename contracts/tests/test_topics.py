@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
     CATALOGUE,
@@ -13,27 +15,33 @@ from pin_contracts import (
     USER_ACCESS_CHANGED,
     AgentMembershipChanged,
     Envelope,
+    Topic,
     UserAccessChangedKafkaEvent,
     encode,
     kafka_key,
 )
 
 
-def test_user_access_changed_topic() -> None:
-    assert USER_ACCESS_CHANGED.name == "pin.identity.access.v1"
-    assert USER_ACCESS_CHANGED.partitions == 3
-    assert USER_ACCESS_CHANGED.key_field == "UserId"
-    assert USER_ACCESS_CHANGED.event_type == "UserAccessChanged"
-    assert USER_ACCESS_CHANGED.contract_version == 1
-    assert USER_ACCESS_CHANGED.dead_letter_of is None
-
-
-def test_agent_membership_changed_topic() -> None:
-    assert AGENT_MEMBERSHIP_CHANGED.name == "pin.identity.agent-membership-changed.v1"
-    assert AGENT_MEMBERSHIP_CHANGED.partitions == 3
-    assert AGENT_MEMBERSHIP_CHANGED.key_field == "AgentUserId"
-    assert AGENT_MEMBERSHIP_CHANGED.event_type == "AgentMembershipChanged"
-    assert AGENT_MEMBERSHIP_CHANGED.contract_version == 1
+@pytest.mark.parametrize(
+    ("topic", "name", "key_field", "event_type"),
+    [
+        (USER_ACCESS_CHANGED, "pin.identity.access.v1", "UserId", "UserAccessChanged"),
+        (
+            AGENT_MEMBERSHIP_CHANGED,
+            "pin.identity.agent-membership-changed.v1",
+            "AgentUserId",
+            "AgentMembershipChanged",
+        ),
+    ],
+    ids=["user-access-changed", "agent-membership-changed"],
+)
+def test_event_topic(topic: Topic, name: str, key_field: str, event_type: str) -> None:
+    assert topic.name == name
+    assert topic.partitions == 3
+    assert topic.key_field == key_field
+    assert topic.event_type == event_type
+    assert topic.contract_version == 1
+    assert topic.dead_letter_of is None
 
 
 def test_membership_dlq_keeps_the_original_key() -> None:

@@ -11,6 +11,7 @@ from pin_contracts import (
     EMPTY_GUID,
     AgentMembershipChanged,
     AgentMembershipStatus,
+    Envelope,
     Headers,
     encode,
     envelope_for,
@@ -18,7 +19,15 @@ from pin_contracts import (
     kafka_key,
 )
 
-__all__ = ["NOT_JSON", "SOURCE_SLACK", "Raw", "empty_agent_event", "oversized_dead_letter_event"]
+__all__ = [
+    "NOT_JSON",
+    "SOURCE_SLACK",
+    "Raw",
+    "empty_agent_event",
+    "membership_event",
+    "oversized_dead_letter_event",
+    "raw_record",
+]
 
 Raw = tuple[bytes | None, bytes | None, Headers]
 SOURCE_SLACK: Final = 200
@@ -26,19 +35,37 @@ SOURCE_SLACK: Final = 200
 NOT_JSON: Final[Raw] = (b"not-json", b"\x00\xffthis is not JSON", [])
 
 
-def empty_agent_event(agency: uuid.UUID) -> Raw:
-    """A well-formed event whose AgentUserId is Guid.Empty: the consumer must refuse it."""
-    envelope = envelope_for(
+def membership_event(
+    agent: uuid.UUID,
+    agency: uuid.UUID,
+    status: AgentMembershipStatus = AgentMembershipStatus.ACTIVE,
+    *,
+    joined_at: datetime | None = None,
+    left_at: datetime | None = None,
+) -> Envelope[AgentMembershipChanged]:
+    """The first event (version 1) of a new membership, joined now unless ``joined_at``."""
+    return envelope_for(
         AgentMembershipChanged(
             membership_id=uuid.uuid4(),
-            agent_user_id=EMPTY_GUID,
+            agent_user_id=agent,
             company_id=agency,
-            status=AgentMembershipStatus.ACTIVE,
+            status=status,
             version=1,
-            joined_at=datetime.now(UTC),
+            left_at=left_at,
+            joined_at=joined_at or datetime.now(UTC),
         )
     )
-    return kafka_key(envelope), encode(envelope), headers_for(envelope)
+
+
+def raw_record(envelope: Envelope[AgentMembershipChanged], value: bytes | None = None) -> Raw:
+    """The record a producer writes for ``envelope``: its key, value (or ``value`` instead,
+    a document edited past the encoder) and headers."""
+    return kafka_key(envelope), value or encode(envelope), headers_for(envelope)
+
+
+def empty_agent_event(agency: uuid.UUID) -> Raw:
+    """A well-formed event whose AgentUserId is Guid.Empty: the consumer must refuse it."""
+    return raw_record(membership_event(EMPTY_GUID, agency))
 
 
 def oversized_dead_letter_event(topic_limit: int) -> Raw:
@@ -48,16 +75,7 @@ def oversized_dead_letter_event(topic_limit: int) -> Raw:
     framing), so the broker takes the record, and its dead-letter copy, which carries a few
     hundred bytes of ``kafka_dlt-*`` headers more, is over the DLQ topic's equal limit.
     """
-    envelope = envelope_for(
-        AgentMembershipChanged(
-            membership_id=uuid.uuid4(),
-            agent_user_id=uuid.uuid4(),
-            company_id=EMPTY_GUID,
-            status=AgentMembershipStatus.ACTIVE,
-            version=1,
-            joined_at=datetime.now(UTC),
-        )
-    )
+    envelope = membership_event(uuid.uuid4(), EMPTY_GUID)
     key = kafka_key(envelope)
     headers: Headers = list(headers_for(envelope))
     header_bytes = sum(len(name) + len(value or b"") for name, value in headers)

@@ -19,12 +19,27 @@ __all__ = [
     "membership_message_ids",
     "record_access",
     "record_both_paths",
+    "wait_checkpointed",
     "wait_converged",
     "wait_task_drained",
 ]
 
 DRAIN_TIMEOUT = 180.0
 CONVERGE_TIMEOUT = 180.0
+
+
+def wait_checkpointed(
+    system: System, task: UUID, users: int, *, alive: Sequence[ServiceProcess]
+) -> float:
+    """Until the task has checkpointed ``users`` users or more: the moment a scenario strikes
+    mid-task (polled every 20 ms, so that it strikes close to that count)."""
+    return wait_until(
+        lambda: task_row(system, task)["processed_count"] >= users,
+        timeout=120,
+        what=f"{users} users checkpointed",
+        interval=0.02,
+        alive=alive,
+    )
 
 
 def wait_task_drained(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import psycopg
@@ -14,6 +14,8 @@ from psycopg.conninfo import make_conninfo
 from pin_runtime.db_roles import RuntimeRole, TableGrant, check_role_prefix
 from pin_runtime.errors import MigrationError
 from pin_runtime.migrations import migrate
+
+MigrationsDir = Callable[[Mapping[str, str]], Path]  # the conftest fixture
 
 pytestmark = pytest.mark.integration
 
@@ -33,18 +35,11 @@ READER = RuntimeRole(
 )
 
 
-def write(directory: Path, files: dict[str, str]) -> Path:
-    directory.mkdir(exist_ok=True)
-    for name, text in files.items():
-        (directory / name).write_text(text)
-    return directory
-
-
 @pytest.fixture
-def migrate_app(tmp_path: Path, prefix: str) -> Callable[..., list[str]]:
+def migrate_app(migrations_dir: MigrationsDir, prefix: str) -> Callable[..., list[str]]:
     """`migrate_app(dsn, roles=(WRITER, READER))`: FILES migrated into schema `app`, the
     roles under this test's prefix; what `migrate` returns."""
-    directory = write(tmp_path / "m", FILES)
+    directory = migrations_dir(FILES)
 
     def run(dsn: str, roles: tuple[RuntimeRole, ...] = (WRITER, READER)) -> list[str]:
         return migrate(dsn, schema="app", migrations=directory, roles=roles, role_prefix=prefix)
@@ -189,14 +184,16 @@ def test_a_user_without_createrole_is_told_which_roles_to_create(
 
 
 @pytest.mark.parametrize("bad", ["Upper_", "has-dash_", "x" * 32, "1digit_"])
-def test_a_bad_prefix_is_refused_before_the_database_is_touched(bad: str, tmp_path: Path) -> None:
+def test_a_bad_prefix_is_refused_before_the_database_is_touched(
+    bad: str, migrations_dir: MigrationsDir
+) -> None:
     with pytest.raises(ValueError, match="lower-case SQL identifier"):
         check_role_prefix(bad)
     with pytest.raises(ValueError, match="lower-case SQL identifier"):
         migrate(
             "postgresql://nowhere.invalid/x",
             schema="app",
-            migrations=write(tmp_path / "m", FILES),
+            migrations=migrations_dir(FILES),
             roles=(WRITER,),
             role_prefix=bad,
         )

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from pin_runtime.delivery import DeliveryTracker, classify, flush_or_raise
 from pin_runtime.errors import DeliveryError
-from pin_runtime.kafka import create_producer
+
+UnreachableProducer = Callable[..., Producer]  # the conftest fixture
 
 
 @pytest.mark.parametrize(
@@ -46,9 +49,11 @@ def test_exceptions_raised_by_produce_are_classified() -> None:
     assert classify(BufferError("Local: Queue full")).retriable
 
 
-def test_produce_of_a_record_over_message_max_bytes_is_refused_as_too_large() -> None:
+def test_produce_of_a_record_over_message_max_bytes_is_refused_as_too_large(
+    unreachable_producer: UnreachableProducer,
+) -> None:
     # librdkafka checks the uncompressed size in produce(), before any broker is involved.
-    producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.max.bytes": 1000})
+    producer = unreachable_producer({"message.max.bytes": 1000})
     tracker: DeliveryTracker[int] = DeliveryTracker()
     on_delivery = tracker.expect(7)
     with pytest.raises(KafkaException) as raised:
@@ -60,8 +65,10 @@ def test_produce_of_a_record_over_message_max_bytes_is_refused_as_too_large() ->
     assert not tracker.is_acknowledged(7)
 
 
-def test_tracker_keys_outcomes_by_token_and_bounds_the_wait() -> None:
-    producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.timeout.ms": 300})
+def test_tracker_keys_outcomes_by_token_and_bounds_the_wait(
+    unreachable_producer: UnreachableProducer,
+) -> None:
+    producer = unreachable_producer({"message.timeout.ms": 300})
     tracker: DeliveryTracker[str] = DeliveryTracker()
     producer.produce("t", b"v", on_delivery=tracker.expect("a"))
     producer.produce("t", b"v", on_delivery=tracker.expect("b"))
@@ -75,8 +82,8 @@ def test_tracker_keys_outcomes_by_token_and_bounds_the_wait() -> None:
         tracker.raise_for_failures()
 
 
-def test_wait_gives_up_when_told() -> None:
-    producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.timeout.ms": 60000})
+def test_wait_gives_up_when_told(unreachable_producer: UnreachableProducer) -> None:
+    producer = unreachable_producer({"message.timeout.ms": 60000})
     tracker: DeliveryTracker[int] = DeliveryTracker()
     producer.produce("t", b"v", on_delivery=tracker.expect(1))
     assert tracker.wait(producer, 30.0, give_up=lambda: True) == 1
@@ -86,8 +93,10 @@ def test_wait_gives_up_when_told() -> None:
     producer.poll(0)
 
 
-def test_flush_or_raise_counts_anonymous_deliveries() -> None:
-    producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.timeout.ms": 200})
+def test_flush_or_raise_counts_anonymous_deliveries(
+    unreachable_producer: UnreachableProducer,
+) -> None:
+    producer = unreachable_producer({"message.timeout.ms": 200})
     tracker: DeliveryTracker[int] = DeliveryTracker()
     producer.produce("t", b"v", on_delivery=tracker)
     with pytest.raises(DeliveryError, match="not delivered"):

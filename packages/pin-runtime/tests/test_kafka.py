@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from pin_runtime.kafka import (
 )
 from pin_runtime.settings import load_settings, settings_or_exit
 from pin_testkit.ports import free_port
+
+UnreachableProducer = Callable[..., Producer]  # the conftest fixture
 
 
 def test_producer_config() -> None:
@@ -127,17 +130,19 @@ def test_delivery_tracker() -> None:
     assert tracker.delivered == 0
 
 
-def test_flush_or_raise_reports_queued_messages() -> None:
-    producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.timeout.ms": 60000})
+def test_flush_or_raise_reports_queued_messages(unreachable_producer: UnreachableProducer) -> None:
+    producer = unreachable_producer({"message.timeout.ms": 60000})
     tracker = DeliveryTracker[int]()
     producer.produce("t", b"v", on_delivery=tracker)
     with pytest.raises(DeliveryError, match="still queued"):
         flush_or_raise(producer, 0.2, tracker)
 
 
-def test_flush_or_raise_reports_failed_deliveries() -> None:
+def test_flush_or_raise_reports_failed_deliveries(
+    unreachable_producer: UnreachableProducer,
+) -> None:
     # message.timeout.ms expires while the broker is unreachable: a delivery error.
-    producer = create_producer("127.0.0.1:1", client_id="p", extra={"message.timeout.ms": 200})
+    producer = unreachable_producer({"message.timeout.ms": 200})
     tracker = DeliveryTracker[int]()
     producer.produce("t", b"v", on_delivery=tracker)
     with pytest.raises(DeliveryError, match="not delivered"):
@@ -145,26 +150,54 @@ def test_flush_or_raise_reports_failed_deliveries() -> None:
     assert tracker.all_failures()[0].code == "_MSG_TIMED_OUT"
 
 
-def test_security_config_plaintext_by_default() -> None:
-    assert security_config() == {"security.protocol": "PLAINTEXT"}
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({}, {"security.protocol": "PLAINTEXT"}),
+        (
+            {
+                "protocol": "SASL_SSL",
+                "sasl_mechanism": "SCRAM-SHA-512",
+                "sasl_username": "u",
+                "sasl_password": "p",
+                "ssl_ca_location": "/etc/ca.pem",
+            },
+            {
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": "u",
+                "sasl.password": "p",
+                "ssl.ca.location": "/etc/ca.pem",
+            },
+        ),
+        (
+            {
+                "protocol": "SSL",
+                "ssl_ca_location": "/ca.pem",
+                "ssl_certificate_location": "/client.pem",
+                "ssl_key_location": "/client.key",
+                "ssl_key_password": "kp",
+            },
+            {
+                "security.protocol": "SSL",
+                "ssl.ca.location": "/ca.pem",
+                "ssl.certificate.location": "/client.pem",
+                "ssl.key.location": "/client.key",
+                "ssl.key.password": "kp",
+            },
+        ),
+    ],
+    ids=["plaintext-by-default", "sasl-ssl", "client-certificate"],
+)
+def test_security_config_is_librdkafkas_keys(
+    settings: dict[str, str], expected: dict[str, str]
+) -> None:
+    assert security_config(**settings) == expected  # type: ignore[arg-type]
 
 
 def test_security_config_sasl_needs_credentials() -> None:
     with pytest.raises(ValueError, match="SASL"):
         security_config(protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512")
-    assert security_config(
-        protocol="SASL_SSL",
-        sasl_mechanism="SCRAM-SHA-512",
-        sasl_username="u",
-        sasl_password="p",
-        ssl_ca_location="/etc/ca.pem",
-    ) == {
-        "security.protocol": "SASL_SSL",
-        "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "u",
-        "sasl.password": "p",
-        "ssl.ca.location": "/etc/ca.pem",
-    }
 
 
 def test_kafka_client_settings_are_read_with_the_service_prefix() -> None:
@@ -204,20 +237,7 @@ def test_security_config_refuses_sasl_plain_in_clear_text_unless_allowed() -> No
     assert security_config(**{**plain, "protocol": "SASL_SSL"})  # type: ignore[arg-type]
 
 
-def test_security_config_client_certificate() -> None:
-    assert security_config(
-        protocol="SSL",
-        ssl_ca_location="/ca.pem",
-        ssl_certificate_location="/client.pem",
-        ssl_key_location="/client.key",
-        ssl_key_password="kp",
-    ) == {
-        "security.protocol": "SSL",
-        "ssl.ca.location": "/ca.pem",
-        "ssl.certificate.location": "/client.pem",
-        "ssl.key.location": "/client.key",
-        "ssl.key.password": "kp",
-    }
+def test_security_config_client_certificate_needs_its_key_and_tls() -> None:
     with pytest.raises(ValueError, match="both"):
         security_config(protocol="SSL", ssl_certificate_location="/client.pem")
     with pytest.raises(ValueError, match="SSL or SASL_SSL"):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import psycopg
@@ -9,6 +10,8 @@ import pytest
 from pin_runtime.errors import MigrationError
 from pin_runtime.migrations import advisory_lock_key, migrate
 from pin_testkit.waiting import wait_until
+
+MigrationsDir = Callable[[Mapping[str, str]], Path]  # the conftest fixture
 
 pytestmark = pytest.mark.integration
 
@@ -22,21 +25,14 @@ FILES = {
 }
 
 
-def write(directory: Path, files: dict[str, str]) -> Path:
-    directory.mkdir(exist_ok=True)
-    for name, text in files.items():
-        (directory / name).write_text(text)
-    return directory
-
-
 def applied_rows(dsn: str) -> list[tuple[int, str]]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT version, name FROM identity.schema_migrations ORDER BY 1")
         return [(v, n) for v, n in rows]
 
 
-def test_second_run_is_a_no_op(fresh_database: str, tmp_path: Path) -> None:
-    directory = write(tmp_path / "m", FILES)
+def test_second_run_is_a_no_op(fresh_database: str, migrations_dir: MigrationsDir) -> None:
+    directory = migrations_dir(FILES)
     assert migrate(fresh_database, schema="identity", migrations=directory) == [
         "0001_create_tasks",
         "0005_add_status",
@@ -54,26 +50,29 @@ def test_second_run_is_a_no_op(fresh_database: str, tmp_path: Path) -> None:
         assert applied_at is not None
 
 
-def test_new_file_is_applied_later(fresh_database: str, tmp_path: Path) -> None:
-    directory = write(tmp_path / "m", {"0001_create_tasks.sql": FILES["0001_create_tasks.sql"]})
+def test_new_file_is_applied_later(fresh_database: str, migrations_dir: MigrationsDir) -> None:
+    directory = migrations_dir({"0001_create_tasks.sql": FILES["0001_create_tasks.sql"]})
     migrate(fresh_database, schema="identity", migrations=directory)
-    write(directory, {"0005_add_status.sql": FILES["0005_add_status.sql"]})
+    migrations_dir({"0005_add_status.sql": FILES["0005_add_status.sql"]})
     assert migrate(fresh_database, schema="identity", migrations=directory) == ["0005_add_status"]
 
 
-def test_edited_applied_migration_is_refused(fresh_database: str, tmp_path: Path) -> None:
-    directory = write(tmp_path / "m", FILES)
+def test_edited_applied_migration_is_refused(
+    fresh_database: str, migrations_dir: MigrationsDir
+) -> None:
+    directory = migrations_dir(FILES)
     migrate(fresh_database, schema="identity", migrations=directory)
     (directory / "0001_create_tasks.sql").write_text("CREATE TABLE identity.other (x int);")
-    write(directory, {"0009_more.sql": "CREATE TABLE identity.more (x int);"})
+    migrations_dir({"0009_more.sql": "CREATE TABLE identity.more (x int);"})
     with pytest.raises(MigrationError, match="0001_create_tasks was edited"):
         migrate(fresh_database, schema="identity", migrations=directory)
     assert [v for v, _ in applied_rows(fresh_database)] == [1, 5]  # nothing after the refusal
 
 
-def test_failed_migration_rolls_back_alone(fresh_database: str, tmp_path: Path) -> None:
-    directory = write(
-        tmp_path / "m",
+def test_failed_migration_rolls_back_alone(
+    fresh_database: str, migrations_dir: MigrationsDir
+) -> None:
+    directory = migrations_dir(
         {
             "0001_create_tasks.sql": FILES["0001_create_tasks.sql"],
             "0002_broken.sql": "CREATE TABLE identity.half (x int); SELECT * FROM nowhere;",
@@ -88,8 +87,10 @@ def test_failed_migration_rolls_back_alone(fresh_database: str, tmp_path: Path) 
         assert exists == (None,)
 
 
-def test_runs_on_a_given_connection_and_restores_it(fresh_database: str, tmp_path: Path) -> None:
-    directory = write(tmp_path / "m", FILES)
+def test_runs_on_a_given_connection_and_restores_it(
+    fresh_database: str, migrations_dir: MigrationsDir
+) -> None:
+    directory = migrations_dir(FILES)
     with psycopg.connect(fresh_database) as conn:
         assert migrate(conn, schema="identity", migrations=directory) != []
         assert conn.autocommit is False
@@ -106,8 +107,8 @@ def _waiting_for_advisory_lock(dsn: str) -> int:
         return int(row[0]) if row else 0
 
 
-def test_concurrent_runners_serialize(fresh_database: str, tmp_path: Path) -> None:
-    directory = write(tmp_path / "m", FILES)
+def test_concurrent_runners_serialize(fresh_database: str, migrations_dir: MigrationsDir) -> None:
+    directory = migrations_dir(FILES)
     results: list[list[str]] = []
     errors: list[BaseException] = []
 

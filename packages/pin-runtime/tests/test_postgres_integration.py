@@ -54,11 +54,18 @@ def test_terminated_connection_raises_retriable_error(
     assert is_retriable(info.value)
 
 
-def test_lock_timeout_is_retriable(fresh_database: str) -> None:
+@pytest.fixture
+def one_row(fresh_database: str) -> str:
+    """``fresh_database`` with a table ``t`` of one row (id 1, n 0) for two sessions to
+    contend for."""
     with psycopg.connect(fresh_database, autocommit=True) as setup:
-        setup.execute("CREATE TABLE t (id int PRIMARY KEY)")
-        setup.execute("INSERT INTO t VALUES (1)")
-    with psycopg.connect(fresh_database) as holder, psycopg.connect(fresh_database) as waiter:
+        setup.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+        setup.execute("INSERT INTO t VALUES (1, 0)")
+    return fresh_database
+
+
+def test_lock_timeout_is_retriable(one_row: str) -> None:
+    with psycopg.connect(one_row) as holder, psycopg.connect(one_row) as waiter:
         holder.execute("SELECT * FROM t WHERE id = 1 FOR UPDATE")
         waiter.execute("SET lock_timeout = '50ms'")
         with pytest.raises(psycopg.errors.LockNotAvailable) as info:
@@ -66,11 +73,8 @@ def test_lock_timeout_is_retriable(fresh_database: str) -> None:
     assert is_retriable(info.value)
 
 
-def test_serialization_failure_is_retriable(fresh_database: str) -> None:
-    with psycopg.connect(fresh_database, autocommit=True) as setup:
-        setup.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
-        setup.execute("INSERT INTO t VALUES (1, 0)")
-    with psycopg.connect(fresh_database) as a, psycopg.connect(fresh_database) as b:
+def test_serialization_failure_is_retriable(one_row: str) -> None:
+    with psycopg.connect(one_row) as a, psycopg.connect(one_row) as b:
         for conn in (a, b):
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             conn.execute("SELECT n FROM t WHERE id = 1")  # both take their snapshot

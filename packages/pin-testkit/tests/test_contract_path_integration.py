@@ -17,8 +17,9 @@ from pin_contracts.envelope import envelope_for
 from pin_contracts.kafka import headers_for, kafka_key
 from pin_contracts.membership import AgentMembershipChanged
 from pin_runtime.delivery import flush_or_raise
-from pin_runtime.kafka import create_consumer, create_producer
+from pin_runtime.kafka import create_producer
 from pin_runtime.tracing import extract_context, inject_headers
+from pin_testkit.records import consume
 
 pytestmark = pytest.mark.integration
 
@@ -50,20 +51,7 @@ def test_membership_event_survives_the_broker(
     producer.produce(topic, key=kafka_key(envelope), value=encode(envelope), headers=headers)
     flush_or_raise(producer, 30)
 
-    consumer = create_consumer(
-        kafka_bootstrap, group_id=f"contract-path-{uuid.uuid4().hex}", client_id="contract-path"
-    )
-    try:
-        consumer.subscribe([topic])
-        message = None
-        for _ in range(60):  # bounded: one poll second each, until the record arrives
-            message = consumer.poll(1.0)
-            if message is not None and message.error() is None:
-                break
-        assert message is not None
-        assert message.error() is None
-    finally:
-        consumer.close()
+    [message] = consume(kafka_bootstrap, topic, 1, group_prefix="contract-path")
 
     assert message.key() == str(payload.agent_user_id).encode()
     decoded = decode_membership_changed(message.value())

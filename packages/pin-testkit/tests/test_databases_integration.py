@@ -9,18 +9,13 @@ import pytest
 
 from pin_testkit.databases import (
     create_database,
+    database_exists,
     drop_database,
     dsn_dbname,
     temporary_database,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def _exists(admin_dsn: str, name: str) -> bool:
-    with psycopg.connect(admin_dsn) as conn:
-        row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-    return row is not None
 
 
 def test_create_from_a_template_copies_it_and_replace_starts_afresh(
@@ -44,8 +39,8 @@ def test_create_from_a_template_copies_it_and_replace_starts_afresh(
     finally:
         drop_database(postgres_admin_dsn, clone)
         drop_database(postgres_admin_dsn, template)
-    assert not _exists(postgres_admin_dsn, template)
-    assert not _exists(postgres_admin_dsn, clone)
+    assert not database_exists(postgres_admin_dsn, template)
+    assert not database_exists(postgres_admin_dsn, clone)
 
 
 def test_drop_ends_open_sessions(postgres_admin_dsn: str) -> None:
@@ -57,7 +52,7 @@ def test_drop_ends_open_sessions(postgres_admin_dsn: str) -> None:
         drop_database(postgres_admin_dsn, name)  # gone already: no error
     finally:
         left_open.close()
-    assert not _exists(postgres_admin_dsn, name)
+    assert not database_exists(postgres_admin_dsn, name)
 
 
 def test_temporary_database_is_dropped_whatever_happens(postgres_admin_dsn: str) -> None:
@@ -66,10 +61,10 @@ def test_temporary_database_is_dropped_whatever_happens(postgres_admin_dsn: str)
     def benchmark() -> None:
         with temporary_database(postgres_admin_dsn, "pin_test_scratch") as dsn:
             seen.append(dsn_dbname(dsn))
-            assert _exists(postgres_admin_dsn, seen[0])
+            assert database_exists(postgres_admin_dsn, seen[0])
             raise RuntimeError("benchmark failed")
 
     with pytest.raises(RuntimeError, match="benchmark failed"):
         benchmark()
     assert seen[0].startswith("pin_test_scratch_")
-    assert not _exists(postgres_admin_dsn, seen[0])
+    assert not database_exists(postgres_admin_dsn, seen[0])

@@ -7,17 +7,12 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
-from pin_testkit.databases import DatabaseFactory, dsn_dbname
+from pin_testkit.databases import DatabaseFactory, database_exists, dsn_dbname
+from pin_testkit.records import consume
 
 pytestmark = pytest.mark.integration
-
-
-def _database_exists(admin_dsn: str, name: str) -> bool:
-    with psycopg.connect(admin_dsn) as conn:
-        row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-    return row is not None
 
 
 def test_fresh_databases_are_distinct_and_writable(
@@ -69,7 +64,7 @@ def test_dropped_database_is_gone(
     with psycopg.connect(dsn):
         pass
     database_factory.drop(dsn)
-    assert not _database_exists(postgres_admin_dsn, dsn_dbname(dsn))
+    assert not database_exists(postgres_admin_dsn, dsn_dbname(dsn))
 
 
 def test_topic_round_trip(kafka_bootstrap: str, kafka_topic: Callable[..., str]) -> None:
@@ -77,29 +72,8 @@ def test_topic_round_trip(kafka_bootstrap: str, kafka_topic: Callable[..., str])
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     producer.produce(topic, key=b"k", value=b"hello", headers=[("h", b"v")])
     assert producer.flush(30) == 0
-    consumer = Consumer(
-        {
-            "bootstrap.servers": kafka_bootstrap,
-            "group.id": f"g-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-        }
-    )
-    try:
-        consumer.subscribe([topic])
-        message = None
-        for _ in range(60):
-            message = consumer.poll(1.0)
-            if message is not None and message.error() is None:
-                break
-        assert message is not None
-        assert message.error() is None
-        assert (message.key(), message.value(), message.headers()) == (
-            b"k",
-            b"hello",
-            [("h", b"v")],
-        )
-    finally:
-        consumer.close()
+    [message] = consume(kafka_bootstrap, topic, 1)
+    assert (message.key(), message.value(), message.headers()) == (b"k", b"hello", [("h", b"v")])
 
 
 def test_runtime_dsn_logs_in_with_only_its_group_privileges(

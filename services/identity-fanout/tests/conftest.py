@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool
 
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
 from identity_fanout.relay import OutboxRelay
@@ -85,6 +86,13 @@ def producer_db(producer_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
 def operator_db(operator_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
     with psycopg.connect(operator_dsn, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture
+def pool(worker_dsn: str) -> Iterator[ConnectionPool[psycopg.Connection[TupleRow]]]:
+    """The fan-out worker's pool, as its runtime role (room for a few workers at once)."""
+    with ConnectionPool(worker_dsn, min_size=1, max_size=6, open=True) as p:
+        yield p
 
 
 @pytest.fixture

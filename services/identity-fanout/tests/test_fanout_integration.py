@@ -5,23 +5,29 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
-from worker_support import new_worker
+from worker_support import enqueue, new_worker, stop_after, task_row
 
 from identity_fanout.claim import claim_task, is_poisoned
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import LeaseLostError
-from identity_fanout.fanout import BatchResult, process_batch
+from identity_fanout.fanout import process_batch
 from identity_fanout.tasks import FanOutTask
 from identity_fanout.worker import FanoutWorker
 from pin_contracts import Envelope, UserAccessChangedKafkaEvent, decode_access_changed
-from pin_testkit.seeding import Assignment, add_assignments, add_role, seed_role_with_users
+from pin_testkit.concurrency import run_together
+from pin_testkit.seeding import (
+    Assignment,
+    add_assignments,
+    add_permissions,
+    add_role,
+    seed_role_with_users,
+)
 from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -33,41 +39,6 @@ LEASE = timedelta(minutes=5)
 def outbox_events(db: Conn) -> list[Envelope[UserAccessChangedKafkaEvent]]:
     rows = db.execute("SELECT payload FROM identity.outbox ORDER BY id").fetchall()
     return [decode_access_changed(bytes(row[0])) for row in rows]
-
-
-def task_row(db: Conn, task_id: uuid.UUID) -> dict[str, object]:
-    with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        row = cur.execute(
-            "SELECT * FROM identity.access_fanout_tasks WHERE id = %s", (task_id,)
-        ).fetchone()
-    assert row is not None
-    return row
-
-
-def enqueue(db: Conn, operator: Conn, role_id: uuid.UUID) -> uuid.UUID:
-    """Change the role's permissions with an inline threshold of 0: always a queued task.
-
-    `db` (the owner) adds the permission code to the catalogue; `operator` runs the command.
-    """
-    code = f"perm.{uuid.uuid4().hex[:8]}"
-    permit(db, code)
-    change = set_role_permissions(operator, role_id, [code], inline_threshold=0)
-    assert change.task_id is not None
-    return change.task_id
-
-
-def permit(db: Conn, *codes: str) -> None:
-    db.execute(
-        "INSERT INTO identity.permissions (code) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING",
-        (list(codes),),
-    )
-
-
-@pytest.fixture
-def pool(worker_dsn: str) -> Iterator[ConnectionPool[Conn]]:
-    """The worker's pool, as its runtime role."""
-    with ConnectionPool(worker_dsn, min_size=1, max_size=4, open=True) as p:
-        yield p
 
 
 def drain(worker: FanoutWorker) -> int:
@@ -83,7 +54,7 @@ def drain(worker: FanoutWorker) -> int:
 
 def test_small_role_is_fanned_out_inline(db: Conn, operator_db: Conn) -> None:
     role, users = seed_role_with_users(db, users=7)
-    permit(db, "docs.read")
+    add_permissions(db, ["docs.read"])
 
     change = set_role_permissions(operator_db, role, ["docs.read"], inline_threshold=7)
 
@@ -98,7 +69,7 @@ def test_large_role_becomes_one_task_with_the_new_version(
     db: Conn, identity_dsn: str, operator_db: Conn
 ) -> None:
     role, _ = seed_role_with_users(db, users=8)
-    permit(db, "docs.read")
+    add_permissions(db, ["docs.read"])
     with psycopg.connect(identity_dsn, autocommit=True) as listener:
         listener.execute("LISTEN identity_access_fanout_tasks")
 
@@ -266,23 +237,16 @@ def test_restart_after_committed_batches_resumes_from_the_cursor(
 def test_two_workers_never_hold_one_task(db: Conn, operator_db: Conn, worker_dsn: str) -> None:
     roles = [seed_role_with_users(db, users=1, other_roles=0, code=f"r{i}")[0] for i in range(40)]
     tasks = {enqueue(db, operator_db, role) for role in roles}
-    claimed: list[FanOutTask] = []
-    lock = threading.Lock()
-    start = threading.Barrier(4)
 
-    def claimer() -> None:
+    def claimer(start: threading.Barrier) -> list[FanOutTask]:
         with psycopg.connect(worker_dsn) as conn:
             start.wait()
+            mine: list[FanOutTask] = []
             while (task := claim_task(conn, lease=LEASE, max_attempts=5)) is not None:
-                with lock:
-                    claimed.append(task)
+                mine.append(task)
+            return mine
 
-    threads = [threading.Thread(target=claimer) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-
+    claimed = [task for mine in run_together(claimer, 4) for task in mine]
     assert sorted(t.id for t in claimed) == sorted(tasks)  # each once, none left behind
     assert {t.attempt_count for t in claimed} == {1}
 
@@ -372,14 +336,7 @@ def test_stop_between_batches_keeps_committed_batches(
     role, users = seed_role_with_users(db, users=100, other_roles=0)
     task_id = enqueue(db, operator_db, role)
     stop = threading.Event()
-    batches: list[BatchResult] = []
-
-    def stop_after_two(_task: FanOutTask, result: BatchResult) -> None:
-        batches.append(result)
-        if len(batches) == 2:
-            stop.set()  # as SIGTERM would: the loop notices before the third batch
-
-    worker, _ = new_worker(worker_dsn, pool, batch_size=25, stop=stop, on_batch=stop_after_two)
+    worker, _ = new_worker(worker_dsn, pool, batch_size=25, stop=stop, on_batch=stop_after(2, stop))
     worker.run()
 
     task = task_row(db, task_id)

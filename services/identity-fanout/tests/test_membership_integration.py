@@ -34,6 +34,7 @@ from pin_contracts import (
     decode_membership_changed,
     header_text,
 )
+from pin_testkit.concurrency import run_together
 from pin_testkit.records import consume
 from pin_testkit.service import CommandResult, run_cli, service_environment
 
@@ -211,27 +212,16 @@ def test_rolled_back_caller_transaction_takes_the_event_with_it(conn: Conn, db: 
 
 def test_concurrent_first_joins_of_one_pair_record_one(db: Conn, producer_dsn: str) -> None:
     agent, agency = uuid.uuid4(), uuid.uuid4()
-    barrier = threading.Barrier(4)
-    outcomes: list[MembershipChange | IdentityFanoutError] = []
-    lock = threading.Lock()
 
-    def join() -> None:
+    def join(start: threading.Barrier) -> MembershipChange | IdentityFanoutError:
         with psycopg.connect(producer_dsn) as connection:
-            barrier.wait()
+            start.wait()
             try:
-                result: MembershipChange | IdentityFanoutError = join_agency(
-                    connection, agent, agency
-                )
+                return join_agency(connection, agent, agency)
             except MembershipAlreadyActiveError as exc:
-                result = exc
-            with lock:
-                outcomes.append(result)
+                return exc
 
-    threads = [threading.Thread(target=join) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    outcomes = run_together(join, 4, timeout=30)
     assert len(outcomes) == 4
     recorded = [o for o in outcomes if isinstance(o, MembershipChange)]
     assert len(recorded) == 1

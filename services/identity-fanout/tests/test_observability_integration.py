@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 import uuid
 from datetime import timedelta
 
@@ -13,13 +12,11 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
+from worker_support import new_worker
 
 from identity_fanout.enqueue import set_role_permissions
-from identity_fanout.metrics import FanoutMetrics
-from identity_fanout.worker import FanoutWorker, WorkerConfig
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 
 pytestmark = pytest.mark.integration
@@ -28,7 +25,11 @@ Conn = psycopg.Connection[TupleRow]
 
 
 def test_task_run_logs_and_traces_what_the_spec_names(
-    db: Conn, json_logs: io.StringIO, operator_db: Conn, worker_dsn: str
+    db: Conn,
+    json_logs: io.StringIO,
+    operator_db: Conn,
+    pool: ConnectionPool[Conn],
+    worker_dsn: str,
 ) -> None:
     role, users = seed_role_with_users(db, users=25, other_roles=0)
     add_permissions(db, ["p.x"])
@@ -37,21 +38,15 @@ def test_task_run_logs_and_traces_what_the_spec_names(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
 
-    with ConnectionPool(worker_dsn, min_size=1, max_size=2, open=True) as pool:
-        worker = FanoutWorker(
-            pool=pool,
-            listen_dsn=worker_dsn,
-            config=WorkerConfig(
-                batch_size=10,
-                polling_interval=timedelta(seconds=5),
-                max_lease_duration=timedelta(minutes=5),
-                max_attempts=3,
-            ),
-            metrics=FanoutMetrics(CollectorRegistry()),
-            stop=threading.Event(),
-            tracer=provider.get_tracer("test"),
-        )
-        assert worker.run_once()
+    worker, _ = new_worker(
+        worker_dsn,
+        pool,
+        batch_size=10,
+        polling=timedelta(seconds=5),
+        max_attempts=3,
+        tracer=provider.get_tracer("test"),
+    )
+    assert worker.run_once()
 
     records = [json.loads(line) for line in json_logs.getvalue().splitlines()]
     by_event: dict[str, list[dict[str, object]]] = {}

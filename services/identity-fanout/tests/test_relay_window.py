@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from identity_fanout.relay_records import OutboxRecord
+from identity_fanout.relay_settlement import Settlement
 from identity_fanout.relay_window import InflightWindow
 
 
@@ -66,12 +67,18 @@ def test_only_the_acknowledged_prefix_is_settled_and_memory_is_given_back() -> N
     assert window.tracker.acknowledged == set()
 
 
-def test_a_refusal_for_good_is_quarantined_and_the_prefix_goes_on() -> None:
+def middle_failed(code: int) -> tuple[InflightWindow, Settlement]:
+    """Records 1, 2 and 3 in flight, 1 and 3 acknowledged, 2 failed with ``code``: the
+    window and what it settles."""
     window = InflightWindow(max_records=10, max_bytes=10_000)
     callbacks = fill(window, 1, 2, 3)
     ack(callbacks, 1, 3)
-    fail(callbacks, 2, KafkaError.MSG_SIZE_TOO_LARGE)
-    settlement = window.settle()
+    fail(callbacks, 2, code)
+    return window, window.settle()
+
+
+def test_a_refusal_for_good_is_quarantined_and_the_prefix_goes_on() -> None:
+    window, settlement = middle_failed(KafkaError.MSG_SIZE_TOO_LARGE)
     assert settlement.delete == (1, 3)
     assert [r.record.id for r in settlement.quarantine] == [2]
     assert not settlement.stopped
@@ -79,11 +86,7 @@ def test_a_refusal_for_good_is_quarantined_and_the_prefix_goes_on() -> None:
 
 
 def test_a_retriable_failure_stops_there_and_keeps_the_rest() -> None:
-    window = InflightWindow(max_records=10, max_bytes=10_000)
-    callbacks = fill(window, 1, 2, 3)
-    ack(callbacks, 1, 3)
-    fail(callbacks, 2, KafkaError._MSG_TIMED_OUT)
-    settlement = window.settle()
+    window, settlement = middle_failed(KafkaError._MSG_TIMED_OUT)
     assert settlement.delete == (1,)
     assert settlement.stop_failure is not None
     assert settlement.stop_failure.retriable

@@ -5,27 +5,18 @@ real Kafka for the relay)."""
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from datetime import timedelta
 
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
+from relay_support import RelayFactory, RelayThread, access_event, access_topic, write
+from worker_support import new_worker
 
 from identity_fanout.enqueue import set_role_permissions
-from identity_fanout.metrics import FanoutMetrics
-from identity_fanout.outbox import outbox_message, write_outbox
-from identity_fanout.relay import OutboxRelay
-from identity_fanout.worker import FanoutWorker, WorkerConfig
-from pin_contracts import (
-    USER_ACCESS_CHANGED,
-    AccessChangeReason,
-    UserAccessChangedKafkaEvent,
-    envelope_for,
-)
+from identity_fanout.outbox import outbox_message
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import SessionLimits, create_pool
 from pin_testkit.seeding import add_permissions, seed_role_with_users
@@ -55,46 +46,19 @@ def blocker(identity_dsn: str) -> Iterator[Callable[[str], Conn]]:
 
 
 def test_relay_blocked_by_a_lock_degrades_then_publishes(
-    kafka_bootstrap: str,
     kafka_topic: Callable[..., str],
     blocker: Callable[[str], Conn],
     worker_dsn: str,
-    relay_dsn: str,
+    make_relay: RelayFactory,
 ) -> None:
-    topic = kafka_topic(partitions=3)
-    access = replace(USER_ACCESS_CHANGED, name=topic)
-    events = [
-        envelope_for(
-            UserAccessChangedKafkaEvent(
-                user_id=uuid.uuid4(),
-                change_reason=AccessChangeReason.ROLE_PERMISSIONS_CHANGED.value,
-                active_assignments=(),
-                version=1,
-            ),
-            correlation_id="lock-test",
-        )
-        for _ in range(3)
-    ]
-    with psycopg.connect(worker_dsn) as conn:
-        write_outbox(conn, [outbox_message(e, access) for e in events])
+    access = access_topic(kafka_topic(partitions=3))
+    events = [access_event(correlation_id="lock-test") for _ in range(3)]
+    write(worker_dsn, [outbox_message(e, access) for e in events])
     lock = blocker("identity.outbox")
     state = ComponentState()
     registry = CollectorRegistry()
-    relay = OutboxRelay(
-        dsn=relay_dsn,
-        bootstrap=kafka_bootstrap,
-        registry=registry,
-        state=state,
-        session=LIMITS,
-        poll_interval=0.2,
-        lock_retry_interval=0.2,
-        backoff_initial=0.1,
-        backoff_maximum=0.5,
-    )
-    stop = threading.Event()
-    thread = threading.Thread(target=relay.run, args=(stop,))
-    thread.start()
-    try:
+    relay = make_relay(state=state, registry=registry, session=LIMITS, poll_interval=0.2)
+    with RelayThread(relay):
         took = wait_until(
             lambda: "LockNotAvailable" in state().detail, 10, "readiness degraded by the lock"
         )
@@ -111,10 +75,6 @@ def test_relay_blocked_by_a_lock_degrades_then_publishes(
             "the relay publishes once the lock is gone",
         )
         wait_until(lambda: state().status == "ok", 10, "readiness ok again")
-    finally:
-        stop.set()
-        thread.join(30)
-    assert not thread.is_alive()
 
 
 def test_worker_blocked_by_a_lock_degrades_then_completes_the_task(
@@ -128,17 +88,12 @@ def test_worker_blocked_by_a_lock_degrades_then_completes_the_task(
     database, stop = ComponentState(initial=None), threading.Event()
     pool = create_pool(worker_dsn, name="lock-test", min_size=1, max_size=2, session=LIMITS)
     pool.open(wait=True, timeout=10)
-    worker = FanoutWorker(
-        pool=pool,
-        listen_dsn=worker_dsn,
-        config=WorkerConfig(
-            batch_size=10,
-            polling_interval=timedelta(milliseconds=200),
-            max_lease_duration=timedelta(minutes=5),
-            max_attempts=5,
-        ),
-        metrics=FanoutMetrics(CollectorRegistry()),
-        stop=stop,
+    worker, _ = new_worker(
+        worker_dsn,
+        pool,
+        stop,
+        batch_size=10,
+        polling=timedelta(milliseconds=200),
         database=database,
         session=LIMITS,
     )

@@ -12,7 +12,6 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -20,12 +19,11 @@ from pathlib import Path
 import psycopg
 import pytest
 import worker_support
-from psycopg.rows import TupleRow, dict_row
+from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from identity_fanout import worker as worker_module
 from identity_fanout.claim import claim_shard, claim_task
-from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import LeaseLostError
 from identity_fanout.fanout import ShardBatchResult, process_shard_batch
 from identity_fanout.runbook import list_shards, replay_task
@@ -40,35 +38,15 @@ pytestmark = pytest.mark.integration
 Conn = psycopg.Connection[TupleRow]
 # Small batches and shards, so that a few hundred users make several of each.
 new_worker = partial(worker_support.new_worker, batch_size=10, shard_size=100)
+enqueue = worker_support.enqueue
+stop_after = worker_support.stop_after
+task_row = worker_support.task_row
 CLI = str(Path(sys.executable).with_name("identity-fanout"))
-
-
-@pytest.fixture
-def pool(worker_dsn: str) -> Iterator[ConnectionPool[Conn]]:
-    with ConnectionPool(worker_dsn, min_size=1, max_size=6, open=True) as p:
-        yield p
-
-
-def enqueue(db: Conn, role_id: uuid.UUID) -> uuid.UUID:
-    code = f"perm.{uuid.uuid4().hex[:8]}"
-    db.execute("INSERT INTO identity.permissions (code) VALUES (%s)", (code,))
-    change = set_role_permissions(db, role_id, [code], inline_threshold=0)
-    assert change.task_id is not None
-    return change.task_id
 
 
 def event_users(db: Conn) -> Counter[uuid.UUID]:
     rows = db.execute("SELECT message_key FROM identity.outbox").fetchall()
     return Counter(uuid.UUID(row[0]) for row in rows)
-
-
-def task_row(db: Conn, task_id: uuid.UUID) -> dict[str, object]:
-    with db.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(
-            "SELECT * FROM identity.access_fanout_tasks WHERE id = %s", (task_id,)
-        ).fetchone()
-    assert row is not None
-    return row
 
 
 class Running:
@@ -98,7 +76,7 @@ def test_two_workers_share_a_three_shard_role_each_user_exactly_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     role, users = seed_role_with_users(db, users=300, other_roles=1)
-    task_id = enqueue(db, role)
+    task_id = enqueue(db, db, role)
     stop = threading.Event()
     # Each worker's first shard batch waits for the other's: proof that two shards of one
     # task are in flight at once, on two workers.
@@ -166,7 +144,7 @@ def test_a_worker_killed_mid_shard_loses_nobody(
 ) -> None:
     batch = 20
     role, users = seed_role_with_users(db, users=6000, other_roles=0)
-    task_id = enqueue(db, role)
+    task_id = enqueue(db, db, role)
     env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_FANOUT_")} | {
         "IDENTITY_FANOUT_DATABASE_DSN": worker_dsn,
         "IDENTITY_FANOUT_SHARD_SIZE": "2000",
@@ -229,7 +207,7 @@ def test_a_poisoned_shard_fails_the_task_and_replay_finishes_it(
     db: Conn, operator_db: Conn, worker_dsn: str, pool: ConnectionPool[Conn]
 ) -> None:
     role, users = seed_role_with_users(db, users=300, other_roles=0)
-    task_id = enqueue(db, role)
+    task_id = enqueue(db, db, role)
     # A fault that hits one user of the middle shard on every attempt (a bad row, say).
     bad = users[150]
     db.execute(
@@ -281,7 +259,7 @@ def test_a_failed_split_is_retried_like_a_failed_batch(
     db: Conn, worker_dsn: str, pool: ConnectionPool[Conn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     role, users = seed_role_with_users(db, users=150, other_roles=0)
-    task_id = enqueue(db, role)
+    task_id = enqueue(db, db, role)
     stop = threading.Event()
     worker, metrics = new_worker(worker_dsn, pool, stop, polling=timedelta(milliseconds=50))
 
@@ -307,7 +285,7 @@ def test_a_failed_split_is_retried_like_a_failed_batch(
 def split_for_test(db: Conn, users: int, shard_size: int) -> tuple[uuid.UUID, list[uuid.UUID]]:
     """A task of a role of ``users`` users, claimed and split into shards by this test."""
     role, ids = seed_role_with_users(db, users=users, other_roles=0)
-    task_id = enqueue(db, role)
+    task_id = enqueue(db, db, role)
     task = claim_task(db, lease=timedelta(minutes=5), max_attempts=5)
     assert task is not None
     assert split_task(db, task, shard_size=shard_size) == -(-users // shard_size)
@@ -346,14 +324,7 @@ def test_a_stop_hands_the_shard_back_and_keeps_its_batches(
 ) -> None:
     task_id, users = split_for_test(db, users=120, shard_size=60)
     stop = threading.Event()
-    batches: list[ShardBatchResult] = []
-
-    def stop_after_two(_shard: ClaimedShard, result: ShardBatchResult) -> None:
-        batches.append(result)
-        if len(batches) == 2:
-            stop.set()  # as SIGTERM would: the loop notices before the third batch
-
-    worker, metrics = new_worker(worker_dsn, pool, stop, on_shard_batch=stop_after_two)
+    worker, metrics = new_worker(worker_dsn, pool, stop, on_shard_batch=stop_after(2, stop))
     worker.run()
 
     first = list_shards(db, task_id)[0]
@@ -375,7 +346,7 @@ def test_a_stop_hands_the_shard_back_and_keeps_its_batches(
 
 def test_small_roles_stay_one_unit(db: Conn, worker_dsn: str, pool: ConnectionPool[Conn]) -> None:
     role, users = seed_role_with_users(db, users=100, other_roles=0)
-    task_id = enqueue(db, role)
+    task_id = enqueue(db, db, role)
     stop = threading.Event()
     worker, _ = new_worker(worker_dsn, pool, stop, shard_size=100)
     while worker.run_once():

@@ -1,5 +1,6 @@
 """A fan-out worker under test, as `FanoutWorker` is built by the service, with the knobs
-the tests turn (batch and shard sizes, attempts, lease, polling, hooks).
+the tests turn (batch and shard sizes, attempts, lease, polling, hooks, readiness, session
+limits, tracer), a hook that stops it after a number of batches, and the queued task it works on.
 
 Imported by the test modules (``conftest`` puts this directory on ``sys.path``).
 """
@@ -7,21 +8,28 @@ Imported by the test modules (``conftest`` puts this directory on ``sys.path``).
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import psycopg
+from opentelemetry import trace
 from prometheus_client import CollectorRegistry
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, dict_row
 from psycopg_pool import ConnectionPool
 
+from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.fanout import BatchResult, ShardBatchResult
 from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.shards import ClaimedShard
 from identity_fanout.tasks import FanOutTask
 from identity_fanout.worker import DEFAULT_SHARD_SIZE, FanoutWorker, WorkerConfig
+from pin_runtime.http import ComponentState
+from pin_runtime.postgres import SessionLimits
+from pin_testkit.seeding import add_permissions
 
-__all__ = ["new_worker"]
+__all__ = ["enqueue", "new_worker", "stop_after", "task_row"]
 
 Conn = psycopg.Connection[TupleRow]
 
@@ -39,6 +47,9 @@ def new_worker(
     registry: CollectorRegistry | None = None,
     on_batch: Callable[[FanOutTask, BatchResult], None] | None = None,
     on_shard_batch: Callable[[ClaimedShard, ShardBatchResult], None] | None = None,
+    database: ComponentState | None = None,
+    session: SessionLimits | None = None,
+    tracer: trace.Tracer | None = None,
 ) -> tuple[FanoutWorker, FanoutMetrics]:
     """A worker on `pool` listening on `dsn`, and its metrics (on `registry` or its own)."""
     metrics = FanoutMetrics(registry or CollectorRegistry())
@@ -56,5 +67,44 @@ def new_worker(
         stop=stop or threading.Event(),
         on_batch=on_batch,
         on_shard_batch=on_shard_batch,
+        database=database,
+        session=session,
+        tracer=tracer,
     )
     return worker, metrics
+
+
+def stop_after(batches: int, stop: threading.Event) -> Callable[[object, object], None]:
+    """An ``on_batch`` / ``on_shard_batch`` hook that sets ``stop`` once ``batches`` batches
+    have committed, as SIGTERM would: the loop notices before it starts the next one."""
+    committed = 0
+
+    def hook(_unit: object, _result: object) -> None:
+        nonlocal committed
+        committed += 1
+        if committed == batches:
+            stop.set()
+
+    return hook
+
+
+def enqueue(db: Conn, operator: Conn, role_id: uuid.UUID) -> uuid.UUID:
+    """Change the role's permissions with an inline threshold of 0: always a queued task.
+
+    `db` (the owner) adds the permission code to the catalogue; `operator` runs the command.
+    """
+    code = f"perm.{uuid.uuid4().hex[:8]}"
+    add_permissions(db, [code])
+    change = set_role_permissions(operator, role_id, [code], inline_threshold=0)
+    assert change.task_id is not None
+    return change.task_id
+
+
+def task_row(db: Conn, task_id: uuid.UUID) -> dict[str, Any]:
+    """The task's row, by column name."""
+    with db.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            "SELECT * FROM identity.access_fanout_tasks WHERE id = %s", (task_id,)
+        ).fetchone()
+    assert row is not None
+    return row

@@ -26,12 +26,8 @@ from confluent_kafka import Producer
 from pin_contracts import (
     AgentMembershipChanged,
     Envelope,
-    encode,
     envelope_for,
-    headers_for,
-    kafka_key,
 )
-from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_producer
 from pin_runtime.settings import Secret
 from pin_runtime.shutdown import GracefulShutdown
@@ -42,7 +38,7 @@ from rewards_membership.metrics import Metrics
 from rewards_membership.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # consumer_kit, for the test modules
-from consumer_kit import ConsumerKit
+from consumer_kit import ConsumerKit, RawRecord, publish, publish_raw, record_of
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -88,22 +84,13 @@ class Kafka:
     producer: Producer
 
     def send(self, *payloads: AgentMembershipChanged) -> list[Envelope[AgentMembershipChanged]]:
-        envelopes = [envelope_for(p) for p in payloads]
-        self.send_envelopes(*envelopes)
-        return envelopes
+        return publish(self.producer, self.topic, *payloads)
 
     def send_envelopes(self, *envelopes: Envelope[AgentMembershipChanged]) -> None:
-        self.send_raw(
-            *((kafka_key(e), encode(e), headers_for(e)) for e in envelopes),
-        )
+        publish_raw(self.producer, self.topic, *map(record_of, envelopes))
 
-    def send_raw(self, *records: tuple[bytes | None, bytes | None, list[Any] | None]) -> None:
-        tracker = DeliveryTracker[int]()
-        for key, value, headers in records:
-            self.producer.produce(
-                self.topic, key=key, value=value, headers=headers or [], on_delivery=tracker
-            )
-        flush_or_raise(self.producer, 30.0, tracker)
+    def send_raw(self, *records: RawRecord) -> None:
+        publish_raw(self.producer, self.topic, *records)
 
 
 @pytest.fixture
@@ -270,6 +257,52 @@ def sql(database: str) -> Callable[..., list[tuple[Any, ...]]]:
             return cursor.fetchall() if cursor.description else []
 
     return run
+
+
+@pytest.fixture
+def states(
+    sql: Callable[..., list[tuple[Any, ...]]],
+) -> Callable[..., list[tuple[Any, ...]]]:
+    """`states()` / `states(agent)`: (membership_status, last_membership_version, version) of
+    every projection row, or of the agent's rows: what an ordering or retry test checks."""
+
+    def read(agent: uuid.UUID | None = None) -> list[tuple[Any, ...]]:
+        return sql(
+            "SELECT membership_status, last_membership_version, version"
+            " FROM rewards.agent_performance"
+            " WHERE %(agent)s::uuid IS NULL OR agent_user_id = %(agent)s",
+            {"agent": agent},
+        )
+
+    return read
+
+
+@pytest.fixture
+def locked_row(
+    database: str, sql: Callable[..., list[tuple[Any, ...]]]
+) -> Iterator[Callable[[uuid.UUID, uuid.UUID], psycopg.Connection[Any]]]:
+    """`locked_row(agent, company)`: the pair's projection row, Active at version 1 (as its
+    first event left it), locked FOR UPDATE by another session (an operator's open
+    transaction) until `.rollback()` on the session returned; closed after the test."""
+    blockers: list[psycopg.Connection[Any]] = []
+
+    def lock(agent: uuid.UUID, company: uuid.UUID) -> psycopg.Connection[Any]:
+        sql(
+            "INSERT INTO rewards.agent_performance (agent_user_id, company_id,"
+            " membership_status, last_membership_version, version)"
+            " VALUES (%(a)s, %(c)s, 'Active', 1, 1)",
+            {"a": agent, "c": company},
+        )
+        blocker = psycopg.connect(database)
+        blockers.append(blocker)
+        blocker.execute(
+            "SELECT 1 FROM rewards.agent_performance WHERE agent_user_id = %s FOR UPDATE", (agent,)
+        )
+        return blocker
+
+    yield lock
+    for blocker in blockers:
+        blocker.close()
 
 
 @pytest.fixture

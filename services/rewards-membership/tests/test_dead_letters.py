@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from consumer_kit import ConsumerKit
+from consumer_kit import ConsumerKit, record_of
 
 from pin_contracts import (
     DLT_VALUE_REPLACED_HEADER,
@@ -71,9 +71,10 @@ def produce(
     flush_or_raise(producer, 30.0, tracker)
 
 
-def valid(event: Event, partition: int, version: int = 1) -> tuple[int, bytes, bytes, Any]:
-    envelope = envelope_for(event(uuid.uuid4(), uuid.uuid4(), version))
-    return (partition, kafka_key(envelope), encode(envelope), headers_for(envelope))
+def valid(
+    event: Event, partition: int, version: int = 1
+) -> tuple[int, bytes | None, bytes | None, Any]:
+    return (partition, *record_of(envelope_for(event(uuid.uuid4(), uuid.uuid4(), version))))
 
 
 def poison(raw: Callable[..., bytes], event: Event, partition: int, padding: int) -> Any:
@@ -409,33 +410,23 @@ def test_a_row_locked_elsewhere_fails_within_the_lock_timeout_and_recovers(
     kafka: Any,
     start_consumer: Any,
     event: Event,
-    sql: Sql,
-    database: str,
+    locked_row: Callable[[uuid.UUID, uuid.UUID], psycopg.Connection[Any]],
+    states: Sql,
     wait: Callable[..., None],
 ) -> None:
     agent, company = uuid.uuid4(), uuid.uuid4()
-    sql(
-        "INSERT INTO rewards.agent_performance (agent_user_id, company_id, membership_status,"
-        " last_membership_version, version) VALUES (%(a)s, %(c)s, 'Active', 1, 1)",
-        {"a": agent, "c": company},
-    )
+    blocker = locked_row(agent, company)
     consumer = start_consumer(db_lock_timeout=timedelta(milliseconds=300))
-    with psycopg.connect(database) as blocker:
-        blocker.execute(
-            "SELECT 1 FROM rewards.agent_performance WHERE agent_user_id = %s FOR UPDATE", (agent,)
-        )
-        kafka.send(event(agent, company, 2, "Left", reason="SelfLeave"))
-        wait(
-            lambda: consumer.consumer.database_state().status == "degraded",
-            what="the blocked statement failed within the lock timeout",
-        )
-        assert consumer.handled == 0
-        blocker.rollback()
+    kafka.send(event(agent, company, 2, "Left", reason="SelfLeave"))
+    wait(
+        lambda: consumer.consumer.database_state().status == "degraded",
+        what="the blocked statement failed within the lock timeout",
+    )
+    assert consumer.handled == 0
+    blocker.rollback()
     consumer.wait_handled(1)
     wait(lambda: consumer.consumer.database_state().status == "ok", what="ready again")
-    assert sql(
-        "SELECT membership_status, last_membership_version, version FROM rewards.agent_performance"
-    ) == [("Left", 2, 2)]
+    assert states() == [("Left", 2, 2)]
 
 
 def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from consumer_kit import publish
 
-from pin_contracts import encode, envelope_for, headers_for, kafka_key
-from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_producer
 from pin_testkit.local.toxiproxy import ToxiproxyServer
 from pin_testkit.private import PrivateKafka
@@ -39,21 +38,6 @@ def broker(tmp_path: Path) -> Iterator[tuple[PrivateKafka, ToxiproxyServer]]:
         yield kafka, toxiproxy
 
 
-def _produce(bootstrap: str, topic: str, payloads: list[Any]) -> None:
-    producer = create_producer(bootstrap, client_id="lost-test", linger_ms=1)
-    tracker = DeliveryTracker[int]()
-    for payload in payloads:
-        envelope = envelope_for(payload)
-        producer.produce(
-            topic,
-            key=kafka_key(envelope),
-            value=encode(envelope),
-            headers=headers_for(envelope),
-            on_delivery=tracker,
-        )
-    flush_or_raise(producer, 30.0, tracker)
-
-
 def test_a_member_cut_off_beyond_its_session_loses_its_partitions_and_nothing_else(
     *,
     broker: tuple[PrivateKafka, ToxiproxyServer],
@@ -68,6 +52,7 @@ def test_a_member_cut_off_beyond_its_session_loses_its_partitions_and_nothing_el
     proxy = toxiproxy.proxy("kafka", listener.upstream, port=listener.advertised_port)
     topic, dlq = kafka.create_topic(partitions=3), kafka.create_topic(partitions=3)
     common = {"topic": topic, "dlq_topic": dlq, "kafka_session_timeout": SESSION}
+    producer = create_producer(kafka.bootstrap, client_id="lost-test", linger_ms=1)
     company = uuid.uuid4()
     agents = [uuid.uuid4() for _ in range(60)]
     versions = [
@@ -81,10 +66,10 @@ def test_a_member_cut_off_beyond_its_session_loses_its_partitions_and_nothing_el
     ]
 
     cut_off = start_consumer(kafka_bootstrap=listener.bootstrap, batch_size=20, **common)
-    _produce(kafka.bootstrap, topic, versions[0])
+    publish(producer, topic, *versions[0])
     cut_off.wait_handled(len(agents))
     proxy.disable()  # its path to the broker is gone; the broker itself runs on
-    _produce(kafka.bootstrap, topic, versions[1])
+    publish(producer, topic, *versions[1])
     other = start_consumer(kafka_bootstrap=kafka.bootstrap, batch_size=20, **common)
     # After the session timeout the group gives every partition to the other member.
     wait(
@@ -99,7 +84,7 @@ def test_a_member_cut_off_beyond_its_session_loses_its_partitions_and_nothing_el
         timeout=60,
         what="the cut-off member told its partitions are lost",
     )
-    _produce(kafka.bootstrap, topic, versions[2])
+    publish(producer, topic, *versions[2])
     total = 3 * len(agents)
     wait(
         lambda: (

@@ -139,48 +139,40 @@ def test_a_failed_transaction_with_the_next_batch_polled_replays_and_commits_not
     start_consumer: Any,
     event: Event,
     sql: Sql,
-    database: str,
+    locked_row: Callable[[uuid.UUID, uuid.UUID], psycopg.Connection[Any]],
+    states: Sql,
     settings: Settings,
     wait: Callable[..., None],
     stream: Stream,
 ) -> None:
     blocked_agent, company = uuid.uuid4(), uuid.uuid4()
-    sql(
-        "INSERT INTO rewards.agent_performance (agent_user_id, company_id, membership_status,"
-        " last_membership_version, version) VALUES (%(a)s, %(c)s, 'Active', 1, 1)",
-        {"a": blocked_agent, "c": company},
-    )
     blocked = event(blocked_agent, company, 2, "Left", reason="SelfLeave")
     payloads = stream(agents=60, versions=10)
     # The batch holding `blocked` waits on a row lock held here (and fails at the lock
     # timeout, again and again); the records behind it are polled meanwhile.
     records = [*payloads[:40], blocked, *payloads[40:]]
-    with psycopg.connect(database) as blocker:
-        blocker.execute(
-            "SELECT 1 FROM rewards.agent_performance WHERE agent_user_id = %s FOR UPDATE",
-            (blocked_agent,),
+    blocker = locked_row(blocked_agent, company)
+    envelopes = kafka.send(*records)
+    blocked_key = f"rewards:identity-membership:{envelopes[40].message_id}"
+    consumer = start_consumer(batch_size=50, db_lock_timeout=timedelta(seconds=1))
+    for attempt in (1, 2, 3):
+        wait(
+            lambda attempt=attempt: (
+                consumer.value("rewards_membership_retries_total", dependency="postgresql")
+                >= attempt
+            ),
+            what=f"the blocked batch failed (attempt {attempt})",
         )
-        envelopes = kafka.send(*records)
-        blocked_key = f"rewards:identity-membership:{envelopes[40].message_id}"
-        consumer = start_consumer(batch_size=50, db_lock_timeout=timedelta(seconds=1))
-        for attempt in (1, 2, 3):
-            wait(
-                lambda attempt=attempt: (
-                    consumer.value("rewards_membership_retries_total", dependency="postgresql")
-                    >= attempt
-                ),
-                what=f"the blocked batch failed (attempt {attempt})",
-            )
-            # An offset never passes a transaction that did not commit: every record below
-            # the committed offsets has its inbox mark (all records are valid and distinct).
-            committed = sum(max(0, o) for o in committed_offsets(settings).values())
-            (marks,) = sql("SELECT count(*) FROM rewards.inbox")[0]
-            assert committed <= marks
-            assert sql(
-                "SELECT count(*) FROM rewards.inbox WHERE idempotency_key = %s", (blocked_key,)
-            ) == [(0,)]
-        assert consumer.handled < len(records)
-        blocker.rollback()
+        # An offset never passes a transaction that did not commit: every record below
+        # the committed offsets has its inbox mark (all records are valid and distinct).
+        committed = sum(max(0, o) for o in committed_offsets(settings).values())
+        (marks,) = sql("SELECT count(*) FROM rewards.inbox")[0]
+        assert committed <= marks
+        assert sql(
+            "SELECT count(*) FROM rewards.inbox WHERE idempotency_key = %s", (blocked_key,)
+        ) == [(0,)]
+    assert consumer.handled < len(records)
+    blocker.rollback()
     consumer.wait_handled(len(records), timeout=120)
     wait(lambda: consumer.consumer.database_state().status == "ok", what="ready again")
     # Each record reported once: the failed batch and the records polled behind it were
@@ -189,11 +181,7 @@ def test_a_failed_transaction_with_the_next_batch_polled_replays_and_commits_not
     assert consumer.total("rewards_membership_applied_total") == len(records)
     consumer.close()
     assert sum(committed_offsets(settings).values()) == len(records)
-    assert sql(
-        "SELECT membership_status, last_membership_version, version"
-        " FROM rewards.agent_performance WHERE agent_user_id = %s",
-        (blocked_agent,),
-    ) == [("Left", 2, 2)]
+    assert states(blocked_agent) == [("Left", 2, 2)]
     others = sql(
         "SELECT agent_user_id, version, last_membership_version"
         " FROM rewards.agent_performance WHERE agent_user_id <> %s",

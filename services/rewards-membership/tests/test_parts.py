@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import timedelta
 
 import msgspec
 import pytest
@@ -41,7 +42,7 @@ from rewards_membership.validation import (
     validate,
 )
 
-T0 = datetime(2025, 1, 1, tzinfo=UTC)
+Event = Callable[..., AgentMembershipChanged]
 
 
 class TestPartitionPauser:
@@ -173,17 +174,8 @@ class TestReference:
             decode_reference(b"not json")
 
 
-def test_a_dead_lettered_message_id_is_a_duplicate_before_validation() -> None:
-    agent = uuid.uuid4()
-    payload = AgentMembershipChanged(
-        membership_id=uuid.uuid4(),
-        agent_user_id=agent,
-        company_id=EMPTY_GUID,
-        status="Active",
-        version=1,
-        joined_at=T0,
-    )
-    invalid = validate(encode(envelope_for(payload)))
+def test_a_dead_lettered_message_id_is_a_duplicate_before_validation(event: Event) -> None:
+    invalid = validate(encode(envelope_for(event(uuid.uuid4(), EMPTY_GUID, 1))))
     assert isinstance(invalid, InvalidEvent)
     assert invalid.key is not None
     unreadable = msgspec.structs.replace(
@@ -204,17 +196,8 @@ def test_a_dead_lettered_message_id_is_a_duplicate_before_validation() -> None:
     assert again.dead_letter_keys == {}
 
 
-def test_a_valid_record_with_a_dead_lettered_message_id_is_a_duplicate() -> None:
-    agent, company = uuid.uuid4(), uuid.uuid4()
-    payload = AgentMembershipChanged(
-        membership_id=uuid.uuid4(),
-        agent_user_id=agent,
-        company_id=company,
-        status="Active",
-        version=1,
-        joined_at=T0,
-    )
-    change = validate(encode(envelope_for(payload)))
+def test_a_valid_record_with_a_dead_lettered_message_id_is_a_duplicate(event: Event) -> None:
+    change = validate(encode(envelope_for(event(uuid.uuid4(), uuid.uuid4(), 1))))
     assert isinstance(change, MembershipChange)
     assert plan_batch([change], {change.key}, {}).outcomes == [Outcome.DUPLICATE]
 
@@ -236,16 +219,9 @@ class TestResolveCandidateKeys:
         headers = [*extra, *info().to_headers()]
         return DeadLetterRecord(0, 7, b"k", value, headers, info())
 
-    def test_a_readable_message_id_and_the_position(self) -> None:
-        payload = AgentMembershipChanged(
-            membership_id=uuid.uuid4(),
-            agent_user_id=uuid.uuid4(),
-            company_id=EMPTY_GUID,  # invalid, but the MessageId reads
-            status="Active",
-            version=1,
-            joined_at=T0,
-        )
-        envelope = envelope_for(payload)
+    def test_a_readable_message_id_and_the_position(self, event: Event) -> None:
+        # Guid.Empty for CompanyId: invalid, but the MessageId reads.
+        envelope = envelope_for(event(uuid.uuid4(), EMPTY_GUID, 1))
         value = encode(envelope)
         keys = candidate_keys(self.record(value), value)
         assert keys == [

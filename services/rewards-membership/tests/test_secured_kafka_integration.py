@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+from consumer_kit import publish
 
-from pin_contracts import AgentMembershipStatus, encode, envelope_for, headers_for, kafka_key
-from pin_runtime.delivery import DeliveryTracker, flush_or_raise
+from pin_contracts import AgentMembershipStatus
 from pin_runtime.kafka import create_admin, create_producer, ensure_topics
 from pin_runtime.settings import load_settings
 from pin_testkit.secured import SecuredKafka, assert_wrong_password_refused
@@ -46,17 +46,8 @@ def test_consumer_applies_events_over_scram_and_tls(
     admin = create_admin(secured_kafka.bootstrap, client_id="secured-test", extra=security)
     ensure_topics(admin, [(settings.topic, 3), (settings.dlq_topic, 3)])
     agent, agency = uuid.uuid4(), uuid.uuid4()
-    envelope = envelope_for(event(agent, agency, 1, AgentMembershipStatus.ACTIVE))
     producer = create_producer(secured_kafka.bootstrap, client_id="secured-test", extra=security)
-    tracker = DeliveryTracker[int]()
-    producer.produce(
-        settings.topic,
-        key=kafka_key(envelope),
-        value=encode(envelope),
-        headers=headers_for(envelope),
-        on_delivery=tracker,
-    )
-    flush_or_raise(producer, 30.0, tracker)
+    publish(producer, settings.topic, event(agent, agency, 1, AgentMembershipStatus.ACTIVE))
 
     # The suite's consumer, every setting taken from the secured environment.
     consumer = start_consumer(**msgspec.structs.asdict(settings))

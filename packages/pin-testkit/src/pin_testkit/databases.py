@@ -16,6 +16,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pin_runtime.sql import load_queries
+
 
 def database_dsn(admin_dsn: str, dbname: str) -> str:
     """The admin DSN pointed at another database of the same server."""
@@ -108,3 +110,11 @@ class DatabaseFactory:
         for template in self._templates.values():
             self.drop(database_dsn(self._admin_dsn, template))
         self._templates.clear()
+
+
+def database_exists(admin_dsn: str, name: str) -> bool:
+    """Whether the server has a database ``name`` (a dropped one is gone, a clone is there)."""
+    statement = load_queries("pin_testkit", "sql/databases.sql").database_exists
+    with psycopg.connect(admin_dsn) as admin:
+        row = admin.execute(statement, {"name": name}).fetchone()
+    return bool(row and row[0])
