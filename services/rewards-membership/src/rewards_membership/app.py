@@ -76,7 +76,7 @@ def run_migrations(
         )
 
 
-# Statements of the longest batch: inbox lookup, row locks, update, insert, inbox insert
+# Statements of the longest batch: inbox lookup, row read, update, insert, inbox insert
 # (pipelined, each bounded on its own), the dead-letter marks, and a recovery probe.
 _STATEMENTS_PER_BATCH = 7
 # Rounds of DLQ waits per batch: the copies, then the reference records of refused ones.

@@ -1,7 +1,8 @@
 """The database side of a batch: one transaction deciding and writing it, dead-letter marks.
 
-A batch is read (inbox keys, locked rows), decided in memory (`plan_batch`) and written in
-ONE transaction; a row or key another instance committed meanwhile makes it re-read and
+A batch is read (inbox keys, rows, unlocked), decided in memory (`plan_batch`) and written
+in ONE transaction; a row another writer changed meanwhile (the update's compare-and-set on
+its version) or a row or key another instance inserted meanwhile makes it re-read and
 re-decide at once, a few times, before it counts as an outage. Every statement runs under
 the session limits of `settings.database_session()`, so a lock held elsewhere fails the
 batch within the lock timeout instead of stalling the loop.

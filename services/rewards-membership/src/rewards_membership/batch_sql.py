@@ -3,11 +3,11 @@
 The statements live in `sql/projection.sql` and `sql/inbox.sql`; here they are composed
 once (the row type's columns) and their documents encoded.
 
-A batch of 5,000 records is one statement per step (inbox lookup, row locks, row update,
+A batch of 5,000 records is one statement per step (inbox lookup, row read, row update,
 row insert, inbox insert), whatever its size. Parameters are JSON documents encoded by
 msgspec (C speed) and expanded by PostgreSQL (`json_array_elements`, `json_to_recordset`):
 binary array parameters are dumped element by element in Python, which cost the consumer
-more than the statements themselves. The locked rows come back the same way, as one JSON
+more than the statements themselves. The rows read come back the same way, as one JSON
 array decoded straight into `MembershipRow`s.
 """
 
@@ -26,7 +26,7 @@ from rewards_membership.plan import Outcome, RowKey
 __all__ = [
     "INSERT_INBOX",
     "INSERT_ROWS",
-    "LOCK_ROWS",
+    "READ_ROWS",
     "ROW_DOCUMENT",
     "ROW_KEY",
     "SELECT_SEEN_KEYS",
@@ -50,7 +50,7 @@ ROW_KEY: Final = ("agent_user_id", "company_id")
 """The columns that find a row; an update writes every other field of MembershipRow."""
 
 SELECT_SEEN_KEYS: Final = _inbox.select_seen_keys
-LOCK_ROWS: Final = _q.compose("lock_rows", columns=columns(MembershipRow, prefix="ap"))
+READ_ROWS: Final = _q.compose("read_rows", columns=columns(MembershipRow, prefix="ap"))
 UPDATE_ROWS: Final = _q.compose(
     "update_rows",
     assignments=assignments(MembershipRow, "u", keep=ROW_KEY),

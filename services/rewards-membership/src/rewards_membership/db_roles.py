@@ -20,7 +20,7 @@ CONSUMER: Final = RuntimeRole(
     name="rewards_membership_consumer",
     purpose="rewards-membership consume: the agent_performance projection and its inbox",
     grants=(
-        # Lock the batch's rows (FOR UPDATE), update the membership columns, insert new rows.
+        # Read the batch's rows, update their membership columns (compare-and-set), insert new rows.
         TableGrant("agent_performance", ("SELECT", "INSERT", "UPDATE")),
         # Seen keys, idempotency and dead-letter marks, the unreplayed dead letters gauge.
         TableGrant("inbox", ("SELECT", "INSERT")),

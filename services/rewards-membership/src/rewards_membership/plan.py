@@ -38,6 +38,9 @@ class BatchPlan:
     """Rows absent from the database, in their state after the batch."""
     updates: list[MembershipRow] = field(default_factory=list)
     """Existing rows the batch changed, in their state after the batch."""
+    read_versions: list[int] = field(default_factory=list)
+    """The `version` each of `updates` had when read, in the same order: the update applies
+    only to a row that still has it (compare-and-set; the rows are not locked)."""
     inbox: list[tuple[str, Outcome]] = field(default_factory=list)
     """Idempotency keys to record now (applied and stale; never duplicates). Dead letters
     are marked only after the broker acknowledged their DLQ copy (`dead_letter_keys`)."""
@@ -88,5 +91,10 @@ def plan_batch(
         plan.outcomes.append(outcome)
         plan.inbox.append((item.key, outcome))
     for row_key, row in changed.items():
-        (plan.updates if row_key in rows else plan.inserts).append(row)
+        read = rows.get(row_key)
+        if read is None:
+            plan.inserts.append(row)
+        else:
+            plan.updates.append(row)
+            plan.read_versions.append(read.version)
     return plan

@@ -3,8 +3,10 @@
 The statements live in `sql/*.sql` (one file per aggregate), loaded once at import.
 
 A batch is five set-based statements whatever its size (`batch_sql.py`), in two round trips:
-read the inbox keys it carries and lock the rows it touches (pipelined), then update/insert
-rows and insert inbox keys (pipelined).
+read the inbox keys it carries and the rows it touches (pipelined), then update/insert rows
+and insert inbox keys (pipelined). The rows are not locked: the update is a compare-and-set
+on each row's version, and a row another writer changed in between fails the batch, which
+is decided again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pin_runtime.sql import columns, load_queries
 from rewards_membership.batch_sql import (
     INSERT_INBOX,
     INSERT_ROWS,
-    LOCK_ROWS,
+    READ_ROWS,
     SELECT_SEEN_KEYS,
     UPDATE_ROWS,
     decode_rows,
@@ -142,15 +144,15 @@ class MembershipStore:
     def read(
         conn: psycopg.Connection[TupleRow], keys: Sequence[str], row_keys: Sequence[RowKey]
     ) -> tuple[set[str], dict[RowKey, MembershipRow]]:
-        """The batch's keys already in the inbox, and its existing rows locked: one round
-        trip (both statements pipelined)."""
+        """The batch's keys already in the inbox, and its existing rows: one round trip
+        (both statements pipelined)."""
         seen_cursor, rows_cursor = conn.cursor(), conn.cursor()
         try:
             with conn.pipeline():
                 if keys:
                     seen_cursor.execute(SELECT_SEEN_KEYS, {"keys": keys_document(keys)})
                 if row_keys:
-                    rows_cursor.execute(LOCK_ROWS, {"keys": row_keys_document(row_keys)})
+                    rows_cursor.execute(READ_ROWS, {"keys": row_keys_document(row_keys)})
             seen = {key for (key,) in seen_cursor} if keys else set()
             rows: dict[RowKey, MembershipRow] = {}
             if row_keys:
@@ -163,18 +165,33 @@ class MembershipStore:
 
     @staticmethod
     def write(conn: psycopg.Connection[TupleRow], plan: BatchPlan) -> None:
-        """Rows and inbox marks of a decided batch, one statement each, pipelined."""
+        """Rows and inbox marks of a decided batch, one statement each, pipelined.
+
+        Raises `ConcurrentApplyError` when another writer changed, created or recorded
+        something of the batch after `read`: the caller rolls back and decides again.
+        """
+        updates, cursor = conn.cursor(), conn.cursor()
         try:
-            with conn.pipeline(), conn.cursor() as cursor:
+            with conn.pipeline():
                 if plan.updates:
-                    cursor.execute(UPDATE_ROWS, {"rows": rows_document(plan.updates)})
+                    updates.execute(
+                        UPDATE_ROWS,
+                        {"rows": rows_document(plan.updates), "read_versions": plan.read_versions},
+                    )
                 if plan.inserts:
                     cursor.execute(INSERT_ROWS, {"rows": rows_document(plan.inserts)})
                 if plan.inbox:
                     cursor.execute(INSERT_INBOX, {"marks": inbox_document(plan.inbox)})
+            updated = updates.rowcount  # known once the pipeline synced
         except psycopg.errors.UniqueViolation as exc:
             # Another instance created the row or recorded the key after our read.
             raise ConcurrentApplyError(str(exc)) from exc
+        finally:
+            updates.close()
+            cursor.close()
+        if plan.updates and updated != len(plan.updates):
+            changed = len(plan.updates) - updated
+            raise ConcurrentApplyError(f"{changed} row(s) changed by another writer since read")
 
     @staticmethod
     def mark_dead_lettered(conn: psycopg.Connection[TupleRow], keys: Sequence[str]) -> None:

@@ -9,29 +9,32 @@ agent_user_id uuid, company_id uuid, membership_status text, leave_reason text,
 left_at timestamptz, effective_at timestamptz, first_activity_at timestamptz,
 last_activity_at timestamptz, last_membership_version bigint, version bigint
 
--- name: lock_rows --
--- The existing rows of the batch's (agent, agency) pairs, locked for the batch, returned as
--- one JSON array. Ordered by key so two instances locking overlapping sets never deadlock.
-WITH locked AS (
+-- name: read_rows --
+-- The existing rows of the batch's (agent, agency) pairs, as one JSON array. Not locked:
+-- locking a row writes it, which cost about what the update does; `update_rows` instead
+-- applies only to a row whose version is still the one read here.
+WITH current AS (
     SELECT {columns}
     FROM rewards.agent_performance AS ap
     JOIN (SELECT (k->>0)::uuid AS agent_user_id, (k->>1)::uuid AS company_id
           FROM json_array_elements(%(keys)s::json) AS k) AS k
       ON ap.agent_user_id = k.agent_user_id AND ap.company_id = k.company_id
-    ORDER BY ap.agent_user_id, ap.company_id
-    FOR UPDATE OF ap
 )
-SELECT coalesce(json_agg(locked), '[]')::text FROM locked
+SELECT coalesce(json_agg(current), '[]')::text FROM current
 
 -- name: update_rows --
 -- Membership columns only (`{assignments}`: MembershipRow's fields but its key, each from
--- the row document); earned metrics are not named here on purpose. The version
--- condition repeats the guard in SQL: the rows are locked, so it always holds.
+-- the row document); earned metrics are not named here on purpose. Compare-and-set: each
+-- row document travels with the version its row had when read (`read_versions`, in the
+-- same order), and a row updates only if it still has it. Fewer rows updated than sent
+-- means another writer changed one since the read: the caller rolls the batch back and
+-- decides it again on fresh rows, so the guard always ran against the row it replaces.
 UPDATE rewards.agent_performance AS ap
 SET {assignments}, updated_at = now()
-FROM json_to_recordset(%(rows)s::json) AS u ({row_document})
+FROM ROWS FROM (unnest(%(read_versions)s::bigint[]),
+                json_to_recordset(%(rows)s::json) AS ({row_document})) AS u (read_version)
 WHERE ap.agent_user_id = u.agent_user_id AND ap.company_id = u.company_id
-  AND ap.last_membership_version < u.last_membership_version
+  AND ap.version = u.read_version
 
 -- name: insert_rows --
 -- Lazily created rows; earned metrics take their zero defaults. No ON CONFLICT: a row
