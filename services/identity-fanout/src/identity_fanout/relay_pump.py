@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Final
 
 import psycopg
@@ -76,7 +76,6 @@ class Tally:
     first_id: int | None = None
     last_published_id: int | None = None
     error: str | None = None
-    topics: set[str] = field(default_factory=set)
 
     def result(self, *, active: bool) -> RoundResult:
         figures = {f.name: getattr(self, f.name) for f in fields(RoundResult) if f.name != "active"}
