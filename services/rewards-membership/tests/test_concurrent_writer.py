@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import pytest
 from opentelemetry import trace
 from psycopg.rows import TupleRow
 
@@ -58,93 +60,69 @@ def _change(payload: AgentMembershipChanged) -> MembershipChange:
     return item
 
 
-def _apply(
-    consumer_dsn: str,
-    database: str,
-    interloper: str,
-    params: dict[str, Any],
-    *payloads: AgentMembershipChanged,
-) -> tuple[list[Outcome], int]:
-    store = RacingStore(consumer_dsn, database, interloper, params)
-    try:
-        plan = BatchApplier(store, trace.get_tracer("test")).apply([_change(p) for p in payloads])
-    finally:
-        store.close()
-    return plan.outcomes, store.reads
+@dataclass(frozen=True)
+class Race:
+    interloper: str
+    """What another session commits right after the batch read the row (at version 1)."""
+    change: tuple[Any, ...]
+    """The batch's one event: (version, status, reason)."""
+    outcome: Outcome
+    row: tuple[str, int, int, int]
+    """The row afterwards: status, LastMembershipVersion, Version, deals_closed_count."""
 
 
-def _seed(
-    consumer_dsn: str,
-    event: Callable[..., AgentMembershipChanged],
-    agent: uuid.UUID,
-    company: uuid.UUID,
-) -> None:
-    """The pair's row as its first event (version 1) left it."""
-    store = MembershipStore(consumer_dsn, application_name="test-seed", session=SessionLimits())
-    try:
-        BatchApplier(store, trace.get_tracer("test")).apply([_change(event(agent, company, 1))])
-    finally:
-        store.close()
+_WHERE = " WHERE agent_user_id = %(agent)s AND company_id = %(company)s"
 
-
-def test_a_newer_change_committed_meanwhile_makes_the_batch_stale(
-    consumer_dsn: str,
-    database: str,
-    event: Callable[..., AgentMembershipChanged],
-    rows: Callable[..., list[Row]],
-) -> None:
-    agent, company = uuid.uuid4(), uuid.uuid4()
-    _seed(consumer_dsn, event, agent, company)
-    # Another instance applies version 5 (Left) after this batch read the row at version 1.
-    interloper = (
+RACES = {
+    # Another instance applied version 5 (Left). Decided again on the fresh row, version 3
+    # is stale; an update guarded only by what was read would put the row back to Active.
+    "newer change committed meanwhile": Race(
         "UPDATE rewards.agent_performance SET membership_status = 'Left',"
-        " last_membership_version = 5, version = version + 1"
-        " WHERE agent_user_id = %(agent)s AND company_id = %(company)s"
-    )
-    outcomes, reads = _apply(
-        consumer_dsn,
-        database,
-        interloper,
-        {"agent": agent, "company": company},
-        event(agent, company, 3),
-    )
-    # Decided again on the fresh row: version 3 is older than 5, so it is stale; an update
-    # guarded only by what was read would have put the row back to Active at version 3.
-    assert (outcomes, reads) == ([Outcome.STALE], 2)
-    (row,) = rows("agent_user_id = %(agent)s", {"agent": agent})
-    assert (row["membership_status"], row["last_membership_version"], row["version"]) == (
-        "Left",
-        5,
-        2,
-    )
+        " last_membership_version = 5, version = version + 1" + _WHERE,
+        (3, "Active", None),
+        Outcome.STALE,
+        ("Left", 5, 2, 0),
+    ),
+    # A writer of the row's other columns (earned metrics) bumped its version: both changes
+    # count, version 1 -> 2 (the other writer) -> 3 (this change), its column kept.
+    "other columns changed meanwhile": Race(
+        "UPDATE rewards.agent_performance SET version = version + 1, deals_closed_count = 7"
+        + _WHERE,
+        (2, "Left", "SelfLeave"),
+        Outcome.APPLIED,
+        ("Left", 2, 3, 7),
+    ),
+}
 
 
-def test_a_version_bump_by_another_writer_is_kept(
+@pytest.mark.parametrize("race", RACES.values(), ids=RACES.keys())
+def test_a_row_changed_after_the_read_redecides_the_batch(
+    race: Race,
     consumer_dsn: str,
     database: str,
     event: Callable[..., AgentMembershipChanged],
     rows: Callable[..., list[Row]],
 ) -> None:
     agent, company = uuid.uuid4(), uuid.uuid4()
-    _seed(consumer_dsn, event, agent, company)
-    # A writer of the row's other columns (earned metrics) bumps its version meanwhile.
-    interloper = (
-        "UPDATE rewards.agent_performance SET version = version + 1, deals_closed_count = 7"
-        " WHERE agent_user_id = %(agent)s AND company_id = %(company)s"
+    tracer = trace.get_tracer("test")
+    seed = MembershipStore(consumer_dsn, application_name="test-seed", session=SessionLimits())
+    racing = RacingStore(
+        consumer_dsn, database, race.interloper, {"agent": agent, "company": company}
     )
-    outcomes, reads = _apply(
-        consumer_dsn,
-        database,
-        interloper,
-        {"agent": agent, "company": company},
-        event(agent, company, 2, "Left", reason="SelfLeave"),
-    )
-    assert (outcomes, reads) == ([Outcome.APPLIED], 2)
+    version, status, reason = race.change
+    try:
+        BatchApplier(seed, tracer).apply([_change(event(agent, company, 1))])
+        plan = BatchApplier(racing, tracer).apply(
+            [_change(event(agent, company, version, status, reason=reason))]
+        )
+    finally:
+        seed.close()
+        racing.close()
+    assert (plan.outcomes, racing.reads) == ([race.outcome], 2)
     (row,) = rows("agent_user_id = %(agent)s", {"agent": agent})
-    # Both changes count: version 1 -> 2 (the other writer) -> 3 (this change).
-    assert (row["membership_status"], row["last_membership_version"], row["version"]) == (
-        "Left",
-        2,
-        3,
-    )
-    assert row["deals_closed_count"] == 7
+    assert (
+        row["membership_status"],
+        row["last_membership_version"],
+        row["version"],
+        row["deals_closed_count"],
+    ) == race.row
