@@ -9,6 +9,7 @@ import pytest
 
 from pin_runtime.clients import ClientSettings, Port, ServiceSettings
 from pin_runtime.errors import PinRuntimeError, SettingsError
+from pin_runtime.postgres import SessionLimitError, SessionLimits
 from pin_runtime.settings import (
     Secret,
     load_settings,
@@ -257,6 +258,22 @@ def test_client_settings_name_the_variable_of_a_bad_limit() -> None:
     with pytest.raises(SettingsError) as raised:
         load_settings(ClientSettings, "SVC_", {"SVC_DB_KEEPALIVES_IDLE": "0s"})
     assert raised.value.variable == "SVC_DB_KEEPALIVES_IDLE"
+
+
+def test_a_session_limit_out_of_range_is_refused_with_its_variable() -> None:
+
+    with pytest.raises(SettingsError) as raised:
+        load_settings(ClientSettings, "SVC_", {"SVC_DB_KEEPALIVES_INTERVAL": "500ms"})
+    assert (raised.value.variable, raised.value.reason) == (
+        "SVC_DB_KEEPALIVES_INTERVAL",
+        "must be at least 1s",
+    )
+    with pytest.raises(SessionLimitError) as direct:
+        SessionLimits(keepalives_count=0)
+    assert (direct.value.limit, str(direct.value)) == (
+        "keepalives_count",
+        "keepalives_count: must be at least 1",
+    )
 
 
 class ServiceExample(ServiceSettings, frozen=True, kw_only=True):

@@ -171,7 +171,7 @@ def test_discard_deletes_for_good_and_leaves_an_audit_line(db: Conn, operator_ds
     # The audit line: JSON on stdout, with every log line of the CLI (stderr: failures only).
     audit = [json.loads(line) for line in one.stdout.splitlines() if line.startswith("{")]
     [line] = [a for a in audit if a.get("event") == "outbox quarantined row discarded"]
-    assert (line["key"], line["reason"]) == (str(first_user), "access reset by hand")
+    assert (line["userId"], line["reason"]) == (str(first_user), "access reset by hand")
     assert {r.key for r in list_quarantined(db)} == {str(second_user), str(third_user)}
 
     rest = run(operator_dsn, "discard", "--all", "--reason", "drill")

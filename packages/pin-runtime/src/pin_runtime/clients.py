@@ -17,36 +17,39 @@ from msgspec import Meta
 from pin_runtime.db_roles import check_role_prefix
 from pin_runtime.kafka_settings import KafkaClientSettings
 from pin_runtime.logging import LogLevel
-from pin_runtime.postgres import SessionLimits
+from pin_runtime.postgres import SessionLimitError, SessionLimits
 
 __all__ = ["ClientSettings", "Port", "ServiceSettings"]
 
 KeepaliveCount = Annotated[int, Meta(ge=1, le=100)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
 
+# The defaults of the settings below are the sessions' own.
+_SESSION = SessionLimits()
+
 
 class ClientSettings(KafkaClientSettings, frozen=True, kw_only=True):
     """Kafka settings (inherited) plus the limits of every database session (`SessionLimits`)."""
 
-    db_statement_timeout: timedelta = timedelta(seconds=30)
+    db_statement_timeout: timedelta = timedelta(seconds=_SESSION.statement_timeout)
     """Longest statement; a statement over it fails (57014) and its unit of work is retried."""
-    db_lock_timeout: timedelta = timedelta(seconds=10)
+    db_lock_timeout: timedelta = timedelta(seconds=_SESSION.lock_timeout)
     """Longest wait for a row or table lock (55P03, retried)."""
-    db_idle_in_transaction_timeout: timedelta = timedelta(seconds=60)
+    db_idle_in_transaction_timeout: timedelta = timedelta(
+        seconds=_SESSION.idle_in_transaction_timeout
+    )
     """The server ends a session whose transaction stays idle this long (a stuck process)."""
-    db_keepalives_idle: timedelta = timedelta(seconds=10)
+    db_keepalives_idle: timedelta = timedelta(seconds=_SESSION.keepalives_idle)
     """TCP keepalive: idle time before the first probe, on both ends of the connection."""
-    db_keepalives_interval: timedelta = timedelta(seconds=5)
-    db_keepalives_count: KeepaliveCount = 3
+    db_keepalives_interval: timedelta = timedelta(seconds=_SESSION.keepalives_interval)
+    db_keepalives_count: KeepaliveCount = _SESSION.keepalives_count
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the Kafka authentication checks
-        for name in ("db_statement_timeout", "db_lock_timeout", "db_idle_in_transaction_timeout"):
-            if getattr(self, name) < timedelta(0):
-                raise ValueError(f"{name.upper()}: must not be negative (0 disables it)")
-        for name in ("db_keepalives_idle", "db_keepalives_interval"):
-            if getattr(self, name) < timedelta(seconds=1):
-                raise ValueError(f"{name.upper()}: must be at least 1s")
+        try:
+            self.database_session()  # the limits' ranges are SessionLimits' own
+        except SessionLimitError as exc:
+            raise ValueError(f"DB_{exc.limit.upper()}: {exc.requirement}") from None
 
     def database_session(self) -> SessionLimits:
         """The `SessionLimits` of every database session the service opens."""

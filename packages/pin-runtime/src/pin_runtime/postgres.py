@@ -15,10 +15,13 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout, TooManyRequests
 
+from pin_runtime.errors import PinRuntimeError, TemplatedError
+
 __all__ = [
     "RETRIABLE_SQLSTATES",
     "RETRIABLE_SQLSTATE_CLASSES",
     "Pool",
+    "SessionLimitError",
     "SessionLimits",
     "create_pool",
     "is_retriable",
@@ -73,6 +76,15 @@ def _classify(exc: BaseException) -> bool | None:
     return None
 
 
+@dataclass(eq=False, repr=False)
+class SessionLimitError(PinRuntimeError, TemplatedError, ValueError):
+    """A `SessionLimits` value out of its range; `limit` names the field."""
+
+    template = "{limit}: {requirement}"
+    limit: str
+    requirement: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionLimits:
     """Bounds on every wait of a database session, set when it connects.
@@ -94,11 +106,12 @@ class SessionLimits:
     def __post_init__(self) -> None:
         for name in ("statement_timeout", "lock_timeout", "idle_in_transaction_timeout"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
-        if min(self.keepalives_idle, self.keepalives_interval, self.keepalives_count) < 1:
-            raise ValueError(
-                "keepalives_idle, keepalives_interval and keepalives_count must be >= 1"
-            )
+                raise SessionLimitError(name, "must not be negative (0 disables it)")
+        for name in ("keepalives_idle", "keepalives_interval"):
+            if getattr(self, name) < 1:
+                raise SessionLimitError(name, "must be at least 1s")
+        if self.keepalives_count < 1:
+            raise SessionLimitError("keepalives_count", "must be at least 1")
 
     def options(self) -> str:
         """The libpq `options` string: server settings of the session, from its start."""

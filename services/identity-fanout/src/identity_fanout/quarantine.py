@@ -40,6 +40,7 @@ __all__ = [
     "quarantine_rows",
     "retry_all",
     "retry_quarantined",
+    "row_log_fields",
 ]
 
 _log = logging.getLogger("identity_fanout.quarantine")
@@ -71,6 +72,22 @@ class MovedRow(msgspec.Struct, frozen=True, kw_only=True):
     event_type: str
     attempts: int
     size: int
+
+
+# The log field naming a quarantined row's key, by event type (ids only, never PII).
+_KEY_FIELDS: Final = {"UserAccessChanged": "userId", "AgentMembershipChanged": "agentUserId"}
+
+
+def row_log_fields(row: MovedRow | DiscardedRow) -> dict[str, object]:
+    """The fields that name a quarantined row in every log line about it: which row, what
+    it carries and whose it is (the key, under the name of the id it is)."""
+    return {
+        "quarantineId": row.quarantine_id,
+        "topic": row.topic,
+        "eventType": row.event_type,
+        "messageId": str(row.message_id),
+        _KEY_FIELDS.get(row.event_type, "messageKey"): row.key,
+    }
 
 
 class QuarantinedRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -190,12 +207,8 @@ def discard_quarantined(
             _log,
             "outbox quarantined row discarded",
             logging.WARNING,
-            quarantine_id=row.quarantine_id,
-            topic=row.topic,
-            key=row.key,
-            message_id=str(row.message_id),
-            event_type=row.event_type,
-            error_reason=row.error_reason,
+            **row_log_fields(row),
+            errorReason=row.error_reason,
             reason=reason,
         )
     return rows

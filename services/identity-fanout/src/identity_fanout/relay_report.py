@@ -10,7 +10,7 @@ from typing import Final
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout.quarantine import MovedRow, quarantine_counts
+from identity_fanout.quarantine import MovedRow, quarantine_counts, row_log_fields
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_settlement import Refusal, Settlement
 from pin_runtime.delivery import DeliveryFailure
@@ -38,9 +38,6 @@ Ten times the alert's threshold (> 1000), so the alert's decision is always exac
 count runs at every look and every idle step of every relay instance, on the loop's
 connection (the relay publishes nothing meanwhile): counting 100,000 waiting rows costs
 90-200 ms, up to 10,000 about a tenth of that."""
-
-# The log field naming a quarantined row's key, by event type (ids only, never PII).
-_KEY_FIELDS: Final = {"UserAccessChanged": "userId", "AgentMembershipChanged": "agentUserId"}
 
 
 def report_published(metrics: RelayMetrics, ids: Sequence[int], topics: Sequence[str]) -> None:
@@ -92,11 +89,7 @@ def report_quarantined(metrics: RelayMetrics, row: MovedRow, failure: DeliveryFa
         "outbox row quarantined",
         logging.ERROR,
         outboxId=row.outbox_id,
-        quarantineId=row.quarantine_id,
-        topic=row.topic,
-        eventType=row.event_type,
-        messageId=str(row.message_id),
-        **{_KEY_FIELDS.get(row.event_type, "messageKey"): row.key},
+        **row_log_fields(row),
         errorCode=failure.code,
         reason=failure.reason,
         error=failure.message,

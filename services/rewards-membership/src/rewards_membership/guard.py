@@ -26,13 +26,20 @@ class MembershipRow(msgspec.Struct, frozen=True, kw_only=True):
     agent_user_id: UUID
     company_id: UUID
     membership_status: str | None = None
+    """`Active` or `Left`; None on a row created before its first membership event."""
     leave_reason: str | None = None
+    """`SelfLeave` / `ExcludedByAgency` of the last leave; None while Active or when unknown."""
     left_at: datetime | None = None
     effective_at: datetime | None = None
+    """When the last leave takes effect (a deferred dismissal: not `left_at`); None while Active."""
     first_activity_at: datetime | None = None
+    """FirstActivityAt ??= JoinedAt: set by the first change that carries one, never moved."""
     last_activity_at: datetime | None = None
+    """The latest JoinedAt or LeftAt applied: it never moves back."""
     last_membership_version: int = 0
+    """The guard's watermark: the highest membership Version applied to the row."""
     version: int = 0
+    """The row's own optimistic-concurrency version, bumped by every writer."""
 
     @property
     def key(self) -> tuple[UUID, UUID]:
@@ -64,30 +71,26 @@ def transition(row: MembershipRow, change: MembershipChange) -> MembershipRow:
     # FirstActivityAt ??= JoinedAt: the mapping table says "for a new row" whatever the
     # Status, step 4 says it for Active; both hold when it is set whenever still empty.
     first_activity_at = row.first_activity_at or change.joined_at
+    activity: datetime | None  # what LastActivityAt moves up to
+    if change.status is AgentMembershipStatus.ACTIVE:
+        # A (re)join clears what the last leave recorded.
+        status, leave_reason, left_at, effective_at = _ACTIVE, None, None, None
+        activity = change.joined_at
+    else:
+        status = _LEFT
+        leave_reason = None if change.leave_reason is None else change.leave_reason.value
+        left_at, effective_at, activity = change.left_at, change.effective_at, change.left_at
     # Built directly rather than with dataclasses.replace: this runs once per applied event
     # and replace() costs several times the constructor.
-    if change.status is AgentMembershipStatus.ACTIVE:
-        return MembershipRow(
-            agent_user_id=row.agent_user_id,
-            company_id=row.company_id,
-            membership_status=_ACTIVE,
-            leave_reason=None,
-            left_at=None,
-            effective_at=None,
-            first_activity_at=first_activity_at,
-            last_activity_at=_later(row.last_activity_at, change.joined_at),
-            last_membership_version=change.version,
-            version=row.version + 1,
-        )
     return MembershipRow(
         agent_user_id=row.agent_user_id,
         company_id=row.company_id,
-        membership_status=_LEFT,
-        leave_reason=None if change.leave_reason is None else change.leave_reason.value,
-        left_at=change.left_at,
-        effective_at=change.effective_at,
+        membership_status=status,
+        leave_reason=leave_reason,
+        left_at=left_at,
+        effective_at=effective_at,
         first_activity_at=first_activity_at,
-        last_activity_at=_later(row.last_activity_at, change.left_at),
+        last_activity_at=_later(row.last_activity_at, activity),
         last_membership_version=change.version,
         version=row.version + 1,
     )
