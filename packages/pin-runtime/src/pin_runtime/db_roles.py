@@ -32,6 +32,7 @@ from psycopg.rows import TupleRow
 
 from pin_runtime.errors import MigrationError
 from pin_runtime.logging import log_event
+from pin_runtime.sql import load_queries
 
 __all__ = [
     "Privilege",
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+_q = load_queries("pin_runtime", "queries/roles.sql")
 
 Privilege = Literal["SELECT", "INSERT", "UPDATE", "DELETE"]
 _PRIVILEGES: Final = frozenset(("SELECT", "INSERT", "UPDATE", "DELETE"))
@@ -107,12 +109,7 @@ def apply_runtime_roles(
     role is missing and the current user may not create roles.
     """
     names = {role.name: role.named(prefix) for role in roles}
-    existing = {
-        str(name)
-        for (name,) in conn.execute(
-            "SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", (list(names.values()),)
-        )
-    }
+    existing = {str(name) for (name,) in conn.execute(_q.existing, (list(names.values()),))}
     missing = [names[role.name] for role in roles if names[role.name] not in existing]
     if missing:
         _create(conn, [role for role in roles if names[role.name] in missing], prefix)
@@ -120,16 +117,11 @@ def apply_runtime_roles(
     for role in roles:
         role_id = sql.Identifier(names[role.name])
         # Start from nothing: what the declaration no longer lists goes away.
-        for statement in (
-            "REVOKE ALL ON ALL TABLES IN SCHEMA {schema} FROM {role}",
-            "REVOKE ALL ON ALL SEQUENCES IN SCHEMA {schema} FROM {role}",
-            "REVOKE ALL ON SCHEMA {schema} FROM {role}",
-            "GRANT USAGE ON SCHEMA {schema} TO {role}",
-        ):
+        for statement in (_q.revoke_tables, _q.revoke_sequences, _q.revoke_schema, _q.grant_usage):
             conn.execute(sql.SQL(statement).format(schema=schema_id, role=role_id))
         for grant in role.grants:
             conn.execute(
-                sql.SQL("GRANT {privileges} ON TABLE {table} TO {role}").format(
+                sql.SQL(_q.grant_table).format(
                     privileges=sql.SQL(", ").join(sql.SQL(p) for p in grant.privileges),
                     table=sql.Identifier(schema, grant.table),
                     role=role_id,
@@ -141,9 +133,7 @@ def apply_runtime_roles(
 
 def _create(conn: psycopg.Connection[TupleRow], roles: list[RuntimeRole], prefix: str) -> None:
     missing = [role.named(prefix) for role in roles]
-    row = conn.execute(
-        "SELECT current_user, rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
-    ).fetchone()
+    row = conn.execute(_q.may_create).fetchone()
     user, may_create = (row[0], bool(row[1])) if row is not None else ("?", False)
     if not may_create:
         statements = "; ".join(f"CREATE ROLE {name} NOLOGIN" for name in missing)
@@ -158,11 +148,11 @@ def _create(conn: psycopg.Connection[TupleRow], roles: list[RuntimeRole], prefix
             # A savepoint: a migration of another database of the cluster may create the
             # same role at the same moment (roles are cluster-wide, the lock per database).
             with conn.transaction():
-                conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(name))
+                conn.execute(sql.SQL(_q.create).format(role=name))
                 # Says in psql's \du which process logs in with it (set once: commenting
                 # on a role needs CREATEROLE, which a later migrating user may lack).
                 conn.execute(
-                    sql.SQL("COMMENT ON ROLE {} IS {}").format(name, sql.Literal(role.purpose))
+                    sql.SQL(_q.describe).format(role=name, purpose=sql.Literal(role.purpose))
                 )
         except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
             continue
@@ -175,14 +165,12 @@ def _grant_connect(conn: psycopg.Connection[TupleRow], names: list[str]) -> None
     PUBLIC has CONNECT by default; this lets an operator revoke it from PUBLIC without
     locking the services out. A user that may not grant it leaves the database as it is.
     """
-    row = conn.execute(
-        "SELECT current_database(), "
-        "has_database_privilege(current_database(), 'CONNECT WITH GRANT OPTION')"
-    ).fetchone()
+    row = conn.execute(_q.connect_grantable).fetchone()
     if row is None or not row[1]:
         return
     conn.execute(
-        sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
-            sql.Identifier(str(row[0])), sql.SQL(", ").join(sql.Identifier(n) for n in names)
+        sql.SQL(_q.grant_connect).format(
+            database=sql.Identifier(str(row[0])),
+            roles=sql.SQL(", ").join(sql.Identifier(n) for n in names),
         )
     )

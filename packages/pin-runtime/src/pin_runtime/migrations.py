@@ -25,6 +25,7 @@ from pin_runtime.db_roles import RuntimeRole, apply_runtime_roles
 from pin_runtime.errors import MigrationError
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import is_retriable
+from pin_runtime.sql import load_queries
 
 __all__ = ["Migration", "advisory_lock_key", "load_migrations", "migrate"]
 
@@ -32,14 +33,7 @@ _log = logging.getLogger(__name__)
 _FILE: Final = re.compile(r"(?P<version>\d+)_(?P<description>[A-Za-z0-9_\-]+)\.sql")
 _SCHEMA: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
-_CREATE_TABLE: Final = """
-CREATE TABLE IF NOT EXISTS {table} (
-    version    integer     PRIMARY KEY,
-    name       text        NOT NULL,
-    checksum   text        NOT NULL,  -- sha256 of the file's bytes, hex
-    applied_at timestamptz NOT NULL DEFAULT now()
-)
-"""
+_q = load_queries("pin_runtime", "queries/migrations.sql")
 
 
 class Migration(msgspec.Struct, frozen=True):
@@ -133,13 +127,13 @@ def _migrate(
 ) -> list[str]:
     table = sql.Identifier(schema, "schema_migrations")
     key = advisory_lock_key(schema)
-    conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+    conn.execute(_q.lock, (key,))
     try:
         # Inside the lock: concurrent CREATE ... IF NOT EXISTS can still collide.
         with conn.transaction():
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-            conn.execute(sql.SQL(_CREATE_TABLE).format(table=table))
-        rows = conn.execute(sql.SQL("SELECT version, name, checksum FROM {}").format(table))
+            conn.execute(sql.SQL(_q.create_schema).format(schema=sql.Identifier(schema)))
+            conn.execute(sql.SQL(_q.create_history).format(table=table))
+        rows = conn.execute(sql.SQL(_q.applied).format(table=table))
         applied = {version: (name, checksum) for version, name, checksum in rows}
         _verify(plan, applied)
         done: list[str] = []
@@ -150,9 +144,7 @@ def _migrate(
                 with conn.transaction():
                     conn.execute(migration.sql)  # bytes, no parameters: multi-statement script
                     conn.execute(
-                        sql.SQL(
-                            "INSERT INTO {} (version, name, checksum) VALUES (%s, %s, %s)"
-                        ).format(table),
+                        sql.SQL(_q.record).format(table=table),
                         (migration.version, migration.name, migration.checksum),
                     )
             except psycopg.Error as exc:
@@ -166,7 +158,7 @@ def _migrate(
         return done
     finally:
         if not conn.closed and not conn.broken:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            conn.execute(_q.unlock, (key,))
 
 
 def _apply_roles(

@@ -65,13 +65,15 @@ _log = logging.getLogger("rewards_membership.consumer")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConsumerOptions:
+    """The loop's settings (`Settings` holds their defaults and checks), durations in seconds."""
+
     topic: str
     group_id: str
-    batch_size: int = 1000
-    poll_timeout: float = 1.0
-    retry_initial: float = 1.0
-    retry_max: float = 60.0
-    lag_interval: float = 5.0
+    batch_size: int
+    poll_timeout: float
+    retry_initial: float
+    retry_max: float
+    lag_interval: float
 
 
 class MembershipConsumer:

@@ -1,0 +1,38 @@
+-- Runtime roles and their privileges. `{schema}`, `{role}`, `{table}`, `{database}` and
+-- `{roles}` are identifiers, `{privileges}` a list of privilege keywords and `{purpose}` a
+-- literal, all composed with psycopg.sql at run time.
+
+-- name: existing --
+SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)
+
+-- name: may_create --
+-- Who migrates, and whether it may create the missing roles (CREATEROLE or superuser).
+SELECT current_user, rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user
+
+-- name: create --
+CREATE ROLE {role} NOLOGIN
+
+-- name: describe --
+COMMENT ON ROLE {role} IS {purpose}
+
+-- name: revoke_tables --
+REVOKE ALL ON ALL TABLES IN SCHEMA {schema} FROM {role}
+
+-- name: revoke_sequences --
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA {schema} FROM {role}
+
+-- name: revoke_schema --
+REVOKE ALL ON SCHEMA {schema} FROM {role}
+
+-- name: grant_usage --
+GRANT USAGE ON SCHEMA {schema} TO {role}
+
+-- name: grant_table --
+GRANT {privileges} ON TABLE {table} TO {role}
+
+-- name: connect_grantable --
+SELECT current_database(),
+       has_database_privilege(current_database(), 'CONNECT WITH GRANT OPTION')
+
+-- name: grant_connect --
+GRANT CONNECT ON DATABASE {database} TO {roles}
