@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pin_testkit.sql_checks import modules_with_sql, not_shipped, sql_files, unused_statements
+from pin_testkit.sql_checks import (
+    SqlFileChecks,
+    modules_with_sql,
+    not_shipped,
+    sql_files,
+    unused_statements,
+)
 
 STATEMENTS = """\
 -- name: claim --
@@ -49,3 +55,18 @@ def test_a_statement_no_module_names_is_found(package: str) -> None:
 
 def test_a_module_that_spells_sql_is_found(package: str) -> None:
     assert modules_with_sql(package) == ["spells.py"]
+
+
+def test_the_shared_checks_name_every_offender(package: str) -> None:
+    class Checks(SqlFileChecks):
+        PACKAGE = package
+        EXPECTED = ("sql/work.sql",)
+
+    checks = Checks()
+    with pytest.raises(AssertionError, match=r"sql/work.sql', 'sub/more.sql'"):
+        checks.test_the_sql_files_are_the_expected_ones()
+    with pytest.raises(AssertionError, match=r"statements no module runs: .*'forgotten'"):
+        checks.test_every_statement_is_run_by_the_code()
+    with pytest.raises(AssertionError, match=r"modules spelling SQL: \['spells.py'\]"):
+        checks.test_no_module_holds_sql()
+    checks.test_the_sql_files_ship_with_the_package()

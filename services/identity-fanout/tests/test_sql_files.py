@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-
-from pin_testkit.sql_checks import modules_with_sql, not_shipped, sql_files, unused_statements
-
-PACKAGE = "identity_fanout"
-SQL_FILES = sql_files(PACKAGE)
+from pin_testkit.sql_checks import SqlFileChecks
 
 
-def test_the_sql_files_are_the_expected_ones() -> None:
-    assert SQL_FILES == [
+class TestSqlFiles(SqlFileChecks):
+    PACKAGE = "identity_fanout"
+    EXPECTED = (
         "membership/membership.sql",
         "sql/channels.sql",
         "sql/fanout.sql",
@@ -23,19 +19,4 @@ def test_the_sql_files_are_the_expected_ones() -> None:
         "sql/shards.sql",
         "sql/tasks.sql",
         "sql/units.sql",
-    ]
-
-
-@pytest.mark.parametrize("filename", SQL_FILES)
-def test_every_statement_is_run_by_the_code(filename: str) -> None:
-    # A statement no module names is dead SQL (or a typo in a name): both fail here.
-    assert unused_statements(PACKAGE, filename) == []
-
-
-def test_no_module_holds_sql() -> None:
-    # Statements live in the .sql files; Python composes them, it does not spell them.
-    assert modules_with_sql(PACKAGE) == []
-
-
-def test_the_sql_files_ship_with_the_package() -> None:
-    assert not_shipped(PACKAGE) == []
+    )
