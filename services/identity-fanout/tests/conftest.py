@@ -25,12 +25,12 @@ from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
 from identity_fanout.relay import OutboxRelay
 from identity_fanout.schema import migrate_database
 from pin_runtime.logging import JsonFormatter
+from pin_testkit.fixtures import connection, login_dsn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # relay_support, for the test modules
 
 from relay_support import RELAY_TEST_OPTIONS, RelayFactory
 
-RuntimeDsn = Callable[[str, str], str]
 
 
 @pytest.fixture
@@ -39,53 +39,15 @@ def identity_dsn(make_database: Callable[[str, Callable[[str], object]], str]) -
     return make_database("identity", migrate_database)
 
 
-@pytest.fixture
-def db(identity_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
-    """An autocommit connection to the test's identity database (for setup and checks)."""
-    with psycopg.connect(identity_dsn, autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-def worker_dsn(identity_dsn: str, runtime_dsn: RuntimeDsn) -> str:
-    """The fan-out worker's login (role identity_fanout_worker)."""
-    return runtime_dsn(identity_dsn, WORKER.name)
-
-
-@pytest.fixture
-def relay_dsn(identity_dsn: str, runtime_dsn: RuntimeDsn) -> str:
-    """The outbox relay's login (role identity_fanout_relay)."""
-    return runtime_dsn(identity_dsn, RELAY.name)
-
-
-@pytest.fixture
-def producer_dsn(identity_dsn: str, runtime_dsn: RuntimeDsn) -> str:
-    """The membership producer's login (role identity_membership_producer)."""
-    return runtime_dsn(identity_dsn, PRODUCER.name)
-
-
-@pytest.fixture
-def operator_dsn(identity_dsn: str, runtime_dsn: RuntimeDsn) -> str:
-    """The runbook commands' login (role identity_fanout_operator)."""
-    return runtime_dsn(identity_dsn, OPERATOR.name)
-
-
-@pytest.fixture
-def worker_db(worker_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
-    with psycopg.connect(worker_dsn, autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-def producer_db(producer_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
-    with psycopg.connect(producer_dsn, autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-def operator_db(operator_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
-    with psycopg.connect(operator_dsn, autocommit=True) as conn:
-        yield conn
+# The owner's connection, then each process's login and its connection.
+db = connection("identity_dsn")
+worker_dsn = login_dsn(WORKER, "identity_dsn")
+relay_dsn = login_dsn(RELAY, "identity_dsn")
+producer_dsn = login_dsn(PRODUCER, "identity_dsn")
+operator_dsn = login_dsn(OPERATOR, "identity_dsn")
+worker_db = connection("worker_dsn")
+producer_db = connection("producer_dsn")
+operator_db = connection("operator_dsn")
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from pin_contracts import (
 from pin_runtime.kafka import create_producer
 from pin_runtime.settings import Secret
 from pin_runtime.shutdown import GracefulShutdown
+from pin_testkit.fixtures import login_dsn
 from pin_testkit.waiting import wait_until
 from rewards_membership.app import build_consumer, run_migrations
 from rewards_membership.db_roles import CONSUMER, OPERATOR
@@ -117,16 +118,8 @@ def database(make_database: Callable[..., str]) -> str:
     return make_database("rewards-membership", run_migrations)
 
 
-@pytest.fixture
-def consumer_dsn(database: str, runtime_dsn: Callable[[str, str], str]) -> str:
-    """The consumer's login (role rewards_membership_consumer)."""
-    return runtime_dsn(database, CONSUMER.name)
-
-
-@pytest.fixture
-def operator_dsn(database: str, runtime_dsn: Callable[[str, str], str]) -> str:
-    """The tooling's login (role rewards_membership_operator): dlq, agent show, inbox prune."""
-    return runtime_dsn(database, OPERATOR.name)
+consumer_dsn = login_dsn(CONSUMER, "database")
+operator_dsn = login_dsn(OPERATOR, "database")  # dlq, agent show, inbox prune
 
 
 @pytest.fixture
