@@ -32,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # relay_support, for t
 from relay_support import RELAY_TEST_OPTIONS, RelayFactory
 
 
-
 @pytest.fixture
 def identity_dsn(make_database: Callable[[str, Callable[[str], object]], str]) -> str:
     """DSN of a fresh clone of a migrated identity database (as its owner)."""
