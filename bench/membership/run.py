@@ -37,7 +37,6 @@ from rich.console import Console
 from rich.table import Table
 
 from pin_contracts import (
-    AgentMembershipChanged,
     decode_membership_changed,
     encode,
     envelope_for,
@@ -49,6 +48,7 @@ from pin_runtime.logging import configure_logging
 from pin_runtime.settings import Secret
 from pin_runtime.sql import assignments, columns
 from pin_testkit.bench import Comparison, record
+from pin_testkit.events import membership_event
 from pin_testkit.runtime_roles import ensure_login, runtime_dsn
 from rewards_membership.app import build_consumer, run_migrations
 from rewards_membership.batch_sql import (
@@ -108,14 +108,13 @@ def workload(*, events: int, agents: int, agencies: int, seed: int) -> Iterator[
         if roll < DUPLICATE_SHARE + STALE_SHARE and version > STALE_BY:
             version -= STALE_BY  # a stale reorder: an older version arriving late
         left = version % 2 == 0
-        payload = AgentMembershipChanged(
-            membership_id=uuid.uuid5(agent, str(agency)),
-            agent_user_id=agent,
-            company_id=agency,
-            status="Left" if left else "Active",
+        payload = membership_event(
+            agent,
+            agency,
+            version,
+            "Left" if left else "Active",
             reason="SelfLeave" if left else None,
             effective_at=T0 + timedelta(minutes=n) if left else None,
-            version=version,
             left_at=T0 + timedelta(minutes=n) if left else None,
             joined_at=T0,
         )

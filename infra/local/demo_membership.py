@@ -15,10 +15,10 @@ from rich.table import Table
 
 from identity_fanout.membership import join_agency, leave_agency
 from pin_contracts import encode, envelope_for
-from pin_contracts.membership import AgentMembershipChanged
 from pin_contracts.topics import AGENT_MEMBERSHIP_CHANGED
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_producer
+from pin_testkit.events import membership_event
 from pin_testkit.runtime_roles import runtime_dsn
 from pin_testkit.waiting import wait_until
 
@@ -55,13 +55,8 @@ def _inject_malformed(bootstrap: str) -> uuid.UUID:
     """A record with CompanyId = Guid.Empty: a contract violation the consumer dead-letters."""
     agent = uuid.uuid4()
     envelope = envelope_for(
-        AgentMembershipChanged(
-            membership_id=uuid.uuid4(),
-            agent_user_id=agent,
-            company_id=uuid.UUID(int=0),
-            status="Active",
-            version=1,
-            joined_at=datetime.now(UTC),
+        membership_event(
+            agent, uuid.UUID(int=0), 1, joined_at=datetime.now(UTC), membership_id=uuid.uuid4()
         )
     )
     producer = create_producer(bootstrap, client_id="pin-demo")

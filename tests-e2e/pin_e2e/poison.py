@@ -18,6 +18,7 @@ from pin_contracts import (
     headers_for,
     kafka_key,
 )
+from pin_testkit import events
 
 __all__ = [
     "NOT_JSON",
@@ -45,14 +46,14 @@ def membership_event(
 ) -> Envelope[AgentMembershipChanged]:
     """The first event (version 1) of a new membership, joined now unless ``joined_at``."""
     return envelope_for(
-        AgentMembershipChanged(
-            membership_id=uuid.uuid4(),
-            agent_user_id=agent,
-            company_id=agency,
-            status=status,
-            version=1,
+        events.membership_event(
+            agent,
+            agency,
+            1,
+            status,
             left_at=left_at,
             joined_at=joined_at or datetime.now(UTC),
+            membership_id=uuid.uuid4(),
         )
     )
 

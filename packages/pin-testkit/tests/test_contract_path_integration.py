@@ -15,10 +15,10 @@ from pin_contracts.codec import decode_membership_changed, encode
 from pin_contracts.enums import AgentMembershipStatus, LeaveReason
 from pin_contracts.envelope import envelope_for
 from pin_contracts.kafka import headers_for, kafka_key
-from pin_contracts.membership import AgentMembershipChanged
 from pin_runtime.delivery import flush_or_raise
 from pin_runtime.kafka import create_producer
 from pin_runtime.tracing import extract_context, inject_headers
+from pin_testkit.events import membership_event
 from pin_testkit.records import consume
 
 pytestmark = pytest.mark.integration
@@ -28,17 +28,16 @@ def test_membership_event_survives_the_broker(
     kafka_bootstrap: str, kafka_topic: Callable[..., str]
 ) -> None:
     topic = kafka_topic(partitions=3)
-    payload = AgentMembershipChanged(
-        membership_id=uuid.uuid4(),
-        agent_user_id=uuid.uuid4(),
-        company_id=uuid.uuid4(),
-        status=AgentMembershipStatus.LEFT,
+    payload = membership_event(
+        uuid.uuid4(),
+        uuid.uuid4(),
+        3,
+        AgentMembershipStatus.LEFT,
         reason=LeaveReason.SELF_LEAVE,
         effective_at=datetime(2026, 12, 1, tzinfo=UTC),
-        version=3,
         left_at=datetime(2026, 11, 30, 9, 0, tzinfo=UTC),
         joined_at=datetime(2026, 1, 10, tzinfo=UTC),
-        invitation_id=None,
+        membership_id=uuid.uuid4(),
     )
     envelope = envelope_for(payload, correlation_id="run-1")
     tracer = TracerProvider().get_tracer("test")

@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, LiteralString
 
@@ -31,6 +31,7 @@ from pin_contracts import (
 from pin_runtime.kafka import create_producer
 from pin_runtime.settings import Secret
 from pin_runtime.shutdown import GracefulShutdown
+from pin_testkit.events import membership_event
 from pin_testkit.fixtures import login_dsn
 from pin_testkit.waiting import wait_until
 from rewards_membership.app import build_consumer, run_migrations
@@ -41,32 +42,8 @@ from rewards_membership.settings import Settings
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # consumer_kit, for the test modules
 from consumer_kit import ConsumerKit, RawRecord, publish, publish_raw, record_of
 
-T0 = datetime(2025, 1, 1, tzinfo=UTC)
-
-
-def membership(
-    agent: uuid.UUID,
-    company: uuid.UUID,
-    version: int,
-    status: str = "Active",
-    *,
-    reason: str | None = None,
-    joined_at: datetime | None = None,
-    left_at: datetime | None = None,
-    effective_at: datetime | None = None,
-    membership_id: uuid.UUID | None = None,
-) -> AgentMembershipChanged:
-    return AgentMembershipChanged(
-        membership_id=membership_id or uuid.uuid5(agent, str(company)),
-        agent_user_id=agent,
-        company_id=company,
-        status=status,
-        reason=reason,
-        effective_at=effective_at,
-        version=version,
-        left_at=left_at,
-        joined_at=joined_at or T0,
-    )
+# The sample payload builder of every suite; `event` hands it to the tests.
+membership = membership_event
 
 
 def raw_value(payload: AgentMembershipChanged, **envelope_overrides: Any) -> bytes:

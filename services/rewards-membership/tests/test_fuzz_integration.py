@@ -12,7 +12,7 @@ A few hundred examples in `make test`; `make fuzz` runs ten thousand (PIN_FUZZ_E
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import msgspec
@@ -21,7 +21,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pin_contracts import (
-    AgentMembershipChanged,
     Headers,
     encode,
     envelope_for,
@@ -29,6 +28,7 @@ from pin_contracts import (
     kafka_key,
 )
 from pin_runtime.kafka import create_consumer
+from pin_testkit.events import membership_event
 from pin_testkit.fuzzing import fuzz_settings, fuzz_timeout
 from rewards_membership.dlq import read_dead_letters
 
@@ -68,14 +68,7 @@ def envelopes(draw: st.DrawFn) -> Raw:
     agent, agency = draw(st.sampled_from(AGENTS)), draw(st.sampled_from(AGENCIES))
     base = envelope_for(
         # A valid event to start from; its fields are then replaced on the JSON document.
-        AgentMembershipChanged(
-            membership_id=uuid.uuid5(agent, str(agency)),
-            agent_user_id=agent,
-            company_id=agency,
-            status="Active",
-            version=1,
-            joined_at=datetime(2025, 1, 1, tzinfo=UTC),
-        )
+        membership_event(agent, agency, 1)
     )
     document: dict[str, Any] = msgspec.json.decode(encode(base))
     payload = document["Payload"]

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pin_contracts import AgentMembershipChanged, encode, envelope_for
+from pin_testkit.events import membership_event
 from rewards_membership.guard import MembershipRow
 from rewards_membership.plan import Outcome, plan_batch
 from rewards_membership.validation import InvalidEvent, MembershipChange, validate
@@ -26,14 +27,13 @@ def payload(
     agent: uuid.UUID, company: uuid.UUID, version: int, status: str, reason: str | None
 ) -> AgentMembershipChanged:
     left = status == "Left"
-    return AgentMembershipChanged(
-        membership_id=uuid.uuid5(agent, str(company)),
-        agent_user_id=agent,
-        company_id=company,
-        status=status,
+    return membership_event(
+        agent,
+        company,
+        version,
+        status,
         reason=reason if left else None,
         effective_at=T0 + timedelta(days=version, hours=1) if left else None,
-        version=version,
         left_at=T0 + timedelta(days=version) if left else None,
         joined_at=T0 + timedelta(hours=version),
     )
