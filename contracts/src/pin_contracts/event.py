@@ -1,0 +1,47 @@
+"""The base of an event payload: the class states its facts once, the rest derives from them.
+
+The envelope's EventType, ContractVersion, AggregateType and AggregateId, the Kafka record
+key and the topic catalogue's ``key_field`` all read these class-level facts; nothing
+repeats them.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+from uuid import UUID
+
+import msgspec
+
+from pin_contracts.wire import WireStruct
+
+__all__ = ["EventStruct"]
+
+
+class EventStruct(WireStruct, frozen=True, kw_only=True):
+    """Base of a payload Struct (adds no wire field: the encoding is the subclass's own).
+
+    A subclass sets every ClassVar below; ``AGGREGATE_ID_FIELD`` and ``KEY_FIELD`` name
+    UUID fields of it by their Python name (a test checks each names one).
+    """
+
+    EVENT_TYPE: ClassVar[str]
+    CONTRACT_VERSION: ClassVar[int]
+    AGGREGATE_TYPE: ClassVar[str]
+    AGGREGATE_ID_FIELD: ClassVar[str]
+    """The field whose UUID is the envelope's AggregateId (the aggregate the Version counts)."""
+    KEY_FIELD: ClassVar[str]
+    """The field whose canonical UUID text is the Kafka record key (per-key order)."""
+
+    @property
+    def aggregate_id(self) -> str:
+        return str(getattr(self, self.AGGREGATE_ID_FIELD))
+
+    @property
+    def record_key(self) -> UUID:
+        key: UUID = getattr(self, self.KEY_FIELD)
+        return key
+
+    @classmethod
+    def key_wire_name(cls) -> str:
+        """The wire (PascalCase) name of ``KEY_FIELD``: what the topic catalogue publishes."""
+        return next(f.encode_name for f in msgspec.structs.fields(cls) if f.name == cls.KEY_FIELD)
