@@ -48,7 +48,7 @@ from pin_runtime.kafka import create_admin, create_consumer, create_producer, en
 from pin_runtime.logging import configure_logging
 from pin_runtime.settings import Secret
 from pin_runtime.sql import assignments, columns
-from pin_testkit.bench import Comparison, record
+from pin_testkit.bench import Comparison, Figure, record
 from pin_testkit.runtime_roles import ensure_login, runtime_dsn
 from rewards_membership.app import build_consumer, run_migrations
 from rewards_membership.batch_sql import (
@@ -317,32 +317,12 @@ def report(
         f"duplicates {real['duplicates']:,.0f}, dlq {real['dlq']:,.0f}"
     )
     note = f"{events:,} events, batch {args.batch_size}, same run"
-    record(
-        Comparison(
-            benchmark=BENCHMARK,
-            subject="consumer",
-            subject_value=rate["real"],
-            limit="plain consumer (poll + decode)",
-            limit_value=rate["plain"],
-            unit="msgs/s",
-            better="higher",
-            target=0.5,
-            note=note,
-        )
-    )
-    record(
-        Comparison(
-            benchmark=BENCHMARK,
-            subject="consumer drain",
-            subject_value=real["seconds"],
-            limit="DB floor (set-based, same batches)",
-            limit_value=floor["seconds"],
-            unit="s",
-            better="lower",
-            target=1.5,
-            note=note,
-        )
-    )
+    consumer = Figure("consumer", rate["real"])
+    client = Figure("plain consumer (poll + decode)", rate["plain"])
+    record(Comparison.rate(BENCHMARK, consumer, client, unit="msgs/s", target=0.5, note=note))
+    drain = Figure("consumer drain", real["seconds"])
+    db_floor = Figure("DB floor (set-based, same batches)", floor["seconds"])
+    record(Comparison.duration(BENCHMARK, drain, db_floor, target=1.5, note=note))
 
 
 def _measure(args: argparse.Namespace, bootstrap: str) -> None:
