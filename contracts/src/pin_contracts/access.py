@@ -49,7 +49,6 @@ class UserAccessChangedKafkaEvent(EventStruct, frozen=True, kw_only=True):
     CONTRACT_VERSION: ClassVar[int] = 1
     AGGREGATE_TYPE: ClassVar[str] = "User"
     AGGREGATE_ID_FIELD: ClassVar[str] = "user_id"
-    KEY_FIELD: ClassVar[str] = "user_id"
 
     user_id: UUID
     company_id: UUID | None = None

@@ -7,7 +7,7 @@ repeats them.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 from uuid import UUID
 
 import msgspec
@@ -20,8 +20,9 @@ __all__ = ["EventStruct"]
 class EventStruct(WireStruct, frozen=True, kw_only=True):
     """Base of a payload Struct (adds no wire field: the encoding is the subclass's own).
 
-    A subclass sets every ClassVar below; ``AGGREGATE_ID_FIELD`` and ``KEY_FIELD`` name
-    UUID fields of it by their Python name (a test checks each names one).
+    A subclass sets the ClassVars below (``KEY_FIELD`` only where the key is not the
+    aggregate's id); ``AGGREGATE_ID_FIELD`` and ``KEY_FIELD`` name UUID fields of it by their
+    Python name (a test checks each names one).
     """
 
     EVENT_TYPE: ClassVar[str]
@@ -30,7 +31,13 @@ class EventStruct(WireStruct, frozen=True, kw_only=True):
     AGGREGATE_ID_FIELD: ClassVar[str]
     """The field whose UUID is the envelope's AggregateId (the aggregate the Version counts)."""
     KEY_FIELD: ClassVar[str]
-    """The field whose canonical UUID text is the Kafka record key (per-key order)."""
+    """The field whose canonical UUID text is the Kafka record key, so the records of one key
+    keep their order. By default the aggregate's id: one aggregate's versions in order."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "KEY_FIELD" not in vars(cls) and hasattr(cls, "AGGREGATE_ID_FIELD"):
+            cls.KEY_FIELD = cls.AGGREGATE_ID_FIELD
 
     @property
     def aggregate_id(self) -> str:

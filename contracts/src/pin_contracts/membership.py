@@ -29,6 +29,8 @@ class AgentMembershipChanged(EventStruct, frozen=True, kw_only=True):
     CONTRACT_VERSION: ClassVar[int] = 1
     AGGREGATE_TYPE: ClassVar[str] = "AgentMembership"
     AGGREGATE_ID_FIELD: ClassVar[str] = "membership_id"
+    # Keyed by the agent, not the membership: per-agent order keeps the causal sequence of
+    # joins and leaves across all the agent's agencies (ADR-0056).
     KEY_FIELD: ClassVar[str] = "agent_user_id"
 
     membership_id: UUID
