@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import psycopg
+from confluent_kafka import Consumer
 from psycopg import sql
 from rich.console import Console
 from rich.table import Table
@@ -144,20 +145,22 @@ def load(args: argparse.Namespace, bootstrap: str, topic: str) -> None:
         raise SystemExit("loader: messages still queued")
 
 
-def _consumer_extra() -> dict[str, str | int | float | bool]:
-    # What build_consumer adds to the shared consumer config (fetch sizing).
-    return {"fetch.wait.max.ms": 100}
+def _reader(bootstrap: str, topic: str, name: str) -> Consumer:
+    """A consumer of a new group subscribed to `topic`, configured as the service's is."""
+    consumer = create_consumer(
+        bootstrap,
+        group_id=f"bench-{name}-{uuid.uuid4().hex[:8]}",
+        client_id=f"bench-{name}",
+        # What build_consumer adds to the shared consumer config (fetch sizing).
+        extra={"fetch.wait.max.ms": 100},
+    )
+    consumer.subscribe([topic])
+    return consumer
 
 
 def measure_plain(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     """(b) poll + msgspec-decode every record; no database."""
-    consumer = create_consumer(
-        bootstrap,
-        group_id=f"bench-plain-{uuid.uuid4().hex[:8]}",
-        client_id="bench-plain",
-        extra=_consumer_extra(),
-    )
-    consumer.subscribe([args.topic])
+    consumer = _reader(bootstrap, args.topic, "plain")
     handled, first = 0, None
     try:
         while handled < args.events:
@@ -217,13 +220,7 @@ def floor_batches(args: argparse.Namespace, bootstrap: str) -> list[tuple[str, s
     """Per batch of the topic's records (read like the consumer reads them, `batch_size` at
     a time): (rows document, inbox document), decided in memory by the consumer's own
     planner against the state the batches before left. Untimed."""
-    consumer = create_consumer(
-        bootstrap,
-        group_id=f"bench-floor-{uuid.uuid4().hex[:8]}",
-        client_id="bench-floor",
-        extra=_consumer_extra(),
-    )
-    consumer.subscribe([args.topic])
+    consumer = _reader(bootstrap, args.topic, "floor")
     seen: set[str] = set()
     rows: dict[RowKey, MembershipRow] = {}
     batches, read = [], 0
