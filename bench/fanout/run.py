@@ -27,7 +27,7 @@ import scale
 from rich.table import Table
 
 from identity_fanout.enqueue import set_role_permissions
-from pin_testkit.bench import Comparison, record
+from pin_testkit.bench import Comparison, Figure, record
 from pin_testkit.runtime_roles import runtime_dsn
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 from pin_testkit.waiting import wait_until
@@ -236,14 +236,10 @@ def main() -> None:
                 )
     report(args.users, args.batch_size, results, floor)
     record(
-        Comparison(
-            benchmark=BENCHMARK.format(users=args.users),
-            subject="worker --no-relay + relay (chart)",
-            subject_value=results[CHART].acknowledged_s,
-            limit="one SQL statement building every snapshot",
-            limit_value=min(floor),
-            unit="s",
-            better="lower",
+        Comparison.duration(
+            BENCHMARK.format(users=args.users),
+            Figure("worker --no-relay + relay (chart)", results[CHART].acknowledged_s),
+            Figure("one SQL statement building every snapshot", min(floor)),
             target=TARGET,
         )
     )

@@ -49,7 +49,7 @@ from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.lanes import LANE_LOCK_CLASS, SLOTS
 from identity_fanout.settings import Settings
 from pin_contracts import ScopeType
-from pin_testkit.bench import Comparison, record
+from pin_testkit.bench import Comparison, Figure, record
 from pin_testkit.runtime_roles import runtime_dsn
 from pin_testkit.seeding import add_permissions, add_role
 from pin_testkit.waiting import wait_until
@@ -320,28 +320,20 @@ def record_all(results: list[Result], small: Result) -> None:
             continue
         informational = r.instances != 2  # noqa: PLR2004
         record(
-            Comparison(
-                benchmark=name,
-                subject=f"{r.instances} instances (worker + relay each)",
-                subject_value=r.seconds,
-                limit="1 instance",
-                limit_value=base.seconds,
-                unit="s",
-                better="lower",
+            Comparison.duration(
+                name,
+                Figure(f"{r.instances} instances (worker + relay each)", r.seconds),
+                Figure("1 instance", base.seconds),
                 # 4 instances: shown against "not slower than one"; on 2 cores no promise.
                 target=1.0 if informational else round(1 / SPEED_UP_TARGET, 3),
                 note="information only" if informational else f">= {SPEED_UP_TARGET:g}x faster",
             )
         )
     record(
-        Comparison(
-            benchmark="identity-fanout: worker peak RSS, flat in role size (1 instance)",
-            subject=f"{base.users:,}-user role",
-            subject_value=max(base.worker_rss_mib),
-            limit=f"{small.users:,}-user role",
-            limit_value=max(small.worker_rss_mib),
-            unit="MiB",
-            better="lower",
+        Comparison.memory(
+            "identity-fanout: worker peak RSS, flat in role size (1 instance)",
+            Figure(f"{base.users:,}-user role", max(base.worker_rss_mib)),
+            Figure(f"{small.users:,}-user role", max(small.worker_rss_mib)),
             target=RSS_TARGET,
         )
     )

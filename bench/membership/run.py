@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import psycopg
+from confluent_kafka import Consumer
 from psycopg import sql
 from rich.console import Console
 from rich.table import Table
@@ -47,7 +48,7 @@ from pin_runtime.kafka import create_admin, create_consumer, create_producer, en
 from pin_runtime.logging import configure_logging
 from pin_runtime.settings import Secret
 from pin_runtime.sql import assignments, columns
-from pin_testkit.bench import Comparison, record
+from pin_testkit.bench import Comparison, Figure, record
 from pin_testkit.events import membership_event
 from pin_testkit.runtime_roles import ensure_login, runtime_dsn
 from rewards_membership.app import build_consumer, run_migrations
@@ -143,20 +144,22 @@ def load(args: argparse.Namespace, bootstrap: str, topic: str) -> None:
         raise SystemExit("loader: messages still queued")
 
 
-def _consumer_extra() -> dict[str, str | int | float | bool]:
-    # What build_consumer adds to the shared consumer config (fetch sizing).
-    return {"fetch.wait.max.ms": 100}
+def _reader(bootstrap: str, topic: str, name: str) -> Consumer:
+    """A consumer of a new group subscribed to `topic`, configured as the service's is."""
+    consumer = create_consumer(
+        bootstrap,
+        group_id=f"bench-{name}-{uuid.uuid4().hex[:8]}",
+        client_id=f"bench-{name}",
+        # What build_consumer adds to the shared consumer config (fetch sizing).
+        extra={"fetch.wait.max.ms": 100},
+    )
+    consumer.subscribe([topic])
+    return consumer
 
 
 def measure_plain(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     """(b) poll + msgspec-decode every record; no database."""
-    consumer = create_consumer(
-        bootstrap,
-        group_id=f"bench-plain-{uuid.uuid4().hex[:8]}",
-        client_id="bench-plain",
-        extra=_consumer_extra(),
-    )
-    consumer.subscribe([args.topic])
+    consumer = _reader(bootstrap, args.topic, "plain")
     handled, first = 0, None
     try:
         while handled < args.events:
@@ -216,13 +219,7 @@ def floor_batches(args: argparse.Namespace, bootstrap: str) -> list[tuple[str, s
     """Per batch of the topic's records (read like the consumer reads them, `batch_size` at
     a time): (rows document, inbox document), decided in memory by the consumer's own
     planner against the state the batches before left. Untimed."""
-    consumer = create_consumer(
-        bootstrap,
-        group_id=f"bench-floor-{uuid.uuid4().hex[:8]}",
-        client_id="bench-floor",
-        extra=_consumer_extra(),
-    )
-    consumer.subscribe([args.topic])
+    consumer = _reader(bootstrap, args.topic, "floor")
     seen: set[str] = set()
     rows: dict[RowKey, MembershipRow] = {}
     batches, read = [], 0
@@ -316,32 +313,12 @@ def report(
         f"duplicates {real['duplicates']:,.0f}, dlq {real['dlq']:,.0f}"
     )
     note = f"{events:,} events, batch {args.batch_size}, same run"
-    record(
-        Comparison(
-            benchmark=BENCHMARK,
-            subject="consumer",
-            subject_value=rate["real"],
-            limit="plain consumer (poll + decode)",
-            limit_value=rate["plain"],
-            unit="msgs/s",
-            better="higher",
-            target=0.5,
-            note=note,
-        )
-    )
-    record(
-        Comparison(
-            benchmark=BENCHMARK,
-            subject="consumer drain",
-            subject_value=real["seconds"],
-            limit="DB floor (set-based, same batches)",
-            limit_value=floor["seconds"],
-            unit="s",
-            better="lower",
-            target=1.5,
-            note=note,
-        )
-    )
+    consumer = Figure("consumer", rate["real"])
+    client = Figure("plain consumer (poll + decode)", rate["plain"])
+    record(Comparison.rate(BENCHMARK, consumer, client, unit="msgs/s", target=0.5, note=note))
+    drain = Figure("consumer drain", real["seconds"])
+    db_floor = Figure("DB floor (set-based, same batches)", floor["seconds"])
+    record(Comparison.duration(BENCHMARK, drain, db_floor, target=1.5, note=note))
 
 
 def _measure(args: argparse.Namespace, bootstrap: str) -> None:

@@ -44,7 +44,7 @@ from pin_contracts import (
 from pin_contracts.enums import ScopeType
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_runtime.kafka import producer_config
-from pin_testkit.bench import Comparison, record
+from pin_testkit.bench import Comparison, Figure, record
 from pin_testkit.databases import temporary_database
 from pin_testkit.local import ensure_up
 from pin_testkit.ports import free_port
@@ -287,14 +287,11 @@ def report(rows: int, size: float, lanes: int, plain: list[float], relay: list[f
             table.add_row(label, per_row, "", "", "")
     console.print(table)
     record(
-        Comparison(
-            benchmark=f"2. relay drain, {rows:,} outbox rows, one instance, {lanes} lanes",
-            subject="relay (commit -> last row deleted)",
-            subject_value=relay_rate,
-            limit="plain confluent-kafka producer",
-            limit_value=plain_rate,
+        Comparison.rate(
+            f"2. relay drain, {rows:,} outbox rows, one instance, {lanes} lanes",
+            Figure("relay (commit -> last row deleted)", relay_rate),
+            Figure("plain confluent-kafka producer", plain_rate),
             unit="rows/s",
-            better="higher",
             target=0.5,
             note=f"best of {len(relay)} rounds each",
         )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from uuid import UUID
 
+import msgspec
 import pytest
 
 from pin_contracts import (
@@ -49,6 +51,47 @@ def test_membership_dlq_keeps_the_original_key() -> None:
     assert IDENTITY_MEMBERSHIP_DLQ.partitions == 3
     assert IDENTITY_MEMBERSHIP_DLQ.dead_letter_of == AGENT_MEMBERSHIP_CHANGED.name
     assert IDENTITY_MEMBERSHIP_DLQ.key_field == AGENT_MEMBERSHIP_CHANGED.key_field
+
+
+def test_catalogue_values_are_the_published_ones() -> None:
+    # Every field of every topic, written out: the declarations derive them from the event
+    # classes, and infra, the charts and other teams rely on these exact values.
+    assert {
+        t.name: (
+            t.partitions,
+            t.key_field,
+            t.event_type,
+            t.contract_version,
+            t.max_message_bytes,
+            t.dead_letter_of,
+        )
+        for t in CATALOGUE
+    } == {
+        "pin.identity.access.v1": (3, "UserId", "UserAccessChanged", 1, 8_388_608, None),
+        "pin.identity.agent-membership-changed.v1": (
+            3,
+            "AgentUserId",
+            "AgentMembershipChanged",
+            1,
+            1_048_576,
+            None,
+        ),
+        "pin.rewards.identity-membership-dlq.v1": (
+            3,
+            "AgentUserId",
+            "AgentMembershipChanged",
+            1,
+            1_048_576,
+            "pin.identity.agent-membership-changed.v1",
+        ),
+    }
+
+
+@pytest.mark.parametrize("event", [UserAccessChangedKafkaEvent, AgentMembershipChanged])
+def test_the_key_and_aggregate_fields_of_an_event_name_its_uuid_fields(event: Any) -> None:
+    types = {f.name: f.type for f in msgspec.structs.fields(event)}
+    assert types[event.KEY_FIELD] is UUID
+    assert types[event.AGGREGATE_ID_FIELD] is UUID
 
 
 def test_catalogue() -> None:

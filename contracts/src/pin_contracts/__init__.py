@@ -23,6 +23,7 @@ from pin_contracts.errors import (
     InvalidEventError,
     UnknownEnumValueError,
 )
+from pin_contracts.event import EventStruct
 from pin_contracts.kafka import (
     CONTRACT_VERSION_HEADER,
     EVENT_TYPE_HEADER,
@@ -68,6 +69,7 @@ __all__ = [
     "ContractViolation",
     "Envelope",
     "EventPayload",
+    "EventStruct",
     "FanOutTaskStatus",
     "Headers",
     "InvalidEventError",

@@ -13,6 +13,7 @@ from pin_contracts.enums import (
     UnknownEnumValue,
     parse_enum,
 )
+from pin_contracts.event import EventStruct
 from pin_contracts.wire import AwareDatetime, VersionInt, WireStruct
 
 __all__ = ["ActiveRoleAssignmentSnapshot", "UserAccessChangedKafkaEvent"]
@@ -38,7 +39,7 @@ class ActiveRoleAssignmentSnapshot(WireStruct, frozen=True, kw_only=True):
         return parse_enum(ScopeType, self.scope_type)
 
 
-class UserAccessChangedKafkaEvent(WireStruct, frozen=True, kw_only=True):
+class UserAccessChangedKafkaEvent(EventStruct, frozen=True, kw_only=True):
     """Payload of pin.identity.access.v1; consumers dedup by (UserId, Version).
 
     ActiveAssignments is authoritative: it replaces whatever the consumer cached.
@@ -47,6 +48,7 @@ class UserAccessChangedKafkaEvent(WireStruct, frozen=True, kw_only=True):
     EVENT_TYPE: ClassVar[str] = "UserAccessChanged"
     CONTRACT_VERSION: ClassVar[int] = 1
     AGGREGATE_TYPE: ClassVar[str] = "User"
+    AGGREGATE_ID_FIELD: ClassVar[str] = "user_id"
 
     user_id: UUID
     company_id: UUID | None = None
@@ -58,11 +60,3 @@ class UserAccessChangedKafkaEvent(WireStruct, frozen=True, kw_only=True):
     @property
     def parsed_change_reason(self) -> AccessChangeReason | UnknownEnumValue:
         return parse_enum(AccessChangeReason, self.change_reason)
-
-    @property
-    def aggregate_id(self) -> str:
-        return str(self.user_id)
-
-    @property
-    def record_key(self) -> UUID:
-        return self.user_id

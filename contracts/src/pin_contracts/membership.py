@@ -13,12 +13,13 @@ from pin_contracts.enums import (
     UnknownEnumValue,
     parse_enum,
 )
-from pin_contracts.wire import AwareDatetime, VersionInt, WireStruct
+from pin_contracts.event import EventStruct
+from pin_contracts.wire import AwareDatetime, VersionInt
 
 __all__ = ["AgentMembershipChanged"]
 
 
-class AgentMembershipChanged(WireStruct, frozen=True, kw_only=True):
+class AgentMembershipChanged(EventStruct, frozen=True, kw_only=True):
     """Payload of pin.identity.agent-membership-changed.v1 (key AgentUserId).
 
     CompanyId is the agency. Guid.Empty decodes; consumers decide (see is_empty_guid).
@@ -27,6 +28,10 @@ class AgentMembershipChanged(WireStruct, frozen=True, kw_only=True):
     EVENT_TYPE: ClassVar[str] = "AgentMembershipChanged"
     CONTRACT_VERSION: ClassVar[int] = 1
     AGGREGATE_TYPE: ClassVar[str] = "AgentMembership"
+    AGGREGATE_ID_FIELD: ClassVar[str] = "membership_id"
+    # Keyed by the agent, not the membership: per-agent order keeps the causal sequence of
+    # joins and leaves across all the agent's agencies (ADR-0056).
+    KEY_FIELD: ClassVar[str] = "agent_user_id"
 
     membership_id: UUID
     agent_user_id: UUID
@@ -48,11 +53,3 @@ class AgentMembershipChanged(WireStruct, frozen=True, kw_only=True):
     @property
     def parsed_reason(self) -> LeaveReason | UnknownEnumValue | None:
         return None if self.reason is None else parse_enum(LeaveReason, self.reason)
-
-    @property
-    def aggregate_id(self) -> str:
-        return str(self.membership_id)
-
-    @property
-    def record_key(self) -> UUID:
-        return self.agent_user_id

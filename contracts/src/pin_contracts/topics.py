@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pin_contracts.access import UserAccessChangedKafkaEvent
+from pin_contracts.event import EventStruct
 from pin_contracts.membership import AgentMembershipChanged
 
 __all__ = [
@@ -17,6 +18,9 @@ __all__ = [
 ]
 
 
+_ONE_MIB = 1_048_576
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Topic:
     """One topic: partitions are fixed because the key decides per-aggregate order."""
@@ -27,7 +31,7 @@ class Topic:
     """Wire name of the payload field whose canonical UUID text is the record key."""
     event_type: str
     contract_version: int
-    max_message_bytes: int = 1_048_576
+    max_message_bytes: int = _ONE_MIB
     """The topic's `max.message.bytes`: the largest record batch the broker accepts, after
     compression. Set deliberately per topic: the broker's default (about 1 MB) is not a
     decision. Producers set their `message.max.bytes` (checked on the uncompressed record)
@@ -35,38 +39,50 @@ class Topic:
     dead_letter_of: str | None = None
     """For a DLQ: the topic whose records it keeps (same key, value and headers)."""
 
+    @classmethod
+    def carrying(
+        cls,
+        event: type[EventStruct],
+        name: str,
+        *,
+        partitions: int = 3,
+        max_message_bytes: int = _ONE_MIB,
+    ) -> Topic:
+        """The topic of ``event``: its type, contract version and key come from the class."""
+        return cls(
+            name=name,
+            partitions=partitions,
+            key_field=event.key_wire_name(),
+            event_type=event.EVENT_TYPE,
+            contract_version=event.CONTRACT_VERSION,
+            max_message_bytes=max_message_bytes,
+        )
+
+    def dead_letters(self, name: str) -> Topic:
+        """The DLQ of this topic: the same records (key, value, headers) and partition count,
+        so a dead letter keeps its source partition number."""
+        return replace(self, name=name, dead_letter_of=self.name)
+
     def config(self) -> dict[str, str]:
         """Topic-level configuration to create the topic with (and to set on a cluster)."""
         return {"max.message.bytes": str(self.max_message_bytes)}
 
 
-USER_ACCESS_CHANGED = Topic(
-    name="pin.identity.access.v1",
-    partitions=3,
-    key_field="UserId",
-    event_type=UserAccessChangedKafkaEvent.EVENT_TYPE,
-    contract_version=UserAccessChangedKafkaEvent.CONTRACT_VERSION,
+USER_ACCESS_CHANGED = Topic.carrying(
+    UserAccessChangedKafkaEvent,
+    "pin.identity.access.v1",
     # A full snapshot of a user's active assignments: 350-375 bytes each before compression
     # (20,000 assignments: 7.5 MB raw, 1.1 MB zstd). The identity relay sends up to twice
     # this uncompressed (services/identity-fanout/README.md "Sizes").
     max_message_bytes=8_388_608,
 )
 
-AGENT_MEMBERSHIP_CHANGED = Topic(
-    name="pin.identity.agent-membership-changed.v1",
-    partitions=3,
-    key_field="AgentUserId",
-    event_type=AgentMembershipChanged.EVENT_TYPE,
-    contract_version=AgentMembershipChanged.CONTRACT_VERSION,
+AGENT_MEMBERSHIP_CHANGED = Topic.carrying(
+    AgentMembershipChanged, "pin.identity.agent-membership-changed.v1"
 )
 
-IDENTITY_MEMBERSHIP_DLQ = Topic(
-    name="pin.rewards.identity-membership-dlq.v1",
-    partitions=3,
-    key_field="AgentUserId",
-    event_type=AgentMembershipChanged.EVENT_TYPE,
-    contract_version=AgentMembershipChanged.CONTRACT_VERSION,
-    dead_letter_of=AGENT_MEMBERSHIP_CHANGED.name,
+IDENTITY_MEMBERSHIP_DLQ = AGENT_MEMBERSHIP_CHANGED.dead_letters(
+    "pin.rewards.identity-membership-dlq.v1"
 )
 
 CATALOGUE: tuple[Topic, ...] = (

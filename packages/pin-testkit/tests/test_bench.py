@@ -6,33 +6,43 @@ from pathlib import Path
 
 import pytest
 
-from pin_testkit.bench import RESULTS_ENV, Comparison, load, main, record
+from pin_testkit.bench import RESULTS_ENV, Comparison, Figure, load, main, record
 
 
 def rate(subject: float, limit: float, target: float = 0.5) -> Comparison:
-    return Comparison(
-        benchmark="relay drain",
-        subject="relay",
-        subject_value=subject,
-        limit="plain producer",
-        limit_value=limit,
-        unit="rows/s",
-        better="higher",
-        target=target,
-    )
+    relay, plain = Figure("relay", subject), Figure("plain producer", limit)
+    return Comparison.rate("relay drain", relay, plain, unit="rows/s", target=target)
 
 
 def duration(subject: float, limit: float, target: float = 3.0) -> Comparison:
-    return Comparison(
-        benchmark="fan-out",
-        subject="worker + relay",
-        subject_value=subject,
-        limit="one SQL statement",
-        limit_value=limit,
-        unit="s",
-        better="lower",
-        target=target,
+    worker, query = Figure("worker + relay", subject), Figure("one SQL statement", limit)
+    return Comparison.duration("fan-out", worker, query, target=target)
+
+
+def test_each_kind_of_figure_sets_its_unit_and_direction() -> None:
+    # The named constructors fill the same record the field-by-field form does.
+    assert rate(2.0, 4.0) == Comparison(
+        benchmark="relay drain",
+        subject="relay",
+        subject_value=2.0,
+        limit="plain producer",
+        limit_value=4.0,
+        unit="rows/s",
+        better="higher",
+        target=0.5,
     )
+    figures = (Figure("subject", 2.0), Figure("limit", 4.0))
+    kinds = {
+        "duration": Comparison.duration("b", *figures, target=1.5, note="n"),
+        "memory": Comparison.memory("b", *figures, target=1.5, note="n"),
+    }
+    assert {kind: (c.unit, c.better) for kind, c in kinds.items()} == {
+        "duration": ("s", "lower"),
+        "memory": ("MiB", "lower"),
+    }
+    assert kinds["duration"].subject_value == 2.0
+    assert kinds["duration"].limit == "limit"
+    assert kinds["memory"].note == "n"
 
 
 def test_a_rate_meets_its_target_from_above_and_a_duration_from_below() -> None:

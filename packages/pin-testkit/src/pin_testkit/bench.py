@@ -11,24 +11,35 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["RESULTS_ENV", "Comparison", "load", "main", "record", "summary_table"]
+__all__ = ["RESULTS_ENV", "Comparison", "Figure", "load", "main", "record", "summary_table"]
 
 RESULTS_ENV = "PIN_BENCH_RESULTS"
 """Path of the JSON-lines file the comparisons of one `make bench` run are appended to."""
 
 
-class Comparison(msgspec.Struct, frozen=True, kw_only=True):
+class Figure(NamedTuple):
+    """What was measured (the subject, or the limit it is held against) and its value."""
+
+    label: str
+    value: float
+
+
+class Comparison(msgspec.Struct, frozen=True):
     """One measured figure and its limit, taken in the same run on the same records.
 
     `better` says which way is good: "higher" for rates (rows/s), "lower" for durations.
     `ratio` is always subject/limit; `target` is the ratio the benchmark promises, in the same
     direction (a rate at least `target` of the limit, a duration at most `target` times it).
+    Scripts build one with `rate`, `duration` or `memory`, which set the unit and direction
+    that go with the kind of figure. The fields are in the order those constructors fill them
+    positionally: a `Figure` unpacks into (label, value), i.e. `subject, subject_value` and
+    `limit, limit_value`.
     """
 
     benchmark: str
@@ -40,6 +51,34 @@ class Comparison(msgspec.Struct, frozen=True, kw_only=True):
     better: Literal["higher", "lower"]
     target: float
     note: str = ""
+
+    @classmethod
+    def rate(
+        cls,
+        benchmark: str,
+        subject: Figure,
+        limit: Figure,
+        *,
+        unit: str,
+        target: float,
+        note: str = "",
+    ) -> Comparison:
+        """A throughput in `unit` ("rows/s"): higher is better, `target` is a floor."""
+        return cls(benchmark, *subject, *limit, unit, "higher", target, note)
+
+    @classmethod
+    def duration(
+        cls, benchmark: str, subject: Figure, limit: Figure, *, target: float, note: str = ""
+    ) -> Comparison:
+        """A time in seconds: lower is better, `target` is a ceiling."""
+        return cls(benchmark, *subject, *limit, "s", "lower", target, note)
+
+    @classmethod
+    def memory(
+        cls, benchmark: str, subject: Figure, limit: Figure, *, target: float, note: str = ""
+    ) -> Comparison:
+        """A memory footprint in MiB: lower is better, `target` is a ceiling."""
+        return cls(benchmark, *subject, *limit, "MiB", "lower", target, note)
 
     @property
     def ratio(self) -> float:
