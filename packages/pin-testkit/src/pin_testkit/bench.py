@@ -30,14 +30,16 @@ class Figure(NamedTuple):
     value: float
 
 
-class Comparison(msgspec.Struct, frozen=True, kw_only=True):
+class Comparison(msgspec.Struct, frozen=True):
     """One measured figure and its limit, taken in the same run on the same records.
 
     `better` says which way is good: "higher" for rates (rows/s), "lower" for durations.
     `ratio` is always subject/limit; `target` is the ratio the benchmark promises, in the same
     direction (a rate at least `target` of the limit, a duration at most `target` times it).
     Scripts build one with `rate`, `duration` or `memory`, which set the unit and direction
-    that go with the kind of figure.
+    that go with the kind of figure. The fields are in the order those constructors fill them
+    positionally: a `Figure` unpacks into (label, value), i.e. `subject, subject_value` and
+    `limit, limit_value`.
     """
 
     benchmark: str
@@ -62,51 +64,21 @@ class Comparison(msgspec.Struct, frozen=True, kw_only=True):
         note: str = "",
     ) -> Comparison:
         """A throughput in `unit` ("rows/s"): higher is better, `target` is a floor."""
-        return cls._of(
-            benchmark, subject, limit, unit=unit, better="higher", target=target, note=note
-        )
+        return cls(benchmark, *subject, *limit, unit, "higher", target, note)
 
     @classmethod
     def duration(
         cls, benchmark: str, subject: Figure, limit: Figure, *, target: float, note: str = ""
     ) -> Comparison:
         """A time in seconds: lower is better, `target` is a ceiling."""
-        return cls._of(
-            benchmark, subject, limit, unit="s", better="lower", target=target, note=note
-        )
+        return cls(benchmark, *subject, *limit, "s", "lower", target, note)
 
     @classmethod
     def memory(
         cls, benchmark: str, subject: Figure, limit: Figure, *, target: float, note: str = ""
     ) -> Comparison:
         """A memory footprint in MiB: lower is better, `target` is a ceiling."""
-        return cls._of(
-            benchmark, subject, limit, unit="MiB", better="lower", target=target, note=note
-        )
-
-    @classmethod
-    def _of(
-        cls,
-        benchmark: str,
-        subject: Figure,
-        limit: Figure,
-        *,
-        unit: str,
-        better: Literal["higher", "lower"],
-        target: float,
-        note: str,
-    ) -> Comparison:
-        return cls(
-            benchmark=benchmark,
-            subject=subject.label,
-            subject_value=subject.value,
-            limit=limit.label,
-            limit_value=limit.value,
-            unit=unit,
-            better=better,
-            target=target,
-            note=note,
-        )
+        return cls(benchmark, *subject, *limit, "MiB", "lower", target, note)
 
     @property
     def ratio(self) -> float:
