@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import pytest
@@ -20,6 +20,8 @@ from pin_runtime.metrics import (
     load_catalogue,
     parse_catalogue,
 )
+
+ImportablePackage = Callable[[str, Mapping[str, str]], None]  # the conftest fixture
 
 CATALOGUE = """
 # A comment is kept out of the entries.
@@ -285,13 +287,9 @@ def test_a_metric_set_without_a_catalogue_is_refused() -> None:
 
 
 def test_a_catalogue_is_read_from_its_package_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    importable_package: ImportablePackage,
 ) -> None:
-    package = tmp_path / "catalogue_pkg"
-    (package / "sub").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "sub" / "metrics.toml").write_text(CATALOGUE, encoding="utf-8")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    importable_package("catalogue_pkg", {"sub/metrics.toml": CATALOGUE})
 
     catalogue = load_catalogue("catalogue_pkg", "sub/metrics.toml")
 
