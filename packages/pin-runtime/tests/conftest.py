@@ -11,6 +11,7 @@ from confluent_kafka import Producer
 from pin_runtime.kafka import ConfigValue, create_producer
 
 UnreachableProducer = Callable[[Mapping[str, ConfigValue]], Producer]
+ImportablePackage = Callable[[str, Mapping[str, str]], None]
 
 
 @pytest.fixture
@@ -38,3 +39,21 @@ def migrations_dir(tmp_path: Path) -> Callable[[Mapping[str, str]], Path]:
         return directory
 
     return write
+
+
+@pytest.fixture
+def importable_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ImportablePackage:
+    """`importable_package(name, files)`: a package `name` importable for the test, holding
+    ``files`` (a path with ``/`` -> its text): what `importlib.resources` reads data from."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def make(name: str, files: Mapping[str, str]) -> None:
+        package = tmp_path / name
+        package.mkdir()
+        (package / "__init__.py").write_text("")
+        for path, text in files.items():
+            target = package.joinpath(*path.split("/"))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+
+    return make

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from pathlib import Path
 from uuid import UUID
 
 import msgspec
@@ -17,6 +17,8 @@ from pin_runtime.sql import (
     load_queries,
     parse_queries,
 )
+
+ImportablePackage = Callable[[str, Mapping[str, str]], None]  # the conftest fixture
 
 FILE = """\
 -- Statements of the example aggregate.
@@ -132,14 +134,10 @@ def test_assignments_of_a_row_type_but_its_key() -> None:
 
 
 def test_load_queries_reads_a_file_of_a_package_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    importable_package: ImportablePackage,
 ) -> None:
-    package = tmp_path / "sqlkit_example"
-    (package / "sql").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "sql" / "tasks.sql").write_text(FILE)
-    (package / "sql" / "broken.sql").write_text("-- name: a --\nSELECT 1\n-- name: a --\nX\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    broken = "-- name: a --\nSELECT 1\n-- name: a --\nX\n"
+    importable_package("sqlkit_example", {"sql/tasks.sql": FILE, "sql/broken.sql": broken})
     queries = load_queries("sqlkit_example", "sql/tasks.sql")
     assert queries.source == "sqlkit_example/sql/tasks.sql"
     assert queries.count_ready.startswith("SELECT count(*)")
