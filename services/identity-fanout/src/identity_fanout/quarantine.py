@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the relay's type only: the operator commands load no Kafka 
 __all__ = [
     "DiscardedRow",
     "MovedRow",
+    "QuarantineEntry",
     "QuarantinedRow",
     "RequeuedRow",
     "discard_quarantined",
@@ -40,7 +41,6 @@ __all__ = [
     "quarantine_rows",
     "retry_all",
     "retry_quarantined",
-    "row_log_fields",
 ]
 
 _log = logging.getLogger("identity_fanout.quarantine")
@@ -49,45 +49,44 @@ _LIST: Final = _q.compose("select_quarantined", filter=sql.SQL(_q.oldest_first))
 _GET: Final = _q.compose("select_quarantined", filter=sql.SQL(_q.by_id))
 
 
-class DiscardedRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A quarantined row an operator discarded (what the audit log line names)."""
-
-    quarantine_id: int
-    topic: str
-    key: str
-    message_id: UUID
-    event_type: str
-    error_reason: str
-    attempts: int
-
-
-class MovedRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A row the relay has just quarantined (what its log line names)."""
-
-    quarantine_id: int
-    outbox_id: int
-    topic: str
-    key: str
-    message_id: UUID
-    event_type: str
-    attempts: int
-    size: int
-
-
 # The log field naming a quarantined row's key, by event type (ids only, never PII).
 _KEY_FIELDS: Final = {"UserAccessChanged": "userId", "AgentMembershipChanged": "agentUserId"}
 
 
-def row_log_fields(row: MovedRow | DiscardedRow) -> dict[str, object]:
-    """The fields that name a quarantined row in every log line about it: which row, what
-    it carries and whose it is (the key, under the name of the id it is)."""
-    return {
-        "quarantineId": row.quarantine_id,
-        "topic": row.topic,
-        "eventType": row.event_type,
-        "messageId": str(row.message_id),
-        _KEY_FIELDS.get(row.event_type, "messageKey"): row.key,
-    }
+class QuarantineEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """What names a quarantined row in every log line about it: which row, what it carries
+    and whose it is."""
+
+    quarantine_id: int
+    topic: str
+    key: str
+    message_id: UUID
+    event_type: str
+
+    def log_fields(self) -> dict[str, object]:
+        """The row's log fields; the key under the name of the id it is (`userId`, ...)."""
+        return {
+            "quarantineId": self.quarantine_id,
+            "topic": self.topic,
+            "eventType": self.event_type,
+            "messageId": str(self.message_id),
+            _KEY_FIELDS.get(self.event_type, "messageKey"): self.key,
+        }
+
+
+class DiscardedRow(QuarantineEntry, frozen=True, kw_only=True):
+    """A quarantined row an operator discarded (what the audit log line names)."""
+
+    error_reason: str
+    attempts: int
+
+
+class MovedRow(QuarantineEntry, frozen=True, kw_only=True):
+    """A row the relay has just quarantined (what its log line names)."""
+
+    outbox_id: int
+    attempts: int
+    size: int
 
 
 class QuarantinedRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -207,7 +206,7 @@ def discard_quarantined(
             _log,
             "outbox quarantined row discarded",
             logging.WARNING,
-            **row_log_fields(row),
+            **row.log_fields(),
             errorReason=row.error_reason,
             reason=reason,
         )

@@ -10,7 +10,7 @@ from typing import Final
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout.quarantine import MovedRow, quarantine_counts, row_log_fields
+from identity_fanout.quarantine import MovedRow, quarantine_counts
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_settlement import Refusal, Settlement
 from pin_runtime.delivery import DeliveryFailure
@@ -89,7 +89,7 @@ def report_quarantined(metrics: RelayMetrics, row: MovedRow, failure: DeliveryFa
         "outbox row quarantined",
         logging.ERROR,
         outboxId=row.outbox_id,
-        **row_log_fields(row),
+        **row.log_fields(),
         errorCode=failure.code,
         reason=failure.reason,
         error=failure.message,

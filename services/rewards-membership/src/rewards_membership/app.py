@@ -24,7 +24,7 @@ from pin_runtime.logging import log_event
 from pin_runtime.migrations import migrate
 from pin_runtime.postgres import SessionLimits
 from pin_runtime.settings import settings_for_log
-from rewards_membership.consumer import ConsumerOptions, MembershipConsumer
+from rewards_membership.consumer import MembershipConsumer
 from rewards_membership.db_roles import RUNTIME_ROLES
 from rewards_membership.deadletter import DeadLetterer
 from rewards_membership.metrics import Metrics
@@ -163,15 +163,6 @@ def build_consumer(
         extra=_dlq_producer_config(settings),
         on_error=on_kafka_error,
     )
-    options = ConsumerOptions(
-        topic=settings.topic,
-        group_id=settings.group_id,
-        batch_size=settings.batch_size,
-        poll_timeout=settings.poll_timeout.total_seconds(),
-        retry_initial=settings.retry_initial.total_seconds(),
-        retry_max=settings.retry_max.total_seconds(),
-        lag_interval=settings.lag_interval.total_seconds(),
-    )
     store = MembershipStore(
         settings.database_dsn.reveal(), application_name=name, session=settings.database_session()
     )
@@ -183,7 +174,7 @@ def build_consumer(
         on_tick=heartbeat.beat if heartbeat is not None else None,
     )
     membership = MembershipConsumer(
-        options=options,
+        settings=settings,
         consumer=consumer,
         # The lag gauges' own client, never in the group: asked through the polling
         # consumer, a request waits behind its long-poll fetch on the broker connection.

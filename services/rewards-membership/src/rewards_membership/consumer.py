@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import msgspec
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
@@ -55,25 +54,13 @@ from rewards_membership.report import (
     start_process_span,
     start_receive_span,
 )
+from rewards_membership.settings import Settings
 from rewards_membership.store import MembershipStore
 from rewards_membership.validation import InvalidEvent, position_key, validate
 
-__all__ = ["ConsumerOptions", "MembershipConsumer"]
+__all__ = ["MembershipConsumer"]
 
 _log = logging.getLogger("rewards_membership.consumer")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConsumerOptions:
-    """The loop's settings (`Settings` holds their defaults and checks), durations in seconds."""
-
-    topic: str
-    group_id: str
-    batch_size: int
-    poll_timeout: float
-    retry_initial: float
-    retry_max: float
-    lag_interval: float
 
 
 class MembershipConsumer:
@@ -82,7 +69,7 @@ class MembershipConsumer:
     def __init__(
         self,
         *,
-        options: ConsumerOptions,
+        settings: Settings,
         consumer: Consumer,
         offsets_reader: Consumer,
         store: MembershipStore,
@@ -94,7 +81,10 @@ class MembershipConsumer:
         tracer: trace.Tracer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._options = options
+        # The loop reads its own settings (topic, group, batch, poll, backoff, lag interval).
+        self._topic, self._group_id = settings.topic, settings.group_id
+        self._batch_size = settings.batch_size
+        self._poll_timeout = settings.poll_timeout.total_seconds()
         self._consumer = consumer
         self._dead_letters = dead_letters
         self._heartbeat = heartbeat
@@ -105,15 +95,18 @@ class MembershipConsumer:
         self._lane = DatabaseLane(BatchApplier(store, self._tracer))
         self._lag = LagReporter(
             offsets_reader,
-            topic=options.topic,
+            topic=settings.topic,
             metrics=metrics,
-            interval=options.lag_interval,
+            interval=settings.lag_interval.total_seconds(),
             clock=clock,
         )
-        pauser = PartitionPauser(initial=options.retry_initial, maximum=options.retry_max)
+        pauser = PartitionPauser(
+            initial=settings.retry_initial.total_seconds(),
+            maximum=settings.retry_max.total_seconds(),
+        )
         self._partitions = PartitionControl(
             consumer,
-            topic=options.topic,
+            topic=settings.topic,
             pauser=pauser,
             metrics=metrics,
             clock=clock,
@@ -128,13 +121,13 @@ class MembershipConsumer:
             kafka_state=self.kafka_state,
         )
         self._reporter = BatchReporter(
-            metrics=metrics, tracer=self._tracer, topic=options.topic, group_id=options.group_id
+            metrics=metrics, tracer=self._tracer, topic=settings.topic, group_id=settings.group_id
         )
         self._in_flight: InFlight | None = None
         self._unreported: list[Finished] = []
         self._rebalances = RebalanceGuard(
             consumer,
-            topic=options.topic,
+            topic=settings.topic,
             partitions=self._partitions,
             settle=self._settle_and_report,
             on_assigned=self._assigned,
@@ -153,7 +146,7 @@ class MembershipConsumer:
         self._probe_database()
         rebalances = self._rebalances
         self._consumer.subscribe(
-            [self._options.topic],
+            [self._topic],
             on_assign=rebalances.on_assign,
             on_revoke=rebalances.on_revoke,
             on_lost=rebalances.on_lost,
@@ -174,7 +167,7 @@ class MembershipConsumer:
             finally:
                 self._lag.close()
                 self._lane.close()
-        log_event(_log, "consumer closed", topic=self._options.topic)
+        log_event(_log, "consumer closed", topic=self._topic)
 
     @property
     def paused_partitions(self) -> frozenset[int]:
@@ -190,9 +183,7 @@ class MembershipConsumer:
             self._heartbeat.beat()
         self._partitions.resume_due(self._probe_database)
         self._rebalances.poll_started()
-        messages = self._consumer.consume(
-            num_messages=self._options.batch_size, timeout=self._options.poll_timeout
-        )
+        messages = self._consumer.consume(num_messages=self._batch_size, timeout=self._poll_timeout)
         records = self._rebalances.keep_polled([m for m in messages if _is_record(m)])
         # Decoded while the batch before is in its transaction on the lane.
         items: list[Item] = [_keyed(m, validate(m.value())) for m in records]
@@ -210,8 +201,8 @@ class MembershipConsumer:
         return len(records)
 
     def _start(self, records: Sequence[Message], items: Sequence[Item]) -> None:
-        topic = self._options.topic
-        receive = start_receive_span(self._tracer, topic, self._options.group_id, records)
+        topic = self._topic
+        receive = start_receive_span(self._tracer, topic, self._group_id, records)
         process = start_process_span(self._tracer, topic, len(records), receive)
         with trace.use_span(process, end_on_exit=False):
             plan = self._lane.submit(items)
