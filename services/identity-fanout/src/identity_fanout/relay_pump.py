@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Final
 
 import psycopg
@@ -41,7 +41,7 @@ Tick = Callable[[], None]
 GiveUp = Callable[[], bool]
 """Asked while waiting: True once the process is stopping."""
 
-__all__ = ["Pump", "RoundResult", "Tally"]
+__all__ = ["Pump", "RoundResult"]
 
 
 _log = logging.getLogger("identity_fanout.relay")
@@ -50,11 +50,13 @@ BUSY_WAIT: Final = 0.05
 """How long to wait for reports when the window is full or nothing new was read."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RoundResult:
-    """What one step did; `error` is why the flow stopped (a retriable failure), if it did."""
+    """What one step did. The pump counts into one while the step runs (`Pump.tally`);
+    `take_tally()` hands it out, `active` is set then, and nothing changes it afterwards.
+    `error` is why the flow stopped (a retriable failure), if it did."""
 
-    active: bool
+    active: bool = False
     read: int = 0
     published: int = 0
     failed: int = 0
@@ -63,23 +65,6 @@ class RoundResult:
     first_id: int | None = None
     last_published_id: int | None = None
     error: str | None = None
-
-
-@dataclass(slots=True)
-class Tally:
-    """What the pump did since the last `take_tally()` (a `RoundResult`'s figures)."""
-
-    read: int = 0
-    published: int = 0
-    quarantined: int = 0
-    failed: int = 0
-    first_id: int | None = None
-    last_published_id: int | None = None
-    error: str | None = None
-
-    def result(self, *, active: bool) -> RoundResult:
-        figures = {f.name: getattr(self, f.name) for f in fields(RoundResult) if f.name != "active"}
-        return RoundResult(active=active, **figures)
 
 
 class Pump:
@@ -112,10 +97,11 @@ class Pump:
         self._reader = Reader()
         self._to_delete: list[int] = []
         self._topics: set[str] = set()
-        self.tally = Tally()
+        self.tally = RoundResult()
 
-    def take_tally(self) -> Tally:
-        tally, self.tally = self.tally, Tally()
+    def take_tally(self) -> RoundResult:
+        """The figures since the last call (a fresh tally starts)."""
+        tally, self.tally = self.tally, RoundResult()
         tally.published, tally.last_published_id = self._deleter.take_published()
         return tally
 

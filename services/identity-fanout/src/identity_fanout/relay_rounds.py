@@ -49,12 +49,12 @@ class Rounds:
         idle = not self.pump.tally.read and not len(self.pump.window)
         if idle:
             self.pump.flush()  # nothing else to do: the last deletes, then the gauges
-        tally = self.pump.take_tally()
+        result = self.pump.take_tally()
         # After the step (the backlog it left): at each look, on a quarantine, when idle.
-        if self._gauges_due or tally.quarantined or idle:
+        if self._gauges_due or result.quarantined or idle:
             self._gauges_due = False
             refresh_gauges(conn, self.metrics)
-        result = tally.result(active=bool(self.session.lanes))
+        result.active = bool(self.session.lanes)
         if result.error is None:
             self.state.ok()
         else:
