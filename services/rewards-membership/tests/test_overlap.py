@@ -18,8 +18,8 @@ from confluent_kafka import Message, TopicPartition
 
 from pin_contracts import AgentMembershipChanged
 from pin_runtime.kafka import create_consumer
-from rewards_membership.consumer import MembershipConsumer
 from rewards_membership.inflight import bounds, keep_partitions, reseek_offsets
+from rewards_membership.pipeline import BatchPipeline
 from rewards_membership.settings import Settings
 from rewards_membership.validation import InvalidEvent
 
@@ -86,14 +86,14 @@ def test_a_rebalance_with_a_batch_in_flight_loses_and_repeats_nothing(
     assert_applied_once_each: Callable[..., None],
 ) -> None:
     revokes: list[bool] = []
-    settle = MembershipConsumer._settle_and_report
+    settle = BatchPipeline.settle_and_report
 
-    def watched(self: MembershipConsumer, exclude: Any) -> None:
+    def watched(self: BatchPipeline, exclude: Any) -> None:
         # Called by the revoke (and loss) callback: was a batch in its transaction then?
-        revokes.append(self._in_flight is not None)
+        revokes.append(self.in_flight is not None)
         settle(self, exclude)
 
-    monkeypatch.setattr(MembershipConsumer, "_settle_and_report", watched)
+    monkeypatch.setattr(BatchPipeline, "settle_and_report", watched)
     available = stream(agents=150, versions=200)  # fed as they are consumed
     payloads = available[:1000]
     kafka.send(*payloads)

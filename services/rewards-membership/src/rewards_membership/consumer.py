@@ -3,7 +3,8 @@
 While the database lane (`db_lane.py`) applies batch N in its transaction, this thread
 reports batch N-1, polls batch N+1 and decodes it; then it finishes N (`finish.py`: dead
 letters, inbox marks, offset commit, or pause and seek back on failure) and only then hands
-N+1 to the lane. So:
+N+1 to the lane. The batch in flight and the finished ones waiting to be reported are kept
+by `pipeline.BatchPipeline`; this loop polls, validates and hands over. So:
 
 - offsets are committed only after their batch's transaction committed, and one batch at
   a time is in the database (inbox + projection in one transaction per batch, in order);
@@ -36,24 +37,15 @@ from rewards_membership.applier import BatchApplier
 from rewards_membership.db_lane import DatabaseLane
 from rewards_membership.deadletter import DeadLetterer
 from rewards_membership.finish import BatchFinisher
-from rewards_membership.inflight import (
-    Finished,
-    InFlight,
-    bounds,
-    keep_partitions,
-)
+from rewards_membership.inflight import keep_partitions
 from rewards_membership.lag import LagReporter
 from rewards_membership.metrics import Metrics
 from rewards_membership.partitions import POSTGRESQL, PartitionControl
 from rewards_membership.pauser import PartitionPauser
+from rewards_membership.pipeline import BatchPipeline
 from rewards_membership.rebalance import RebalanceGuard
 from rewards_membership.records import offset_of, partition_of, topic_of
-from rewards_membership.report import (
-    BatchReporter,
-    Item,
-    start_process_span,
-    start_receive_span,
-)
+from rewards_membership.report import BatchReporter, Item
 from rewards_membership.settings import Settings
 from rewards_membership.store import MembershipStore
 from rewards_membership.validation import InvalidEvent, position_key, validate
@@ -82,7 +74,7 @@ class MembershipConsumer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # The loop reads its own settings (topic, group, batch, poll, backoff, lag interval).
-        self._topic, self._group_id = settings.topic, settings.group_id
+        self._topic = settings.topic
         self._batch_size = settings.batch_size
         self._poll_timeout = settings.poll_timeout.total_seconds()
         self._consumer = consumer
@@ -90,9 +82,9 @@ class MembershipConsumer:
         self._heartbeat = heartbeat
         self.database_state = database_state or ComponentState()
         self.kafka_state = kafka_state or ComponentState()
-        self._tracer = tracer or trace.get_tracer("rewards_membership")
+        tracer = tracer or trace.get_tracer("rewards_membership")
         self._clock = clock
-        self._lane = DatabaseLane(BatchApplier(store, self._tracer))
+        self._lane = DatabaseLane(BatchApplier(store, tracer))
         self._lag = LagReporter(
             offsets_reader,
             topic=settings.topic,
@@ -113,23 +105,30 @@ class MembershipConsumer:
             on_committed=lambda p, offset: dead_letters.forget(p, below=offset),
             on_forget=self._forget,
         )
-        self._finisher = BatchFinisher(
+        finisher = BatchFinisher(
             lane=self._lane,
             dead_letters=dead_letters,
             partitions=self._partitions,
             database_state=self.database_state,
             kafka_state=self.kafka_state,
         )
-        self._reporter = BatchReporter(
-            metrics=metrics, tracer=self._tracer, topic=settings.topic, group_id=settings.group_id
+        reporter = BatchReporter(
+            metrics=metrics, tracer=tracer, topic=settings.topic, group_id=settings.group_id
         )
-        self._in_flight: InFlight | None = None
-        self._unreported: list[Finished] = []
+        self._batches = BatchPipeline(
+            self._lane,
+            finisher,
+            reporter,
+            tracer=tracer,
+            topic=settings.topic,
+            group_id=settings.group_id,
+            clock=clock,
+        )
         self._rebalances = RebalanceGuard(
             consumer,
             topic=settings.topic,
             partitions=self._partitions,
-            settle=self._settle_and_report,
+            settle=self._batches.settle_and_report,
             on_assigned=self._assigned,
         )
 
@@ -157,8 +156,7 @@ class MembershipConsumer:
         release the database."""
         try:
             try:
-                self._settle()
-                self._report()
+                self._batches.settle_and_report(())
             finally:
                 self._partitions.commit(raise_errors=False)
         finally:
@@ -187,7 +185,7 @@ class MembershipConsumer:
         records = self._rebalances.keep_polled([m for m in messages if _is_record(m)])
         # Decoded while the batch before is in its transaction on the lane.
         items: list[Item] = [_keyed(m, validate(m.value())) for m in records]
-        self._settle()
+        self._batches.settle()
         pauser, assigned = self._partitions.pauser, self._partitions.assigned
         # A partition paused meanwhile (the batch before failed) was sought back: its
         # records are read again after the pause.
@@ -196,57 +194,13 @@ class MembershipConsumer:
         )
         self._lag.maybe_report(assigned, pauser.paused_for(self._clock()), self._unreplayed)
         if records:
-            self._start(records, items)
-        self._report()
+            self._batches.start(records, items)
+        self._batches.report()
         return len(records)
-
-    def _start(self, records: Sequence[Message], items: Sequence[Item]) -> None:
-        topic = self._topic
-        receive = start_receive_span(self._tracer, topic, self._group_id, records)
-        process = start_process_span(self._tracer, topic, len(records), receive)
-        with trace.use_span(process, end_on_exit=False):
-            plan = self._lane.submit(items)
-        first, last = bounds(records)
-        self._in_flight = InFlight(
-            records=records,
-            items=items,
-            first=first,
-            last=last,
-            started=self._clock(),
-            receive=receive,
-            process=process,
-            plan=plan,
-        )
-
-    def _settle(self, exclude: Sequence[int] = ()) -> None:
-        """Finish the batch in flight, if any (waits for its transaction)."""
-        batch, self._in_flight = self._in_flight, None
-        if batch is None:
-            return
-        finished = self._finisher.finish(batch, now=self._clock(), exclude=exclude)
-        if finished is not None:
-            self._unreported.append(finished)
-
-    def _settle_and_report(self, exclude: Sequence[int]) -> None:
-        self._settle(exclude)
-        self._report()
 
     def _assigned(self) -> None:
         self.kafka_state.ok()
         self._lag.soon()
-
-    def _report(self) -> None:
-        unreported, self._unreported = self._unreported, []
-        for finished in unreported:
-            try:
-                self._reporter.report(
-                    finished.done,
-                    finished.receipts,
-                    elapsed_ms=finished.elapsed_ms,
-                    batch_context=finished.receive.get_span_context(),
-                )
-            finally:
-                finished.receive.end()
 
     def _unreplayed(self) -> int | None:
         # Not while the database is known down: a connect attempt would stall the loop.
