@@ -116,13 +116,7 @@ class MembershipConsumer:
             metrics=metrics, tracer=tracer, topic=settings.topic, group_id=settings.group_id
         )
         self._batches = BatchPipeline(
-            self._lane,
-            finisher,
-            reporter,
-            tracer=tracer,
-            topic=settings.topic,
-            group_id=settings.group_id,
-            clock=clock,
+            lane=self._lane, finisher=finisher, reporter=reporter, clock=clock
         )
         self._rebalances = RebalanceGuard(
             consumer,

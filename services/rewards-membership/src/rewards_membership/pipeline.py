@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import dataclass, field
 
 from confluent_kafka import Message
 from opentelemetry import trace
@@ -19,33 +19,23 @@ from opentelemetry import trace
 from rewards_membership.db_lane import DatabaseLane
 from rewards_membership.finish import BatchFinisher
 from rewards_membership.inflight import Finished, InFlight, bounds
-from rewards_membership.report import (
-    BatchReporter,
-    Item,
-    start_process_span,
-    start_receive_span,
-)
+from rewards_membership.report import BatchReporter, Item
 
 __all__ = ["BatchPipeline"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class BatchPipeline:
     lane: DatabaseLane
     finisher: BatchFinisher
     reporter: BatchReporter
-    _: KW_ONLY
-    tracer: trace.Tracer
-    topic: str
-    group_id: str
     clock: Callable[[], float] = time.monotonic
     in_flight: InFlight | None = field(init=False, default=None)
     _unreported: list[Finished] = field(init=False, default_factory=list)
 
     def start(self, records: Sequence[Message], items: Sequence[Item]) -> None:
         """Hand the batch to the database lane; its transaction runs while the loop polls."""
-        receive = start_receive_span(self.tracer, self.topic, self.group_id, records)
-        process = start_process_span(self.tracer, self.topic, len(records), receive)
+        receive, process = self.reporter.start_spans(records)
         with trace.use_span(process, end_on_exit=False):
             plan = self.lane.submit(items)
         first, last = bounds(records)

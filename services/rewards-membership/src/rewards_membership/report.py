@@ -25,7 +25,7 @@ from rewards_membership.plan import Outcome
 from rewards_membership.records import key_text, offset_of, partition_of
 from rewards_membership.validation import EXPECTED_CONTRACT_VERSION, InvalidEvent, MembershipChange
 
-__all__ = ["BatchReporter", "Item", "start_process_span", "start_receive_span"]
+__all__ = ["BatchReporter", "Item"]
 
 _log = logging.getLogger("rewards_membership.consumer")
 Item = MembershipChange | InvalidEvent
@@ -39,6 +39,42 @@ class BatchReporter:
         self._tracer = tracer
         self._topic = topic
         self._group_id = group_id
+
+    def start_spans(self, records: Sequence[Message]) -> tuple[trace.Span, trace.Span]:
+        """The batch's `<topic> receive` span, linked to the records' own trace contexts,
+        and its `membership batch process` child.
+
+        Started, not made current: a batch's work spans two turns of the loop and two
+        threads (the process span and the `pg apply batch` span below it carry it
+        explicitly)."""
+        links = []
+        for message in records[:_MAX_LINKS]:
+            context = trace.get_current_span(extract_context(message.headers())).get_span_context()
+            if context.is_valid:
+                links.append(Link(context))
+        receive = self._tracer.start_span(
+            f"{self._topic} receive",
+            kind=SpanKind.CONSUMER,
+            links=links,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.type": "receive",
+                "messaging.operation.name": "consume",
+                "messaging.destination.name": self._topic,
+                "messaging.consumer.group.name": self._group_id,
+                "messaging.batch.message_count": len(records),
+            },
+        )
+        process = self._tracer.start_span(
+            "membership batch process",
+            context=trace.set_span_in_context(receive),
+            attributes={
+                "messaging.operation.type": "process",
+                "messaging.destination.name": self._topic,
+                "messaging.batch.message_count": len(records),
+            },
+        )
+        return receive, process
 
     def report(
         self,
@@ -224,44 +260,3 @@ def _fields(item: MembershipChange) -> dict[str, Any]:
 
 
 _MAX_LINKS = 32
-
-
-def start_receive_span(
-    tracer: trace.Tracer, topic: str, group_id: str, records: Sequence[Message]
-) -> trace.Span:
-    """The batch's `<topic> receive` span, linked to the records' own trace contexts.
-
-    Started, not made current: a batch's work spans two turns of the loop and two threads
-    (`process_span` and the `pg apply batch` span below it carry it explicitly)."""
-    links = []
-    for message in records[:_MAX_LINKS]:
-        context = trace.get_current_span(extract_context(message.headers())).get_span_context()
-        if context.is_valid:
-            links.append(Link(context))
-    return tracer.start_span(
-        f"{topic} receive",
-        kind=SpanKind.CONSUMER,
-        links=links,
-        attributes={
-            "messaging.system": "kafka",
-            "messaging.operation.type": "receive",
-            "messaging.operation.name": "consume",
-            "messaging.destination.name": topic,
-            "messaging.consumer.group.name": group_id,
-            "messaging.batch.message_count": len(records),
-        },
-    )
-
-
-def start_process_span(
-    tracer: trace.Tracer, topic: str, count: int, receive: trace.Span
-) -> trace.Span:
-    return tracer.start_span(
-        "membership batch process",
-        context=trace.set_span_in_context(receive),
-        attributes={
-            "messaging.operation.type": "process",
-            "messaging.destination.name": topic,
-            "messaging.batch.message_count": count,
-        },
-    )
