@@ -123,10 +123,10 @@ def test_client_certificate_authenticates_on_the_mutual_tls_listener(
         {
             "SVC_KAFKA_BOOTSTRAP": secured_kafka.mtls_bootstrap,
             "SVC_KAFKA_SECURITY_PROTOCOL": "SSL",
-            "SVC_KAFKA_SSL_CA_LOCATION": str(secured_kafka.ca_file),
-            "SVC_KAFKA_SSL_CERTIFICATE_LOCATION": str(secured_kafka.client_certificate),
-            "SVC_KAFKA_SSL_KEY_LOCATION": str(secured_kafka.client_key),
-            "SVC_KAFKA_SSL_KEY_PASSWORD": secured_kafka.client_key_password,
+            "SVC_KAFKA_SSL_CA_LOCATION": str(secured_kafka.tls.ca_file),
+            "SVC_KAFKA_SSL_CERTIFICATE_LOCATION": str(secured_kafka.tls.client_certificate),
+            "SVC_KAFKA_SSL_KEY_LOCATION": str(secured_kafka.tls.client_key),
+            "SVC_KAFKA_SSL_KEY_PASSWORD": secured_kafka.tls.client_key_password,
         },
     )
     verify_connection(svc.kafka_connection(), timeout=20)
@@ -139,7 +139,7 @@ def test_mutual_tls_listener_refuses_a_client_without_a_certificate(
     config = {
         "bootstrap.servers": secured_kafka.mtls_bootstrap,
         "security.protocol": "SSL",
-        "ssl.ca.location": str(secured_kafka.ca_file),
+        "ssl.ca.location": str(secured_kafka.tls.ca_file),
     }
     with pytest.raises(KafkaSetupError, match=r"^TLS handshake with Kafka at "):
         verify_connection(config, timeout=30)

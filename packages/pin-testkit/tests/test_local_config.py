@@ -180,7 +180,7 @@ def test_env_lines_describe_the_secured_listeners_and_read_back(tmp_path: Path) 
     assert "export PIN_KAFKA_SASL_PASSWORD='s3 cret'" in lines
     environ = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in lines)
     assert SecuredKafka.from_environment(environ) == secured
-    assert secured.client_principal == "svc-client"
+    assert secured.tls.client_principal == "svc-client"
     assert "s3 cret" not in repr(secured)
     assert SecuredKafka.from_environment({}) is None
     with pytest.raises(ValueError, match="PIN_KAFKA_SASL_PASSWORD"):
@@ -207,7 +207,7 @@ def test_secured_broker_adds_sasl_ssl_and_mutual_tls_listeners(tmp_path: Path) -
     assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512,SCRAM-SHA-256"
     assert props["listener.name.ssl.ssl.client.auth"] == "required"
     assert props["ssl.keystore.location"] == str(tls.broker_keystore)
-    assert props["ssl.truststore.location"] == str(tls.ca_file)
+    assert props["ssl.truststore.location"] == str(tls.client.ca_file)
     assert "s3cret" not in render_server_properties(
         KafkaConfig(port=1, controller_port=2, log_dir=Path("/d"), security=security)
     )  # SCRAM credentials go into the metadata at format time, never into a file
@@ -222,16 +222,18 @@ def test_secured_broker_adds_sasl_ssl_and_mutual_tls_listeners(tmp_path: Path) -
 
 def test_tls_files_chain_to_their_ca(tmp_path: Path) -> None:
     tls = write_tls_files(tmp_path)
-    ca = x509.load_pem_x509_certificate(tls.ca_file.read_bytes())
-    client = x509.load_pem_x509_certificate(tls.client_certificate.read_bytes())
+    ca = x509.load_pem_x509_certificate(tls.client.ca_file.read_bytes())
+    client = x509.load_pem_x509_certificate(tls.client.client_certificate.read_bytes())
     broker = x509.load_pem_x509_certificates(tls.broker_keystore.read_bytes())
     client.verify_directly_issued_by(ca)
     broker[0].verify_directly_issued_by(ca)
     names = broker[0].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "localhost" in names.get_values_for_type(x509.DNSName)
     assert client.subject.rfc4514_string().startswith("CN=pin-client")
-    assert (tls.client_key.stat().st_mode & 0o777) == 0o600
-    assert b"ENCRYPTED PRIVATE KEY" in tls.client_key.read_bytes()
+    assert (tls.client.client_key.stat().st_mode & 0o777) == 0o600
+    assert b"ENCRYPTED PRIVATE KEY" in tls.client.client_key.read_bytes()
     other = write_tls_files(tmp_path / "other")
     with pytest.raises(InvalidSignature):  # same CA name, another key
-        client.verify_directly_issued_by(x509.load_pem_x509_certificate(other.ca_file.read_bytes()))
+        client.verify_directly_issued_by(
+            x509.load_pem_x509_certificate(other.client.ca_file.read_bytes())
+        )

@@ -68,7 +68,7 @@ def test_client_certificate_listener_refuses_a_client_without_one(
     secured_kafka: SecuredKafka,
 ) -> None:
     with pytest.raises((ssl.SSLError, ConnectionError)):
-        _talk_without_certificate(secured_kafka.mtls_bootstrap, str(secured_kafka.ca_file))
+        _talk_without_certificate(secured_kafka.mtls_bootstrap, str(secured_kafka.tls.ca_file))
 
 
 def test_wrong_password_is_refused(secured_kafka: SecuredKafka) -> None:

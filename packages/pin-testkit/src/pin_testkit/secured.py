@@ -13,7 +13,7 @@ from cryptography.x509.oid import NameOID
 
 from pin_testkit.service import run_cli, service_environment
 
-__all__ = ["ENVIRONMENT", "SecuredKafka", "assert_wrong_password_refused"]
+__all__ = ["ENVIRONMENT", "ClientTls", "SecuredKafka", "assert_wrong_password_refused"]
 
 # What `pin-local env` exports for a secured local broker, and `secured_kafka` reads.
 ENVIRONMENT: tuple[str, ...] = (
@@ -33,13 +33,24 @@ WRONG_PASSWORD_WITHIN = 30.0
 """Seconds a service may take to refuse a wrong password (it must not retry it)."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientTls:
+    """What a client of a secured broker trusts and proves itself with (PEM files)."""
+
+    ca_file: Path  # the CA certificate: every client's ssl.ca.location
+    client_certificate: Path  # a client certificate signed by the CA (mutual TLS)
+    client_key: Path  # its key, PKCS#8 PEM encrypted with client_key_password
+    client_key_password: str = field(repr=False)
+    client_principal: str  # the common name of the client certificate
+
+
 @dataclass(frozen=True, slots=True)
 class SecuredKafka:
     """The secured listeners of one broker and a valid identity for each.
 
     ``bootstrap`` is the SASL_SSL listener (TLS, then SCRAM with ``username``/``password``);
     ``mtls_bootstrap`` the SSL listener that requires a client certificate signed by the CA
-    (``client_certificate``/``client_key``); ``plaintext_bootstrap`` the broker's own
+    (``tls``); ``plaintext_bootstrap`` the broker's own
     unauthenticated loopback listener, for test set-up only (creating topics).
     """
 
@@ -48,11 +59,7 @@ class SecuredKafka:
     plaintext_bootstrap: str
     username: str
     password: str = field(repr=False)
-    ca_file: Path
-    client_certificate: Path
-    client_key: Path
-    client_key_password: str = field(repr=False)
-    client_principal: str
+    tls: ClientTls
     mechanism: str = "SCRAM-SHA-512"
 
     def sasl_config(self, **overrides: ConfigValue) -> dict[str, ConfigValue]:
@@ -63,7 +70,7 @@ class SecuredKafka:
             "sasl.mechanism": self.mechanism,
             "sasl.username": self.username,
             "sasl.password": self.password,
-            "ssl.ca.location": str(self.ca_file),
+            "ssl.ca.location": str(self.tls.ca_file),
         }
         return config | overrides
 
@@ -72,10 +79,10 @@ class SecuredKafka:
         config: dict[str, ConfigValue] = {
             "bootstrap.servers": self.mtls_bootstrap,
             "security.protocol": "SSL",
-            "ssl.ca.location": str(self.ca_file),
-            "ssl.certificate.location": str(self.client_certificate),
-            "ssl.key.location": str(self.client_key),
-            "ssl.key.password": self.client_key_password,
+            "ssl.ca.location": str(self.tls.ca_file),
+            "ssl.certificate.location": str(self.tls.client_certificate),
+            "ssl.key.location": str(self.tls.client_key),
+            "ssl.key.password": self.tls.client_key_password,
         }
         return config | overrides
 
@@ -87,7 +94,7 @@ class SecuredKafka:
             f"{prefix}KAFKA_SASL_MECHANISM": self.mechanism,
             f"{prefix}KAFKA_SASL_USERNAME": self.username,
             f"{prefix}KAFKA_SASL_PASSWORD": self.password,
-            f"{prefix}KAFKA_SSL_CA_LOCATION": str(self.ca_file),
+            f"{prefix}KAFKA_SSL_CA_LOCATION": str(self.tls.ca_file),
         }
 
     def exported(self) -> dict[str, str]:
@@ -97,10 +104,10 @@ class SecuredKafka:
             self.mtls_bootstrap,
             self.username,
             self.password,
-            str(self.ca_file),
-            str(self.client_certificate),
-            str(self.client_key),
-            self.client_key_password,
+            str(self.tls.ca_file),
+            str(self.tls.client_certificate),
+            str(self.tls.client_key),
+            self.tls.client_key_password,
         )
         return dict(zip(ENVIRONMENT, values, strict=True))
 
@@ -121,11 +128,13 @@ class SecuredKafka:
             plaintext_bootstrap=environ[PLAINTEXT_VARIABLE],
             username=user,
             password=password,
-            ca_file=Path(ca),
-            client_certificate=Path(certificate),
-            client_key=Path(key),
-            client_key_password=key_password,
-            client_principal=_common_name(Path(certificate)),
+            tls=ClientTls(
+                ca_file=Path(ca),
+                client_certificate=Path(certificate),
+                client_key=Path(key),
+                client_key_password=key_password,
+                client_principal=_common_name(Path(certificate)),
+            ),
         )
 
 

@@ -41,8 +41,8 @@ def _describe(services: LocalServices, seconds: float) -> str:
             f"    SASL_SSL    {secured.bootstrap} ({secured.mechanism} or SCRAM-SHA-256, "
             f"user {secured.username}; `pin-local env` prints the password)",
             f"    SSL (mTLS)  {secured.mtls_bootstrap} (client certificate "
-            f"{secured.client_certificate})",
-            f"    CA          {secured.ca_file}",
+            f"{secured.tls.client_certificate})",
+            f"    CA          {secured.tls.ca_file}",
         ]
     return "\n".join(lines)
 

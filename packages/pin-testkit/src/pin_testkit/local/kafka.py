@@ -136,7 +136,7 @@ def _security_settings(security: KafkaSecurity) -> dict[str, str]:
         "ssl.keystore.type": "PEM",
         "ssl.keystore.location": _escape(str(tls.broker_keystore)),
         "ssl.truststore.type": "PEM",
-        "ssl.truststore.location": _escape(str(tls.ca_file)),
+        "ssl.truststore.location": _escape(str(tls.client.ca_file)),
         "ssl.enabled.protocols": "TLSv1.3,TLSv1.2",
         "listener.name.ssl.ssl.client.auth": "required",
     }

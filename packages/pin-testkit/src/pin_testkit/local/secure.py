@@ -21,7 +21,7 @@ from pin_testkit.local.errors import LocalInfraError
 from pin_testkit.local.kafka import SCRAM_MECHANISMS, JavaRuntime, Kafka, KafkaSecurity, ScramUser
 from pin_testkit.local.layout import Layout
 from pin_testkit.local.tls import TlsFiles, write_tls_files
-from pin_testkit.secured import SecuredKafka
+from pin_testkit.secured import ClientTls, SecuredKafka
 
 __all__ = ["add_scram_users", "load_or_create_security", "mark_users_created", "secured_of"]
 
@@ -44,20 +44,22 @@ def load_or_create_security(layout: Layout, sasl_port: int, ssl_port: int) -> Ka
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
         files = TlsFiles(
-            ca_file=directory / "ca.pem",
             broker_keystore=directory / "broker.pem",
-            client_certificate=directory / "client.pem",
-            client_key=directory / "client.key",
-            client_key_password=str(saved["client_key_password"]),
-            client_principal=str(saved["client_principal"]),
+            client=ClientTls(
+                ca_file=directory / "ca.pem",
+                client_certificate=directory / "client.pem",
+                client_key=directory / "client.key",
+                client_key_password=str(saved["client_key_password"]),
+                client_principal=str(saved["client_principal"]),
+            ),
         )
         user = ScramUser(str(saved["scram_user"]), str(saved["scram_password"]))
         missing = [
             p
-            for p in (files.ca_file, files.broker_keystore, files.client_certificate)
+            for p in (files.client.ca_file, files.broker_keystore, files.client.client_certificate)
             if not p.is_file()
         ]
-        if missing or not files.client_key.is_file():
+        if missing or not files.client.client_key.is_file():
             raise FileNotFoundError(missing)
     except (OSError, ValueError, KeyError, TypeError):
         log.info("kafka: making a CA, certificates and a SCRAM user in %s", directory)
@@ -70,8 +72,8 @@ def load_or_create_security(layout: Layout, sasl_port: int, ssl_port: int) -> Ka
             {
                 "scram_user": user.name,
                 "scram_password": user.password,
-                "client_key_password": files.client_key_password,
-                "client_principal": files.client_principal,
+                "client_key_password": files.client.client_key_password,
+                "client_principal": files.client.client_principal,
             },
             indent=2,
         )
@@ -119,16 +121,11 @@ def add_scram_users(kafka: Kafka, java: JavaRuntime, libs: Path, security: Kafka
 def secured_of(plaintext_bootstrap: str, security: KafkaSecurity) -> SecuredKafka:
     """What a client needs to reach the secured listeners of ``security``."""
     user = security.users[0]
-    tls = security.tls
     return SecuredKafka(
         bootstrap=f"127.0.0.1:{security.sasl_port}",
         mtls_bootstrap=f"127.0.0.1:{security.ssl_port}",
         plaintext_bootstrap=plaintext_bootstrap,
         username=user.name,
         password=user.password,
-        ca_file=tls.ca_file,
-        client_certificate=tls.client_certificate,
-        client_key=tls.client_key,
-        client_key_password=tls.client_key_password,
-        client_principal=tls.client_principal,
+        tls=security.tls.client,
     )

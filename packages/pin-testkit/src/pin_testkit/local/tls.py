@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from pin_testkit.secured import ClientTls
+
 __all__ = ["CertificateAuthority", "TlsFiles", "write_tls_files"]
 
 LOOPBACK_NAMES: tuple[str, ...] = ("127.0.0.1", "localhost")
@@ -133,16 +135,12 @@ class CertificateAuthority:
         return Issued(builder.sign(self.own.key, hashes.SHA256()), key)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TlsFiles:
     """Paths of the PEM files of one secured broker and one client of it."""
 
-    ca_file: Path  # the CA certificate: the broker's trust store, every client's ssl.ca.location
     broker_keystore: Path  # broker key (PKCS#8) + certificate + CA, Kafka's PEM key store
-    client_certificate: Path  # a client certificate signed by the CA (mutual TLS)
-    client_key: Path  # its key, PKCS#8 PEM encrypted with client_key_password
-    client_key_password: str
-    client_principal: str  # the common name of the client certificate
+    client: ClientTls  # its CA file is the broker's trust store too
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -166,18 +164,20 @@ def write_tls_files(
     client = ca.issue(client_principal, server=False)
     password = secrets.token_urlsafe(12)
     files = TlsFiles(
-        ca_file=directory / "ca.pem",
         broker_keystore=directory / "broker.pem",
-        client_certificate=directory / "client.pem",
-        client_key=directory / "client.key",
-        client_key_password=password,
-        client_principal=client_principal,
+        client=ClientTls(
+            ca_file=directory / "ca.pem",
+            client_certificate=directory / "client.pem",
+            client_key=directory / "client.key",
+            client_key_password=password,
+            client_principal=client_principal,
+        ),
     )
-    files.ca_file.write_bytes(ca.own.certificate_pem())
+    files.client.ca_file.write_bytes(ca.own.certificate_pem())
     _write_private(
         files.broker_keystore,
         broker.key_pem() + broker.certificate_pem() + ca.own.certificate_pem(),
     )
-    files.client_certificate.write_bytes(client.certificate_pem())
-    _write_private(files.client_key, client.key_pem(password))
+    files.client.client_certificate.write_bytes(client.certificate_pem())
+    _write_private(files.client.client_key, client.key_pem(password))
     return files
