@@ -24,7 +24,8 @@ from identity_fanout.fanout import BatchResult, ShardBatchResult
 from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.shards import ClaimedShard
 from identity_fanout.tasks import FanOutTask
-from identity_fanout.worker import DEFAULT_SHARD_SIZE, FanoutWorker, WorkerConfig
+from identity_fanout.worker import FanoutWorker
+from identity_fanout.worker_config import DEFAULT_SHARD_SIZE, WorkerConfig
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import SessionLimits
 from pin_testkit.seeding import add_permissions

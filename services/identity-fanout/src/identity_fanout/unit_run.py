@@ -29,6 +29,7 @@ from psycopg_pool import ConnectionPool
 from identity_fanout.claim import retry_delay
 from identity_fanout.errors import LeaseLostError
 from identity_fanout.metrics import FanoutMetrics
+from identity_fanout.worker_config import WorkerConfig
 from pin_runtime.logging import log_event
 
 _log = logging.getLogger(__name__)
@@ -80,9 +81,7 @@ class UnitRunner:
     pool: ConnectionPool[Conn]
     metrics: FanoutMetrics
     stop: threading.Event
-    polling_interval: timedelta
-    lease: timedelta
-    batch_size: int
+    config: WorkerConfig
     beat: Callable[[], None]
     clock: Callable[[], float] = time.monotonic
     tracer: InitVar[trace.Tracer | None] = None
@@ -99,7 +98,7 @@ class UnitRunner:
         log_event(_log, "task dequeued", jobRunId=job_run_id, attempt=unit.attempt, **unit.ids())
         attributes: dict[str, Any] = {
             "jobRunId": job_run_id,
-            "batchSize": self.batch_size,
+            "batchSize": self.config.batch_size,
             "attempt": unit.attempt,
             **unit.ids(),
         }
@@ -113,7 +112,7 @@ class UnitRunner:
                     return
                 try:
                     with self._tracer.start_as_current_span(
-                        "access-fanout batch", attributes={"batchSize": self.batch_size}
+                        "access-fanout batch", attributes={"batchSize": self.config.batch_size}
                     ) as batch_span:
                         with self.pool.connection() as conn:
                             step = ops.batch(conn, job_run_id)
@@ -199,7 +198,9 @@ class UnitRunner:
             **unit.ids(),
         )
         retry_in = retry_delay(
-            unit.attempt, polling_interval=self.polling_interval, lease=self.lease
+            unit.attempt,
+            polling_interval=self.config.polling_interval,
+            lease=self.config.max_lease_duration,
         )
         try:
             with self.pool.connection() as conn:

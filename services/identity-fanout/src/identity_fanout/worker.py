@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
 
@@ -50,6 +49,7 @@ from identity_fanout.split import split_task, splittable
 from identity_fanout.tasks import FanOutTask
 from identity_fanout.unit_run import Conn, Step, Unit, UnitOps, UnitRunner
 from identity_fanout.wakeup import Wakeup
+from identity_fanout.worker_config import WorkerConfig
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
@@ -60,21 +60,8 @@ from pin_runtime.structs import built_from
 _log = logging.getLogger(__name__)
 _tasks = load_queries("identity_fanout", "sql/tasks.sql")
 
-DEFAULT_SHARD_SIZE = 25_000
-
 R = TypeVar("R")
 """What one batch of a unit returns (a task's or a shard's result)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkerConfig:
-    """The parts of Settings the loop uses, as plain values (tests build them directly)."""
-
-    batch_size: int
-    polling_interval: timedelta
-    max_lease_duration: timedelta
-    max_attempts: int
-    shard_size: int = DEFAULT_SHARD_SIZE
 
 
 class FanoutWorker:
@@ -112,11 +99,9 @@ class FanoutWorker:
         )
         self._runner = UnitRunner(
             pool=pool,
+            config=config,
             metrics=metrics,
             stop=stop,
-            polling_interval=config.polling_interval,
-            lease=config.max_lease_duration,
-            batch_size=config.batch_size,
             beat=self._beat,
             clock=clock,
             tracer=tracer,
