@@ -21,7 +21,7 @@ from pin_testkit.local.errors import LocalInfraError
 from pin_testkit.local.kafka import SCRAM_MECHANISMS, JavaRuntime, Kafka, KafkaSecurity, ScramUser
 from pin_testkit.local.layout import Layout
 from pin_testkit.local.tls import TlsFiles, write_tls_files
-from pin_testkit.secured import ClientTls, SecuredKafka
+from pin_testkit.secured import SecuredKafka
 
 __all__ = ["add_scram_users", "load_or_create_security", "mark_users_created", "secured_of"]
 
@@ -43,23 +43,14 @@ def load_or_create_security(layout: Layout, sasl_port: int, ssl_port: int) -> Ka
     path = directory / CREDENTIALS
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
-        files = TlsFiles(
-            broker_keystore=directory / "broker.pem",
-            client=ClientTls(
-                ca_file=directory / "ca.pem",
-                client_certificate=directory / "client.pem",
-                client_key=directory / "client.key",
-                client_key_password=str(saved["client_key_password"]),
-                client_principal=str(saved["client_principal"]),
-            ),
+        files = TlsFiles.in_directory(
+            directory,
+            key_password=str(saved["client_key_password"]),
+            principal=str(saved["client_principal"]),
         )
         user = ScramUser(str(saved["scram_user"]), str(saved["scram_password"]))
-        missing = [
-            p
-            for p in (files.client.ca_file, files.broker_keystore, files.client.client_certificate)
-            if not p.is_file()
-        ]
-        if missing or not files.client.client_key.is_file():
+        missing = [p for p in files.paths if not p.is_file()]
+        if missing:
             raise FileNotFoundError(missing)
     except (OSError, ValueError, KeyError, TypeError):
         log.info("kafka: making a CA, certificates and a SCRAM user in %s", directory)

@@ -142,6 +142,25 @@ class TlsFiles:
     broker_keystore: Path  # broker key (PKCS#8) + certificate + CA, Kafka's PEM key store
     client: ClientTls  # its CA file is the broker's trust store too
 
+    @classmethod
+    def in_directory(cls, directory: Path, *, key_password: str, principal: str) -> TlsFiles:
+        """Where `write_tls_files` puts them in `directory`."""
+        return cls(
+            broker_keystore=directory / "broker.pem",
+            client=ClientTls(
+                ca_file=directory / "ca.pem",
+                client_certificate=directory / "client.pem",
+                client_key=directory / "client.key",
+                client_key_password=key_password,
+                client_principal=principal,
+            ),
+        )
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        client = self.client
+        return (client.ca_file, self.broker_keystore, client.client_certificate, client.client_key)
+
 
 def _write_private(path: Path, data: bytes) -> None:
     """Write ``data`` readable by the owner only (keys; the broker runs as the same user)."""
@@ -163,16 +182,7 @@ def write_tls_files(
     broker = ca.issue("pin-local broker", server=True, hosts=hosts)
     client = ca.issue(client_principal, server=False)
     password = secrets.token_urlsafe(12)
-    files = TlsFiles(
-        broker_keystore=directory / "broker.pem",
-        client=ClientTls(
-            ca_file=directory / "ca.pem",
-            client_certificate=directory / "client.pem",
-            client_key=directory / "client.key",
-            client_key_password=password,
-            client_principal=client_principal,
-        ),
-    )
+    files = TlsFiles.in_directory(directory, key_password=password, principal=client_principal)
     files.client.ca_file.write_bytes(ca.own.certificate_pem())
     _write_private(
         files.broker_keystore,
