@@ -80,6 +80,9 @@ class DiscardedRow(QuarantineEntry, frozen=True, kw_only=True):
     error_reason: str
     attempts: int
 
+    def log_fields(self) -> dict[str, object]:
+        return super().log_fields() | {"errorReason": self.error_reason}
+
 
 class MovedRow(QuarantineEntry, frozen=True, kw_only=True):
     """A row the relay has just quarantined (what its log line names)."""
@@ -87,6 +90,10 @@ class MovedRow(QuarantineEntry, frozen=True, kw_only=True):
     outbox_id: int
     attempts: int
     size: int
+
+    def log_fields(self) -> dict[str, object]:
+        fields = {"outboxId": self.outbox_id, "attempts": self.attempts, "sizeBytes": self.size}
+        return super().log_fields() | fields
 
 
 class QuarantinedRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -207,7 +214,6 @@ def discard_quarantined(
             "outbox quarantined row discarded",
             logging.WARNING,
             **row.log_fields(),
-            errorReason=row.error_reason,
             reason=reason,
         )
     return rows

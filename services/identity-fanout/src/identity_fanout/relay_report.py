@@ -88,13 +88,10 @@ def report_quarantined(metrics: RelayMetrics, row: MovedRow, failure: DeliveryFa
         _log,
         "outbox row quarantined",
         logging.ERROR,
-        outboxId=row.outbox_id,
         **row.log_fields(),
         errorCode=failure.code,
         reason=failure.reason,
         error=failure.message,
-        attempts=row.attempts,
-        sizeBytes=row.size,
     )
 
 

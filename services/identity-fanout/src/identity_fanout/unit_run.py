@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import InitVar, dataclass, field
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -74,14 +74,15 @@ class UnitOps(msgspec.Struct, frozen=True, kw_only=True):
     record_failure: Callable[[Conn, str, timedelta], bool]
 
 
-@dataclass(eq=False, kw_only=True)
+@dataclass(eq=False)
 class UnitRunner:
     """Walks units to their end; shared by the task and shard paths of the worker."""
 
     pool: ConnectionPool[Conn]
-    metrics: FanoutMetrics
-    stop: threading.Event
     config: WorkerConfig
+    metrics: FanoutMetrics
+    _: KW_ONLY
+    stop: threading.Event
     beat: Callable[[], None]
     clock: Callable[[], float] = time.monotonic
     tracer: InitVar[trace.Tracer | None] = None

@@ -98,13 +98,7 @@ class FanoutWorker:
             clock=clock,
         )
         self._runner = UnitRunner(
-            pool=pool,
-            config=config,
-            metrics=metrics,
-            stop=stop,
-            beat=self._beat,
-            clock=clock,
-            tracer=tracer,
+            pool, config, metrics, stop=stop, beat=self._beat, clock=clock, tracer=tracer
         )
 
     # -- the loop -------------------------------------------------------------------------
