@@ -28,11 +28,15 @@ class ActiveRoleAssignmentSnapshot(WireStruct, frozen=True, kw_only=True):
     assignment_id: UUID
     role_id: UUID
     role_code: str
+    """The role's code, resolved by the producer so consumers need no role lookup."""
     scope_type: ScopeTypeWire
+    """What the assignment is scoped to; the matching Scope*Id below names the target
+    (none for Company scope)."""
     scope_organization_id: UUID | None = None
     scope_project_group_id: UUID | None = None
     scope_project_id: UUID | None = None
     expires_at: AwareDatetime | None = None
+    """When the assignment lapses; null for one that does not expire."""
 
     @property
     def parsed_scope_type(self) -> ScopeType | UnknownEnumValue:
@@ -51,11 +55,15 @@ class UserAccessChangedKafkaEvent(EventStruct, frozen=True, kw_only=True):
     AGGREGATE_ID_FIELD: ClassVar[str] = "user_id"
 
     user_id: UUID
+    """The user whose access changed: the Kafka key and the AggregateId."""
     company_id: UUID | None = None
     change_reason: AccessChangeReasonWire
     # A tuple keeps the frozen Struct hashable; on the wire it is a JSON array all the same.
     active_assignments: tuple[ActiveRoleAssignmentSnapshot, ...]
+    """Every active assignment of the user, not only the changed role's."""
     version: VersionInt
+    """RoleDefinition.Version for a fan-out, max(RoleAssignment.Version) for a single grant
+    or revoke: two scales, so the snapshot, not the Version, is what a consumer trusts."""
 
     @property
     def parsed_change_reason(self) -> AccessChangeReason | UnknownEnumValue:

@@ -35,9 +35,13 @@ class AccessChangeReason(StrEnum):
     """Why a user's access snapshot was re-emitted."""
 
     ROLE_PERMISSIONS_CHANGED = "RolePermissionsChanged"
+    """A role's permissions changed: every holder of the role gets one (the fan-out)."""
     ROLE_ASSIGNMENT_GRANTED = "RoleAssignmentGranted"
+    """One assignment granted, sent by the grant itself."""
     ROLE_ASSIGNMENT_REVOKED = "RoleAssignmentRevoked"
+    """One assignment revoked, sent by the revocation itself."""
     ROLE_ASSIGNMENT_EXPIRED = "RoleAssignmentExpired"
+    """One assignment reached its ExpiresAt."""
 
 
 class AgentMembershipStatus(StrEnum):

@@ -34,17 +34,23 @@ class AgentMembershipChanged(EventStruct, frozen=True, kw_only=True):
     KEY_FIELD: ClassVar[str] = "agent_user_id"
 
     membership_id: UUID
+    """The AggregateId: for tracing, never written to a projection."""
     agent_user_id: UUID
+    """The agent: the Kafka key."""
     company_id: UUID
+    """The agency the agent joined or left."""
     status: AgentMembershipStatusWire
     # Reason and EffectiveAt were added without a ContractVersion bump (ADR-0072), so older
     # producers omit them: they need defaults. Both are null when Status is Active.
     reason: LeaveReasonWire | None = None
     effective_at: AwareDatetime | None = None
+    """When a leave takes effect; differs from LeftAt for a deferred dismissal."""
     version: VersionInt
+    """The membership's version: a consumer applies only a Version above the last one."""
     left_at: AwareDatetime | None = None
     joined_at: AwareDatetime
     invitation_id: UUID | None = None
+    """The invitation the agent joined by, if any (the rewards consumer does not read it)."""
 
     @property
     def parsed_status(self) -> AgentMembershipStatus | UnknownEnumValue:

@@ -87,8 +87,10 @@ class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Bootstrap servers; required by the commands that talk to Kafka."""
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: SaslMechanism | None = None
+    """Required with a SASL_* protocol: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."""
     kafka_sasl_username: str | None = None
     kafka_sasl_password: Secret | None = None
+    """Never logged or printed (`Secret`)."""
     kafka_ssl_ca_location: str | None = None
     """PEM file of the CA that signs the brokers' certificates; unset: the system CAs."""
     kafka_ssl_certificate_location: str | None = None

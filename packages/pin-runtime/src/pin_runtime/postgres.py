@@ -97,11 +97,16 @@ class SessionLimits:
     """
 
     statement_timeout: float = 30.0
+    """The server cancels a statement running longer (57014)."""
     lock_timeout: float = 10.0
+    """A statement waiting longer for a lock fails (55P03)."""
     idle_in_transaction_timeout: float = 60.0
+    """The server ends a session idle this long inside a transaction."""
     keepalives_idle: int = 10
+    """Seconds of silence before the first TCP keepalive probe (both ends)."""
     keepalives_interval: int = 5
     keepalives_count: int = 3
+    """Unanswered probes, `keepalives_interval` apart, after which the peer is gone."""
 
     def __post_init__(self) -> None:
         for name in ("statement_timeout", "lock_timeout", "idle_in_transaction_timeout"):

@@ -30,6 +30,7 @@ class MembershipRow(msgspec.Struct, frozen=True, kw_only=True):
     leave_reason: str | None = None
     """`SelfLeave` / `ExcludedByAgency` of the last leave; None while Active or when unknown."""
     left_at: datetime | None = None
+    """LeftAt of the last leave; None while Active."""
     effective_at: datetime | None = None
     """When the last leave takes effect (a deferred dismissal: not `left_at`); None while Active."""
     first_activity_at: datetime | None = None
