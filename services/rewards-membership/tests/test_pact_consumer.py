@@ -129,11 +129,11 @@ def handle(value: bytes, metadata: dict[str, Any]) -> tuple[MembershipChange, Me
     """The consumer's decision for one record, against a row that held Version 1 before."""
     change = validate(value)
     assert isinstance(change, MembershipChange), change
-    assert metadata["key"] == str(change.agent_user_id)
+    assert metadata["key"] == str(change.payload.agent_user_id)
     assert metadata[EVENT_TYPE_HEADER] == AGENT_MEMBERSHIP_CHANGED.event_type
     existing = MembershipRow(
-        agent_user_id=change.agent_user_id,
-        company_id=change.company_id,
+        agent_user_id=change.payload.agent_user_id,
+        company_id=change.payload.company_id,
         membership_status=AgentMembershipStatus.LEFT.value,
         last_membership_version=0,
         version=3,
@@ -156,7 +156,7 @@ def test_active_makes_the_row_active_and_clears_leave_data(pact: Pact) -> None:
         None,
     )
     assert row.first_activity_at == datetime(2024, 6, 1, 9, 0, tzinfo=UTC)
-    assert row.last_membership_version == change.version == 1
+    assert row.last_membership_version == change.payload.version == 1
 
 
 def test_left_with_reason_keeps_reason_and_both_moments(pact: Pact) -> None:
@@ -173,7 +173,11 @@ def test_left_with_reason_keeps_reason_and_both_moments(pact: Pact) -> None:
 def test_left_without_reason_is_a_plain_leave(pact: Pact) -> None:
     change, row = handle(*examples(pact)[LEFT_WITHOUT_REASON])
     assert change.status is AgentMembershipStatus.LEFT
-    assert (change.leave_reason, change.unknown_reason, change.raw_reason) == (None, False, None)
+    assert (change.leave_reason, change.unknown_reason, change.payload.reason) == (
+        None,
+        False,
+        None,
+    )
     assert (row.membership_status, row.leave_reason, row.effective_at) == ("Left", None, None)
     assert row.left_at is not None
 

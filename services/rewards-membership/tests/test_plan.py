@@ -146,7 +146,9 @@ def test_any_shuffle_with_duplicates_converges_to_the_highest_version(
         assert row.leave_reason == (
             None if change.leave_reason is None else change.leave_reason.value
         )
-        assert row.left_at == (change.left_at if expected_status == "Left" else None)
-        assert row.effective_at == (change.effective_at if expected_status == "Left" else None)
-        assert row.last_membership_version == change.version
+        assert row.left_at == (change.payload.left_at if expected_status == "Left" else None)
+        assert row.effective_at == (
+            change.payload.effective_at if expected_status == "Left" else None
+        )
+        assert row.last_membership_version == change.payload.version
     assert store.inbox == {c.key for c in stream}

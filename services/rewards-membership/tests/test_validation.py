@@ -66,7 +66,7 @@ def test_unknown_status_fails_closed_as_left(
     result = change(raw(event(AGENT, COMPANY, 2, "Suspended")))
     assert result.status is AgentMembershipStatus.LEFT
     assert result.unknown_status
-    assert result.raw_status == "Suspended"
+    assert result.payload.status == "Suspended"
 
 
 def test_unknown_reason_degrades_to_left_without_reason(

@@ -54,7 +54,7 @@ def new_row(agent_user_id: UUID, company_id: UUID) -> MembershipRow:
 
 def is_stale(row: MembershipRow | None, change: MembershipChange) -> bool:
     """The monotonic guard: only a Version greater than the row's last one applies."""
-    return row is not None and change.version <= row.last_membership_version
+    return row is not None and change.payload.version <= row.last_membership_version
 
 
 def _later(current: datetime | None, candidate: datetime | None) -> datetime | None:
@@ -71,16 +71,17 @@ def transition(row: MembershipRow, change: MembershipChange) -> MembershipRow:
         raise ValueError("a change applies only to the row of its own (AgentUserId, CompanyId)")
     # FirstActivityAt ??= JoinedAt: the mapping table says "for a new row" whatever the
     # Status, step 4 says it for Active; both hold when it is set whenever still empty.
-    first_activity_at = row.first_activity_at or change.joined_at
+    event = change.payload
+    first_activity_at = row.first_activity_at or event.joined_at
     activity: datetime | None  # what LastActivityAt moves up to
     if change.status is AgentMembershipStatus.ACTIVE:
         # A (re)join clears what the last leave recorded.
         status, leave_reason, left_at, effective_at = _ACTIVE, None, None, None
-        activity = change.joined_at
+        activity = event.joined_at
     else:
         status = _LEFT
         leave_reason = None if change.leave_reason is None else change.leave_reason.value
-        left_at, effective_at, activity = change.left_at, change.effective_at, change.left_at
+        left_at, effective_at, activity = event.left_at, event.effective_at, event.left_at
     # Built directly rather than with dataclasses.replace: this runs once per applied event
     # and replace() costs several times the constructor.
     return MembershipRow(
@@ -92,6 +93,6 @@ def transition(row: MembershipRow, change: MembershipChange) -> MembershipRow:
         effective_at=effective_at,
         first_activity_at=first_activity_at,
         last_activity_at=_later(row.last_activity_at, activity),
-        last_membership_version=change.version,
+        last_membership_version=event.version,
         version=row.version + 1,
     )

@@ -248,14 +248,15 @@ def _has_traceparent(message: Message) -> bool:
 
 
 def _fields(item: MembershipChange) -> dict[str, Any]:
+    payload = item.payload
     return {
         "MessageId": item.message_id,
-        "AgentUserId": item.agent_user_id,
-        "CompanyId": item.company_id,
-        "Status": item.raw_status,
-        "Reason": item.raw_reason,
-        "Version": item.version,
-        "MembershipId": item.membership_id,
+        "AgentUserId": payload.agent_user_id,
+        "CompanyId": payload.company_id,
+        "Status": payload.status,
+        "Reason": payload.reason,
+        "Version": payload.version,
+        "MembershipId": payload.membership_id,
     }
 
 

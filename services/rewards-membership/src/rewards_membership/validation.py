@@ -57,26 +57,18 @@ class MembershipChange(msgspec.Struct, frozen=True, kw_only=True):
     """A valid event, with Status and Reason already mapped the way the spec says.
 
     `status` is the effective one: an unknown wire Status fails closed as LEFT. `leave_reason`
-    is None for Active and for an unknown Reason (soft degradation); the raw strings are kept
-    for the logs.
+    is None for Active and for an unknown Reason (soft degradation); the decoded `payload`
+    keeps the raw strings for the logs, and every other field of the event.
     """
 
     message_id: UUID
-    agent_user_id: UUID
-    company_id: UUID
-    membership_id: UUID
-    status: AgentMembershipStatus
-    leave_reason: LeaveReason | None
-    raw_status: str
-    raw_reason: str | None
-    unknown_status: bool
-    unknown_reason: bool
     contract_version: int
     occurred_at: datetime
-    version: int
-    joined_at: datetime
-    left_at: datetime | None
-    effective_at: datetime | None
+    payload: AgentMembershipChanged
+    status: AgentMembershipStatus
+    leave_reason: LeaveReason | None
+    unknown_status: bool
+    unknown_reason: bool
 
     key: str
     """The inbox key, `idempotency_key(message_id)`, computed once: a batch looks it up twice."""
@@ -155,19 +147,11 @@ def validate(value: bytes | None) -> MembershipChange | InvalidEvent:
         key=idempotency_key(envelope.message_id),
         row_key=(payload.agent_user_id, payload.company_id),
         message_id=envelope.message_id,
-        agent_user_id=payload.agent_user_id,
-        company_id=payload.company_id,
-        membership_id=payload.membership_id,
-        status=status,
-        leave_reason=leave_reason,
-        raw_status=payload.status,
-        raw_reason=payload.reason,
-        unknown_status=unknown_status,
-        unknown_reason=unknown_reason,
         contract_version=envelope.contract_version,
         occurred_at=envelope.occurred_at,
-        version=payload.version,
-        joined_at=payload.joined_at,
-        left_at=payload.left_at,
-        effective_at=payload.effective_at,
+        payload=payload,
+        status=status,
+        leave_reason=leave_reason,
+        unknown_status=unknown_status,
+        unknown_reason=unknown_reason,
     )
