@@ -223,7 +223,7 @@ class IdentityProvider:
             batch = process_batch(
                 worker, task, batch_size=10, lease=timedelta(minutes=1), correlation_id="pact"
             )
-            assert (batch.users, batch.completed) == (1, True)
+            assert (batch.users, batch.unit_completed) == (1, True)
 
 
 def close_servers(verifier: Verifier) -> None:

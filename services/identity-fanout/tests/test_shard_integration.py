@@ -25,7 +25,7 @@ from psycopg_pool import ConnectionPool
 from identity_fanout import worker as worker_module
 from identity_fanout.claim import claim_shard, claim_task
 from identity_fanout.errors import LeaseLostError
-from identity_fanout.fanout import ShardBatchResult, process_shard_batch
+from identity_fanout.fanout import BatchResult, process_shard_batch
 from identity_fanout.runbook import list_shards, replay_task
 from identity_fanout.shards import ClaimedShard
 from identity_fanout.split import split_task
@@ -83,7 +83,7 @@ def test_two_workers_share_a_three_shard_role_each_user_exactly_once(
     both_busy = threading.Barrier(2, timeout=30)
     first_batch: set[int] = set()
 
-    def meet(claimed: ClaimedShard, _result: ShardBatchResult) -> None:
+    def meet(claimed: ClaimedShard, _result: BatchResult) -> None:
         me = threading.get_ident()
         if me not in first_batch:
             first_batch.add(me)

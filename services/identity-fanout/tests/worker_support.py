@@ -20,7 +20,7 @@ from psycopg.rows import TupleRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from identity_fanout.enqueue import set_role_permissions
-from identity_fanout.fanout import BatchResult, ShardBatchResult
+from identity_fanout.fanout import BatchResult
 from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.shards import ClaimedShard
 from identity_fanout.tasks import FanOutTask
@@ -47,7 +47,7 @@ def new_worker(
     polling: timedelta = timedelta(seconds=30),
     registry: CollectorRegistry | None = None,
     on_batch: Callable[[FanOutTask, BatchResult], None] | None = None,
-    on_shard_batch: Callable[[ClaimedShard, ShardBatchResult], None] | None = None,
+    on_shard_batch: Callable[[ClaimedShard, BatchResult], None] | None = None,
     database: ComponentState | None = None,
     session: SessionLimits | None = None,
     tracer: trace.Tracer | None = None,

@@ -33,7 +33,6 @@ from pin_runtime.structs import built_from
 __all__ = [
     "BatchOptions",
     "BatchResult",
-    "ShardBatchResult",
     "count_users_up_to",
     "page_users",
     "process_batch",
@@ -47,22 +46,18 @@ _shards = load_queries("identity_fanout", "sql/shards.sql")
 
 
 class BatchResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One committed batch of a unit (a whole task, or one shard of it)."""
+
     users: int
     cursor: UUID | None
-    completed: bool
-    processed_count: int
-    created_at: datetime
-
-
-class ShardBatchResult(msgspec.Struct, frozen=True, kw_only=True):
-    users: int
-    cursor: UUID | None
-    shard_completed: bool
+    unit_completed: bool
+    """The unit's last page: a task's, or a shard's."""
     task_completed: bool
-    """This batch completed the whole task (its last shard): observe and log it once."""
+    """This batch completed the whole task (a shard: its last one): observe and log it once."""
     task_processed_count: int
     created_at: datetime
-    started_at: datetime | None
+    task_started_at: datetime | None = None
+    """Set for a shard: the whole task's duration runs from it, not from this claim."""
 
 
 def count_users_up_to(conn: Connection[TupleRow], role_id: UUID, limit: int) -> int:
@@ -147,8 +142,8 @@ class _Unit(NamedTuple):
 class _Page(msgspec.Struct, frozen=True, kw_only=True):
     users: int
     cursor: UUID | None
-    last: bool
-    processed_count: int
+    unit_completed: bool
+    unit_processed_count: int
 
 
 def _page(conn: Connection[TupleRow], unit: _Unit, **options: Unpack[BatchOptions]) -> _Page:
@@ -198,8 +193,8 @@ def _page(conn: Connection[TupleRow], unit: _Unit, **options: Unpack[BatchOption
     return _Page(
         users=written.users,
         cursor=written.last_user or cursor,
-        last=last,
-        processed_count=checkpoint[0],
+        unit_completed=last,
+        unit_processed_count=checkpoint[0],
     )
 
 
@@ -210,12 +205,18 @@ def process_batch(
     unit = _Unit(task_claim(task), task.role_id, task.company_id, task.role_version)
     with conn.transaction():
         page = _page(conn, unit, **options)
-    return built_from(BatchResult, page, completed=page.last, created_at=task.created_at)
+    return built_from(
+        BatchResult,
+        page,
+        task_completed=page.unit_completed,
+        task_processed_count=page.unit_processed_count,
+        created_at=task.created_at,
+    )
 
 
 def process_shard_batch(
     conn: Connection[TupleRow], claimed: ClaimedShard, **options: Unpack[BatchOptions]
-) -> ShardBatchResult:
+) -> BatchResult:
     """Fan out the next page of the shard and roll its task up, in one transaction;
     LeaseLostError if fenced."""
     shard = claimed.shard
@@ -246,12 +247,12 @@ def process_shard_batch(
         ).fetchone()
         if task is None:  # the task row is locked above and cascades to its shards
             raise LeaseLostError(shard.id, shard.attempt_count)
+    created_at, task_started_at = task
     return built_from(
-        ShardBatchResult,
+        BatchResult,
         page,
-        shard_completed=page.last,
         task_completed=rollup.completed_now,
         task_processed_count=rollup.processed_count,
-        created_at=task[0],
-        started_at=task[1],
+        created_at=created_at,
+        task_started_at=task_started_at,
     )

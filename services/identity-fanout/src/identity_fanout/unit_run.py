@@ -28,6 +28,7 @@ from psycopg_pool import ConnectionPool
 
 from identity_fanout.claim import retry_delay
 from identity_fanout.errors import LeaseLostError
+from identity_fanout.fanout import BatchResult
 from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.worker_config import WorkerConfig
 from pin_runtime.logging import log_event
@@ -53,23 +54,10 @@ class Unit(msgspec.Struct, frozen=True, kw_only=True):
         return ids
 
 
-class Step(msgspec.Struct, frozen=True, kw_only=True):
-    """One committed batch, as the walk needs it."""
-
-    users: int
-    cursor: UUID | None
-    unit_completed: bool
-    task_completed: bool
-    task_processed_count: int
-    created_at: datetime
-    task_started_at: datetime | None = None
-    """Set for a shard: the whole task's duration runs from it, not from this claim."""
-
-
 class UnitOps(msgspec.Struct, frozen=True, kw_only=True):
     """The unit-specific parts of a walk: a batch, a hand-back, a failure record."""
 
-    batch: Callable[[Conn, str], Step]
+    batch: Callable[[Conn, str], BatchResult]
     release: Callable[[Conn], bool]
     record_failure: Callable[[Conn, str, timedelta], bool]
 
@@ -158,7 +146,7 @@ class UnitRunner:
         counter = self.metrics.tasks if unit.shard_no is None else self.metrics.shards
         counter.labels(outcome=outcome).inc()
 
-    def _on_completed(self, unit: Unit, job_run_id: str, started: float, step: Step) -> None:
+    def _on_completed(self, unit: Unit, job_run_id: str, started: float, step: BatchResult) -> None:
         now = datetime.now(UTC)
         if step.task_started_at is not None:
             duration_ms = (now - step.task_started_at).total_seconds() * 1000

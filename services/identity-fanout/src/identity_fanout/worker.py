@@ -20,7 +20,6 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TypeVar
 
 import psycopg
 from opentelemetry import trace
@@ -39,7 +38,6 @@ from identity_fanout.claim import (
 from identity_fanout.fanout import (
     BatchOptions,
     BatchResult,
-    ShardBatchResult,
     process_batch,
     process_shard_batch,
 )
@@ -47,7 +45,7 @@ from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.shards import ClaimedShard
 from identity_fanout.split import split_task, splittable
 from identity_fanout.tasks import FanOutTask
-from identity_fanout.unit_run import Conn, Step, Unit, UnitOps, UnitRunner
+from identity_fanout.unit_run import Conn, Unit, UnitOps, UnitRunner
 from identity_fanout.wakeup import Wakeup
 from identity_fanout.worker_config import WorkerConfig
 from pin_contracts import FanOutTaskStatus
@@ -55,13 +53,9 @@ from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import SessionLimits, is_retriable
 from pin_runtime.sql import load_queries
-from pin_runtime.structs import built_from
 
 _log = logging.getLogger(__name__)
 _tasks = load_queries("identity_fanout", "sql/tasks.sql")
-
-R = TypeVar("R")
-"""What one batch of a unit returns (a task's or a shard's result)."""
 
 
 class FanoutWorker:
@@ -77,7 +71,7 @@ class FanoutWorker:
         heartbeat: Heartbeat | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_batch: Callable[[FanOutTask, BatchResult], None] | None = None,
-        on_shard_batch: Callable[[ClaimedShard, ShardBatchResult], None] | None = None,
+        on_shard_batch: Callable[[ClaimedShard, BatchResult], None] | None = None,
         tracer: trace.Tracer | None = None,
         session: SessionLimits | None = None,
     ) -> None:
@@ -200,30 +194,29 @@ class FanoutWorker:
         hook = self._on_batch
         on_batch = None if hook is None else functools.partial(hook, task)
         run = functools.partial(process_batch, task=task)
-        self._walk(_task_unit(task), task_claim(task), run, _task_step, on_batch)
+        self._walk(_task_unit(task), task_claim(task), run, on_batch)
 
     def process_shard(self, claimed: ClaimedShard) -> None:
         """Walk one shard of a large task from its cursor to its upper bound."""
         hook = self._on_shard_batch
         on_batch = None if hook is None else functools.partial(hook, claimed)
         run = functools.partial(process_shard_batch, claimed=claimed)
-        self._walk(_shard_unit(claimed), shard_claim(claimed.shard), run, _shard_step, on_batch)
+        self._walk(_shard_unit(claimed), shard_claim(claimed.shard), run, on_batch)
 
     def _walk(
         self,
         unit: Unit,
         claim: Claim,
-        run: Callable[..., R],
-        step: Callable[[R], Step],
-        on_batch: Callable[[R], None] | None,
+        run: Callable[..., BatchResult],
+        on_batch: Callable[[BatchResult], None] | None,
     ) -> None:
         """Walk `unit`: each batch is `run(conn, **options)`, reported to `on_batch`."""
 
-        def batch(conn: Conn, correlation_id: str) -> Step:
+        def batch(conn: Conn, correlation_id: str) -> BatchResult:
             result = run(conn, **self._options(correlation_id))
             if on_batch is not None:
                 on_batch(result)
-            return step(result)
+            return result
 
         ops = UnitOps(batch=batch, release=claim.release, record_failure=claim.record_failure)
         self._runner.walk(unit, ops)
@@ -243,20 +236,4 @@ def _shard_unit(claimed: ClaimedShard) -> Unit:
         role_id=claimed.role_id,
         attempt=claimed.shard.attempt_count,
         shard_no=claimed.shard.shard_no,
-    )
-
-
-def _task_step(result: BatchResult) -> Step:
-    return built_from(
-        Step,
-        result,
-        unit_completed=result.completed,
-        task_completed=result.completed,
-        task_processed_count=result.processed_count,
-    )
-
-
-def _shard_step(result: ShardBatchResult) -> Step:
-    return built_from(
-        Step, result, unit_completed=result.shard_completed, task_started_at=result.started_at
     )
