@@ -247,12 +247,11 @@ def process_shard_batch(
         ).fetchone()
         if task is None:  # the task row is locked above and cascades to its shards
             raise LeaseLostError(shard.id, shard.attempt_count)
-    created_at, task_started_at = task
     return built_from(
         BatchResult,
         page,
         task_completed=rollup.completed_now,
         task_processed_count=rollup.processed_count,
-        created_at=created_at,
-        task_started_at=task_started_at,
+        created_at=task[0],
+        task_started_at=task[1],
     )

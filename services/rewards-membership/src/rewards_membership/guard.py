@@ -82,11 +82,10 @@ def transition(row: MembershipRow, change: MembershipChange) -> MembershipRow:
         status = _LEFT
         leave_reason = None if change.leave_reason is None else change.leave_reason.value
         left_at, effective_at, activity = event.left_at, event.effective_at, event.left_at
-    # Built directly rather than with dataclasses.replace: this runs once per applied event
-    # and replace() costs several times the constructor.
-    return MembershipRow(
-        agent_user_id=row.agent_user_id,
-        company_id=row.company_id,
+    # The same row (its key never changes), with the membership columns moved.
+    # msgspec's replace() is C code: within a few percent of the constructor.
+    return msgspec.structs.replace(
+        row,
         membership_status=status,
         leave_reason=leave_reason,
         left_at=left_at,

@@ -144,12 +144,12 @@ def validate(value: bytes | None) -> MembershipChange | InvalidEvent:
         else:
             leave_reason = parsed_reason
     return MembershipChange(
-        key=idempotency_key(envelope.message_id),
-        row_key=(payload.agent_user_id, payload.company_id),
+        payload=payload,
         message_id=envelope.message_id,
         contract_version=envelope.contract_version,
         occurred_at=envelope.occurred_at,
-        payload=payload,
+        key=idempotency_key(envelope.message_id),
+        row_key=(payload.agent_user_id, payload.company_id),
         status=status,
         leave_reason=leave_reason,
         unknown_status=unknown_status,
