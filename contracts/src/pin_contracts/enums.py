@@ -63,15 +63,6 @@ class ScopeType(StrEnum):
     PROJECT = "Project"
 
 
-class FanOutTaskStatus(StrEnum):
-    """Status of an ``identity.access_fanout_tasks`` row (stored as text, never on Kafka)."""
-
-    PENDING = "Pending"
-    IN_PROGRESS = "InProgress"
-    COMPLETED = "Completed"
-    FAILED = "Failed"
-
-
 @dataclass(frozen=True, slots=True)
 class UnknownEnumValue:
     """A wire value outside the enum this reader knows; ``raw`` is what was received."""
@@ -124,3 +115,13 @@ AgentMembershipStatusWire = Annotated[
 ]
 LeaveReasonWire = Annotated[str, _schema(LeaveReason), OpenEnum(LeaveReason)]
 ScopeTypeWire = Annotated[str, _schema(ScopeType), OpenEnum(ScopeType)]
+
+
+# Not a wire enum: no ``Wire`` alias, never on Kafka.
+class FanOutTaskStatus(StrEnum):
+    """Status of an ``identity.access_fanout_tasks`` row (stored as text, never on Kafka)."""
+
+    PENDING = "Pending"
+    IN_PROGRESS = "InProgress"
+    COMPLETED = "Completed"
+    FAILED = "Failed"

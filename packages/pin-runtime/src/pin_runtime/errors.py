@@ -7,7 +7,7 @@ packages built on pin-runtime: a dataclass naming its fields, and a message temp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, dataclass_transform
 
 __all__ = [
     "DeliveryError",
@@ -20,14 +20,15 @@ __all__ = [
 ]
 
 
+@dataclass_transform(eq_default=False)
 class TemplatedError(Exception):
     """An error whose message is its `template` filled with its fields.
 
-    A subclass is a `@dataclass(eq=False, repr=False)` that declares the values it carries,
-    typed, and the sentence they fill (`eq=False`: an error is raised and caught by identity,
-    not compared; `repr=False`: its repr stays the exception's own, `Name('message')`):
+    A subclass declares the values it carries, typed, and the sentence they fill; it is
+    made a dataclass of them as it is defined (`eq=False`: an error is raised and caught by
+    identity, not compared; `repr=False`: its repr stays the exception's own,
+    `Name('message')`), so no subclass can forget to be one:
 
-        @dataclass(eq=False, repr=False)
         class TaskNotFoundError(ServiceError):
             template = "fan-out task {task_id} does not exist"
             task_id: UUID
@@ -37,6 +38,10 @@ class TemplatedError(Exception):
     """
 
     template: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclass(eq=False, repr=False)(cls)
 
     def __post_init__(self) -> None:
         super().__init__(self.describe())
@@ -50,7 +55,6 @@ class PinRuntimeError(Exception):
     """Something the shared runtime refused or could not do."""
 
 
-@dataclass(eq=False, repr=False)
 class SettingsError(PinRuntimeError, TemplatedError):
     """A configuration value is missing or wrong; `variable` names the exact env var."""
 

@@ -64,7 +64,6 @@ _TYPES: Mapping[Kind, type[Counter | Gauge | Histogram]] = {
 }
 
 
-@dataclasses.dataclass(eq=False, repr=False)
 class MetricCatalogueError(PinRuntimeError, TemplatedError):
     """A metric catalogue is malformed or does not match the class bound to it; `source`
     names the file, `entry` the metric (None for a fault of the whole file)."""

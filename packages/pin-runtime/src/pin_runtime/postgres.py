@@ -76,7 +76,6 @@ def _classify(exc: BaseException) -> bool | None:
     return None
 
 
-@dataclass(eq=False, repr=False)
 class SessionLimitError(PinRuntimeError, TemplatedError, ValueError):
     """A `SessionLimits` value out of its range; `limit` names the field."""
 

@@ -37,7 +37,6 @@ _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _RESERVED = frozenset({"compose", "doc", "get", "items", "keys", "source", "values"})
 
 
-@dataclasses.dataclass(eq=False, repr=False)
 class SqlFileError(PinRuntimeError, TemplatedError):
     """A `.sql` file of named statements is malformed; `source:line` says where."""
 

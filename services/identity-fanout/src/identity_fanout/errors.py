@@ -7,7 +7,6 @@ Each carries its values as typed fields and says them in its `template`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from uuid import UUID
 
 from pin_runtime.errors import TemplatedError
@@ -17,7 +16,6 @@ class IdentityFanoutError(TemplatedError):
     """Root of the service's own errors."""
 
 
-@dataclass(eq=False, repr=False)
 class RoleRefusedError(IdentityFanoutError):
     """A change of the role `role_id` refused before anything was written; each subclass
     says why in its `template`."""
@@ -33,7 +31,6 @@ class RoleArchivedError(RoleRefusedError):
     template = "role {role_id} is archived; its permissions cannot change"
 
 
-@dataclass(eq=False, repr=False)
 class UnknownPermissionError(IdentityFanoutError):
     codes: list[str]
 
@@ -41,20 +38,17 @@ class UnknownPermissionError(IdentityFanoutError):
         return f"unknown permission code(s): {', '.join(self.codes)}"
 
 
-@dataclass(eq=False, repr=False)
 class TaskNotFoundError(IdentityFanoutError):
     template = "fan-out task {task_id} does not exist"
     task_id: UUID
 
 
-@dataclass(eq=False, repr=False)
 class TaskNotFailedError(IdentityFanoutError):
     template = "fan-out task {task_id} is {status}; only Failed tasks are replayed"
     task_id: UUID
     status: str
 
 
-@dataclass(eq=False, repr=False)
 class LeaseLostError(IdentityFanoutError):
     """The task was claimed by another worker after this one's lease ran out.
 
@@ -66,7 +60,6 @@ class LeaseLostError(IdentityFanoutError):
     attempt: int
 
 
-@dataclass(eq=False, repr=False)
 class QuarantinedRowNotFoundError(IdentityFanoutError):
     """`outbox quarantine show/retry` of an id that is not (or no longer) quarantined."""
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pin_runtime.errors import TemplatedError
 
 
@@ -11,7 +9,6 @@ class LocalInfraError(Exception):
     """A local server could not be prepared, started, reached or stopped."""
 
 
-@dataclass(eq=False, repr=False)
 class MissingPrerequisiteError(LocalInfraError, TemplatedError):
     """A program the launcher needs is not installed (java, mvn, the PostgreSQL server)."""
 

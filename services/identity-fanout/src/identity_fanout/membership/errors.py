@@ -6,7 +6,6 @@ other typed refusal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from uuid import UUID
 
 from identity_fanout.errors import IdentityFanoutError
@@ -23,7 +22,6 @@ class MembershipError(IdentityFanoutError):
     """Root of the membership producer's refusals."""
 
 
-@dataclass(eq=False, repr=False)
 class InvalidMembershipChangeError(MembershipError):
     """A membership change request the producer refuses before writing anything.
 
@@ -35,7 +33,6 @@ class InvalidMembershipChangeError(MembershipError):
     problem: str
 
 
-@dataclass(eq=False, repr=False)
 class MembershipNotActiveError(MembershipError):
     """leave-agency for an agent who is not an Active member of that agency."""
 
@@ -51,7 +48,6 @@ class MembershipNotActiveError(MembershipError):
         )
 
 
-@dataclass(eq=False, repr=False)
 class MembershipAlreadyActiveError(MembershipError):
     """accept-invitation for an agent who already is an Active member of that agency."""
 
