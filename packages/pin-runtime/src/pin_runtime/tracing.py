@@ -112,18 +112,20 @@ def _redacted(span: ReadableSpan) -> ReadableSpan:
         name=span.name,
         context=span.context,
         parent=span.parent,
-        resource=span.resource,
+        kind=span.kind,
+        # What may quote a driver's message: redacted.
         attributes=_redacted_attributes(span.attributes),
+        status=status,
         events=[
             Event(e.name, _redacted_attributes(e.attributes), timestamp=e.timestamp)
             for e in span.events
         ],
+        # The rest as recorded.
         links=span.links,
-        kind=span.kind,
-        status=status,
+        resource=span.resource,
+        instrumentation_scope=span.instrumentation_scope,
         start_time=span.start_time,
         end_time=span.end_time,
-        instrumentation_scope=span.instrumentation_scope,
     )
 
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import base64
-import json
 import os
 import secrets
 import socket
 import uuid
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Annotated
+
+import msgspec
 
 from pin_testkit.local.errors import LocalInfraError
 from pin_testkit.local.procs import write_atomic
@@ -23,56 +24,38 @@ KAFKA_CONTROLLER_PORT_ENV = "PIN_LOCAL_KAFKA_CONTROLLER_PORT"
 # connection cannot take them between two runs.
 PORT_RANGE = (20000, 32767)
 _MAX_PORT = 65535
+Port = Annotated[int, msgspec.Meta(gt=0, le=_MAX_PORT)]
 
 
-@dataclass(frozen=True, slots=True)
-class LocalState:
-    pg_port: int
-    kafka_port: int
-    kafka_controller_port: int
+class LocalState(msgspec.Struct, frozen=True, kw_only=True):
+    pg_port: Port
+    kafka_port: Port
+    kafka_controller_port: Port
     kafka_cluster_id: str
     version: int = STATE_VERSION
     # The secured listeners (`pin-local up --secure`); None until secure mode is first asked
     # for, then kept: a later plain `up` does not take them away.
-    kafka_sasl_port: int | None = None
-    kafka_ssl_port: int | None = None
+    kafka_sasl_port: Port | None = None
+    kafka_ssl_port: Port | None = None
 
     @property
     def secure(self) -> bool:
         return self.kafka_sasl_port is not None and self.kafka_ssl_port is not None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+        encoded = msgspec.json.encode(self, order="sorted")
+        return msgspec.json.format(encoded, indent=2).decode() + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> LocalState:
-        raw = json.loads(text)
-        if not isinstance(raw, dict) or raw.get("version") != STATE_VERSION:
-            raise LocalInfraError(f"unsupported state file (version {raw.get('version')!r})")
         try:
-            return cls(
-                pg_port=_port(raw["pg_port"]),
-                kafka_port=_port(raw["kafka_port"]),
-                kafka_controller_port=_port(raw["kafka_controller_port"]),
-                kafka_cluster_id=str(raw["kafka_cluster_id"]),
-                kafka_sasl_port=_optional_port(raw.get("kafka_sasl_port")),
-                kafka_ssl_port=_optional_port(raw.get("kafka_ssl_port")),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+            raw = msgspec.json.decode(text)
+            version = raw.get("version") if isinstance(raw, dict) else None
+            if version != STATE_VERSION:
+                raise LocalInfraError(f"unsupported state file (version {version!r})")
+            return msgspec.convert(raw, cls)
+        except msgspec.MsgspecError as exc:
             raise LocalInfraError(f"corrupt state file: {exc}") from exc
-
-
-def _port(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise TypeError(f"not a port: {value!r}")
-    port = int(value)
-    if not 0 < port <= _MAX_PORT:
-        raise ValueError(f"not a port: {value!r}")
-    return port
-
-
-def _optional_port(value: object) -> int | None:
-    return None if value is None else _port(value)
 
 
 def load_state(path: Path) -> LocalState | None:
@@ -127,8 +110,8 @@ def env_port(name: str, environ: Mapping[str, str]) -> int | None:
     if not raw:
         return None
     try:
-        return _port(raw)
-    except ValueError:
+        return msgspec.convert(raw, Port, strict=False)
+    except msgspec.ValidationError:
         raise LocalInfraError(f"{name}={raw!r} is not a TCP port") from None
 
 
@@ -153,7 +136,7 @@ def plan_state(
                 f"with controller port {previous.kafka_controller_port}: unset it, or run "
                 "`pin-local down` and delete the state directory"
             )
-        return replace(
+        return msgspec.structs.replace(
             previous,
             pg_port=pg or previous.pg_port,
             kafka_port=kafka or previous.kafka_port,
@@ -186,4 +169,4 @@ def with_secure_ports(
     taken = {state.pg_port, state.kafka_port, state.kafka_controller_port}
     sasl = pick_port(taken, is_free)
     ssl = pick_port({*taken, sasl}, is_free)
-    return replace(state, kafka_sasl_port=sasl, kafka_ssl_port=ssl)
+    return msgspec.structs.replace(state, kafka_sasl_port=sasl, kafka_ssl_port=ssl)
