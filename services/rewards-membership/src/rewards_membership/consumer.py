@@ -115,9 +115,7 @@ class MembershipConsumer:
         reporter = BatchReporter(
             metrics=metrics, tracer=tracer, topic=settings.topic, group_id=settings.group_id
         )
-        self._batches = BatchPipeline(
-            lane=self._lane, finisher=finisher, reporter=reporter, clock=clock
-        )
+        self._batches = BatchPipeline(finisher=finisher, reporter=reporter, clock=clock)
         self._rebalances = RebalanceGuard(
             consumer,
             topic=settings.topic,

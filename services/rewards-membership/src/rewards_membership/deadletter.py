@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Final
 
+import msgspec
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from pin_contracts import Headers
@@ -36,8 +37,7 @@ Position = tuple[int, int]
 _REPORT_MARGIN: Final = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class Receipt:
+class Receipt(msgspec.Struct, frozen=True):
     """Where the broker stored a dead letter."""
 
     dlq_partition: int

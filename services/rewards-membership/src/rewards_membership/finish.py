@@ -17,7 +17,6 @@ are neither dead-lettered nor committed here: their next owner reads them again.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -39,8 +38,6 @@ from rewards_membership.report import Item
 from rewards_membership.validation import InvalidEvent
 
 __all__ = ["BatchFinisher"]
-
-_log = logging.getLogger("rewards_membership.consumer")
 
 
 @dataclass(eq=False, kw_only=True)

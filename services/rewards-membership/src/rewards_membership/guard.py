@@ -28,7 +28,8 @@ class MembershipRow(msgspec.Struct, frozen=True, kw_only=True):
     membership_status: str | None = None
     """`Active` or `Left`; None on a row created before its first membership event."""
     leave_reason: str | None = None
-    """`SelfLeave` / `ExcludedByAgency` of the last leave; None while Active or when unknown."""
+    """`SelfLeave` / `ExcludedByAgency` of the last leave; None while Active, and for a
+    leave whose Reason was absent or unknown to this reader (soft degradation)."""
     left_at: datetime | None = None
     """LeftAt of the last leave; None while Active."""
     effective_at: datetime | None = None

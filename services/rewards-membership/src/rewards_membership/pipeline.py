@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from confluent_kafka import Message
 from opentelemetry import trace
 
-from rewards_membership.db_lane import DatabaseLane
 from rewards_membership.finish import BatchFinisher
 from rewards_membership.inflight import Finished, InFlight, bounds
 from rewards_membership.report import BatchReporter, Item
@@ -26,8 +25,8 @@ __all__ = ["BatchPipeline"]
 
 @dataclass(eq=False, kw_only=True)
 class BatchPipeline:
-    lane: DatabaseLane
     finisher: BatchFinisher
+    """Owns the database lane the batches are submitted to."""
     reporter: BatchReporter
     clock: Callable[[], float] = time.monotonic
     in_flight: InFlight | None = field(init=False, default=None)
@@ -37,7 +36,7 @@ class BatchPipeline:
         """Hand the batch to the database lane; its transaction runs while the loop polls."""
         receive, process = self.reporter.start_spans(records)
         with trace.use_span(process, end_on_exit=False):
-            plan = self.lane.submit(items)
+            plan = self.finisher.lane.submit(items)
         first, last = bounds(records)
         self.in_flight = InFlight(
             records=records,
