@@ -2,9 +2,16 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from psycopg.rows import TupleRow
 from psycopg_pool import PoolTimeout
 
-from pin_runtime.postgres import SessionLimits, create_pool, is_retriable
+from pin_runtime.postgres import (
+    LazyConnection,
+    SessionLimits,
+    connect,
+    create_pool,
+    is_retriable,
+)
 from pin_testkit.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -157,3 +164,54 @@ def test_read_only_transaction_after_failover_is_retriable(fresh_database: str) 
             conn.execute("CREATE TABLE t (v int)")
     assert raised.value.sqlstate == "25006"
     assert is_retriable(raised.value)
+
+
+def test_connect_is_autocommit_named_and_bounded(fresh_database: str) -> None:
+    limits = SessionLimits(statement_timeout=2, lock_timeout=0.5)
+    with connect(fresh_database, limits, application_name="x" * 80) as conn:
+        assert conn.autocommit
+        row = conn.execute(
+            "SELECT application_name, current_setting('statement_timeout'),"
+            " current_setting('lock_timeout') FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        ).fetchone()
+    assert row == ("x" * 63, "2s", "500ms")
+
+
+def test_lazy_connection_reconnects_and_prepares_each_new_session(
+    fresh_database: str, postgres_admin_dsn: str
+) -> None:
+    opened: list[int] = []
+    lazy = LazyConnection(
+        lambda: connect(fresh_database, SessionLimits()),
+        prepare=lambda conn: opened.append(conn.info.backend_pid),
+    )
+    first = lazy.get()
+    first_pid = first.info.backend_pid
+    assert lazy.get() is first  # kept while it is healthy
+    terminate(postgres_admin_dsn, first_pid)
+    with pytest.raises(psycopg.OperationalError):
+        first.execute("SELECT 1")
+    second = lazy.get()  # the broken one is replaced, prepared like the first
+    assert second is not first
+    assert second.execute("SELECT 1").fetchone() == (1,)
+    assert first.closed
+    assert opened == [first_pid, second.info.backend_pid]
+    lazy.discard()
+    assert second.closed
+    lazy.discard()  # nothing held: still no error
+
+
+def test_lazy_connection_closes_a_session_its_preparation_refused(fresh_database: str) -> None:
+    held: list[psycopg.Connection[TupleRow]] = []
+
+    def refuse(conn: psycopg.Connection[TupleRow]) -> None:
+        held.append(conn)
+        conn.execute("SELECT * FROM no_such_table")
+
+    lazy = LazyConnection(lambda: connect(fresh_database, SessionLimits()), prepare=refuse)
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        lazy.get()
+    assert held[0].closed  # not leaked, and not handed out next time
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        lazy.get()
+    assert len(held) == 2

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 import msgspec
 import psycopg
@@ -46,7 +46,7 @@ _log = logging.getLogger(__name__)
 _q = load_queries("pin_runtime", "queries/roles.sql")
 
 Privilege = Literal["SELECT", "INSERT", "UPDATE", "DELETE"]
-_PRIVILEGES: Final = frozenset(("SELECT", "INSERT", "UPDATE", "DELETE"))
+_PRIVILEGES: Final = frozenset(get_args(Privilege))
 _IDENTIFIER: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _PREFIX: Final = re.compile(r"(?:[a-z_][a-z0-9_]{0,30})?")
 _MAX_NAME: Final = 63  # NAMEDATALEN - 1: PostgreSQL would silently truncate a longer name

@@ -7,6 +7,7 @@ outage loses work.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -18,16 +19,24 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout, TooManyRequest
 from pin_runtime.errors import PinRuntimeError, TemplatedError
 
 __all__ = [
+    "CONNECT_TIMEOUT",
     "RETRIABLE_SQLSTATES",
     "RETRIABLE_SQLSTATE_CLASSES",
+    "LazyConnection",
     "Pool",
     "SessionLimitError",
     "SessionLimits",
+    "connect",
     "create_pool",
     "is_retriable",
 ]
 
+_log = logging.getLogger(__name__)
+
 Pool = ConnectionPool[psycopg.Connection[TupleRow]]
+Connection = psycopg.Connection[TupleRow]
+CONNECT_TIMEOUT: Final = 5
+"""Seconds a connect may take: libpq waits forever on an unreachable host by default."""
 
 # Whole SQLSTATE classes that mean "the server or the path to it is in trouble".
 RETRIABLE_SQLSTATE_CLASSES: Final = {
@@ -144,6 +153,66 @@ def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
+def connect(dsn: str, session: SessionLimits, *, application_name: str | None = None) -> Connection:
+    """One autocommit connection bounded by `session`, its connect too.
+
+    Autocommit: every unit of work opens its own `conn.transaction()`, which then is a real
+    BEGIN/COMMIT and never a savepoint inside an implicit transaction a probe left open; a
+    LISTEN on it is delivered at once.
+    """
+    kwargs = session.connect_kwargs()
+    if application_name is not None:
+        kwargs["application_name"] = application_name[:63]  # the server's NAMEDATALEN
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **kwargs)
+
+
+class LazyConnection:
+    """One connection, opened at first use and again once it is closed or broken.
+
+    For a loop that holds a single session (a consumer's batches, a LISTEN, the relay's
+    deletes): `prepare` runs on each new connection (a LISTEN, say) and a failure there
+    closes it again; `discard()` after a failure drops it without raising, and the next
+    `get()` reconnects.
+    """
+
+    def __init__(
+        self,
+        open_: Callable[[], Connection],
+        *,
+        prepare: Callable[[Connection], None] | None = None,
+    ) -> None:
+        self._open = open_
+        self._prepare = prepare
+        self._conn: Connection | None = None
+
+    def get(self) -> Connection:
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        self.discard()
+        conn = self._open()
+        if self._prepare is not None:
+            try:
+                self._prepare(conn)
+            except BaseException:
+                conn.close()
+                raise
+        self._conn = conn
+        return conn
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def discard(self) -> None:
+        """Drop the connection after a failure, whatever state it is in."""
+        try:
+            self.close()
+        except psycopg.Error:
+            _log.debug("closing a failed connection failed", exc_info=True)
+
+
 def create_pool(
     dsn: str,
     *,
@@ -152,7 +221,7 @@ def create_pool(
     max_size: int = 4,
     timeout: float = 30.0,
     application_name: str | None = None,
-    connect_timeout: int = 5,
+    connect_timeout: int = CONNECT_TIMEOUT,
     max_idle: float = 600.0,
     max_lifetime: float = 3600.0,
     reconnect_timeout: float = 300.0,
@@ -171,7 +240,6 @@ def create_pool(
         raise ValueError("timeout and connect_timeout must be > 0")
     kwargs: dict[str, Any] = {
         "application_name": application_name or name,
-        # libpq waits forever on an unreachable host by default; bound it.
         "connect_timeout": connect_timeout,
         **(session or SessionLimits()).connect_kwargs(),
         **(connect_kwargs or {}),

@@ -53,7 +53,7 @@ from pin_runtime.backoff import Backoff
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.kafka import Compression, ConfigValue
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import SessionLimits
+from pin_runtime.postgres import SessionLimits, connect
 
 __all__ = [
     "DEFAULT_LANES",
@@ -276,13 +276,7 @@ def _connector(
     dsn: str, name: str, limits: SessionLimits
 ) -> Callable[[], psycopg.Connection[TupleRow]]:
     """Connections of the deleter: autocommit, the service's session limits."""
-    return lambda: psycopg.connect(
-        dsn,
-        autocommit=True,
-        connect_timeout=5,
-        application_name=f"{name}@{socket.gethostname()}"[:63],
-        **limits.connect_kwargs(),
-    )
+    return lambda: connect(dsn, limits, application_name=f"{name}@{socket.gethostname()}")
 
 
 def _options(settings: Settings) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from psycopg.rows import TupleRow
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_report import report_published
 from pin_runtime.logging import log_event
+from pin_runtime.postgres import LazyConnection
 from pin_runtime.sql import load_queries
 
 __all__ = ["Deleter"]
@@ -39,13 +40,12 @@ class Deleter:
     def __init__(
         self, connect: Callable[[], psycopg.Connection[TupleRow]], metrics: RelayMetrics
     ) -> None:
-        self._connect = connect
         self._metrics = metrics
         self._queue: deque[tuple[list[int], list[str]]] = deque()
         self._pending = 0
         self._done = threading.Condition()
         self._closing = False
-        self._conn: psycopg.Connection[TupleRow] | None = None
+        self._conn = LazyConnection(connect)
         self._thread: threading.Thread | None = None
         self.published = 0
         self.last_id: int | None = None
@@ -87,9 +87,7 @@ class Deleter:
             self._thread = None
         with self._done:
             self._closing = False
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._conn.discard()
 
     def _run(self) -> None:
         while True:
@@ -103,9 +101,7 @@ class Deleter:
             except Exception as exc:  # an outage: keep the ids, try again
                 log_event(_log, "outbox delete failed", logging.WARNING, error=str(exc))
                 self.error = str(exc)
-                if self._conn is not None:
-                    self._conn.close()
-                    self._conn = None
+                self._conn.discard()
                 with self._done:
                     if self._done.wait_for(lambda: self._closing, RETRY_PAUSE):
                         return
@@ -128,8 +124,6 @@ class Deleter:
                 self._done.notify_all()
 
     def _delete(self, ids: list[int]) -> int:
-        if self._conn is None or self._conn.closed:
-            self._conn = self._connect()
         # An array literal built in C: psycopg would dump a list of ints element by element.
         literal = "{" + ",".join(map(str, ids)) + "}"
-        return self._conn.execute(_q.delete_published, {"ids": literal}).rowcount
+        return self._conn.get().execute(_q.delete_published, {"ids": literal}).rowcount

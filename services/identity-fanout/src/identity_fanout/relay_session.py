@@ -22,7 +22,7 @@ from psycopg.rows import TupleRow
 from identity_fanout.channels import listen
 from identity_fanout.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS, plan_lanes, slots_of
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import SessionLimits
+from pin_runtime.postgres import SessionLimits, connect
 from pin_runtime.sql import load_queries
 
 __all__ = ["WAKE_SLICE", "LaneSession"]
@@ -60,7 +60,7 @@ class LaneSession:
         self._dsn = dsn
         self._lanes = lanes
         self._channel = channel
-        self._application_name = application_name[:63]
+        self._application_name = application_name
         self._limits = limits
         self._on_change = on_change or (lambda _lanes: None)
         self._probe = probe or (lambda _event, _lane: None)
@@ -87,13 +87,8 @@ class LaneSession:
         if self._conn is not None and not self._conn.closed:
             return self._conn
         self.drop()
-        conn = psycopg.connect(
-            self._dsn,
-            autocommit=True,  # each statement its own transaction; LISTEN delivers at once
-            connect_timeout=5,
-            application_name=self._application_name,
-            **self._limits.connect_kwargs(),
-        )
+        # Autocommit: each statement its own transaction; LISTEN delivers at once.
+        conn = connect(self._dsn, self._limits, application_name=self._application_name)
         try:
             conn.execute(_q.join_members, {"members": MEMBER_LOCK_CLASS})
             # LISTEN before the first read: a row committed after the read still wakes us.

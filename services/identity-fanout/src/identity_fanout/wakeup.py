@@ -14,7 +14,7 @@ from psycopg.rows import TupleRow
 
 from identity_fanout.channels import TASKS_CHANNEL, listen
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import SessionLimits
+from pin_runtime.postgres import LazyConnection, SessionLimits, connect
 
 _log = logging.getLogger(__name__)
 
@@ -28,7 +28,13 @@ class Wakeup:
     stop: threading.Event
     beat: Callable[[], None]
     clock: Callable[[], float] = time.monotonic
-    _listener: psycopg.Connection[TupleRow] | None = field(init=False, default=None)
+    _listener: LazyConnection = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._listener = LazyConnection(
+            lambda: connect(self.dsn, self.session),
+            prepare=lambda conn: listen(conn, TASKS_CHANNEL),
+        )
 
     def wait(self, polling_interval: timedelta) -> None:
         """Sleep until NOTIFY, the polling interval, or a stop request, whichever is first."""
@@ -47,27 +53,17 @@ class Wakeup:
                 for _ in listener.notifies(timeout=slice_seconds, stop_after=1):
                     return
             except psycopg.Error:
-                self.close()
+                self._listener.discard()
                 listener = None
             self.beat()
 
     def _listen(self) -> psycopg.Connection[TupleRow] | None:
-        if self._listener is not None and not self._listener.closed:
-            return self._listener
         try:
-            self._listener = psycopg.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=5,
-                **self.session.connect_kwargs(),
-            )
-            listen(self._listener, TASKS_CHANNEL)
+            return self._listener.get()
         except psycopg.Error as exc:
             log_event(_log, "listen failed; polling only", logging.WARNING, exception=repr(exc))
-            self.close()
-        return self._listener
+            self._listener.discard()
+            return None
 
     def close(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        self._listener.close()

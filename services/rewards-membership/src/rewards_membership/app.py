@@ -7,11 +7,11 @@ ops server; `kafka_or_exit` first), as identity-fanout's `app` runs its worker a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import socket
 from importlib.resources import files
 
-import psycopg
 from confluent_kafka import KafkaError, Producer
 from opentelemetry import trace
 
@@ -22,7 +22,7 @@ from pin_runtime.kafka import create_consumer, create_producer
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.logging import log_event
 from pin_runtime.migrations import migrate
-from pin_runtime.postgres import SessionLimits
+from pin_runtime.postgres import SessionLimits, connect
 from pin_runtime.settings import settings_for_log
 from rewards_membership.consumer import MembershipConsumer
 from rewards_membership.db_roles import RUNTIME_ROLES
@@ -54,26 +54,18 @@ def run_migrations(
     idle-in-transaction timeout, but no statement or lock timeout: a migration may rewrite
     a large table, and a second runner must wait for the first one's advisory lock.
     """
-    migrations = files("rewards_membership") / "migrations"
+    run = functools.partial(
+        migrate,
+        schema=SCHEMA,
+        migrations=files("rewards_membership") / "migrations",
+        roles=RUNTIME_ROLES,
+        role_prefix=role_prefix,
+    )
     if session is None:
-        return migrate(
-            dsn,
-            schema=SCHEMA,
-            migrations=migrations,
-            roles=RUNTIME_ROLES,
-            role_prefix=role_prefix,
-        )
+        return run(dsn)
     unbounded = dataclasses.replace(session, statement_timeout=0, lock_timeout=0)
-    with psycopg.connect(
-        dsn, autocommit=True, connect_timeout=5, **unbounded.connect_kwargs()
-    ) as conn:
-        return migrate(
-            conn,
-            schema=SCHEMA,
-            migrations=migrations,
-            roles=RUNTIME_ROLES,
-            role_prefix=role_prefix,
-        )
+    with connect(dsn, unbounded) as conn:
+        return run(conn)
 
 
 # Statements of the longest batch: inbox lookup, row read, update, insert, inbox insert

@@ -31,6 +31,7 @@ from pin_runtime.kafka import create_consumer
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.listing import Listing
 from pin_runtime.logging import log_event
+from pin_runtime.postgres import connect
 from pin_runtime.settings import (
     CONFIG_ERROR_EXIT_CODE,
     parse_duration,
@@ -54,7 +55,6 @@ from rewards_membership.resolve import Resolver, ResolveResult, ResolveState
 from rewards_membership.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from rewards_membership.store import (
     Resolution,
-    connect,
     fetch_agent_rows,
     fetch_replays,
     fetch_resolutions,
@@ -167,8 +167,8 @@ def _tool_consumer(settings: Settings, role: str) -> Consumer:
 def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
     return connect(
         settings.database_dsn.reveal(),
+        settings.database_session(),
         application_name=f"{SERVICE_NAME}-cli",
-        session=settings.database_session(),
     )
 
 
@@ -422,11 +422,7 @@ _AGENT_COLUMNS = (
 
 
 def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
-    with connect(
-        settings.database_dsn.reveal(),
-        application_name=f"{SERVICE_NAME}-cli",
-        session=settings.database_session(),
-    ) as conn:
+    with _connect(settings) as conn:
         rows = fetch_agent_rows(conn, agent_user_id)
     status = display_status((r.company_id, r.membership_status) for r in rows)
     values = [
@@ -438,11 +434,7 @@ def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
 
 
 def _inbox_prune(settings: Settings, older_than: timedelta) -> int:
-    with connect(
-        settings.database_dsn.reveal(),
-        application_name=f"{SERVICE_NAME}-cli",
-        session=settings.database_session(),
-    ) as conn:
+    with _connect(settings) as conn:
         deleted = prune_inbox(conn, older_than, now=datetime.now(UTC))
     log_event(_log, "inbox pruned", deleted=deleted, olderThan=str(older_than))
     return 0

@@ -11,7 +11,6 @@ is decided again.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -22,7 +21,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import TupleRow, class_row
 
-from pin_runtime.postgres import SessionLimits
+from pin_runtime.postgres import LazyConnection, SessionLimits, connect
 from pin_runtime.sql import columns, load_queries
 from rewards_membership.batch_sql import (
     INSERT_INBOX,
@@ -45,7 +44,6 @@ __all__ = [
     "MembershipStore",
     "Resolution",
     "clear_dead_letter_marks",
-    "connect",
     "fetch_agent_rows",
     "fetch_replays",
     "fetch_resolutions",
@@ -54,8 +52,6 @@ __all__ = [
     "record_resolutions",
     "resolve_dead_letter_marks",
 ]
-
-_log = logging.getLogger(__name__)
 
 # The tooling's statements pass binary array parameters (%(x)b): text-dumping an array
 # quotes every element through a regex. The batch statements pass JSON documents instead
@@ -89,24 +85,6 @@ class AgentRow:
 _AGENT_ROWS: Final = _agent.compose("agent_rows", columns=columns(AgentRow))
 
 
-def connect(
-    dsn: str, *, application_name: str, session: SessionLimits
-) -> psycopg.Connection[TupleRow]:
-    """One autocommit connection with a bounded connect (libpq would otherwise wait forever).
-
-    Autocommit: every unit of work opens its own `conn.transaction()`, which then is a real
-    BEGIN/COMMIT and never a savepoint inside an implicit transaction left open by a probe.
-    `session` bounds every statement and lock wait of it (`settings.database_session()`).
-    """
-    return psycopg.connect(
-        dsn,
-        application_name=application_name,
-        connect_timeout=5,
-        autocommit=True,
-        **session.connect_kwargs(),
-    )
-
-
 class MembershipStore:
     """The consumer's database side: one connection, (re)opened lazily after a failure.
 
@@ -115,30 +93,19 @@ class MembershipStore:
     """
 
     def __init__(self, dsn: str, *, application_name: str, session: SessionLimits) -> None:
-        self._dsn = dsn
-        self._application_name = application_name
-        self._session = session
-        self._conn: psycopg.Connection[TupleRow] | None = None
+        self._conn = LazyConnection(
+            lambda: connect(dsn, session, application_name=application_name)
+        )
 
     def connection(self) -> psycopg.Connection[TupleRow]:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self.close()
-            self._conn = connect(
-                self._dsn, application_name=self._application_name, session=self._session
-            )
-        return self._conn
+        return self._conn.get()
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        self._conn.close()
 
     def discard(self) -> None:
         """Drop the connection after a failure; the next batch reconnects."""
-        try:
-            self.close()
-        except psycopg.Error:
-            _log.debug("closing a failed connection failed", exc_info=True)
+        self._conn.discard()
 
     @staticmethod
     def read(
