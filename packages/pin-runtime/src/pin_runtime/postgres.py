@@ -185,9 +185,20 @@ class LazyConnection:
         self._prepare = prepare
         self._conn: Connection | None = None
 
+    @property
+    def current(self) -> Connection | None:
+        """The connection held now, whatever its state (None: none opened since the last
+        close)."""
+        return self._conn
+
+    @property
+    def is_open(self) -> bool:
+        """Whether `get()` would hand out the connection held now."""
+        return self._conn is not None and _usable(self._conn)
+
     def get(self) -> Connection:
         conn = self._conn
-        if conn is not None and not conn.closed and not conn.broken:
+        if conn is not None and _usable(conn):
             return conn
         self.discard()
         conn = self._open()
@@ -259,3 +270,7 @@ def create_pool(
         check=ConnectionPool.check_connection,
         open=False,
     )
+
+
+def _usable(conn: Connection) -> bool:
+    return not conn.closed and not conn.broken

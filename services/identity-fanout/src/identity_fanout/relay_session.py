@@ -22,7 +22,7 @@ from psycopg.rows import TupleRow
 from identity_fanout.channels import listen
 from identity_fanout.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS, plan_lanes, slots_of
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import SessionLimits, connect
+from pin_runtime.postgres import LazyConnection, SessionLimits, connect
 from pin_runtime.sql import load_queries
 
 __all__ = ["WAKE_SLICE", "LaneSession"]
@@ -57,14 +57,14 @@ class LaneSession:
         on_change: Callable[[frozenset[int]], None] | None = None,
         probe: Probe | None = None,
     ) -> None:
-        self._dsn = dsn
         self._lanes = lanes
         self._channel = channel
-        self._application_name = application_name
-        self._limits = limits
+        # Autocommit: each statement its own transaction; LISTEN delivers at once.
+        self._conn = LazyConnection(
+            lambda: connect(dsn, limits, application_name=application_name), prepare=self._join
+        )
         self._on_change = on_change or (lambda _lanes: None)
         self._probe = probe or (lambda _event, _lane: None)
-        self._conn: psycopg.Connection[TupleRow] | None = None
         self._held: set[int] = set()
         self._releasing: set[int] = set()
         self._standby_logged = False
@@ -84,20 +84,14 @@ class LaneSession:
         return bool(self._releasing)
 
     def connection(self) -> psycopg.Connection[TupleRow]:
-        if self._conn is not None and not self._conn.closed:
-            return self._conn
-        self.drop()
-        # Autocommit: each statement its own transaction; LISTEN delivers at once.
-        conn = connect(self._dsn, self._limits, application_name=self._application_name)
-        try:
-            conn.execute(_q.join_members, {"members": MEMBER_LOCK_CLASS})
-            # LISTEN before the first read: a row committed after the read still wakes us.
-            listen(conn, self._channel)
-        except Exception:
-            conn.close()
-            raise
-        self._conn = conn
-        return conn
+        if not self._conn.is_open:
+            self.drop()  # the locks of a lost session are gone with it
+        return self._conn.get()
+
+    def _join(self, conn: psycopg.Connection[TupleRow]) -> None:
+        conn.execute(_q.join_members, {"members": MEMBER_LOCK_CLASS})
+        # LISTEN before the first read: a row committed after the read still wakes us.
+        listen(conn, self._channel)
 
     def rebalance(self) -> None:
         """One look at the instances and the locks: take free lanes up to this instance's
@@ -126,11 +120,12 @@ class LaneSession:
             for lane in self._releasing
             if not any(s in busy_slots for s in slots_of([lane], self._lanes))
         )
-        if not idle or self._conn is None:
+        conn = self._conn.current
+        if not idle or conn is None:
             return
         for lane in idle:
             self._probe("releasing", lane)
-        self._conn.execute(
+        conn.execute(
             _q.unlock_slots, {"class": LANE_LOCK_CLASS, "slots": slots_of(idle, self._lanes)}
         )
         self._held.difference_update(idle)
@@ -172,7 +167,7 @@ class LaneSession:
         self, timeout: float, *, stop: threading.Event, on_tick: Callable[[], None]
     ) -> None:
         """Sleep until a writer's NOTIFY, `timeout` or `stop`, whichever comes first."""
-        conn = self._conn
+        conn = self._conn.current
         if conn is None:
             return
         deadline = time.monotonic() + timeout
@@ -190,9 +185,7 @@ class LaneSession:
 
     def drop(self) -> None:
         """Forget the connection after an error (closing it frees every lock server-side)."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        self._conn.discard()
         if self._held:
             log_event(_log, "relay lanes lost", logging.WARNING, lanes=sorted(self._held))
             for lane in sorted(self._held):
@@ -203,9 +196,7 @@ class LaneSession:
         """Give every lane back and close the connection (a graceful stop)."""
         for lane in sorted(self._held):
             self._probe("releasing", lane)
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.closed:
-            conn.close()  # ends the session: its advisory locks go with it
+        self._conn.close()  # ends the session: its advisory locks go with it
         if self._held:
             log_event(_log, "relay lanes released", lanes=sorted(self._held), held=[])
         self._forget()
