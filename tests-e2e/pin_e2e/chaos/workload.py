@@ -82,12 +82,13 @@ class Driver:
     membership_every: float = 0.2
     agents: int = 40
     agencies: int = 6
-    role_changes: int = 0
-    membership_changes: int = 0
-    failures: int = 0
-    agent_ids: list[UUID] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    # What the run did, counted as it goes: not settings.
+    role_changes: int = field(init=False, default=0)
+    membership_changes: int = field(init=False, default=0)
+    failures: int = field(init=False, default=0)
+    agent_ids: list[UUID] = field(init=False, default_factory=list)
+    _stop: threading.Event = field(init=False, default_factory=threading.Event)
+    _thread: threading.Thread | None = field(init=False, default=None)
 
     def start(self) -> Driver:
         rng = random.Random(self.seed)

@@ -23,7 +23,8 @@ from identity_fanout.claim import Claim, shard_claim, task_claim
 from identity_fanout.errors import LeaseLostError
 from identity_fanout.outbox import current_trace_context, outbox_message, write_outbox
 from identity_fanout.page_writer import PageOf, write_page
-from identity_fanout.shards import END, START, ClaimedShard, ShardState, roll_up
+from identity_fanout.shard_rollup import roll_up_task
+from identity_fanout.shards import END, START, ClaimedShard
 from identity_fanout.snapshot import AssignmentRow, build_events
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import USER_ACCESS_CHANGED, UserAccessChangedKafkaEvent, envelope_for
@@ -42,7 +43,6 @@ __all__ = [
 ]
 
 _fanout = load_queries("identity_fanout", "sql/fanout.sql")
-_shards = load_queries("identity_fanout", "sql/shards.sql")
 
 
 class BatchResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -230,28 +230,12 @@ def process_shard_batch(
     )
     with conn.transaction():
         page = _page(conn, unit, **options)
-        locked = conn.execute(_shards.lock_task, {"id": shard.task_id}).fetchone()
-        task_status: str = locked[0] if locked else "Failed"
-        with conn.cursor(row_factory=class_row(ShardState)) as cur:
-            states = cur.execute(_shards.shard_states, {"task_id": shard.task_id}).fetchall()
-        rollup = roll_up(task_status, states)
-        task = conn.execute(
-            _shards.task_rollup,
-            {
-                "id": shard.task_id,
-                "processed": rollup.processed_count,
-                "cursor": rollup.cursor,
-                "status": rollup.status,
-                "completed": rollup.completed_now,
-            },
-        ).fetchone()
-        if task is None:  # the task row is locked above and cascades to its shards
-            raise LeaseLostError(shard.id, shard.attempt_count)
+        task = roll_up_task(conn, shard)
     return built_from(
         BatchResult,
         page,
-        task_completed=rollup.completed_now,
-        task_processed_count=rollup.processed_count,
-        created_at=task[0],
-        task_started_at=task[1],
+        task_completed=task.rollup.completed_now,
+        task_processed_count=task.rollup.processed_count,
+        created_at=task.created_at,
+        task_started_at=task.started_at,
     )

@@ -22,7 +22,6 @@ accounting), `Publisher` (the producer), `settle` (pure: delete, quarantine, or 
 from __future__ import annotations
 
 import gc
-import logging
 import socket
 import threading
 from collections.abc import Callable, Mapping
@@ -36,6 +35,7 @@ from psycopg.rows import TupleRow
 from identity_fanout.channels import OUTBOX_CHANNEL
 from identity_fanout.lanes import DEFAULT_LANES, MAX_LANES
 from identity_fanout.relay_deleter import Deleter
+from identity_fanout.relay_log import log as _log
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_pacing import Pacer
 from identity_fanout.relay_publisher import Publisher
@@ -65,7 +65,6 @@ __all__ = [
     "tune_relay_gc",
 ]
 
-_log = logging.getLogger(__name__)
 
 LOCK_RETRY_INTERVAL: Final = 2.0
 """Seconds between an instance's looks at the lanes: its take-over and hand-over delay."""

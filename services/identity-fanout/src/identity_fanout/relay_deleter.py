@@ -20,6 +20,7 @@ from typing import Final
 import psycopg
 from psycopg.rows import TupleRow
 
+from identity_fanout.relay_log import log as _log
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_report import report_published
 from pin_runtime.logging import log_event
@@ -28,7 +29,6 @@ from pin_runtime.sql import load_queries
 
 __all__ = ["Deleter"]
 
-_log = logging.getLogger("identity_fanout.relay")
 _q = load_queries("identity_fanout", "sql/relay.sql")
 
 RETRY_PAUSE: Final = 0.5

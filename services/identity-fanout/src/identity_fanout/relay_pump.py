@@ -25,6 +25,7 @@ from psycopg.rows import TupleRow
 from identity_fanout.lanes import slots_of
 from identity_fanout.quarantine import quarantine_rows
 from identity_fanout.relay_deleter import Deleter
+from identity_fanout.relay_log import log as _log
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_pacing import SHUTDOWN_GRACE
 from identity_fanout.relay_publisher import FLUSH_MARGIN, Publisher
@@ -43,8 +44,6 @@ GiveUp = Callable[[], bool]
 
 __all__ = ["Pump", "RoundResult"]
 
-
-_log = logging.getLogger("identity_fanout.relay")
 
 BUSY_WAIT: Final = 0.05
 """How long to wait for reports when the window is full or nothing new was read."""

@@ -11,6 +11,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from identity_fanout.quarantine import MovedRow, quarantine_counts
+from identity_fanout.relay_log import log as _log
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_settlement import Refusal, Settlement
 from pin_runtime.delivery import DeliveryFailure
@@ -28,7 +29,6 @@ __all__ = [
     "report_stopped",
 ]
 
-_log = logging.getLogger("identity_fanout.relay")
 _q = load_queries("identity_fanout", "sql/relay.sql")
 
 BACKLOG_EXACT_UP_TO: Final = 10_000

@@ -21,13 +21,13 @@ from psycopg.rows import TupleRow
 
 from identity_fanout.channels import listen
 from identity_fanout.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS, plan_lanes, slots_of
+from identity_fanout.relay_log import log as _log
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import LazyConnection, SessionLimits, connect
 from pin_runtime.sql import load_queries
 
 __all__ = ["WAKE_SLICE", "LaneSession"]
 
-_log = logging.getLogger("identity_fanout.relay")
 _q = load_queries("identity_fanout", "sql/lanes.sql")
 
 WAKE_SLICE: Final = 0.5
