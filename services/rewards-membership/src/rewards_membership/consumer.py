@@ -45,10 +45,11 @@ from rewards_membership.pauser import PartitionPauser
 from rewards_membership.pipeline import BatchPipeline
 from rewards_membership.rebalance import RebalanceGuard
 from rewards_membership.records import offset_of, partition_of, topic_of
-from rewards_membership.report import BatchReporter, Item
+from rewards_membership.report import BatchReporter
 from rewards_membership.settings import Settings
+from rewards_membership.spans import BatchSpans
 from rewards_membership.store import MembershipStore
-from rewards_membership.validation import InvalidEvent, position_key, validate
+from rewards_membership.validation import InvalidEvent, Item, position_key, validate
 
 __all__ = ["MembershipConsumer"]
 
@@ -112,10 +113,13 @@ class MembershipConsumer:
             database_state=self.database_state,
             kafka_state=self.kafka_state,
         )
-        reporter = BatchReporter(
-            metrics=metrics, tracer=tracer, topic=settings.topic, group_id=settings.group_id
+        spans = BatchSpans(tracer=tracer, topic=settings.topic, group_id=settings.group_id)
+        self._batches = BatchPipeline(
+            finisher=finisher,
+            reporter=BatchReporter(metrics=metrics, spans=spans),
+            spans=spans,
+            clock=clock,
         )
-        self._batches = BatchPipeline(finisher=finisher, reporter=reporter, clock=clock)
         self._rebalances = RebalanceGuard(
             consumer,
             topic=settings.topic,

@@ -34,8 +34,7 @@ from rewards_membership.inflight import Finished, InFlight, finished_records
 from rewards_membership.partitions import POSTGRESQL, PartitionControl
 from rewards_membership.plan import Outcome
 from rewards_membership.records import offset_of, partition_of
-from rewards_membership.report import Item
-from rewards_membership.validation import InvalidEvent
+from rewards_membership.validation import InvalidEvent, Item
 
 __all__ = ["BatchFinisher"]
 

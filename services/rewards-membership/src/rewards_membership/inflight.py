@@ -19,7 +19,7 @@ from opentelemetry.trace import Span
 from rewards_membership.deadletter import Position, Receipt
 from rewards_membership.plan import BatchPlan, Outcome
 from rewards_membership.records import offset_of, partition_of
-from rewards_membership.report import Item
+from rewards_membership.validation import Item
 
 __all__ = [
     "Finished",

@@ -14,67 +14,31 @@ from typing import Any
 
 from confluent_kafka import Message
 from opentelemetry import trace
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from pin_contracts import TRACEPARENT_HEADER
 from pin_runtime.logging import log_event
-from pin_runtime.tracing import extract_context
 from rewards_membership.deadletter import Position, Receipt
 from rewards_membership.metrics import Metrics, contract_version_label
 from rewards_membership.plan import Outcome
 from rewards_membership.records import key_text, offset_of, partition_of
-from rewards_membership.validation import EXPECTED_CONTRACT_VERSION, InvalidEvent, MembershipChange
+from rewards_membership.spans import BatchSpans
+from rewards_membership.validation import (
+    EXPECTED_CONTRACT_VERSION,
+    InvalidEvent,
+    Item,
+    MembershipChange,
+)
 
-__all__ = ["BatchReporter", "Item"]
+__all__ = ["BatchReporter"]
 
 _log = logging.getLogger("rewards_membership.consumer")
-Item = MembershipChange | InvalidEvent
 
 
 class BatchReporter:
-    def __init__(
-        self, *, metrics: Metrics, tracer: trace.Tracer, topic: str, group_id: str
-    ) -> None:
+    """The metrics, logs and per-record spans of committed batches."""
+
+    def __init__(self, *, metrics: Metrics, spans: BatchSpans) -> None:
         self._metrics = metrics
-        self._tracer = tracer
-        self._topic = topic
-        self._group_id = group_id
-
-    def start_spans(self, records: Sequence[Message]) -> tuple[trace.Span, trace.Span]:
-        """The batch's `<topic> receive` span, linked to the records' own trace contexts,
-        and its `membership batch process` child.
-
-        Started, not made current: a batch's work spans two turns of the loop and two
-        threads (the process span and the `pg apply batch` span below it carry it
-        explicitly)."""
-        links = []
-        for message in records[:_MAX_LINKS]:
-            context = trace.get_current_span(extract_context(message.headers())).get_span_context()
-            if context.is_valid:
-                links.append(Link(context))
-        receive = self._tracer.start_span(
-            f"{self._topic} receive",
-            kind=SpanKind.CONSUMER,
-            links=links,
-            attributes={
-                "messaging.system": "kafka",
-                "messaging.operation.type": "receive",
-                "messaging.operation.name": "consume",
-                "messaging.destination.name": self._topic,
-                "messaging.consumer.group.name": self._group_id,
-                "messaging.batch.message_count": len(records),
-            },
-        )
-        process = self._tracer.start_span(
-            "membership batch process",
-            context=trace.set_span_in_context(receive),
-            attributes={
-                "messaging.operation.type": "process",
-                "messaging.destination.name": self._topic,
-                "messaging.batch.message_count": len(records),
-            },
-        )
-        return receive, process
+        self._spans = spans
 
     def report(
         self,
@@ -94,8 +58,7 @@ class BatchReporter:
         metrics.consume_duration_ms.observe(elapsed_ms)
         earliest: datetime | None = None
         for message, item, outcome in done:
-            if _has_traceparent(message):
-                self._process_span(message, item, outcome, batch_context)
+            self._spans.record(message, item, outcome, batch_context)
             if type(item) is MembershipChange:
                 # The common case first, without a call per record: a valid event, no log
                 # line at this level, no warning to raise.
@@ -204,48 +167,6 @@ class BatchReporter:
             else:
                 metrics.skipped_duplicate.inc(n)
 
-    def _process_span(
-        self, message: Message, item: Item, outcome: Outcome, batch: trace.SpanContext
-    ) -> None:
-        """A per-message span continuing the producer's trace (only for traced messages)."""
-        attributes: dict[str, Any] = {
-            "messaging.system": "kafka",
-            "messaging.operation.type": "process",
-            "messaging.destination.name": self._topic,
-            "messaging.consumer.group.name": self._group_id,
-            "messaging.destination.partition.id": str(partition_of(message)),
-            "messaging.kafka.offset": offset_of(message),
-            "rewards.membership.outcome": outcome.value,
-        }
-        key = key_text(message)
-        if key is not None:
-            attributes["messaging.kafka.message.key"] = key
-        if item.message_id is not None:
-            attributes["messaging.message.id"] = str(item.message_id)
-        span = self._tracer.start_span(
-            f"{self._topic} process",
-            context=extract_context(message.headers()),
-            kind=SpanKind.CONSUMER,
-            links=[Link(batch)],
-            attributes=attributes,
-        )
-        if outcome is Outcome.DEAD_LETTERED:
-            span.set_status(Status(StatusCode.ERROR, "REWARDS_MEMBERSHIP_EVENT_INVALID"))
-        span.end()
-
-
-def _has_traceparent(message: Message) -> bool:
-    headers = message.headers()
-    if not headers:
-        return False
-    if isinstance(headers, dict):
-        return TRACEPARENT_HEADER in headers
-    # A plain loop, not any(<generator>): this runs once per record.
-    for name, _ in headers:  # noqa: SIM110
-        if name == TRACEPARENT_HEADER:
-            return True
-    return False
-
 
 def _fields(item: MembershipChange) -> dict[str, Any]:
     payload = item.payload
@@ -258,6 +179,3 @@ def _fields(item: MembershipChange) -> dict[str, Any]:
         "Version": payload.version,
         "MembershipId": payload.membership_id,
     }
-
-
-_MAX_LINKS = 32

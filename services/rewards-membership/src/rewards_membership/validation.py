@@ -27,6 +27,7 @@ __all__ = [
     "EXPECTED_CONTRACT_VERSION",
     "IDEMPOTENCY_PREFIX",
     "InvalidEvent",
+    "Item",
     "MembershipChange",
     "idempotency_key",
     "position_key",
@@ -99,7 +100,11 @@ class InvalidEvent(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.path}: {self.reason}"
 
 
-def validate(value: bytes | None) -> MembershipChange | InvalidEvent:
+Item = MembershipChange | InvalidEvent
+"""What `validate` makes of one record: a change to apply or the reason it is invalid."""
+
+
+def validate(value: bytes | None) -> Item:
     """Decode and check one record value (spec steps 1-2, without the inbox lookup)."""
     try:
         envelope = decode_membership_changed(value)
