@@ -114,12 +114,8 @@ class MembershipConsumer:
             kafka_state=self.kafka_state,
         )
         spans = BatchSpans(tracer=tracer, topic=settings.topic, group_id=settings.group_id)
-        self._batches = BatchPipeline(
-            finisher=finisher,
-            reporter=BatchReporter(metrics=metrics, spans=spans),
-            spans=spans,
-            clock=clock,
-        )
+        reporter = BatchReporter(metrics=metrics, spans=spans)
+        self._batches = BatchPipeline(finisher=finisher, reporter=reporter, clock=clock)
         self._rebalances = RebalanceGuard(
             consumer,
             topic=settings.topic,

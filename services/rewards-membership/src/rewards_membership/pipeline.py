@@ -19,7 +19,6 @@ from opentelemetry import trace
 from rewards_membership.finish import BatchFinisher
 from rewards_membership.inflight import Finished, InFlight, bounds
 from rewards_membership.report import BatchReporter
-from rewards_membership.spans import BatchSpans
 from rewards_membership.validation import Item
 
 __all__ = ["BatchPipeline"]
@@ -30,14 +29,14 @@ class BatchPipeline:
     finisher: BatchFinisher
     """Owns the database lane the batches are submitted to."""
     reporter: BatchReporter
-    spans: BatchSpans
+    """Starts a batch's spans too (`reporter.spans`)."""
     clock: Callable[[], float] = time.monotonic
     in_flight: InFlight | None = field(init=False, default=None)
     _unreported: list[Finished] = field(init=False, default_factory=list)
 
     def start(self, records: Sequence[Message], items: Sequence[Item]) -> None:
         """Hand the batch to the database lane; its transaction runs while the loop polls."""
-        receive, process = self.spans.start(records)
+        receive, process = self.reporter.spans.start(records)
         with trace.use_span(process, end_on_exit=False):
             plan = self.finisher.lane.submit(items)
         first, last = bounds(records)

@@ -38,7 +38,7 @@ class BatchReporter:
 
     def __init__(self, *, metrics: Metrics, spans: BatchSpans) -> None:
         self._metrics = metrics
-        self._spans = spans
+        self.spans = spans
 
     def report(
         self,
@@ -58,7 +58,7 @@ class BatchReporter:
         metrics.consume_duration_ms.observe(elapsed_ms)
         earliest: datetime | None = None
         for message, item, outcome in done:
-            self._spans.record(message, item, outcome, batch_context)
+            self.spans.record(message, item, outcome, batch_context)
             if type(item) is MembershipChange:
                 # The common case first, without a call per record: a valid event, no log
                 # line at this level, no warning to raise.
