@@ -6,8 +6,8 @@ packages built on pin-runtime: a dataclass naming its fields, and a message temp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, dataclass_transform
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, cast, dataclass_transform
 
 __all__ = [
     "DeliveryError",
@@ -45,6 +45,11 @@ class TemplatedError(Exception):
 
     def __post_init__(self) -> None:
         super().__init__(self.describe())
+
+    def __reduce__(self) -> tuple[type[TemplatedError], tuple[object, ...]]:
+        # Rebuilt from its fields: Exception's own reduce would pass the message back in
+        # as the first field (pickle, copy, a process pool's result).
+        return type(self), tuple(getattr(self, f.name) for f in fields(cast("Any", self)) if f.init)
 
     def describe(self) -> str:
         """The message: `template` over the fields."""
