@@ -103,6 +103,8 @@ def test_state_file_round_trip(tmp_path: Path) -> None:
     "text",
     [
         '{"version": 99}',
+        "not JSON at all",
+        '["a list"]',
         '{"version": 1, "pg_port": 1}',
         '{"version": 1, "pg_port": true, "kafka_port": 2, "kafka_controller_port": 3, '
         '"kafka_cluster_id": "x"}',
