@@ -17,6 +17,9 @@ class ServiceError(TemplatedError):
 
 
 class TaskNotFoundError(ServiceError):
+    """Declared without `@dataclass`: made one as it is defined, so its one field is a
+    required argument."""
+
     template = "task {task_id} does not exist"
     task_id: UUID
 
