@@ -137,8 +137,16 @@ class Cli(Generic[S]):
         parser: argparse.ArgumentParser,
         run: Callable[[argparse.Namespace, S], int | None],
         argv: Sequence[str] | None = None,
+        *,
+        standalone: Mapping[str, Callable[[argparse.Namespace], int | None]] | None = None,
     ) -> int:
+        """Run the command of `argv`. A command of `standalone` reads settings of its own
+        instead of the service's (the lag watcher needs no database DSN): it is run under
+        `run_command` as it is, and loads, checks and logs its settings itself."""
         args = parser.parse_args(argv)
+        own = (standalone or {}).get(args.command)
+        if own is not None:
+            return run_command(lambda: own(args), errors=self.errors)
         settings = settings_or_exit(self.settings_type, self.env_prefix)
         # Every service's settings carry log_level (the chart's LOG_LEVEL).
         configure_logging(getattr(settings, "log_level", "INFO"), self.service)

@@ -31,11 +31,13 @@ from identity_fanout.quarantine_view import (
 )
 from identity_fanout.runbook import get_task, list_shards, list_tasks, replay_task
 from identity_fanout.schema import migrate_database
-from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
+from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, LagWatchSettings, Settings
 from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.composition import Cli, uuid_argument
+from pin_runtime.lag_watch.cli import COMMAND as LAG_WATCH
+from pin_runtime.lag_watch.cli import LagWatchCommand
 from pin_runtime.listing import Columns, Fields, Listing, timestamp_cell
 
 # Plain messages never wrap (scripts parse them); listings take the terminal's width (a
@@ -44,6 +46,8 @@ _console = Console(soft_wrap=True)
 
 
 _CLI: Final = Cli(SERVICE_NAME, Settings, ENV_PREFIX, errors=(IdentityFanoutError,))
+# The consumer groups of the access topic, measured at the brokers; its own settings (no DSN).
+_LAG_WATCH: Final = LagWatchCommand(SERVICE_NAME, LagWatchSettings, ENV_PREFIX)
 
 
 def _positive(text: str) -> int:
@@ -74,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         "--no-relay", action="store_true", help="do not run the outbox relay in this process"
     )
     commands.add_parser("relay", help="run the outbox relay alone")
+    _LAG_WATCH.add_to(commands)
 
     roles = commands.add_parser("roles", help="role commands").add_subparsers(
         dest="roles_command", required=True, metavar="ROLES_COMMAND"
@@ -248,7 +253,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return _CLI.main(_parser(), _run, argv)
+    return _CLI.main(_parser(), _run, argv, standalone={LAG_WATCH: _LAG_WATCH})
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from msgspec import Meta
 
 from pin_contracts.topics import AGENT_MEMBERSHIP_CHANGED, USER_ACCESS_CHANGED
 from pin_runtime.clients import Port, ServiceSettings
+from pin_runtime.lag_watch.settings import LagWatchSettings as BaseLagWatchSettings
+from pin_runtime.lag_watch.settings import TopicName
 from pin_runtime.settings import Secret
 
 ENV_PREFIX: Final = "IDENTITY_FANOUT_"
@@ -49,6 +51,10 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
     shard_size: Annotated[int, Meta(ge=1)] = 25_000
     """A queued role with more active users than this is split into shards of about this
     many users, each claimed by its own worker (README "Sharded fan-out")."""
+    max_outbox_backlog: Annotated[int, Meta(ge=1, le=10_000_000)] = 20_000
+    """The fan-out waits before its next batch while this many outbox rows (or more) wait
+    for the relays: a point change committed during a mass fan-out waits behind at most
+    this many rows, and the outbox table stays bounded (README "Backpressure")."""
 
     outbox_lanes: Annotated[int, Meta(ge=1, le=64)] = 8
     """Lanes the outbox is split into by message key: the most relay instances that publish
@@ -83,3 +89,13 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
             raise ValueError("IDENTITY_FANOUT_MAX_LEASE_DURATION: must be at least 1s")
         if self.relay_poll_interval <= timedelta(0):
             raise ValueError("IDENTITY_FANOUT_RELAY_POLL_INTERVAL: must be positive")
+
+
+class LagWatchSettings(BaseLagWatchSettings, frozen=True, kw_only=True):
+    """`identity-fanout lag-watch`: the consumer groups of the access topic, found by
+    discovery (crm, catalog, chessboard, gateway: other teams name their groups), under the
+    same prefix (`IDENTITY_FANOUT_LAG_WATCH_*`, README "Lag watcher")."""
+
+    lag_watch_topics: tuple[TopicName, ...] = (USER_ACCESS_CHANGED.name,)
+    lag_watch_discover: bool = True
+    metrics_port: Port = 9108

@@ -29,6 +29,8 @@ from rich.console import Console
 from pin_runtime.composition import Cli, uuid_argument
 from pin_runtime.kafka import create_consumer
 from pin_runtime.kafka_security import kafka_or_exit
+from pin_runtime.lag_watch.cli import COMMAND as LAG_WATCH
+from pin_runtime.lag_watch.cli import LagWatchCommand
 from pin_runtime.listing import Listing
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import connect
@@ -52,7 +54,7 @@ from rewards_membership.errors import RewardsMembershipError
 from rewards_membership.reference import decode_reference
 from rewards_membership.replay import Replayer, ReplayResult, ReplayState
 from rewards_membership.resolve import Resolver, ResolveResult, ResolveState
-from rewards_membership.settings import ENV_PREFIX, SERVICE_NAME, Settings
+from rewards_membership.settings import ENV_PREFIX, SERVICE_NAME, LagWatchSettings, Settings
 from rewards_membership.store import (
     Resolution,
     fetch_agent_rows,
@@ -67,6 +69,8 @@ _log = logging.getLogger("rewards_membership")
 
 
 _CLI: Final = Cli(SERVICE_NAME, Settings, ENV_PREFIX, errors=(RewardsMembershipError,))
+# The group's lag measured at the brokers, whatever the consumers do; its own settings (no DSN).
+_LAG_WATCH: Final = LagWatchCommand(SERVICE_NAME, LagWatchSettings, ENV_PREFIX)
 
 
 def _duration(text: str) -> timedelta:
@@ -95,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser, commands = _CLI.parser("PIN rewards: AgentMembershipChanged consumer and its tooling.")
     commands.add_parser("migrate", help="apply the rewards schema migrations")
     commands.add_parser("consume", help="run the membership consumer until SIGTERM/SIGINT")
+    _LAG_WATCH.add_to(commands)
 
     dlq = commands.add_parser("dlq", help="inspect and replay the dead-letter topic")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
@@ -131,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return _CLI.main(build_parser(), _run, argv)
+    return _CLI.main(build_parser(), _run, argv, standalone={LAG_WATCH: _LAG_WATCH})
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:

@@ -17,6 +17,8 @@ from pin_contracts import (
     REWARDS_MEMBERSHIP_CONSUMER_GROUP,
 )
 from pin_runtime.clients import Port, ServiceSettings
+from pin_runtime.lag_watch.settings import GroupName, TopicName
+from pin_runtime.lag_watch.settings import LagWatchSettings as BaseLagWatchSettings
 from pin_runtime.settings import Secret
 
 ENV_PREFIX: Final = "REWARDS_MEMBERSHIP_"
@@ -68,3 +70,12 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
             raise ValueError("REWARDS_MEMBERSHIP_LAG_INTERVAL: must be positive")
         if self.dlq_topic == self.topic:
             raise ValueError("REWARDS_MEMBERSHIP_DLQ_TOPIC: must differ from the source topic")
+
+
+class LagWatchSettings(BaseLagWatchSettings, frozen=True, kw_only=True):
+    """`rewards-membership lag-watch`: this service's own group on its source topic, under
+    the same prefix (`REWARDS_MEMBERSHIP_LAG_WATCH_*`, README "Lag watcher")."""
+
+    lag_watch_topics: tuple[TopicName, ...] = (AGENT_MEMBERSHIP_CHANGED.name,)
+    lag_watch_groups: tuple[GroupName, ...] = (REWARDS_MEMBERSHIP_CONSUMER_GROUP,)
+    metrics_port: Port = 9109

@@ -1,0 +1,97 @@
+"""The composition root of `lag-watch`: the clients, the watcher and its ops server.
+
+On pin-runtime's shape (`long_running`: JSON logs, tracing, signals, `/metrics`, `/healthz`,
+`/readyz`), as the services' own long-lived commands: `kafka_or_exit` first (credentials the
+brokers refuse: exit 2), then pass after pass until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from prometheus_client import CollectorRegistry
+
+from pin_runtime.composition import long_running
+from pin_runtime.http import ComponentState, Heartbeat
+from pin_runtime.kafka import create_admin, create_consumer
+from pin_runtime.kafka_security import kafka_or_exit
+from pin_runtime.lag_watch.brokers import Brokers
+from pin_runtime.lag_watch.cli import COMMAND
+from pin_runtime.lag_watch.metrics import LagWatchMetrics
+from pin_runtime.lag_watch.settings import LagWatchSettings
+from pin_runtime.lag_watch.watcher import LagWatcher, WatchPlan
+from pin_runtime.logging import log_event
+from pin_runtime.settings import settings_for_log, unknown_variables
+
+__all__ = ["longest_pass", "reader_config", "run_lag_watch"]
+
+_log = logging.getLogger("pin_runtime.lag_watch")
+
+# Requests of one kind in flight at once (brokers.py): a pass's slowest path waits one
+# request timeout per slice of groups, twice (discovery, then the listed groups).
+_GROUPS_PER_SLICE = 32
+
+
+def longest_pass(settings: LagWatchSettings) -> float:
+    """Seconds a pass may take when every request times out: the heartbeat's limit."""
+    timeout = settings.lag_watch_request_timeout.total_seconds() + 1.0
+    slices = math.ceil(settings.lag_watch_max_groups / _GROUPS_PER_SLICE)
+    topics = len(settings.lag_watch_topics)
+    return settings.lag_watch_interval.total_seconds() + timeout * (topics + 3 + 2 * slices)
+
+
+def reader_config(settings: LagWatchSettings) -> dict[str, str | int | float | bool]:
+    """The timestamp reader's settings: small fetches (it needs one record per position)."""
+    return {
+        **settings.kafka_security(),
+        "max.partition.fetch.bytes": 65536,
+        "queued.max.messages.kbytes": 1024,
+        "enable.partition.eof": False,
+    }
+
+
+def run_lag_watch(service: str, prefix: str, settings: LagWatchSettings) -> None:
+    """`<service> lag-watch` until SIGTERM/SIGINT."""
+    registry = CollectorRegistry()
+    metrics = LagWatchMetrics(registry)
+    heartbeat = Heartbeat(stale_after=max(60.0, longest_pass(settings) + 30.0))
+    with long_running(
+        service,
+        log_level=settings.log_level,
+        metrics_host=settings.metrics_host,
+        metrics_port=settings.metrics_port,
+        heartbeat=heartbeat,
+        registry=registry,
+    ) as rt:
+        for variable in unknown_variables(type(settings), prefix):
+            log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
+        kafka_or_exit(settings, prefix, command=COMMAND)
+        state = ComponentState()
+        rt.serve({"kafka": state})
+        client = f"{service}-lag-watcher"
+        admin = create_admin(
+            settings.kafka_bootstrap, client_id=client, extra=settings.kafka_security()
+        )
+        # Its group id is never joined nor committed to (assign only): librdkafka wants one.
+        reader = create_consumer(
+            settings.kafka_bootstrap,
+            group_id=client,
+            client_id=f"{client}-reader",
+            extra=reader_config(settings),
+        )
+        log_event(_log, "process started", command=COMMAND, settings=settings_for_log(settings))
+        try:
+            LagWatcher(
+                plan=WatchPlan.of(settings, reader_group=client),
+                brokers=Brokers(
+                    admin=admin,
+                    reader=reader,
+                    timeout=settings.lag_watch_request_timeout.total_seconds(),
+                ),
+                metrics=metrics,
+                state=state,
+            ).run(rt.stop, rt.heartbeat)
+        finally:
+            reader.close()
+            log_event(_log, "process stopped", command=COMMAND)

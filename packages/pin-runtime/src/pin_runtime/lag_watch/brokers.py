@@ -1,0 +1,230 @@
+"""What the lag watcher reads from Kafka, each read bounded by the request timeout.
+
+An admin client lists the groups, their committed offsets and the partitions' watermarks
+(requests of one kind are sent together and awaited together: one round trip per kind, not
+per group). A plain consumer reads the oldest unconsumed record of a position to learn its
+timestamp: it `assign`s the partition at that offset, never subscribes (so it never joins a
+group, the watched one or its own) and never commits.
+
+A read that fails is returned as a `BrokerReadError` in place of its value (or raised, when
+nothing of the read came back), for the watcher to count and log; this module decides
+nothing about lag.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any, Final, TypeVar
+
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec
+
+from pin_runtime.errors import PinRuntimeError, TemplatedError
+
+__all__ = ["BrokerReadError", "Brokers", "Partition", "RecordAt"]
+
+Partition = tuple[str, int]
+"""(topic, partition)."""
+RecordAt = tuple[str, int, int]
+"""(topic, partition, offset)."""
+
+# Requests in flight at once per kind: a cluster with hundreds of groups is asked in slices,
+# so a pass never queues thousands of requests on one broker connection.
+_IN_FLIGHT: Final = 32
+# Margin on a future's wait beyond the request's own timeout (librdkafka answers a timed-out
+# request itself, a moment after the timeout).
+_MARGIN: Final = 1.0
+# Each consume() of a timestamp read waits at most this long, so a pass notices its deadline.
+_CONSUME_SLICE: Final = 0.5
+
+T = TypeVar("T")
+
+
+class BrokerReadError(PinRuntimeError, TemplatedError):
+    """A read of the watcher failed or timed out; `what` names it (a group, a topic)."""
+
+    template = "{what}: {reason}"
+    what: str
+    reason: str
+
+
+def _reason(exc: BaseException) -> str:
+    error = exc.args[0] if exc.args else None
+    if isinstance(error, KafkaError):
+        return f"{error.name()}: {error.str()}"
+    return str(exc) or type(exc).__name__
+
+
+def _slices(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class Brokers:
+    """The watcher's clients and its timeout; the caller owns (and closes) the clients."""
+
+    def __init__(self, *, admin: AdminClient, reader: KafkaConsumer, timeout: float) -> None:
+        self._admin = admin
+        self._reader = reader
+        self._timeout = timeout
+
+    def _wait(self, future: Future[T], deadline: float) -> T:
+        return future.result(timeout=max(0.1, deadline - time.monotonic()))
+
+    def partitions(self, topic: str) -> list[int]:
+        """The partition numbers of `topic`; raises `BrokerReadError`."""
+        try:
+            metadata = self._admin.list_topics(topic, timeout=self._timeout)
+        except KafkaException as exc:
+            raise BrokerReadError(f"metadata of {topic}", _reason(exc)) from None
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            reason = found.error.str() if found is not None and found.error else "no partitions"
+            raise BrokerReadError(f"metadata of {topic}", reason)
+        return sorted(found.partitions)
+
+    def group_ids(self) -> list[str]:
+        """Every consumer group the cluster knows, by name; raises `BrokerReadError` when
+        a broker did not answer (a partial list would drop groups from discovery)."""
+        deadline = time.monotonic() + self._timeout + _MARGIN
+        try:
+            future = self._admin.list_consumer_groups(request_timeout=self._timeout)
+            listed: Any = self._wait(future, deadline)
+        except (KafkaException, TimeoutError) as exc:
+            raise BrokerReadError("consumer groups", _reason(exc)) from None
+        if listed.errors:
+            raise BrokerReadError("consumer groups", "; ".join(str(e) for e in listed.errors))
+        return sorted({group.group_id for group in listed.valid})
+
+    def committed(
+        self, groups: Sequence[str], partitions: Mapping[str, Sequence[int]] | None
+    ) -> dict[str, dict[Partition, int] | BrokerReadError]:
+        """Each group's committed offsets on `partitions` (topic -> numbers; -1001 where
+        it never committed), or every offset it holds (None), or the error of its read."""
+        wanted = (
+            None
+            if partitions is None
+            else [TopicPartition(t, p) for t, numbers in partitions.items() for p in numbers]
+        )
+        results: dict[str, dict[Partition, int] | BrokerReadError] = {}
+        for part in _slices(groups, _IN_FLIGHT):
+            futures: dict[str, Future[Any]] = {}
+            for group in part:
+                request = ConsumerGroupTopicPartitions(group, wanted)
+                try:
+                    asked = self._admin.list_consumer_group_offsets(
+                        [request], request_timeout=self._timeout
+                    )
+                except KafkaException as exc:
+                    results[group] = BrokerReadError(f"offsets of group {group}", _reason(exc))
+                else:
+                    futures[group] = asked[group]
+            deadline = time.monotonic() + self._timeout + _MARGIN
+            for group, future in futures.items():
+                results[group] = self._offsets(group, future, deadline)
+        return results
+
+    def _offsets(
+        self, group: str, future: Future[Any], deadline: float
+    ) -> dict[Partition, int] | BrokerReadError:
+        try:
+            answer = self._wait(future, deadline)
+        except (KafkaException, TimeoutError) as exc:
+            return BrokerReadError(f"offsets of group {group}", _reason(exc))
+        offsets: dict[Partition, int] = {}
+        for tp in answer.topic_partitions:
+            if tp.error is not None:
+                reason = _reason(KafkaException(tp.error))
+                return BrokerReadError(f"offsets of group {group}", reason)
+            offsets[(tp.topic, tp.partition)] = int(tp.offset)
+        return offsets
+
+    def watermarks(
+        self, partitions: Sequence[Partition]
+    ) -> dict[Partition, tuple[int, int] | BrokerReadError]:
+        """(low, high) watermark of each partition, or the error of its read."""
+        asked: dict[str, dict[Any, Future[Any]]] = {}
+        # The classmethods are untyped in confluent-kafka's own annotations.
+        sides: tuple[tuple[str, OffsetSpec], ...] = (
+            ("low", OffsetSpec.earliest()),  # type: ignore[no-untyped-call]
+            ("high", OffsetSpec.latest()),  # type: ignore[no-untyped-call]
+        )
+        try:
+            for side, spec in sides:
+                asked[side] = self._admin.list_offsets(
+                    {TopicPartition(t, p): spec for t, p in partitions},
+                    request_timeout=self._timeout,
+                )
+        except KafkaException as exc:
+            failed = BrokerReadError("watermarks", _reason(exc))
+            return dict.fromkeys(partitions, failed)
+        deadline = time.monotonic() + self._timeout + _MARGIN
+        found: dict[Partition, dict[str, int]] = {}
+        results: dict[Partition, tuple[int, int] | BrokerReadError] = {}
+        for side, futures in asked.items():
+            for tp, future in futures.items():
+                key = (tp.topic, tp.partition)
+                try:
+                    found.setdefault(key, {})[side] = int(self._wait(future, deadline).offset)
+                except (KafkaException, TimeoutError) as exc:
+                    what = f"watermarks of {key[0]}[{key[1]}]"
+                    results[key] = BrokerReadError(what, _reason(exc))
+        for key in partitions:
+            read = found.get(key, {})
+            if key not in results:
+                results[key] = (read["low"], read["high"])
+        return results
+
+    def oldest_timestamps(self, records: Collection[RecordAt]) -> dict[RecordAt, float]:
+        """Unix time (s) of the first record at or after each (topic, partition, offset).
+
+        One round per offset asked on the same partition (several groups at different
+        offsets), all within one request timeout: what has not arrived by then is missing
+        from the result (the watcher keeps the earlier reading of those positions).
+        """
+        by_partition: dict[Partition, list[int]] = {}
+        for topic, partition, offset in sorted(set(records)):
+            by_partition.setdefault((topic, partition), []).append(offset)
+        found: dict[RecordAt, float] = {}
+        deadline = time.monotonic() + self._timeout
+        rounds = max((len(offsets) for offsets in by_partition.values()), default=0)
+        for index in range(rounds):
+            pending = {
+                tp: offsets[index] for tp, offsets in by_partition.items() if index < len(offsets)
+            }
+            self._reader.assign([TopicPartition(t, p, o) for (t, p), o in pending.items()])
+            try:
+                self._read_round(pending, found, deadline)
+            finally:
+                self._reader.unassign()
+            if time.monotonic() >= deadline:
+                break
+        return found
+
+    def _read_round(
+        self, pending: dict[Partition, int], found: dict[RecordAt, float], deadline: float
+    ) -> None:
+        while pending and (remaining := deadline - time.monotonic()) > 0:
+            for message in self._reader.consume(
+                num_messages=100, timeout=min(remaining, _CONSUME_SLICE)
+            ):
+                if message.error() is not None:
+                    continue  # librdkafka retries a failed fetch itself; the deadline bounds it
+                key = (str(message.topic()), int(message.partition() or 0))
+                offset = pending.get(key)
+                if offset is None or int(message.offset() or 0) < offset:
+                    continue
+                kind, milliseconds = message.timestamp()
+                if kind != TIMESTAMP_NOT_AVAILABLE:
+                    found[(key[0], key[1], offset)] = milliseconds / 1000.0
+                del pending[key]
