@@ -67,10 +67,16 @@ class TableGrant(msgspec.Struct, frozen=True):
 
     table: str
     privileges: tuple[Privilege, ...]
+    columns: tuple[str, ...] = ()
+    """When given, the privileges cover only these columns (a process that must see a
+    table's shape but not its contents)."""
 
     def __post_init__(self) -> None:
         if not _IDENTIFIER.fullmatch(self.table):
             raise ValueError(f"table must be a lower-case SQL identifier, got {self.table!r}")
+        for column in self.columns:
+            if not _IDENTIFIER.fullmatch(column):
+                raise ValueError(f"{self.table}: column must be a lower-case identifier")
         unknown = set(self.privileges) - _PRIVILEGES
         if unknown or not self.privileges:
             raise ValueError(f"{self.table}: privileges must be some of {sorted(_PRIVILEGES)}")
@@ -122,13 +128,22 @@ def apply_runtime_roles(
         for grant in role.grants:
             conn.execute(
                 sql.SQL(_q.grant_table).format(
-                    privileges=sql.SQL(", ").join(sql.SQL(p) for p in grant.privileges),
+                    privileges=_privileges(grant),
                     table=sql.Identifier(schema, grant.table),
                     role=role_id,
                 )
             )
     _grant_connect(conn, [names[role.name] for role in roles])
     return missing
+
+
+def _privileges(grant: TableGrant) -> sql.Composable:
+    """`SELECT, UPDATE`, or with columns `SELECT (a, b), UPDATE (a, b)`."""
+    columns = sql.SQL("")
+    if grant.columns:
+        names = sql.SQL(", ").join(sql.Identifier(c) for c in grant.columns)
+        columns = sql.SQL(" ({})").format(names)
+    return sql.SQL(", ").join(sql.SQL(p) + columns for p in grant.privileges)
 
 
 def _create(conn: psycopg.Connection[TupleRow], roles: list[RuntimeRole], prefix: str) -> None:

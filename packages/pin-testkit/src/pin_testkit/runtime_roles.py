@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pin_runtime.db_roles import RuntimeRole
+from pin_runtime.db_roles import RuntimeRole, TableGrant
 
 __all__ = [
     "COMBINED_GROUPS",
@@ -140,7 +140,9 @@ def privilege_mismatches(
     """
     found: list[str] = []
     for role in roles:
-        declared = {(g.table, p) for g in role.grants for p in g.privileges}
+        declared = {(g.table, p) for g in role.grants if not g.columns for p in g.privileges}
+        for grant in (g for g in role.grants if g.columns):
+            found.extend(_column_mismatches(conn, role.name, f"{schema}.{grant.table}", grant))
         for table in tables:
             for privilege in TABLE_PRIVILEGES:
                 row = conn.execute(
@@ -165,6 +167,31 @@ def privilege_mismatches(
         ).fetchone()
         if owns is None or owns[0] != 0:
             found.append(f"{role.name} owns {owns[0] if owns else '?'} relation(s)")
+    return found
+
+
+def _column_mismatches(
+    conn: psycopg.Connection[Any], role: str, table: str, grant: TableGrant
+) -> list[str]:
+    """A column grant holds on exactly its columns, for each of its privileges."""
+    found: list[str] = []
+    columns = [
+        str(name)
+        for (name,) in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
+            "AND attnum > 0 AND NOT attisdropped",
+            (table,),
+        )
+    ]
+    for privilege in grant.privileges:
+        for column in columns:
+            row = conn.execute(
+                "SELECT has_column_privilege(%s, %s, %s, %s)", (role, table, column, privilege)
+            ).fetchone()
+            held = bool(row and row[0])
+            if held != (column in grant.columns):
+                state = "holds" if held else "lacks"
+                found.append(f"{role} {state} {privilege} on {table}.{column}")
     return found
 
 

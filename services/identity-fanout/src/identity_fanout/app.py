@@ -108,6 +108,7 @@ def run_worker(settings: Settings, *, with_relay: bool) -> None:
                     max_lease_duration=settings.max_lease_duration,
                     max_attempts=settings.max_attempts,
                     shard_size=settings.shard_size,
+                    max_outbox_backlog=settings.max_outbox_backlog,
                 ),
                 metrics=metrics,
                 stop=rt.stop,

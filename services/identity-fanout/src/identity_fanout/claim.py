@@ -32,6 +32,7 @@ class UnitStatements(NamedTuple):
     lock_cursor: LiteralString
     checkpoint: LiteralString
     record_failure: LiteralString
+    touch: LiteralString
     release: LiteralString
 
 
@@ -42,6 +43,7 @@ def _statements(table: str, candidate: LiteralString, returning: sql.Composable)
         lock_cursor=_units.compose("lock_cursor", unit=unit),
         checkpoint=_units.compose("checkpoint", unit=unit),
         record_failure=_units.compose("record_failure", unit=unit),
+        touch=_units.compose("touch", unit=unit),
         release=_units.compose("release", unit=unit),
     )
 
@@ -84,14 +86,17 @@ def _claimed_shard(
 
 
 def claim_shard(
-    conn: Connection[TupleRow], *, lease: timedelta, max_attempts: int
+    conn: Connection[TupleRow], *, lease: timedelta, max_attempts: int, fair: bool = True
 ) -> ClaimedShard | None:
-    """Claim the next available shard, or None. A Failed one is poison: its task failed."""
+    """Claim the next available shard, or None. A Failed one is poison: its task failed.
+
+    ``fair``: None while a whole task has waited longer than every sharded task's turn
+    (`sql/units.sql` shard_candidate): the caller claims that task first.
+    """
+    params = {"lease": lease, "max_attempts": max_attempts, "fair": fair}
     with conn.transaction():
         with conn.cursor(row_factory=kwargs_row(_claimed_shard)) as cur:
-            claimed = cur.execute(
-                SHARD.claim, {"lease": lease, "max_attempts": max_attempts}
-            ).fetchone()
+            claimed = cur.execute(SHARD.claim, params).fetchone()
         if claimed is not None and is_poisoned(claimed.shard):
             shard = claimed.shard
             conn.execute(
@@ -119,13 +124,22 @@ class Claim(NamedTuple):
         with conn.transaction():
             return conn.execute(self.statements.release, params).rowcount == 1
 
-    def record_failure(self, conn: Connection[TupleRow], error: str, retry_in: timedelta) -> bool:
-        """Keep why the batch failed and shorten the lease; False if the claim was lost."""
+    def record_failure(
+        self, conn: Connection[TupleRow], error: str, retry_in: timedelta, *, counted: bool
+    ) -> bool:
+        """Keep why the batch failed and shorten the lease; an uncounted failure (not the
+        unit's own) gives the attempt back. False if the claim was lost."""
         fence = {"id": self.id, "attempt": self.attempt}
-        failure = {"error": error[:2000], "retry_in": retry_in}
+        failure = {"error": error[:2000], "retry_in": retry_in, "counted": counted}
         with conn.transaction():
             cur = conn.execute(self.statements.record_failure, fence | failure)
             return cur.rowcount == 1
+
+    def touch(self, conn: Connection[TupleRow], lease: timedelta) -> bool:
+        """Extend the lease while waiting between batches; False if the claim was lost."""
+        params = {"id": self.id, "attempt": self.attempt, "lease": lease}
+        with conn.transaction():
+            return conn.execute(self.statements.touch, params).rowcount == 1
 
 
 def task_claim(task: FanOutTask) -> Claim:

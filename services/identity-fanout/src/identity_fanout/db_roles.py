@@ -34,6 +34,9 @@ WORKER: Final = RuntimeRole(
         TableGrant("role_definitions", ("SELECT",)),
         # One COPY of events per batch.
         TableGrant("outbox", ("INSERT",)),
+        # The depth checked before each batch (backpressure) and reported with the queue
+        # gauges: the ids and ages of the rows, never their contents.
+        TableGrant("outbox", ("SELECT",), columns=("id", "created_at")),
     ),
 )
 

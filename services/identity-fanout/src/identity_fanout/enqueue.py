@@ -3,10 +3,17 @@
 Replacing a role's permissions, bumping its Version and announcing the change happen in one
 transaction: a committed permission change always has its events in the outbox (small
 role) or its task in the queue (large role), never neither.
+
+The same transaction supersedes the role's older unfinished tasks: the new version's
+snapshot reaches every user they had not reached yet, so they stop where they are instead
+of walking the role beside the new task, and each user receives the role's versions in
+order. A batch of an older task in flight commits first (the supersede waits for its row
+lock); its next batch finds the task finished and stops.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable
 from typing import Literal
@@ -20,10 +27,12 @@ from identity_fanout.channels import TASKS_CHANNEL, notify
 from identity_fanout.errors import RoleArchivedError, RoleNotFoundError, UnknownPermissionError
 from identity_fanout.fanout import count_users_up_to, page_users, snapshot_events, write_events
 from pin_contracts import AccessChangeReason, FanOutTaskStatus
+from pin_runtime.logging import log_event
 from pin_runtime.sql import load_queries
 
 _roles = load_queries("identity_fanout", "sql/roles.sql")
 _tasks = load_queries("identity_fanout", "sql/tasks.sql")
+_log = logging.getLogger(__name__)
 
 
 class PermissionsChange(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,6 +44,25 @@ class PermissionsChange(msgspec.Struct, frozen=True, kw_only=True):
     users: int | None
     """Users notified inline; None when queued (the worker counts them)."""
     task_id: UUID | None
+    superseded: tuple[UUID, ...] = ()
+    """Older unfinished tasks of the role this change took over."""
+
+
+def supersede_older_tasks(conn: Connection[TupleRow], role_id: UUID, version: int) -> list[UUID]:
+    """Finish the role's tasks older than ``version`` where they stand (in the caller's
+    transaction); their ids."""
+    params = {"role_id": role_id, "version": version}
+    conn.execute(_tasks.supersede_shards, params)
+    superseded = [row[0] for row in conn.execute(_tasks.supersede_tasks, params)]
+    for task_id in superseded:
+        log_event(
+            _log,
+            "task superseded",
+            taskId=str(task_id),
+            roleId=str(role_id),
+            supersededByVersion=version,
+        )
+    return superseded
 
 
 def set_role_permissions(
@@ -74,6 +102,7 @@ def set_role_permissions(
         if bumped is None:  # the row is locked above; a vanished role is a bug, not input
             raise RoleNotFoundError(role_id)
         new_version: int = bumped[0]
+        superseded = tuple(supersede_older_tasks(conn, role_id, new_version))
         users = count_users_up_to(conn, role_id, inline_threshold + 1)
         if users <= inline_threshold:
             user_ids = page_users(conn, role_id, None, inline_threshold + 1)
@@ -82,7 +111,12 @@ def set_role_permissions(
             )
             write_events(conn, events, correlation_id=correlation)
             return PermissionsChange(
-                role_id=role_id, version=new_version, mode="inline", users=len(events), task_id=None
+                role_id=role_id,
+                version=new_version,
+                mode="inline",
+                users=len(events),
+                task_id=None,
+                superseded=superseded,
             )
         task_id = uuid.uuid4()
         conn.execute(
@@ -98,5 +132,10 @@ def set_role_permissions(
         )
         notify(conn, TASKS_CHANNEL, str(task_id))
     return PermissionsChange(
-        role_id=role_id, version=new_version, mode="queued", users=None, task_id=task_id
+        role_id=role_id,
+        version=new_version,
+        mode="queued",
+        users=None,
+        task_id=task_id,
+        superseded=superseded,
     )

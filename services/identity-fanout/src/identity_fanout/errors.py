@@ -60,6 +60,14 @@ class LeaseLostError(IdentityFanoutError):
     attempt: int
 
 
+class TaskSupersededError(LeaseLostError):
+    """A newer version of the task's role superseded it while this worker held a claim:
+    the newer task reaches the remaining users; this worker stops where it is."""
+
+    template = "task {task_id} (attempt {attempt}) was superseded by role version {version}"
+    version: int
+
+
 class QuarantinedRowNotFoundError(IdentityFanoutError):
     """`outbox quarantine show/retry` of an id that is not (or no longer) quarantined."""
 

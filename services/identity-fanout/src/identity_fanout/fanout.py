@@ -20,7 +20,7 @@ from psycopg.rows import TupleRow, class_row
 
 from identity_fanout.channels import OUTBOX_CHANNEL, notify
 from identity_fanout.claim import Claim, shard_claim, task_claim
-from identity_fanout.errors import LeaseLostError
+from identity_fanout.errors import LeaseLostError, TaskSupersededError
 from identity_fanout.outbox import current_trace_context, outbox_message, write_outbox
 from identity_fanout.page_writer import PageOf, write_page
 from identity_fanout.shard_rollup import roll_up_task
@@ -35,6 +35,7 @@ __all__ = [
     "BatchOptions",
     "BatchResult",
     "count_users_up_to",
+    "lost_claim",
     "page_users",
     "process_batch",
     "process_shard_batch",
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 _fanout = load_queries("identity_fanout", "sql/fanout.sql")
+_tasks = load_queries("identity_fanout", "sql/tasks.sql")
 
 
 class BatchResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,8 +58,8 @@ class BatchResult(msgspec.Struct, frozen=True, kw_only=True):
     """This batch completed the whole task (a shard: its last one): observe and log it once."""
     task_processed_count: int
     created_at: datetime
-    task_started_at: datetime | None = None
-    """Set for a shard: the whole task's duration runs from it, not from this claim."""
+    task_started_at: datetime
+    """The task's first claim (StartedAt): its duration runs from it, whole or sharded."""
 
 
 def count_users_up_to(conn: Connection[TupleRow], role_id: UUID, limit: int) -> int:
@@ -129,9 +131,10 @@ class BatchOptions(TypedDict):
 
 class _Unit(NamedTuple):
     """What a batch needs of its unit: the claim it fences by (and its table's statements),
-    the role it fans out and the unit's range of UserIds (None: open)."""
+    its task, the role it fans out and the unit's range of UserIds (None: open)."""
 
     claim: Claim
+    task_id: UUID
     role_id: UUID
     company_id: UUID | None
     version: int
@@ -158,7 +161,7 @@ def _page(conn: Connection[TupleRow], unit: _Unit, **options: Unpack[BatchOption
     fence = {"id": claim.id, "attempt": claim.attempt}
     current = conn.execute(claim.statements.lock_cursor, fence).fetchone()
     if current is None:
-        raise LeaseLostError(claim.id, claim.attempt)
+        raise lost_claim(conn, claim, unit.task_id)
     cursor: UUID | None = current[0]
     batch_size = options["batch_size"]
     page = PageOf(
@@ -198,11 +201,20 @@ def _page(conn: Connection[TupleRow], unit: _Unit, **options: Unpack[BatchOption
     )
 
 
+def lost_claim(conn: Connection[TupleRow], claim: Claim, task_id: UUID) -> LeaseLostError:
+    """Why a fence failed: a newer version of the role superseded the task, or the lease
+    ran out and another worker holds the unit now."""
+    row = conn.execute(_tasks.superseded_by, {"id": task_id}).fetchone()
+    if row is not None and row[0] is not None:
+        return TaskSupersededError(task_id, claim.attempt, row[0])
+    return LeaseLostError(claim.id, claim.attempt)
+
+
 def process_batch(
     conn: Connection[TupleRow], task: FanOutTask, **options: Unpack[BatchOptions]
 ) -> BatchResult:
     """Fan out the next page of ``task`` in one transaction; raise LeaseLostError if fenced."""
-    unit = _Unit(task_claim(task), task.role_id, task.company_id, task.role_version)
+    unit = _Unit(task_claim(task), task.id, task.role_id, task.company_id, task.role_version)
     with conn.transaction():
         page = _page(conn, unit, **options)
     return built_from(
@@ -211,6 +223,7 @@ def process_batch(
         task_completed=page.unit_completed,
         task_processed_count=page.unit_processed_count,
         created_at=task.created_at,
+        task_started_at=task.started_at or task.created_at,
     )
 
 
@@ -222,6 +235,7 @@ def process_shard_batch(
     shard = claimed.shard
     unit = _Unit(
         shard_claim(shard),
+        shard.task_id,
         claimed.role_id,
         claimed.company_id,
         claimed.role_version,
@@ -237,5 +251,5 @@ def process_shard_batch(
         task_completed=task.rollup.completed_now,
         task_processed_count=task.rollup.processed_count,
         created_at=task.created_at,
-        task_started_at=task.started_at,
+        task_started_at=task.started_at or task.created_at,
     )

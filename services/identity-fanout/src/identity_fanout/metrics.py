@@ -29,12 +29,15 @@ class FanoutMetrics(MetricSet):
     leased_tasks: Gauge
     oldest_task_age_seconds: Gauge
     last_success: Gauge
+    outbox_backlog: Gauge
+    outbox_oldest_age_seconds: Gauge
+    throttled_seconds: Counter
 
     def __post_init__(self) -> None:
         # Every label value exported from the start (at 0), so rates and alerts see a series
         # before its first event.
-        for kind in ("batch", "poll", "lease_lost", "poison"):
+        for kind in ("batch", "outage", "poll", "lease_lost", "poison"):
             self.errors.labels(kind=kind)
-        for outcome in ("completed", "failed", "lease_lost", "released"):
+        for outcome in ("completed", "failed", "lease_lost", "released", "superseded"):
             self.tasks.labels(outcome=outcome)
             self.shards.labels(outcome=outcome)

@@ -8,12 +8,13 @@ and a per-row INSERT round trip would dominate its cost.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Final, TypeVar
+from typing import Final, NamedTuple, TypeVar
 from uuid import UUID
 
 import msgspec
 from opentelemetry import propagate
 from psycopg import Connection
+from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
 from identity_fanout.channels import OUTBOX_CHANNEL, notify
@@ -71,6 +72,19 @@ def outbox_message(
         message_id=envelope.message_id,
         event_type=envelope.event_type,
     )
+
+
+class OutboxDepth(NamedTuple):
+    """How far the relays are behind the writers (`sql/outbox.sql` depth)."""
+
+    rows: int
+    """The id span from the oldest waiting row to the newest: an upper bound of the rows."""
+    oldest_age_seconds: float
+
+
+def outbox_depth(conn: Connection[TupleRow]) -> OutboxDepth:
+    row = conn.execute(_q.depth).fetchone()
+    return OutboxDepth(0, 0.0) if row is None else OutboxDepth(int(row[0]), float(row[1]))
 
 
 def write_outbox(conn: Connection[tuple[object, ...]], messages: Sequence[OutboxMessage]) -> int:

@@ -41,6 +41,8 @@ def roll_up_task(conn: Connection[TupleRow], shard: FanOutShard) -> TaskRollup:
             "processed": rollup.processed_count,
             "cursor": rollup.cursor,
             "status": rollup.status,
+            "attempts": rollup.attempt_count,
+            "lease": rollup.lease_expires_at,
             "completed": rollup.completed_now,
         },
     ).fetchone()

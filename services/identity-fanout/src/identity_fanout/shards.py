@@ -9,13 +9,15 @@ of the ids.
 The task row stays what operators see, rolled up from its shards after every shard batch:
 ProcessedCount is the sum; Cursor is the low watermark (every user at or below it has its
 event: the cursor, or the lower bound, of the first unfinished shard; the last shard's cursor
-once all are done); the task is Completed when its last shard completes, never while one
-is Failed.
+once all are done); AttemptCount is the highest of the shards' (the shard closest to
+poison); LeaseExpiresAt the latest live lease of a shard (none while no shard is leased);
+the task is Completed when its last shard completes, never while one is Failed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Final
 from uuid import UUID
 
@@ -56,6 +58,8 @@ class ShardState(msgspec.Struct, frozen=True, kw_only=True):
     lower_bound: UUID
     cursor: UUID | None
     processed_count: int
+    attempt_count: int = 0
+    lease_expires_at: datetime | None = None
 
 
 class Rollup(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +68,8 @@ class Rollup(msgspec.Struct, frozen=True, kw_only=True):
     status: str
     processed_count: int
     cursor: UUID | None
+    attempt_count: int
+    lease_expires_at: datetime | None
     completed_now: bool
     """This roll-up is the one that completes the task: metrics and the log happen once."""
 
@@ -113,9 +119,16 @@ def roll_up(task_status: str, shards: Sequence[ShardState]) -> Rollup:
     completes = (
         bool(ordered) and not unfinished and task_status == FanOutTaskStatus.IN_PROGRESS.value
     )
+    leases = [
+        s.lease_expires_at
+        for s in ordered
+        if s.status == FanOutTaskStatus.IN_PROGRESS.value and s.lease_expires_at is not None
+    ]
     return Rollup(
         status=FanOutTaskStatus.COMPLETED.value if completes else task_status,
         processed_count=processed,
         cursor=cursor,
+        attempt_count=max((s.attempt_count for s in ordered), default=0),
+        lease_expires_at=None if completes or not leases else max(leases),
         completed_now=completes,
     )

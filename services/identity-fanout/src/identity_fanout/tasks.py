@@ -35,3 +35,6 @@ class FanOutTask(LeasedRow, frozen=True, kw_only=True):
     created_at: datetime
     shard_count: int = 0
     """0: one unit; otherwise the number of shards the task was split into."""
+    superseded_by_version: int | None = None
+    """Set when a newer version of the role took over the users this task had not reached:
+    the task is Completed where it stood (its Cursor, its ProcessedCount)."""

@@ -1,9 +1,22 @@
 """Walking one unit of work batch by batch: a whole task, or one shard of a large task.
 
 Both walk the same way (spec "Алгоритм", "Идемпотентность и retry"): a failed batch is
-rolled back, its reason kept on the unit and its lease shortened so it is retried soon with
-AttemptCount + 1; a lost lease drops the unit at once (the batch in hand rolled back,
-nothing emitted); a stop request is honoured between batches by handing the unit back.
+rolled back, its reason kept on the unit and its lease shortened so it is retried soon; a
+lost lease drops the unit at once (the batch in hand rolled back, nothing emitted); a newer
+version of the role supersedes the unit (it stops where it is); a stop request is honoured
+between batches by handing the unit back.
+
+Whose fault a failure is decides whether it brings the unit closer to poison
+(`classify_failure`, `counts_against_unit`): a unit's own failure counts an attempt; an
+outage (the database unreachable, the schema or a privilege missing) never does, nor does a
+timeout while nothing else succeeds either, so tasks stay Pending/InProgress however long
+an outage lasts and finish after it.
+
+Before each batch the walk waits while the outbox holds MaxOutboxBacklog rows or more
+(the relays are behind): a point change committed meanwhile then waits behind at most that
+many rows, whatever the role's size, and the outbox table stays bounded. The claim is kept
+alive meanwhile.
+
 The task-level observations (`task completed`, task_lag_seconds, size, task_duration_ms)
 happen once per task: for a sharded task, on the batch that completed its last shard.
 """
@@ -17,25 +30,105 @@ import uuid
 from collections.abc import Callable
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from enum import StrEnum
+from typing import Any, Final
 from uuid import UUID
 
 import msgspec
 import psycopg
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from identity_fanout.claim import retry_delay
-from identity_fanout.errors import LeaseLostError
-from identity_fanout.fanout import BatchResult
+from identity_fanout.claim import Claim, retry_delay
+from identity_fanout.errors import LeaseLostError, TaskSupersededError
+from identity_fanout.fanout import BatchResult, lost_claim
 from identity_fanout.metrics import FanoutMetrics
+from identity_fanout.outbox import OutboxDepth, outbox_depth
 from identity_fanout.worker_config import WorkerConfig
 from pin_runtime.logging import log_event
+from pin_runtime.postgres import is_retriable
 
 _log = logging.getLogger(__name__)
 
 Conn = psycopg.Connection[TupleRow]
+
+THROTTLE_POLL_SECONDS: Final = 0.1
+"""How often a throttled walk looks at the outbox again: a relay deletes rows without a
+signal, and a point change waits behind the outbox meanwhile, so the look is short."""
+
+
+class Failure(StrEnum):
+    """Whose fault a failed batch is."""
+
+    OUTAGE = "outage"
+    """The database or its schema is unusable for every unit alike: unreachable, restarting,
+    out of connections, a table, function or privilege missing. Never the unit's fault."""
+    CONTENTION = "contention"
+    """A statement or lock timeout, a deadlock, a serialization failure: every unit's when a
+    lock or a load hits them all, or this unit's own when its data is the slow part."""
+    UNIT = "unit"
+    """The unit's own: its data, or a bug it triggers. Repeats on every attempt."""
+
+
+# SQLSTATEs of a schema or privilege every unit needs (a migration not run, a grant lost):
+# no unit can succeed until an operator fixes it, so none of them is the unit's fault.
+_SCHEMA_SQLSTATES: Final = {
+    "42501": "insufficient privilege",
+    "42P01": "undefined table",
+    "42703": "undefined column",
+    "42883": "undefined function",
+    "3F000": "invalid schema name",
+    "28000": "invalid authorization",
+    "28P01": "invalid password",
+}
+_CONTENTION_SQLSTATES: Final = {
+    "57014": "query canceled (statement_timeout)",
+    "55P03": "lock not available (lock_timeout)",
+    "40001": "serialization failure",
+    "40P01": "deadlock detected",
+}
+
+
+def classify_failure(exc: BaseException) -> Failure:
+    """The class of a failed batch, from the first psycopg error in its cause chain."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, psycopg.Error) and current.sqlstate is not None:
+            if current.sqlstate in _CONTENTION_SQLSTATES:
+                return Failure.CONTENTION
+            if current.sqlstate in _SCHEMA_SQLSTATES:
+                return Failure.OUTAGE
+        current = current.__cause__
+    return Failure.OUTAGE if is_retriable(exc) else Failure.UNIT
+
+
+def counts_against_unit(failure: Failure, *, others_succeed: bool) -> bool:
+    """Whether a failure takes the unit one attempt closer to poison.
+
+    A contention failure counts only while other units succeed (this worker's batch before
+    it committed, on another unit): a lock or a load that times out every batch is an
+    outage, one unit whose data times out while the rest flow is that unit's poison.
+    """
+    if failure is Failure.UNIT:
+        return True
+    return failure is Failure.CONTENTION and others_succeed
+
+
+class WalkEnd(StrEnum):
+    """How a walk ended: what the worker loop does next."""
+
+    COMPLETED = "completed"
+    STOPPED = "released"
+    LEASE_LOST = "lease_lost"
+    SUPERSEDED = "superseded"
+    FAILED = "failed"
+    """A failure counted against the unit: it is retried after its backoff."""
+    OUTAGE = "outage"
+    """A failure that was not the unit's: the worker backs off before it claims again."""
 
 
 class Unit(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,13 +146,21 @@ class Unit(msgspec.Struct, frozen=True, kw_only=True):
             ids["shardNo"] = self.shard_no
         return ids
 
+    @property
+    def kind(self) -> str:
+        return "task" if self.shard_no is None else "shard"
 
-class UnitOps(msgspec.Struct, frozen=True, kw_only=True):
-    """The unit-specific parts of a walk: a batch, a hand-back, a failure record."""
 
-    batch: Callable[[Conn, str], BatchResult]
-    release: Callable[[Conn], bool]
-    record_failure: Callable[[Conn, str, timedelta], bool]
+class _Unrecorded(msgspec.Struct, frozen=True):
+    """A failure whose record did not reach the database (it was down): tried again before
+    the next claim, so an outage that also refused the record still gives the attempt back
+    (unless the lease ran out and another worker claimed the unit meanwhile)."""
+
+    unit: Unit
+    claim: Claim
+    reason: str
+    retry_in: timedelta
+    counted: bool
 
 
 @dataclass(eq=False)
@@ -75,16 +176,20 @@ class UnitRunner:
     clock: Callable[[], float] = time.monotonic
     tracer: InitVar[trace.Tracer | None] = None
     _tracer: trace.Tracer = field(init=False)
+    _last_committed: UUID | None = field(init=False, default=None)
+    """The unit of this worker's last batch if that batch committed; None after a failure."""
+    _unrecorded: list[_Unrecorded] = field(init=False, default_factory=list)
 
     def __post_init__(self, tracer: trace.Tracer | None) -> None:
         self._tracer = tracer or trace.get_tracer("identity_fanout.worker")
 
-    def walk(self, unit: Unit, ops: UnitOps) -> None:
+    def walk(self, unit: Unit, claim: Claim, batch: Callable[[Conn, str], BatchResult]) -> WalkEnd:
         """Walk ``unit`` from its Cursor to the end, or until stopped, fenced, or failing."""
         job_run_id = str(uuid.uuid4())
-        started = self.clock()
         log_event(_log, "job started", jobRunId=job_run_id)
-        log_event(_log, "task dequeued", jobRunId=job_run_id, attempt=unit.attempt, **unit.ids())
+        log_event(
+            _log, f"{unit.kind} dequeued", jobRunId=job_run_id, attempt=unit.attempt, **unit.ids()
+        )
         attributes: dict[str, Any] = {
             "jobRunId": job_run_id,
             "batchSize": self.config.batch_size,
@@ -92,21 +197,36 @@ class UnitRunner:
             **unit.ids(),
         }
         with self._tracer.start_as_current_span(
-            "access-fanout task", attributes=attributes
+            f"access-fanout {unit.kind}", attributes=attributes
         ) as span:
             while True:
                 self.beat()
                 if self.stop.is_set():
-                    self._release(unit, ops, job_run_id)
-                    return
+                    self._release(unit, claim, job_run_id)
+                    return WalkEnd.STOPPED
                 try:
+                    if not self._wait_for_room(claim, unit, job_run_id):
+                        self._release(unit, claim, job_run_id)
+                        return WalkEnd.STOPPED
                     with self._tracer.start_as_current_span(
                         "access-fanout batch", attributes={"batchSize": self.config.batch_size}
                     ) as batch_span:
                         with self.pool.connection() as conn:
-                            step = ops.batch(conn, job_run_id)
+                            step = batch(conn, job_run_id)
                         batch_span.set_attribute("rows", step.users)
+                except TaskSupersededError as superseded:
+                    self._count(unit, "superseded")
+                    log_event(
+                        _log,
+                        "task superseded",
+                        jobRunId=job_run_id,
+                        attempt=unit.attempt,
+                        supersededByVersion=superseded.version,
+                        **unit.ids(),
+                    )
+                    return WalkEnd.SUPERSEDED
                 except LeaseLostError:
+                    self._last_committed = None
                     self.metrics.errors.labels(kind="lease_lost").inc()
                     self._count(unit, "lease_lost")
                     log_event(
@@ -117,13 +237,14 @@ class UnitRunner:
                         attempt=unit.attempt,
                         **unit.ids(),
                     )
-                    return
+                    return WalkEnd.LEASE_LOST
                 except Exception as exc:
                     # A bug in the data (not only an outage) fails the batch the same way:
                     # the unit is retried up to MaxAttempts and then parked as Failed,
                     # instead of crash-looping the worker and blocking every other task.
-                    self.on_failure(unit, ops.record_failure, job_run_id, exc)
-                    return
+                    return self.on_failure(unit, claim, job_run_id, exc)
+                self._last_committed = claim.id
+                self.metrics.last_success.set(time.time())
                 span.set_attribute("processedCount", step.task_processed_count)
                 self.metrics.batches.inc()
                 self.metrics.users.inc(step.users)
@@ -138,25 +259,102 @@ class UnitRunner:
                 if step.unit_completed and unit.shard_no is not None:
                     self.metrics.shards.labels(outcome="completed").inc()
                 if step.task_completed:
-                    self._on_completed(unit, job_run_id, started, step)
+                    self._on_completed(unit, job_run_id, step)
                 if step.unit_completed:
-                    return
+                    return WalkEnd.COMPLETED
+
+    def committed(self, unit_id: UUID) -> None:
+        """Note work of this worker on ``unit_id`` that committed outside a batch (a split):
+        other units succeed."""
+        self._last_committed = unit_id
+        self.metrics.last_success.set(time.time())
+
+    # -- backpressure ---------------------------------------------------------------------
+
+    def observe_outbox(self, depth: OutboxDepth) -> None:
+        self.metrics.outbox_backlog.set(depth.rows)
+        self.metrics.outbox_oldest_age_seconds.set(depth.oldest_age_seconds)
+
+    def _outbox_depth(self) -> OutboxDepth:
+        with self.pool.connection() as conn:
+            depth = outbox_depth(conn)
+        self.observe_outbox(depth)
+        return depth
+
+    def _wait_for_room(self, claim: Claim, unit: Unit, job_run_id: str) -> bool:
+        """Return once the outbox holds fewer than MaxOutboxBacklog rows; False if stopped
+        meanwhile. LeaseLostError (or TaskSupersededError) if the claim is lost meanwhile."""
+        limit = self.config.max_outbox_backlog
+        depth = self._outbox_depth()
+        if depth.rows < limit:
+            return True
+        started = touched = self.clock()
+        log_event(
+            _log,
+            "fan-out throttled",
+            jobRunId=job_run_id,
+            outboxBacklog=depth.rows,
+            limit=limit,
+            **unit.ids(),
+        )
+        try:
+            while depth.rows >= limit:
+                self.beat()
+                # Waiting for the relays is not a failed run: the relay's alerts page for it.
+                self.metrics.last_success.set(time.time())
+                if self.stop.wait(THROTTLE_POLL_SECONDS):
+                    return False
+                if self.clock() - touched >= self.config.max_lease_duration.total_seconds() / 3:
+                    with self.pool.connection() as conn:
+                        if not claim.touch(conn, self.config.max_lease_duration):
+                            raise lost_claim(conn, claim, unit.task_id)
+                    touched = self.clock()
+                depth = self._outbox_depth()
+        finally:
+            waited = self.clock() - started
+            self.metrics.throttled_seconds.inc(waited)
+        log_event(
+            _log,
+            "fan-out resumed",
+            jobRunId=job_run_id,
+            outboxBacklog=depth.rows,
+            waitedMs=round(waited * 1000, 1),
+            **unit.ids(),
+        )
+        return True
+
+    # -- endings --------------------------------------------------------------------------
 
     def _count(self, unit: Unit, outcome: str) -> None:
         counter = self.metrics.tasks if unit.shard_no is None else self.metrics.shards
         counter.labels(outcome=outcome).inc()
 
-    def _on_completed(self, unit: Unit, job_run_id: str, started: float, step: BatchResult) -> None:
+    def _on_completed(self, unit: Unit, job_run_id: str, step: BatchResult) -> None:
         now = datetime.now(UTC)
-        if step.task_started_at is not None:
-            duration_ms = (now - step.task_started_at).total_seconds() * 1000
-        else:
-            duration_ms = (self.clock() - started) * 1000
+        # From the task's first claim, whole or sharded alike (the row's StartedAt).
+        duration_ms = max((now - step.task_started_at).total_seconds() * 1000, 0.0)
         lag = (now - step.created_at).total_seconds()
-        self.metrics.task_duration_ms.observe(max(duration_ms, 0.0))
+        self.metrics.task_duration_ms.observe(duration_ms)
         self.metrics.task_lag_seconds.observe(max(lag, 0.0))
         self.metrics.size.observe(step.task_processed_count)
         self.metrics.tasks.labels(outcome="completed").inc()
+        if unit.shard_no is not None:
+            # The one span of a sharded task, from its first claim to its last shard's end:
+            # its shards ran in several workers, each under a span of its own.
+            task_span = self._tracer.start_span(
+                "access-fanout task",
+                context=otel_context.Context(),
+                links=[trace.Link(trace.get_current_span().get_span_context())],
+                start_time=int(step.task_started_at.timestamp() * 1e9),
+                attributes={
+                    "jobRunId": job_run_id,
+                    "taskId": str(unit.task_id),
+                    "roleId": str(unit.role_id),
+                    "batchSize": self.config.batch_size,
+                    "processedCount": step.task_processed_count,
+                },
+            )
+            task_span.end()
         log_event(
             _log,
             "task completed",
@@ -167,15 +365,17 @@ class UnitRunner:
             durationMs=round(duration_ms, 1),
         )
 
-    def on_failure(
-        self,
-        unit: Unit,
-        record_failure: Callable[[Conn, str, timedelta], bool],
-        job_run_id: str,
-        exc: BaseException,
-    ) -> None:
-        """A batch (or the split) failed: log it, keep the reason, retry the unit soon."""
-        self.metrics.errors.labels(kind="batch").inc()
+    def on_failure(self, unit: Unit, claim: Claim, job_run_id: str, exc: BaseException) -> WalkEnd:
+        """A batch (or the split) failed: log it, keep the reason, retry the unit soon.
+
+        Counted (the unit's own failure): retried after a delay that doubles with its
+        attempts. Not counted: the attempt is given back and the worker backs off.
+        """
+        failure = classify_failure(exc)
+        others_succeed = self._last_committed not in (None, claim.id)
+        counted = counts_against_unit(failure, others_succeed=others_succeed)
+        self._last_committed = None
+        self.metrics.errors.labels(kind="batch" if counted else "outage").inc()
         reason = f"{type(exc).__name__}: {exc}"
         log_event(
             _log,
@@ -184,24 +384,42 @@ class UnitRunner:
             jobRunId=job_run_id,
             attempt=unit.attempt,
             exception=reason,
+            failure=failure.value,
+            counted=counted,
             **unit.ids(),
         )
         retry_in = retry_delay(
-            unit.attempt,
+            unit.attempt if counted else 1,
             polling_interval=self.config.polling_interval,
             lease=self.config.max_lease_duration,
         )
+        self._record(_Unrecorded(unit, claim, reason, retry_in, counted))
+        return WalkEnd.FAILED if counted else WalkEnd.OUTAGE
+
+    def _record(self, failure: _Unrecorded) -> bool:
         try:
             with self.pool.connection() as conn:
-                record_failure(conn, reason, retry_in)
+                failure.claim.record_failure(
+                    conn, failure.reason, failure.retry_in, counted=failure.counted
+                )
         except Exception as record_exc:
             log_event(
                 _log,
                 "task failure not recorded",
                 logging.WARNING,
                 exception=repr(record_exc),
-                **unit.ids(),
+                **failure.unit.ids(),
             )
+            if failure not in self._unrecorded:
+                self._unrecorded.append(failure)
+            return False
+        return True
+
+    def record_pending_failures(self) -> None:
+        """Record the failures the database refused while it was down (before a claim)."""
+        pending, self._unrecorded = self._unrecorded, []
+        for failure in pending:
+            self._record(failure)
 
     def on_poisoned(self, unit: Unit, last_error: str | None) -> None:
         """A unit that reached MaxAttempts was marked Failed (and, for a shard, its task)."""
@@ -219,10 +437,10 @@ class UnitRunner:
             **unit.ids(),
         )
 
-    def _release(self, unit: Unit, ops: UnitOps, job_run_id: str) -> None:
+    def _release(self, unit: Unit, claim: Claim, job_run_id: str) -> None:
         try:
             with self.pool.connection() as conn:
-                released = ops.release(conn)
+                released = claim.release(conn)
         except Exception as exc:
             released = False
             log_event(_log, "task release failed", logging.WARNING, exception=repr(exc))

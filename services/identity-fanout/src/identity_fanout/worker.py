@@ -3,23 +3,24 @@
 Decisions (spec: "Алгоритм", "Идемпотентность и retry", "Параллелизм"):
 - woken at once by NOTIFY on enqueue (and on a split), otherwise polling every
   PollingInterval;
-- one unit at a time per worker: a shard of a large task (shards of the oldest task first)
-  or, when no shard is waiting, a whole task; parallel workers take disjoint units
-  (SKIP LOCKED);
+- one unit at a time per worker: a shard of a large task or a whole task, fair between
+  tasks (the task whose turn is oldest first: its CreatedAt, or for a sharded task when a
+  worker last took one of its shards), so a small role waits for at most one shard of a
+  large one; parallel workers take disjoint units (SKIP LOCKED);
 - a freshly claimed task of a role above ShardSize users is split into shards at once, so
   the other workers share it (README "Sharded fan-out");
-- failure, lease loss and graceful stop are handled per unit (unit_run.py).
+- failure, lease loss, supersession, backpressure and graceful stop are handled per unit
+  (unit_run.py); an outage backs the whole loop off instead.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from typing import Final
 
 import psycopg
 from opentelemetry import trace
@@ -27,11 +28,9 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from identity_fanout.claim import (
-    Claim,
     claim_shard,
     claim_task,
     is_poisoned,
-    retry_delay,
     shard_claim,
     task_claim,
 )
@@ -42,20 +41,25 @@ from identity_fanout.fanout import (
     process_shard_batch,
 )
 from identity_fanout.metrics import FanoutMetrics
+from identity_fanout.outbox import outbox_depth
 from identity_fanout.shards import ClaimedShard
 from identity_fanout.split import split_task, splittable
 from identity_fanout.tasks import FanOutTask
-from identity_fanout.unit_run import Conn, Unit, UnitOps, UnitRunner
+from identity_fanout.unit_run import Conn, Unit, UnitRunner, WalkEnd, classify_failure
 from identity_fanout.wakeup import Wakeup
 from identity_fanout.worker_config import WorkerConfig
 from pin_contracts import FanOutTaskStatus
+from pin_runtime.backoff import Backoff
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import SessionLimits, is_retriable
+from pin_runtime.postgres import SessionLimits
 from pin_runtime.sql import load_queries
 
 _log = logging.getLogger(__name__)
 _tasks = load_queries("identity_fanout", "sql/tasks.sql")
+
+OUTAGE_BACKOFF_MAX_SECONDS: Final = 60.0
+"""The longest wait between two tries while the database fails every poll or batch."""
 
 
 class FanoutWorker:
@@ -98,81 +102,110 @@ class FanoutWorker:
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Work until the stop event is set; then return (the current unit handed back)."""
-        failures = 0
+        """Work until the stop event is set; then return (the current unit handed back).
+
+        Nothing the database does stops the loop: a failed poll (unreachable, a table or a
+        privilege missing) or a unit failing for a reason not its own is counted, logged,
+        shown on /readyz, and retried after a backoff (1 s doubling to 60 s), so the
+        errors alert pages and the worker resumes by itself once the cause is gone.
+        """
+        backoff = Backoff(initial=1.0, maximum=OUTAGE_BACKOFF_MAX_SECONDS)
         while not self._stop.is_set():
             self._beat()
             try:
-                worked = self.run_once()
+                outcome = self.run_once()
             except Exception as exc:
-                if not is_retriable(exc):
-                    raise
-                failures += 1
                 self._metrics.errors.labels(kind="poll").inc()
                 self._database.degraded(f"{type(exc).__name__}: {exc}")
-                log_event(_log, "poll failed", logging.WARNING, exception=repr(exc))
-                self._wakeup.close()
-                delay = retry_delay(
-                    failures,
-                    polling_interval=self._config.polling_interval,
-                    lease=timedelta(seconds=60),
+                delay = backoff.next_delay()
+                log_event(
+                    _log,
+                    "poll failed",
+                    logging.ERROR,
+                    exception=f"{type(exc).__name__}: {exc}",
+                    failure=classify_failure(exc).value,
+                    retryInSeconds=round(delay, 1),
                 )
-                self._stop.wait(delay.total_seconds())
+                self._wakeup.close()
+                self._stop.wait(delay)
                 continue
-            failures = 0
+            if outcome is WalkEnd.OUTAGE:
+                self._database.degraded("batches fail for a reason not their own")
+                self._stop.wait(backoff.next_delay())
+                continue
+            backoff.reset()
             self._database.ok()
-            self._metrics.last_success.set(time.time())
-            if not worked:
+            if outcome is None:
+                self._metrics.last_success.set(time.time())  # nothing to do: a healthy run
                 self._wakeup.wait(self._config.polling_interval)
         self._wakeup.close()
 
-    def run_once(self) -> bool:
-        """Refresh the queue gauges, then claim and walk one shard or task; False if none."""
+    def run_once(self) -> WalkEnd | None:
+        """Refresh the gauges, then claim and walk one shard or task.
+
+        None when the queue had nothing to claim; otherwise how the unit's walk ended (a
+        poisoned unit or a split ends as COMPLETED: the next cycle claims again at once).
+        """
+        self._runner.record_pending_failures()
         self.refresh_gauges()
         lease, max_attempts = self._config.max_lease_duration, self._config.max_attempts
         with self._pool.connection() as conn:
             shard = claim_shard(conn, lease=lease, max_attempts=max_attempts)
-        if shard is not None:
-            if shard.shard.status == FanOutTaskStatus.FAILED.value:
-                self._runner.on_poisoned(_shard_unit(shard), shard.shard.last_error)
-            else:
-                self.process_shard(shard)
-            return True
-        with self._pool.connection() as conn:
-            task = claim_task(conn, lease=lease, max_attempts=max_attempts)
-        if task is None:
-            return False
+        if shard is None:
+            with self._pool.connection() as conn:
+                task = claim_task(conn, lease=lease, max_attempts=max_attempts)
+            if task is not None:
+                return self._take_task(task)
+            # The whole task the shards yielded to was claimed meanwhile by another worker.
+            with self._pool.connection() as conn:
+                shard = claim_shard(conn, lease=lease, max_attempts=max_attempts, fair=False)
+            if shard is None:
+                return None
+        if shard.shard.status == FanOutTaskStatus.FAILED.value:
+            self._runner.on_poisoned(_shard_unit(shard), shard.shard.last_error)
+            return WalkEnd.COMPLETED
+        return self.process_shard(shard)
+
+    def _take_task(self, task: FanOutTask) -> WalkEnd:
         if is_poisoned(task):
             self._runner.on_poisoned(_task_unit(task), task.last_error)
-            return True
-        if splittable(task) and self._split(task) != 0:
-            return True  # split (or failed to): the next cycle claims a shard or a task
-        self.process_task(task)
-        return True
+            return WalkEnd.COMPLETED
+        if splittable(task):
+            split = self._split(task)
+            if split is not None:
+                return split  # the next cycle claims a shard (or the task again)
+        return self.process_task(task)
 
-    def _split(self, task: FanOutTask) -> int:
-        """Split a large task into shards; 0 if small; -1 if the split failed (retried like
-        a failed batch: the claim counts as an attempt, the lease is shortened)."""
+    def _split(self, task: FanOutTask) -> WalkEnd | None:
+        """Split a large task into shards; None if small (walk it whole); how it failed
+        otherwise (retried like a failed batch)."""
         try:
             with self._pool.connection() as conn:
                 shards = split_task(conn, task, shard_size=self._config.shard_size)
         except Exception as exc:
-            self._runner.on_failure(
-                _task_unit(task),
-                task_claim(task).record_failure,
-                str(uuid.uuid4()),
-                exc,
+            return self._runner.on_failure(
+                _task_unit(task), task_claim(task), str(uuid.uuid4()), exc
             )
-            return -1
-        if shards:
-            log_event(
-                _log, "task split", taskId=str(task.id), roleId=str(task.role_id), shards=shards
-            )
-        return shards
+        if not shards:
+            return None
+        self._runner.committed(task.id)
+        log_event(
+            _log,
+            "task dequeued",
+            attempt=task.attempt_count,
+            taskId=str(task.id),
+            roleId=str(task.role_id),
+        )
+        log_event(_log, "task split", taskId=str(task.id), roleId=str(task.role_id), shards=shards)
+        return WalkEnd.COMPLETED
 
     def refresh_gauges(self) -> None:
+        """The queue's gauges and the outbox's depth, read from the database: every worker
+        reports them, so they survive every relay being down."""
         with self._pool.connection() as conn:
             row = conn.execute(_tasks.queue_state).fetchone()
+            depth = outbox_depth(conn)
+        self._runner.observe_outbox(depth)
         if row is not None:
             backlog, leased, failed, oldest = row
             self._metrics.queue_backlog.set(backlog)
@@ -189,37 +222,29 @@ class FanoutWorker:
             correlation_id=correlation_id,
         )
 
-    def process_task(self, task: FanOutTask) -> None:
+    def process_task(self, task: FanOutTask) -> WalkEnd:
         """Walk ``task`` as one unit from its Cursor to the end (or stop, fence, failure)."""
         hook = self._on_batch
-        on_batch = None if hook is None else functools.partial(hook, task)
-        run = functools.partial(process_batch, task=task)
-        self._walk(_task_unit(task), task_claim(task), run, on_batch)
-
-    def process_shard(self, claimed: ClaimedShard) -> None:
-        """Walk one shard of a large task from its cursor to its upper bound."""
-        hook = self._on_shard_batch
-        on_batch = None if hook is None else functools.partial(hook, claimed)
-        run = functools.partial(process_shard_batch, claimed=claimed)
-        self._walk(_shard_unit(claimed), shard_claim(claimed.shard), run, on_batch)
-
-    def _walk(
-        self,
-        unit: Unit,
-        claim: Claim,
-        run: Callable[..., BatchResult],
-        on_batch: Callable[[BatchResult], None] | None,
-    ) -> None:
-        """Walk `unit`: each batch is `run(conn, **options)`, reported to `on_batch`."""
 
         def batch(conn: Conn, correlation_id: str) -> BatchResult:
-            result = run(conn, **self._options(correlation_id))
-            if on_batch is not None:
-                on_batch(result)
+            result = process_batch(conn, task, **self._options(correlation_id))
+            if hook is not None:
+                hook(task, result)
             return result
 
-        ops = UnitOps(batch=batch, release=claim.release, record_failure=claim.record_failure)
-        self._runner.walk(unit, ops)
+        return self._runner.walk(_task_unit(task), task_claim(task), batch)
+
+    def process_shard(self, claimed: ClaimedShard) -> WalkEnd:
+        """Walk one shard of a large task from its cursor to its upper bound."""
+        hook = self._on_shard_batch
+
+        def batch(conn: Conn, correlation_id: str) -> BatchResult:
+            result = process_shard_batch(conn, claimed, **self._options(correlation_id))
+            if hook is not None:
+                hook(claimed, result)
+            return result
+
+        return self._runner.walk(_shard_unit(claimed), shard_claim(claimed.shard), batch)
 
     def _beat(self) -> None:
         if self._heartbeat is not None:

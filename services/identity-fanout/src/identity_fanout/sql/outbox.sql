@@ -17,3 +17,14 @@ SELECT created_at, extract(epoch FROM clock_timestamp() - created_at)::float8
 
 -- name: slot_backlog --
 SELECT key_slot, count(*) FROM identity.outbox GROUP BY key_slot
+
+-- name: depth --
+-- How far the relays are behind, as the fan-out worker checks it before every batch: the id
+-- span from the oldest unpublished row to the newest (an upper bound of the rows waiting:
+-- rows the relays already published inside the span count too, so a slow lane holds the
+-- fan-out back as a full outbox would), and the age of the oldest row. Two primary-key
+-- lookups and one row: cheap next to a batch.
+SELECT coalesce(max(id) - min(id) + 1, 0),
+       coalesce(extract(epoch FROM clock_timestamp() - (
+           SELECT created_at FROM identity.outbox ORDER BY id LIMIT 1))::float8, 0)
+FROM identity.outbox

@@ -44,7 +44,7 @@ WHERE id = %(id)s AND status = 'InProgress'
 SELECT status FROM identity.access_fanout_tasks WHERE id = %(id)s FOR UPDATE
 
 -- name: shard_states --
-SELECT shard_no, status, lower_bound, cursor, processed_count
+SELECT shard_no, status, lower_bound, cursor, processed_count, attempt_count, lease_expires_at
 FROM identity.access_fanout_shards WHERE task_id = %(task_id)s
 
 -- name: task_rollup --
@@ -52,6 +52,8 @@ UPDATE identity.access_fanout_tasks
 SET processed_count = %(processed)s,
     cursor = %(cursor)s,
     status = %(status)s,
+    attempt_count = %(attempts)s,
+    lease_expires_at = %(lease)s,
     completed_at = CASE WHEN %(completed)s THEN now() ELSE completed_at END,
     last_error = CASE WHEN %(completed)s THEN NULL ELSE last_error END,
     updated_at = now()

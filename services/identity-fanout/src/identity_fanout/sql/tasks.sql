@@ -47,3 +47,31 @@ UPDATE identity.access_fanout_tasks
 SET status = CASE WHEN shard_count = 0 THEN 'Pending' ELSE 'InProgress' END,
     attempt_count = 0, lease_expires_at = NULL, completed_at = NULL, updated_at = now()
 WHERE id = %(id)s AND status = 'Failed'
+
+-- name: supersede_shards --
+-- A permission change of a role supersedes the remaining work of the role's older tasks
+-- (their remaining users get the newer snapshot): first their shards, in the order workers
+-- lock them (shard, then task; no deadlock with a shard batch rolling up). A shard batch in
+-- flight finishes first (its row is locked); its next batch finds the shard finished and
+-- stops. Failed shards and tasks are covered too: the newer version replaces their replay.
+UPDATE identity.access_fanout_shards
+SET status = 'Completed', lease_expires_at = NULL, completed_at = now(), updated_at = now()
+WHERE task_id IN (
+    SELECT id FROM identity.access_fanout_tasks
+    WHERE role_id = %(role_id)s AND role_version < %(version)s
+      AND status IN ('Pending', 'InProgress', 'Failed'))
+  AND status IN ('Pending', 'InProgress', 'Failed')
+
+-- name: supersede_tasks --
+-- Then the tasks. A split committing meanwhile may leave Pending shards behind: they are
+-- never claimed, since a shard is claimed only while its task is InProgress.
+UPDATE identity.access_fanout_tasks
+SET status = 'Completed', superseded_by_version = %(version)s, lease_expires_at = NULL,
+    completed_at = now(), updated_at = now()
+WHERE role_id = %(role_id)s AND role_version < %(version)s
+  AND status IN ('Pending', 'InProgress', 'Failed')
+RETURNING id
+
+-- name: superseded_by --
+-- The version that superseded a task, if one did: why a worker's fence failed.
+SELECT superseded_by_version FROM identity.access_fanout_tasks WHERE id = %(id)s

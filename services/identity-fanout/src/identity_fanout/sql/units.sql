@@ -42,14 +42,30 @@ LIMIT 1
 FOR UPDATE SKIP LOCKED
 
 -- name: shard_candidate --
--- A shard of a live sharded task, oldest task first, with what its batches need from the
--- task (the shard rows are locked, the task rows are not).
+-- A shard of a live sharded task, with what its batches need from the task (the shard rows
+-- are locked, the task rows are not). Fair between tasks: a task's turn is the last time a
+-- worker took or finished one of its shards (its creation until then), and the task whose
+-- turn is oldest goes first, so tasks share the workers shard by shard instead of a large
+-- role holding them all until its last shard. A whole task waiting since before that turn goes first
+-- (the claim then takes it as a unit): a small role waits at most for one shard of a large
+-- one, whatever the large role's size, and claims stay in CreatedAt order otherwise.
+-- fair = false drops that condition: the whole task it yields to is being claimed by
+-- another worker right now.
 SELECT s.id, t.role_id, t.company_id, t.role_version
 FROM identity.access_fanout_shards AS s
 JOIN identity.access_fanout_tasks AS t ON t.id = s.task_id
+CROSS JOIN LATERAL (
+    SELECT coalesce(max(greatest(x.started_at, x.completed_at)), t.created_at) AS turn
+    FROM identity.access_fanout_shards AS x WHERE x.task_id = t.id
+) AS served
 WHERE s.status IN ('Pending', 'InProgress') AND t.status = 'InProgress'
   AND (s.status = 'Pending' OR s.lease_expires_at < now())
-ORDER BY t.created_at, s.task_id, s.shard_no
+  AND (NOT %(fair)s OR served.turn < coalesce((
+      SELECT min(w.created_at) FROM identity.access_fanout_tasks AS w
+      WHERE w.status IN ('Pending', 'InProgress')
+        AND (w.status = 'Pending' OR w.lease_expires_at < now())
+        AND w.shard_count = 0), 'infinity'))
+ORDER BY served.turn, t.created_at, s.task_id, s.shard_no
 LIMIT 1 FOR UPDATE OF s SKIP LOCKED
 
 -- name: lock_cursor --
@@ -76,11 +92,22 @@ RETURNING processed_count
 
 -- name: record_failure --
 -- After a failed batch: keep the reason for the runbook and let the lease run out sooner
--- than MaxLeaseDuration, so a transient failure is retried in seconds, not minutes.
+-- than MaxLeaseDuration, so the unit is retried in seconds, not minutes. A failure that is
+-- not the unit's own (an outage, every batch timing out) gives the claim's attempt back:
+-- an outage, however long, never brings a unit closer to poison. The fencing token stays
+-- unique: this worker drops the claim now, and the next claim increments it again.
 UPDATE {unit}
 SET last_error = %(error)s,
     lease_expires_at = least(lease_expires_at, now() + %(retry_in)s),
+    attempt_count = attempt_count - CASE WHEN %(counted)s THEN 0 ELSE 1 END,
     updated_at = now()
+WHERE id = %(id)s AND attempt_count = %(attempt)s AND status = 'InProgress'
+
+-- name: touch --
+-- A worker that waits between batches (the outbox is full) keeps its claim: the lease is
+-- extended, fenced like a checkpoint. No row: the claim was lost (or the task superseded).
+UPDATE {unit}
+SET lease_expires_at = now() + %(lease)s, updated_at = now()
 WHERE id = %(id)s AND attempt_count = %(attempt)s AND status = 'InProgress'
 
 -- name: release --
