@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.relay import RelayMetrics
+from pin_runtime.lag_watch.metrics import LagWatchMetrics
 from rewards_membership.metrics import Metrics as MembershipMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,16 +39,34 @@ SPEC_ALERTS = {
         "IdentityFanoutNoSuccessfulRun": "identity_access_fanout_last_success_timestamp_seconds",
     },
     "rewards-membership": {
-        "RewardsMembershipLagHigh": "rewards_identity_membership_lag_seconds",
+        "RewardsMembershipLagHigh": "kafka_consumergroup_lag_seconds",
         "RewardsMembershipConsumerStalled": "rewards_identity_membership_consumer_lag",
         "RewardsMembershipDeadLetters": "rewards_identity_membership_dlq_total",
         "RewardsMembershipPartitionPaused": "rewards_membership_partition_paused_seconds",
     },
 }
 
-# Metrics of other exporters that a service's alerts and dashboard rely on (documented in the
-# rule comment and the runbook): danielqsj/kafka_exporter's consumer-group lag.
-EXTERNAL_METRICS = {"identity-fanout": {"kafka_consumergroup_lag"}}
+# The alerts that make the ones above fail loudly instead of going quiet: a lag source that
+# does not report, a process kind that no longer reports, a lag watcher that cannot read.
+GUARD_ALERTS = {
+    "identity-fanout": {
+        "IdentityAccessTopicLagUnreported": "kafka_consumergroup_lag",
+        "IdentityLagWatcherDown": "pin_lag_watcher_last_success_timestamp_seconds",
+        "IdentityFanoutWorkerAbsent": "identity_access_fanout_queue_backlog",
+        "IdentityOutboxRelayAbsent": "identity_outbox_relay_active",
+    },
+    "rewards-membership": {
+        "RewardsMembershipLagUnreported": "kafka_consumergroup_lag_seconds",
+        "RewardsMembershipConsumerAbsent": "rewards_membership_paused_partitions",
+        "RewardsMembershipLagWatcherDown": "pin_lag_watcher_last_success_timestamp_seconds",
+    },
+}
+ALERTS = {service: SPEC_ALERTS[service] | GUARD_ALERTS[service] for service in SPEC_ALERTS}
+
+# Metrics of other exporters that a service's alerts rely on (documented in the rule comment
+# and the runbook): danielqsj/kafka_exporter's topic metadata, which says that an exporter
+# watches the access topic instead of the lag watcher.
+EXTERNAL_METRICS = {"identity-fanout": {"kafka_topic_partitions"}}
 
 _SUFFIXES = {
     "counter": ("_total", "_created"),
@@ -61,6 +80,7 @@ _SUFFIXES = {
 def exported_names(service: str) -> set[str]:
     """Every sample name the service can export, including labelled series not yet used."""
     registry = CollectorRegistry()
+    LagWatchMetrics(registry)  # `<service> lag-watch`, in each chart
     if service == "identity-fanout":
         FanoutMetrics(registry)
         RelayMetrics(registry)
@@ -176,8 +196,8 @@ def test_alert_exprs_reference_exported_metrics(service: str) -> None:
 @pytest.mark.parametrize("service", SERVICES)
 def test_every_spec_alert_is_defined_on_its_metric(service: str) -> None:
     rules = {rule["alert"]: rule for rule in alerting_rules(service)}
-    assert set(rules) == set(SPEC_ALERTS[service])
-    for alert, metric in SPEC_ALERTS[service].items():
+    assert set(rules) == set(ALERTS[service])
+    for alert, metric in ALERTS[service].items():
         assert metric in metric_names(rules[alert]["expr"]), alert
 
 
@@ -197,7 +217,7 @@ def test_alerts_carry_severity_summary_description_and_runbook(service: str) -> 
 
 
 def test_every_runbook_page_belongs_to_an_alert() -> None:
-    alerts = {alert for by_service in SPEC_ALERTS.values() for alert in by_service}
+    alerts = {alert for by_service in ALERTS.values() for alert in by_service}
     pages = {path.stem for path in (ROOT / "docs" / "runbooks").glob("*.md")}
     assert pages - {"README"} == alerts
 
