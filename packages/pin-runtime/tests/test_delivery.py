@@ -17,14 +17,34 @@ UnreachableProducer = Callable[..., Producer]  # the conftest fixture
         (KafkaError.MSG_SIZE_TOO_LARGE, "too-large"),
         (KafkaError.RECORD_LIST_TOO_LARGE, "too-large"),
         (KafkaError.INVALID_RECORD, "invalid-record"),
-        (KafkaError.TOPIC_AUTHORIZATION_FAILED, "topic-authorization"),
+        (KafkaError.TOPIC_EXCEPTION, "invalid-topic"),
     ],
 )
 def test_errors_about_the_record_are_not_retriable(code: int, reason: str) -> None:
     failure = classify(KafkaError(code))
     assert not failure.retriable
+    assert not failure.cluster_wide
     assert failure.reason == reason
     assert failure.code == KafkaError(code).name()
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, "topic-authorization"),
+        (KafkaError.CLUSTER_AUTHORIZATION_FAILED, "cluster-authorization"),
+        (KafkaError.SASL_AUTHENTICATION_FAILED, "authentication"),
+        (KafkaError._AUTHENTICATION, "authentication"),
+        (KafkaError.UNKNOWN_TOPIC_OR_PART, "unknown-topic"),
+        (KafkaError._UNKNOWN_TOPIC, "unknown-topic"),
+    ],
+)
+def test_refusals_of_the_cluster_are_retriable_and_cluster_wide(code: int, reason: str) -> None:
+    # One ACL mistake refuses every record of the topic: never a reason to set one aside.
+    failure = classify(KafkaError(code))
+    assert (failure.retriable, failure.cluster_wide, failure.reason) == (True, True, reason)
+    assert failure.code == KafkaError(code).name()
+    assert classify(KafkaException(KafkaError(code))).cluster_wide
 
 
 @pytest.mark.parametrize(
@@ -34,13 +54,13 @@ def test_errors_about_the_record_are_not_retriable(code: int, reason: str) -> No
         KafkaError._TRANSPORT,
         KafkaError._ALL_BROKERS_DOWN,
         KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError.NOT_ENOUGH_REPLICAS,
     ],
 )
 def test_errors_about_the_path_are_retriable(code: int) -> None:
     failure = classify(KafkaError(code))
     assert failure.retriable
+    assert not failure.cluster_wide
     assert failure.reason == "retriable"
 
 

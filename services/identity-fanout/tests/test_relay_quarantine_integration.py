@@ -7,6 +7,7 @@ topic by an UPDATE, the way the membership relay test does it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -18,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 import relay_support as support
+from confluent_kafka import KafkaException
 
 # Re-exported by confluent_kafka.admin without __all__; mypy strict wants the defining modules.
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
@@ -39,7 +41,7 @@ from pin_contracts import (
     decode_access_changed,
 )
 from pin_runtime.http import ComponentState
-from pin_runtime.kafka import create_admin
+from pin_runtime.kafka import create_admin, ensure_topics
 from pin_testkit.records import read_messages
 from pin_testkit.seeding import Assignment, add_assignments, add_permissions, add_role
 from pin_testkit.waiting import wait_until
@@ -292,3 +294,42 @@ def test_retry_counts_attempts_and_delivers_once_the_limit_is_raised(
     [record] = read_messages(kafka_bootstrap, topic)
     assert record.key() == str(user).encode()
     assert record.value() == row.value
+
+
+def test_a_topic_that_does_not_exist_pauses_the_relay_and_quarantines_nothing(
+    *,
+    db: Conn,
+    identity_dsn: str,
+    kafka_bootstrap: str,
+    make_relay: support.RelayFactory,
+) -> None:
+    # A deployment whose topic was not created yet: a refusal of the cluster, not of a row.
+    topic = support.access_topic(f"pin-test.missing.{uuid.uuid4().hex[:12]}")
+    support.write(identity_dsn, [outbox_message(support.access_event(), topic) for _ in range(5)])
+    registry = CollectorRegistry()
+    relay = make_relay(registry=registry)
+    paused = {"reason": "unknown-topic", "topic": topic.name}
+    admin = create_admin(kafka_bootstrap, client_id="quarantine-test")
+    try:
+        with support.RelayThread(relay):
+            wait_until(
+                lambda: sample(registry, "identity_outbox_relay_paused", **paused) == 1,
+                60,
+                "relay paused for the missing topic",
+            )
+            assert relay.pause is not None
+            assert relay.pause.failure.code == "UNKNOWN_TOPIC_OR_PART"
+            assert support.outbox_count(identity_dsn) == 5
+            assert list_quarantined(db) == []
+
+            ensure_topics(admin, [(topic.name, topic.partitions, topic.config())])
+            wait_until(lambda: support.outbox_count(identity_dsn) == 0, 60, "rows published")
+            wait_until(lambda: relay.pause is None, 10, "relay resumed")
+        assert sample(registry, "identity_outbox_relay_paused", **paused) == 0
+        assert sample(registry, "identity_outbox_quarantined_total") == 0
+        assert list_quarantined(db) == []
+        assert len(read_messages(kafka_bootstrap, topic.name)) >= 5
+    finally:
+        for future in admin.delete_topics([topic.name]).values():
+            with contextlib.suppress(KafkaException):  # never created: nothing to delete
+                future.result(timeout=30)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import random
 
+from confluent_kafka import KafkaError
+
 from identity_fanout.relay_records import OutboxRecord
 from identity_fanout.relay_settlement import Refusal, Settlement, settle
-from pin_runtime.delivery import DeliveryFailure
+from pin_runtime.delivery import DeliveryFailure, classify
 
 TOO_LARGE = DeliveryFailure("MSG_SIZE_TOO_LARGE", "too-large", "too big", retriable=False)
-DENIED = DeliveryFailure("TOPIC_AUTHORIZATION_FAILED", "topic-authorization", "no", False)
+INVALID = DeliveryFailure("INVALID_RECORD", "invalid-record", "no", False)
 TIMED_OUT = DeliveryFailure("_MSG_TIMED_OUT", "retriable", "Local: Message timed out", True)
 
 
@@ -29,9 +31,9 @@ def test_all_acknowledged_deletes_every_row() -> None:
 
 def test_non_retriable_refusals_are_quarantined_and_the_round_goes_on() -> None:
     rows = records(1, 2, 3, 4)
-    s = settle(rows, {1, 3}, {2: TOO_LARGE, 4: DENIED})
+    s = settle(rows, {1, 3}, {2: TOO_LARGE, 4: INVALID})
     assert s.delete == (1, 3)
-    assert s.quarantine == (Refusal(rows[1], TOO_LARGE), Refusal(rows[3], DENIED))
+    assert s.quarantine == (Refusal(rows[1], TOO_LARGE), Refusal(rows[3], INVALID))
     assert not s.stopped
 
 
@@ -55,6 +57,15 @@ def test_a_row_without_outcome_stops_the_round() -> None:
     assert s.stop_failure is None
     assert s.waiting == 2
     assert s.stop_reason() == "no acknowledgement (outbox id 8, topic t)"
+
+
+def test_a_refusal_of_the_cluster_stops_the_round_and_quarantines_nothing() -> None:
+    # Not authorized for the topic: every row of it would be refused alike.
+    rows = records(1, 2, 3)
+    s = settle(rows, {1}, {2: classify(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))})
+    assert (s.delete, s.quarantine, s.stopped_at, s.waiting) == ((1,), (), rows[1], 2)
+    assert s.stop_failure is not None
+    assert s.stop_failure.cluster_wide
 
 
 def test_a_refusal_at_the_head_does_not_hold_up_the_rows_behind_it() -> None:

@@ -1,22 +1,42 @@
 """The relay against a broker that requires SCRAM over TLS: right credentials publish, wrong
-ones stop the process at once with one line (and never the password)."""
+ones stop the process at once with one line (and never the password); a topic it may not
+write (an ACL) pauses it, quarantining nothing, until the permission is back."""
 
 from __future__ import annotations
 
+import io
+import json
 import time
 import uuid
+from collections import defaultdict
 
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from prometheus_client import CollectorRegistry
+from psycopg.rows import TupleRow
+from relay_support import (
+    RELAY_TEST_OPTIONS,
+    RelayThread,
+    access_event,
+    access_topic,
+    outbox_count,
+    write,
+)
 
 from identity_fanout.membership import join_agency
-from identity_fanout.relay import relay_from_settings
+from identity_fanout.outbox import outbox_message
+from identity_fanout.relay import OutboxRelay, relay_from_settings
 from identity_fanout.settings import ENV_PREFIX, Settings
-from pin_contracts import AGENT_MEMBERSHIP_CHANGED, decode_membership_changed
+from pin_contracts import AGENT_MEMBERSHIP_CHANGED, decode_access_changed, decode_membership_changed
+from pin_runtime.http import ComponentState
 from pin_runtime.kafka import create_admin, create_consumer, ensure_topics
 from pin_runtime.settings import load_settings
-from pin_testkit.secured import SecuredKafka, assert_wrong_password_refused
+from pin_testkit.records import read_messages
+from pin_testkit.secured import SecuredKafka, TopicAcls, assert_wrong_password_refused
+from pin_testkit.waiting import wait_until
+
+USERS = 40
+VERSIONS = 3
 
 
 def test_relay_publishes_over_scram_and_tls(
@@ -69,3 +89,92 @@ def test_relay_with_a_wrong_password_stops_at_once_with_one_line(
     assert_wrong_password_refused(
         secured_kafka, "identity-fanout", ["relay"], ENV_PREFIX, DATABASE_DSN=relay_dsn
     )
+
+
+def test_a_topic_the_relay_may_not_write_pauses_it_and_every_row_follows_in_order(
+    secured_kafka: SecuredKafka,
+    relay_dsn: str,
+    identity_dsn: str,
+    db: psycopg.Connection[TupleRow],
+    json_logs: io.StringIO,
+) -> None:
+    settings = load_settings(
+        Settings,
+        ENV_PREFIX,
+        {**secured_kafka.environment(ENV_PREFIX), f"{ENV_PREFIX}DATABASE_DSN": relay_dsn},
+    )
+    security = settings.kafka_security()
+    topic = access_topic(f"pin-test.acl.{uuid.uuid4().hex[:12]}")
+    admin = create_admin(secured_kafka.bootstrap, client_id="secured-test", extra=security)
+    ensure_topics(admin, [(topic.name, topic.partitions, topic.config())])
+    users = [uuid.uuid4() for _ in range(USERS)]
+    # Every user's versions in order, interleaved across users (as successive changes are).
+    write(
+        identity_dsn,
+        [outbox_message(access_event(u, v), topic) for v in range(1, VERSIONS + 1) for u in users],
+    )
+    rows = USERS * VERSIONS
+    acl = TopicAcls(secured_kafka, topic.name)
+    acl.deny()  # an ACL mistake: the relay's principal lost WRITE on the topic
+
+    registry, state = CollectorRegistry(), ComponentState()
+    relay = OutboxRelay(
+        dsn=relay_dsn,
+        bootstrap=secured_kafka.bootstrap,
+        registry=registry,
+        state=state,
+        kafka_extra=security,
+        **RELAY_TEST_OPTIONS | {"poll_interval": 0.2},
+    )
+    paused = {"reason": "topic-authorization", "topic": topic.name}
+
+    def sample(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    with RelayThread(relay):
+        wait_until(
+            lambda: sample("identity_outbox_relay_paused", **paused) == 1, 30, "relay paused"
+        )
+        # It keeps retrying (every row refused again, each time), and keeps every row.
+        wait_until(
+            lambda: sample("identity_outbox_delivery_failures_total") >= 3 * rows,
+            30,
+            "three refused retries",
+        )
+        assert outbox_count(identity_dsn) == rows
+        assert db.execute("SELECT count(*) FROM identity.outbox_quarantine").fetchone() == (0,)
+        assert sample("identity_outbox_quarantined_total") == 0
+        assert sample("identity_outbox_published_total") == 0
+        assert state().status == "degraded"
+        assert "TOPIC_AUTHORIZATION_FAILED" in state().detail
+        assert relay.pause is not None
+        assert relay.pause.topic == topic.name
+
+        acl.allow_again()
+        wait_until(lambda: outbox_count(identity_dsn) == 0, 60, "every row published")
+        wait_until(lambda: relay.pause is None, 10, "relay resumed")
+        assert sample("identity_outbox_relay_paused", **paused) == 0
+        assert sample("identity_outbox_published_total") == rows
+        wait_until(lambda: state().status == "ok", 10, "ready again")
+
+    versions: defaultdict[uuid.UUID, list[int]] = defaultdict(list)
+    for message in read_messages(secured_kafka.plaintext_bootstrap, topic.name):
+        event = decode_access_changed(message.value() or b"")
+        versions[event.payload.user_id].append(event.payload.version)
+    # Every row of every user, each user's in order (duplicates of a retry allowed).
+    for user in users:
+        assert sorted(set(versions[user])) == list(range(1, VERSIONS + 1)), user
+        assert versions[user] == sorted(versions[user]), user
+    assert db.execute("SELECT count(*) FROM identity.outbox_quarantine").fetchone() == (0,)
+
+    lines = [json.loads(line) for line in json_logs.getvalue().splitlines() if line.strip()]
+    [pause] = [line for line in lines if line["event"] == "relay paused"]
+    [resume] = [line for line in lines if line["event"] == "relay resumed"]
+    assert (pause["level"], pause["errorCode"], pause["topic"]) == (
+        "ERROR",
+        "TOPIC_AUTHORIZATION_FAILED",
+        topic.name,
+    )
+    assert (resume["reason"], resume["topic"]) == ("topic-authorization", topic.name)
+    assert resume["pausedSeconds"] > 0
+    assert not [line for line in lines if line["event"] == "outbox delivery failed"]

@@ -8,8 +8,10 @@ records were acknowledged, which were refused and why, and whether the refusal c
 succeed on a retry.
 
 `classify` is the one place that says which Kafka errors are about the record itself (it
-will be refused again, whatever the broker's health: set it aside) and which are about the
-path to the broker (wait and send it again).
+will be refused again, whatever the broker's health: set it aside), which are the cluster
+refusing the client (not authorized, not authenticated, no such topic: every record of the
+topic or the client would be refused alike, until an operator fixes the cluster; wait, and
+say so) and which are about the path to the broker (wait and send it again).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from pin_runtime.errors import DeliveryError
 
 __all__ = [
+    "CLUSTER_WIDE",
     "NON_RETRIABLE",
     "DeliveryFailure",
     "DeliveryTracker",
@@ -45,14 +48,34 @@ NON_RETRIABLE: Final[dict[int, str]] = {
     KafkaError._INVALID_ARG: "invalid-record",
     KafkaError._BAD_MSG: "invalid-record",
     KafkaError.TOPIC_EXCEPTION: "invalid-topic",
-    KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic-authorization",
 }
 """Error code -> reason label of the errors a retry of the same record cannot cure.
 
-Everything else is retriable: broker down, timeouts, leadership changes, an unknown topic
-that may yet be created, a queue that is momentarily full. An error missing here keeps the
-flow waiting (visible, alerting) rather than setting aside a record that would have gone
+Everything else is retriable: broker down, timeouts, leadership changes, a queue that is
+momentarily full, and the cluster-wide refusals below. An error missing here keeps the flow
+waiting (visible, alerting) rather than setting aside a record that would have gone
 through: for an access event, late is bad but lost is worse.
+"""
+
+CLUSTER_WIDE: Final[dict[int, str]] = {
+    # The client's principal may not write the topic (ACLs), or may not use the cluster as
+    # an idempotent producer (IdempotentWrite): one ACL mistake refuses every record alike.
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic-authorization",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster-authorization",
+    # The credentials are refused (a rotated password, an expired certificate's SASL peer).
+    KafkaError.SASL_AUTHENTICATION_FAILED: "authentication",
+    KafkaError._AUTHENTICATION: "authentication",
+    # The topic does not exist (not created yet, deleted, a typo in a deployment): reported
+    # by the broker, or by the client once topic.metadata.propagation.max.ms ran out.
+    KafkaError.UNKNOWN_TOPIC_OR_PART: "unknown-topic",
+    KafkaError._UNKNOWN_TOPIC: "unknown-topic",
+}
+"""Error code -> reason label of the refusals that are the cluster's, not the record's.
+
+Retriable (the same record goes through once an operator fixed the ACL, the credentials or
+the topic), never a reason to set a record aside: setting aside every record of a topic
+because of one ACL would turn a pause into a pile of rows to retry by hand. A producer waits
+and says so once (`DeliveryFailure.cluster_wide`), where an outage only waits.
 """
 
 
@@ -63,10 +86,13 @@ class DeliveryFailure:
     code: str
     """The Kafka error name, e.g. MSG_SIZE_TOO_LARGE."""
     reason: str
-    """A short label: too-large, invalid-record, invalid-topic, topic-authorization, or
-    retriable for everything a later attempt may cure."""
+    """A short label: too-large, invalid-record, invalid-topic (the record's); the cluster's
+    refusal (`CLUSTER_WIDE`: topic-authorization, cluster-authorization, authentication,
+    unknown-topic); or retriable for every other failure a later attempt may cure."""
     message: str
     retriable: bool
+    cluster_wide: bool = False
+    """The cluster refuses the client, whatever the record (`CLUSTER_WIDE`); retriable too."""
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
@@ -81,7 +107,11 @@ def classify(error: KafkaError | KafkaException | BufferError) -> DeliveryFailur
         if not isinstance(inner, KafkaError):
             return DeliveryFailure("_UNKNOWN", "retriable", str(error), retriable=True)
         error = inner
-    reason = NON_RETRIABLE.get(error.code())
+    code = error.code()
+    cluster = CLUSTER_WIDE.get(code)
+    if cluster is not None:
+        return DeliveryFailure(error.name(), cluster, error.str(), True, cluster_wide=True)
+    reason = NON_RETRIABLE.get(code)
     return DeliveryFailure(
         code=error.name(),
         reason=reason or "retriable",

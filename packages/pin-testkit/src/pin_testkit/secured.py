@@ -1,4 +1,5 @@
-"""How a client reaches a secured test broker: addresses, the CA, SCRAM and mTLS credentials."""
+"""How a client reaches a secured test broker: addresses, the CA, SCRAM and mTLS credentials;
+and how a test takes a permission away from its SCRAM user and gives it back (ACLs)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient
+
+# Re-exported by confluent_kafka.admin without __all__; mypy strict wants the defining modules.
+from confluent_kafka.admin._acl import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+)
+from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from pin_testkit.service import run_cli, service_environment
 
-__all__ = ["ENVIRONMENT", "ClientTls", "SecuredKafka", "assert_wrong_password_refused"]
+__all__ = [
+    "ENVIRONMENT",
+    "ClientTls",
+    "SecuredKafka",
+    "TopicAcls",
+    "assert_wrong_password_refused",
+]
 
 # What `pin-local env` exports for a secured local broker, and `secured_kafka` reads.
 ENVIRONMENT: tuple[str, ...] = (
@@ -136,6 +153,54 @@ class SecuredKafka:
                 client_principal=_common_name(Path(certificate)),
             ),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TopicAcls:
+    """A DENY ACL of the SCRAM user on one topic, added and deleted again.
+
+    The secured broker enforces ACLs and allows everything on a resource without any
+    (``allow.everyone.if.no.acl.found``), so a DENY takes exactly that permission away and
+    deleting it gives the permission back. Sent as ANONYMOUS over the broker's loopback
+    PLAINTEXT listener, a super user. Effective on the single-node broker within ~1 s.
+    """
+
+    secured: SecuredKafka
+    topic: str
+    operation: AclOperation = AclOperation.WRITE
+
+    def deny(self) -> None:
+        """The user may no longer do ``operation`` on ``topic`` (its requests are refused)."""
+        binding = AclBinding(
+            ResourceType.TOPIC,
+            self.topic,
+            ResourcePatternType.LITERAL,
+            f"User:{self.secured.username}",
+            "*",
+            self.operation,
+            AclPermissionType.DENY,
+        )
+        admin = self._admin()  # held until the futures are done: its end cancels them
+        for future in admin.create_acls([binding]).values():
+            future.result(timeout=30)
+
+    def allow_again(self) -> None:
+        """Delete the DENY again: the user's permission is back."""
+        binding = AclBindingFilter(
+            ResourceType.TOPIC,
+            self.topic,
+            ResourcePatternType.LITERAL,
+            f"User:{self.secured.username}",
+            "*",
+            self.operation,
+            AclPermissionType.DENY,
+        )
+        admin = self._admin()
+        for future in admin.delete_acls([binding]).values():
+            future.result(timeout=30)
+
+    def _admin(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.secured.plaintext_bootstrap, "log_level": 0})
 
 
 def _common_name(certificate: Path) -> str:

@@ -38,6 +38,7 @@ from identity_fanout.relay_deleter import Deleter
 from identity_fanout.relay_log import log as _log
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_pacing import Pacer
+from identity_fanout.relay_pause import Pause
 from identity_fanout.relay_publisher import Publisher
 from identity_fanout.relay_pump import Pump, RoundResult
 from identity_fanout.relay_report import report_failed_round
@@ -153,6 +154,11 @@ class OutboxRelay:
         return self._rounds.last_round
 
     @property
+    def pause(self) -> Pause | None:
+        """The refusal of the cluster this instance waits out (None: not paused)."""
+        return self._rounds.pause
+
+    @property
     def active(self) -> bool:
         """True while this instance holds at least one lane."""
         return bool(self._session.lanes)
@@ -227,7 +233,8 @@ class OutboxRelay:
         self._db_backoff.reset()
         if result.error is not None:
             return self._kafka_backoff.next_delay()
-        if read:
+        if read and self._rounds.pause is None:
+            # Paused, a read is only the next try: the delay grows until Kafka takes a row.
             self._kafka_backoff.reset()
         elif not len(self._pump.window):
             self._session.wait_for_notify(

@@ -29,9 +29,19 @@ class RelayMetrics(MetricSet):
     in_flight: Gauge
     quarantined: Counter
     quarantine_rows: Gauge
+    paused: Gauge
 
     def __post_init__(self) -> None:
         self._quarantine_topics: set[str] = set()
+        self._paused: tuple[str, str] | None = None
+
+    def set_paused(self, refusal: tuple[str, str] | None) -> None:
+        """1 for the (reason, topic) the relay is paused for, 0 for the one before."""
+        if self._paused is not None and self._paused != refusal:
+            self.paused.labels(reason=self._paused[0], topic=self._paused[1]).set(0)
+        if refusal is not None:
+            self.paused.labels(reason=refusal[0], topic=refusal[1]).set(1)
+        self._paused = refusal
 
     def set_lanes(self, lanes: frozenset[int]) -> None:
         self.lanes_held.set(len(lanes))

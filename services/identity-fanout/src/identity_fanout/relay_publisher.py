@@ -4,6 +4,8 @@ Every record's outcome is kept by the in-flight window's `pin_runtime.delivery.
 DeliveryTracker`, keyed by its outbox id: acknowledged, refused (by `produce()` at once, or
 by the broker in a delivery report, each classified retriable or not), or still without an
 outcome. What to do with each is `relay_settlement.settle`'s decision, not this module's.
+A refusal of the cluster the producer reports for itself (its credentials refused) is kept
+as `refusal` until a record is acknowledged again: it is why records time out meanwhile.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from identity_fanout.relay_records import OutboxRecord, span_links
 from identity_fanout.relay_window import InflightWindow
+from pin_runtime.delivery import DeliveryFailure, classify
 from pin_runtime.kafka import Compression, ConfigValue, create_producer
 from pin_runtime.logging import log_event
 
@@ -31,6 +34,11 @@ BATCH_SIZE_BYTES: Final = 1_000_000
 FLUSH_MARGIN: Final = 5.0
 """Added to the delivery timeout: librdkafka reports each message within its timeout, this
 only covers scheduling slack."""
+TOPIC_PROPAGATION_MS: Final = 10_000
+"""librdkafka's `topic.metadata.propagation.max.ms` (its default: 30 s, the delivery timeout
+itself): how long a topic the cluster does not know may be new. Past it the topic's records
+fail as UNKNOWN_TOPIC_OR_PART, a refusal the relay pauses for and says so, where a timeout
+would look like an outage. Topics are created before the services are deployed."""
 
 
 class Publisher:
@@ -65,12 +73,15 @@ class Publisher:
             **(extra or {}),
             # A dead broker must surface as failed deliveries, not as a wait without end.
             "message.timeout.ms": max(1, int(delivery_timeout * 1000)),
+            "topic.metadata.propagation.max.ms": TOPIC_PROPAGATION_MS,
         }
         self._compression: Compression = compression
         self._delivery_timeout = delivery_timeout
         self._tracer = tracer
         self._producer: Producer | None = None
         self._fatal = False
+        self.refusal: DeliveryFailure | None = None
+        """A cluster-wide refusal the client reported (error_cb) since the last ack."""
 
     def produce(self, records: Sequence[OutboxRecord], window: InflightWindow) -> bool:
         """Produce `records` in order into `window`, without waiting for acknowledgements.
@@ -161,6 +172,9 @@ class Publisher:
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
             self._fatal = True
+        failure = classify(error)
+        if failure.cluster_wide:
+            self.refusal = failure
 
 
 def _span(records: Sequence[OutboxRecord], client_id: str) -> tuple[str, dict[str, str | int]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import psycopg
@@ -28,6 +28,7 @@ from identity_fanout.relay_deleter import Deleter
 from identity_fanout.relay_log import log as _log
 from identity_fanout.relay_metrics import RelayMetrics
 from identity_fanout.relay_pacing import SHUTDOWN_GRACE
+from identity_fanout.relay_pause import Pause, refusal_of
 from identity_fanout.relay_publisher import FLUSH_MARGIN, Publisher
 from identity_fanout.relay_reader import Reader, ReadRequest
 from identity_fanout.relay_records import OutboxRecord
@@ -64,6 +65,10 @@ class RoundResult:
     first_id: int | None = None
     last_published_id: int | None = None
     error: str | None = None
+    refused: Pause | None = None
+    """The flow stopped on a refusal of the cluster (`relay_pause`): `error` says it too."""
+    acknowledged: set[str] = field(default_factory=set)
+    """Topics of rows the broker acknowledged in this step (what lifts a pause)."""
 
 
 class Pump:
@@ -185,11 +190,16 @@ class Pump:
         self._publisher.purge()
         self.tally.failed += settlement.waiting
         self.tally.error = settlement.stop_reason()
+        refusal = refusal_of(settlement.stop_failure, self._publisher.refusal)
+        if refusal is not None and settlement.stopped_at is not None:
+            stopped = settlement.stopped_at
+            self.tally.refused = Pause(refusal, stopped.topic, stopped.id, time.monotonic())
         report_stopped(
             self._metrics,
             settlement,
             published=self.tally.published,
             quarantined=self.tally.quarantined,
+            refused=self.tally.refused is not None,
         )
         self.window.clear()
         self._cursors.clear()
@@ -232,6 +242,9 @@ class Pump:
             self.tally.quarantined += len(moved)
         topics, slots = self.window.take_settled()
         self._topics.update(topics)
+        if settlement.delete:  # the cluster took these: a refusal of it is over
+            self._publisher.refusal = None
+            self.tally.acknowledged |= topics - {r.record.topic for r in settlement.quarantine}
         self._to_delete.extend(settlement.delete)
         if self._to_delete and (
             flush or len(self._to_delete) >= self._batch_size or not len(self.window)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Final
@@ -13,6 +14,7 @@ from psycopg.rows import TupleRow
 from identity_fanout.quarantine import MovedRow, quarantine_counts
 from identity_fanout.relay_log import log as _log
 from identity_fanout.relay_metrics import RelayMetrics
+from identity_fanout.relay_pause import Pause
 from identity_fanout.relay_settlement import Refusal, Settlement
 from pin_runtime.delivery import DeliveryFailure
 from pin_runtime.logging import log_event
@@ -23,6 +25,7 @@ __all__ = [
     "BACKLOG_EXACT_UP_TO",
     "refresh_gauges",
     "report_failed_round",
+    "report_pause",
     "report_published",
     "report_quarantined",
     "report_refusals",
@@ -63,12 +66,22 @@ def report_refusals(
 
 
 def report_stopped(
-    metrics: RelayMetrics, settlement: Settlement, *, published: int, quarantined: int
+    metrics: RelayMetrics,
+    settlement: Settlement,
+    *,
+    published: int,
+    quarantined: int,
+    refused: bool = False,
 ) -> None:
-    """`outbox delivery failed`: the rows from the first unsettled one on go out again."""
+    """`outbox delivery failed`: the rows from the first unsettled one on go out again.
+
+    A flow `refused` by the cluster is counted but not logged: `report_pause` says it once
+    per pause, where this line would come at every retry."""
     if settlement.stopped_at is None:
         return
     metrics.delivery_failures.inc(settlement.waiting)
+    if refused:
+        return
     log_event(
         _log,
         "outbox delivery failed",
@@ -93,6 +106,36 @@ def report_quarantined(metrics: RelayMetrics, row: MovedRow, failure: DeliveryFa
         reason=failure.reason,
         error=failure.message,
     )
+
+
+def report_pause(metrics: RelayMetrics, before: Pause | None, after: Pause | None) -> None:
+    """`relay paused` (ERROR: a refusal of the cluster holds every row behind it; an
+    operator must act) when a pause starts or its refusal changes, `relay resumed` when it
+    ends; the paused gauge follows."""
+    if after is before:
+        return
+    metrics.set_paused(None if after is None else (after.failure.reason, after.topic))
+    if after is not None:
+        log_event(
+            _log,
+            "relay paused",
+            logging.ERROR,
+            errorCode=after.failure.code,
+            reason=after.failure.reason,
+            topic=after.topic,
+            error=after.failure.message,
+            outboxId=after.outbox_id,
+        )
+    elif before is not None:
+        log_event(
+            _log,
+            "relay resumed",
+            logging.WARNING,
+            errorCode=before.failure.code,
+            reason=before.failure.reason,
+            topic=before.topic,
+            pausedSeconds=round(time.monotonic() - before.since, 3),
+        )
 
 
 def report_failed_round(exc: Exception, retry_in: float) -> str:

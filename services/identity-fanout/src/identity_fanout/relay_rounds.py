@@ -2,8 +2,9 @@
 
 A round starts with the connection and, every `lock_retry_interval` (or when forced), a
 look at the lanes (rebalance); it ends with the pump's tally taken, the backlog gauges
-refreshed when due (at each look, after a quarantine, when idle), readiness set from the
-round's outcome and the result kept as `last_round`.
+refreshed when due (at each look, after a quarantine, when idle), the pause for a refusal
+of the cluster decided (`relay_pause.next_pause`) and reported on a change, readiness set
+from the round's outcome and the result kept as `last_round`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from identity_fanout.relay_metrics import RelayMetrics
+from identity_fanout.relay_pause import Pause, next_pause
 from identity_fanout.relay_pump import Pump, RoundResult
-from identity_fanout.relay_report import refresh_gauges
+from identity_fanout.relay_report import refresh_gauges, report_pause
 from identity_fanout.relay_session import LaneSession
 from pin_runtime.http import ComponentState
 
@@ -34,6 +36,8 @@ class Rounds:
     _next_look: float = field(init=False, default=0.0)
     _gauges_due: bool = field(init=False, default=False)
     last_round: RoundResult | None = field(init=False, default=None)
+    pause: Pause | None = field(init=False, default=None)
+    """The refusal of the cluster the relay waits out now (None: not paused)."""
 
     def start(self, *, force: bool) -> psycopg.Connection[TupleRow]:
         """The connection; every `look_interval` (or if forced) also the lanes and gauges."""
@@ -55,7 +59,14 @@ class Rounds:
             self._gauges_due = False
             refresh_gauges(conn, self.metrics)
         result.active = bool(self.session.lanes)
-        if result.error is None:
+        before, self.pause = (
+            self.pause,
+            next_pause(self.pause, result.refused, acknowledged=result.acknowledged, idle=idle),
+        )
+        report_pause(self.metrics, before, self.pause)
+        if self.pause is not None:
+            self.state.degraded(f"kafka: {self.pause.describe()}")
+        elif result.error is None:
             self.state.ok()
         else:
             self.state.degraded(f"kafka: {result.error}")

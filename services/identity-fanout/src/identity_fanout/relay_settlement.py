@@ -4,9 +4,10 @@ The rows of a round are walked in outbox id order:
 
 - acknowledged by the broker: delete it;
 - refused with a non-retriable error (`pin_runtime.delivery.classify`: too large, invalid
-  record, invalid topic, topic authorization): quarantine it — it would be refused again
-  whatever the broker's health, and it must not hold up the rows behind it;
-- refused with a retriable error (broker down, timeout, not leader, queue full), or without
+  record, invalid topic name): quarantine it — it would be refused again whatever the
+  broker's health, and it must not hold up the rows behind it;
+- refused with a retriable error (broker down, timeout, not leader, queue full) or by the
+  cluster (not authorized, not authenticated, no such topic: `relay_pause`), or without
   an outcome (still in flight when the wait ended, never produced): the round stops here.
   This row and every row after it stay in the outbox for the next round, acknowledged or
   not: a re-send may duplicate a record, but a later row of the same key never overtakes
@@ -44,7 +45,8 @@ class Settlement:
     stopped_at: OutboxRecord | None = None
     """The first row that waits for another round (None: the whole round was settled)."""
     stop_failure: DeliveryFailure | None = None
-    """Why it waits: its retriable failure, or None when it has no outcome at all."""
+    """Why it waits: its retriable (or cluster-wide) failure, or None when it has no outcome
+    at all."""
     waiting: int = 0
     """Rows left in the outbox for the next round: `stopped_at` and all after it."""
 

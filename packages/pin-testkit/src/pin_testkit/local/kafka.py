@@ -139,6 +139,14 @@ def _security_settings(security: KafkaSecurity) -> dict[str, str]:
         "ssl.truststore.location": _escape(str(tls.client.ca_file)),
         "ssl.enabled.protocols": "TLSv1.3,TLSv1.2",
         "listener.name.ssl.ssl.client.auth": "required",
+        # ACLs are enforced, and open until one is added: a resource without any ACL is
+        # allowed to everyone, so a test takes a permission away with a DENY ACL of its own
+        # (`pin_testkit.secured.TopicAcls`) and gives it back by deleting it. The broker's
+        # own traffic (controller, inter-broker, the loopback PLAINTEXT listener that tests
+        # create topics and ACLs through) is ANONYMOUS, a super user.
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "true",
+        "super.users": "User:ANONYMOUS",
     }
     for mechanism in SCRAM_MECHANISMS:
         settings[f"listener.name.sasl_ssl.{mechanism.lower()}.sasl.jaas.config"] = (
