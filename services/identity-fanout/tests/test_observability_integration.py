@@ -91,3 +91,73 @@ def test_task_run_logs_and_traces_what_the_spec_names(
     traceparent = dict(headers[0])["traceparent"]
     assert traceparent.split("-")[1] == format(task_span.context.trace_id, "032x")
     assert str(uuid.UUID(str(run_id))) == run_id
+
+
+def test_a_sharded_task_is_one_dequeue_one_span_and_a_truthful_row(
+    db: Conn,
+    json_logs: io.StringIO,
+    operator_db: Conn,
+    pool: ConnectionPool[Conn],
+    worker_dsn: str,
+) -> None:
+    role, _ = seed_role_with_users(db, users=120, other_roles=0)
+    add_permissions(db, ["p.y"])
+    change = set_role_permissions(operator_db, role, ["p.y"], inline_threshold=0)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    rows: list[tuple[object, ...]] = []
+
+    def task_row_now(*_: object) -> None:
+        row = db.execute(
+            "SELECT t.attempt_count, t.lease_expires_at, s.attempt_count, s.lease_expires_at "
+            "FROM identity.access_fanout_tasks t JOIN identity.access_fanout_shards s "
+            "ON s.task_id = t.id AND s.status = 'InProgress' WHERE t.id = %s",
+            (change.task_id,),
+        ).fetchone()
+        if row is not None:
+            rows.append(tuple(row))
+
+    worker, metrics = new_worker(
+        worker_dsn,
+        pool,
+        batch_size=20,
+        shard_size=40,
+        tracer=provider.get_tracer("test"),
+        on_shard_batch=task_row_now,
+    )
+    while worker.run_once() is not None:
+        pass
+
+    # While a shard is walked, the task row shows its claim and lease (the only live one).
+    assert rows
+    assert all(
+        t_attempt == s_attempt and t_lease == s_lease
+        for t_attempt, t_lease, s_attempt, s_lease in rows
+    )
+    records = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    events = [str(r["event"]) for r in records]
+    assert events.count("task dequeued") == 1
+    assert events.count("shard dequeued") == 3
+    assert events.count("task completed") == 1
+    spans = exporter.get_finished_spans()
+    [task_span] = [s for s in spans if s.name == "access-fanout task"]
+    shard_spans = [s for s in spans if s.name == "access-fanout shard"]
+    assert len(shard_spans) == 3
+    # The task's span covers every shard's (its end is taken inside the last shard's).
+    assert task_span.start_time is not None
+    assert task_span.end_time is not None
+    assert task_span.start_time <= min(s.start_time or 0 for s in shard_spans)
+    assert task_span.end_time <= max(s.end_time or 0 for s in shard_spans)
+    assert task_span.end_time >= max(s.start_time or 0 for s in shard_spans)
+    [completed] = [r for r in records if r["event"] == "task completed"]
+    row = db.execute(
+        "SELECT extract(epoch FROM completed_at - started_at) * 1000, lease_expires_at "
+        "FROM identity.access_fanout_tasks WHERE id = %s",
+        (change.task_id,),
+    ).fetchone()
+    assert row is not None
+    assert row[1] is None
+    # durationMs is StartedAt -> completion, as for a task walked whole.
+    assert abs(float(completed["durationMs"]) - float(row[0])) < 1000
+    assert metrics.task_duration_ms._sum.get() == pytest.approx(completed["durationMs"], abs=1)

@@ -29,7 +29,6 @@ from identity_fanout.fanout import BatchResult, process_shard_batch
 from identity_fanout.runbook import list_shards, replay_task
 from identity_fanout.shards import ClaimedShard
 from identity_fanout.split import split_task
-from identity_fanout.worker import FanoutWorker
 from pin_testkit.seeding import seed_role_with_users
 from pin_testkit.waiting import wait_until
 
@@ -40,6 +39,7 @@ Conn = psycopg.Connection[TupleRow]
 new_worker = partial(worker_support.new_worker, batch_size=10, shard_size=100)
 enqueue = worker_support.enqueue
 stop_after = worker_support.stop_after
+Running = worker_support.Running
 task_row = worker_support.task_row
 CLI = str(Path(sys.executable).with_name("identity-fanout"))
 
@@ -47,25 +47,6 @@ CLI = str(Path(sys.executable).with_name("identity-fanout"))
 def event_users(db: Conn) -> Counter[uuid.UUID]:
     rows = db.execute("SELECT message_key FROM identity.outbox").fetchall()
     return Counter(uuid.UUID(row[0]) for row in rows)
-
-
-class Running:
-    """Worker threads until the block ends (stopped, joined, never leaked)."""
-
-    def __init__(self, *workers: FanoutWorker, stop: threading.Event) -> None:
-        self._threads = [threading.Thread(target=w.run) for w in workers]
-        self._stop = stop
-
-    def __enter__(self) -> Running:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(30)
-        assert not any(t.is_alive() for t in self._threads)
 
 
 def test_two_workers_share_a_three_shard_role_each_user_exactly_once(

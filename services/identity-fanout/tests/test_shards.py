@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -98,3 +99,62 @@ def test_a_failed_task_is_not_completed_by_its_other_shards() -> None:
     assert roll_up("Failed", shards).status == "Failed"
     all_done = [state(1, "Completed", START, U[3], 3), state(2, "Completed", U[3], U[5], 2)]
     assert roll_up("Failed", all_done).completed_now is False
+
+
+def test_rollup_shows_the_shard_closest_to_poison_and_the_latest_live_lease() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    shards = [
+        ShardState(
+            shard_no=1,
+            status="Completed",
+            lower_bound=START,
+            cursor=U[3],
+            processed_count=3,
+            attempt_count=4,
+        ),
+        ShardState(
+            shard_no=2,
+            status="InProgress",
+            lower_bound=U[3],
+            cursor=None,
+            processed_count=0,
+            attempt_count=2,
+            lease_expires_at=now,
+        ),
+        ShardState(
+            shard_no=3,
+            status="InProgress",
+            lower_bound=U[6],
+            cursor=U[7],
+            processed_count=1,
+            attempt_count=1,
+            lease_expires_at=now + timedelta(1),
+        ),
+        ShardState(
+            shard_no=4,
+            status="Pending",
+            lower_bound=U[8],
+            cursor=None,
+            processed_count=0,
+            attempt_count=1,
+            lease_expires_at=now + timedelta(9),
+        ),
+    ]
+    rollup = roll_up("InProgress", shards)
+    assert (rollup.attempt_count, rollup.lease_expires_at) == (4, now + timedelta(1))
+    done = [
+        s
+        if s.status == "Completed"
+        else ShardState(
+            shard_no=s.shard_no,
+            status="Completed",
+            lower_bound=s.lower_bound,
+            cursor=U[9],
+            processed_count=1,
+            attempt_count=s.attempt_count,
+        )
+        for s in shards
+    ]
+    finished = roll_up("InProgress", done)
+    assert (finished.completed_now, finished.lease_expires_at) == (True, None)
+    assert roll_up("InProgress", []).attempt_count == 0

@@ -25,12 +25,16 @@ from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.shards import ClaimedShard
 from identity_fanout.tasks import FanOutTask
 from identity_fanout.worker import FanoutWorker
-from identity_fanout.worker_config import DEFAULT_SHARD_SIZE, WorkerConfig
+from identity_fanout.worker_config import (
+    DEFAULT_MAX_OUTBOX_BACKLOG,
+    DEFAULT_SHARD_SIZE,
+    WorkerConfig,
+)
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import SessionLimits
 from pin_testkit.seeding import add_permissions
 
-__all__ = ["enqueue", "new_worker", "stop_after", "task_row"]
+__all__ = ["Running", "enqueue", "new_worker", "stop_after", "task_row"]
 
 Conn = psycopg.Connection[TupleRow]
 
@@ -42,6 +46,7 @@ def new_worker(
     *,
     batch_size: int = 50,
     shard_size: int = DEFAULT_SHARD_SIZE,
+    max_outbox_backlog: int = DEFAULT_MAX_OUTBOX_BACKLOG,
     max_attempts: int = 5,
     lease: timedelta = timedelta(minutes=5),
     polling: timedelta = timedelta(seconds=30),
@@ -63,6 +68,7 @@ def new_worker(
             max_lease_duration=lease,
             max_attempts=max_attempts,
             shard_size=shard_size,
+            max_outbox_backlog=max_outbox_backlog,
         ),
         metrics=metrics,
         on_batch=on_batch,
@@ -73,6 +79,28 @@ def new_worker(
         tracer=tracer,
     )
     return worker, metrics
+
+
+class Running:
+    """Worker threads until the block ends (stopped, joined, never leaked)."""
+
+    def __init__(self, *workers: FanoutWorker, stop: threading.Event) -> None:
+        self._threads = [threading.Thread(target=w.run) for w in workers]
+        self._stop = stop
+
+    def __enter__(self) -> Running:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def alive(self) -> bool:
+        return all(t.is_alive() for t in self._threads)
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+        assert not any(t.is_alive() for t in self._threads)
 
 
 def stop_after(batches: int, stop: threading.Event) -> Callable[[object, object], None]:

@@ -31,6 +31,7 @@ class FanoutMetrics(MetricSet):
     last_success: Gauge
     outbox_backlog: Gauge
     outbox_oldest_age_seconds: Gauge
+    throttled: Gauge
     throttled_seconds: Counter
 
     def __post_init__(self) -> None:

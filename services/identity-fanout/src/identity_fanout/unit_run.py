@@ -47,6 +47,7 @@ from identity_fanout.fanout import BatchResult, lost_claim
 from identity_fanout.metrics import FanoutMetrics
 from identity_fanout.outbox import OutboxDepth, outbox_depth
 from identity_fanout.worker_config import WorkerConfig
+from pin_runtime.backoff import Backoff
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import is_retriable
 
@@ -179,6 +180,10 @@ class UnitRunner:
     _last_committed: UUID | None = field(init=False, default=None)
     """The unit of this worker's last batch if that batch committed; None after a failure."""
     _unrecorded: list[_Unrecorded] = field(init=False, default_factory=list)
+    _outage: Backoff = field(init=False, default_factory=lambda: Backoff(maximum=60.0))
+    retry_after: float = field(init=False, default=0.0)
+    """Seconds the worker waits before its next claim after a failure not the unit's own
+    (1 s doubling to 60 s while they go on): set by `on_failure`."""
 
     def __post_init__(self, tracer: trace.Tracer | None) -> None:
         self._tracer = tracer or trace.get_tracer("identity_fanout.worker")
@@ -243,8 +248,7 @@ class UnitRunner:
                     # the unit is retried up to MaxAttempts and then parked as Failed,
                     # instead of crash-looping the worker and blocking every other task.
                     return self.on_failure(unit, claim, job_run_id, exc)
-                self._last_committed = claim.id
-                self.metrics.last_success.set(time.time())
+                self.committed(claim.id)
                 span.set_attribute("processedCount", step.task_processed_count)
                 self.metrics.batches.inc()
                 self.metrics.users.inc(step.users)
@@ -264,9 +268,10 @@ class UnitRunner:
                     return WalkEnd.COMPLETED
 
     def committed(self, unit_id: UUID) -> None:
-        """Note work of this worker on ``unit_id`` that committed outside a batch (a split):
-        other units succeed."""
+        """Note work of this worker on ``unit_id`` that committed (a batch, a split): a
+        successful run, and the outage (if one was going on) is over."""
         self._last_committed = unit_id
+        self._outage.reset()
         self.metrics.last_success.set(time.time())
 
     # -- backpressure ---------------------------------------------------------------------
@@ -289,6 +294,7 @@ class UnitRunner:
         if depth.rows < limit:
             return True
         started = touched = self.clock()
+        self.metrics.throttled.set(1)
         log_event(
             _log,
             "fan-out throttled",
@@ -312,6 +318,7 @@ class UnitRunner:
                 depth = self._outbox_depth()
         finally:
             waited = self.clock() - started
+            self.metrics.throttled.set(0)
             self.metrics.throttled_seconds.inc(waited)
         log_event(
             _log,
@@ -388,11 +395,18 @@ class UnitRunner:
             counted=counted,
             **unit.ids(),
         )
-        retry_in = retry_delay(
-            unit.attempt if counted else 1,
-            polling_interval=self.config.polling_interval,
-            lease=self.config.max_lease_duration,
-        )
+        if counted:
+            retry_in = retry_delay(
+                unit.attempt,
+                polling_interval=self.config.polling_interval,
+                lease=self.config.max_lease_duration,
+            )
+        else:
+            # The unit stays out of reach twice as long as the worker waits, so the next
+            # claim takes another unit: whether others succeed is what tells an outage from
+            # this unit's own contention.
+            self.retry_after = self._outage.next_delay()
+            retry_in = min(timedelta(seconds=2 * self.retry_after), self.config.max_lease_duration)
         self._record(_Unrecorded(unit, claim, reason, retry_in, counted))
         return WalkEnd.FAILED if counted else WalkEnd.OUTAGE
 

@@ -131,7 +131,7 @@ class FanoutWorker:
                 continue
             if outcome is WalkEnd.OUTAGE:
                 self._database.degraded("batches fail for a reason not their own")
-                self._stop.wait(backoff.next_delay())
+                self._stop.wait(self._runner.retry_after)
                 continue
             backoff.reset()
             self._database.ok()
