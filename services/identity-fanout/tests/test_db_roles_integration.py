@@ -27,6 +27,7 @@ TABLES = (
     "access_fanout_shards",
     "outbox",
     "outbox_quarantine",
+    "outbox_quarantine_discards",
     "agent_memberships",
     "schema_migrations",
 )
@@ -55,6 +56,13 @@ def test_ddl_and_other_processes_tables_are_refused(
     assert refused(operator_dsn, "TRUNCATE identity.outbox") == "42501"
     assert refused(operator_dsn, "ALTER TABLE identity.outbox ADD COLUMN x int") == "42501"
     assert refused(operator_dsn, "DELETE FROM identity.agent_memberships") == "42501"
+    # The discards' audit is append-only for the operator: never read, changed or removed.
+    for statement in (
+        "SELECT * FROM identity.outbox_quarantine_discards",
+        "UPDATE identity.outbox_quarantine_discards SET reason = 'x'",
+        "DELETE FROM identity.outbox_quarantine_discards",
+    ):
+        assert refused(operator_dsn, statement) == "42501", statement
     for dsn in (worker_dsn, relay_dsn, producer_dsn, operator_dsn):
         assert refused(dsn, "SELECT * FROM identity.schema_migrations") == "42501"
         assert refused(dsn, "CREATE TABLE public.mine (x int)") == "42501"

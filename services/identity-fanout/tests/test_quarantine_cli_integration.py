@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import msgspec
 import psycopg
 import pytest
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, dict_row
 
 from identity_fanout.outbox import OutboxMessage, write_outbox
 from identity_fanout.quarantine import list_quarantined, quarantine_rows
@@ -41,7 +42,13 @@ def cli(dsn: str, *args: str) -> CommandResult:
     return run_cli("identity-fanout", args, env, timeout=60, check=False)
 
 
-def refuse(db: Conn, topic: str, key: uuid.UUID, failure: DeliveryFailure) -> int:
+def refuse(
+    db: Conn,
+    topic: str,
+    key: uuid.UUID,
+    failure: DeliveryFailure,
+    event_type: str = "UserAccessChanged",
+) -> int:
     """Write one outbox row and quarantine it as the relay would; its outbox id."""
     with db.transaction():
         write_outbox(
@@ -53,7 +60,7 @@ def refuse(db: Conn, topic: str, key: uuid.UUID, failure: DeliveryFailure) -> in
                     value=b"x" * 5000,
                     headers=(("pin-message-id", "m"),),
                     message_id=uuid.uuid4(),
-                    event_type="UserAccessChanged",
+                    event_type=event_type,
                 )
             ],
         )
@@ -149,33 +156,125 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn
     assert (nothing.returncode, nothing.stdout.strip()) == (0, "0 row(s) back in the outbox")
 
 
-def test_discard_deletes_for_good_and_leaves_an_audit_line(db: Conn, operator_dsn: str) -> None:
+def audit_lines(result: CommandResult) -> list[dict[str, Any]]:
+    """The CLI's `outbox quarantined row discarded` lines (JSON on stdout, with every log
+    line of the CLI; stderr: failures only)."""
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("event") == "outbox quarantined row discarded"]
+
+
+def audit_rows(db: Conn) -> list[dict[str, Any]]:
+    with db.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "SELECT * FROM identity.outbox_quarantine_discards ORDER BY id"
+        ).fetchall()
+
+
+def test_discarding_an_access_event_needs_force_and_leaves_an_audit(
+    db: Conn, operator_dsn: str
+) -> None:
     first_user, second_user, third_user = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     for user in (first_user, second_user, third_user):
         refuse(db, "pin.identity.access.v1", user, TOO_LARGE)
-    first, _second, _third = list_quarantined(db)
+    first, second, third = list_quarantined(db)
 
     for bad in (
         ["discard", str(first.id)],
         ["discard", "--reason", "x"],
         ["discard", "1", "--all"],
+        ["discard", str(first.id), "--reason", "  "],
     ):
         assert run(operator_dsn, *bad).returncode == 2, bad  # a reason and one target, always
-    missing = run(operator_dsn, "discard", "999999", "--reason", "typo")
+    missing = run(operator_dsn, "discard", "999999", "--reason", "typo", "--force")
     assert (missing.returncode, missing.stderr.strip()) == (1, "error: no quarantined row 999999")
 
-    one = run(operator_dsn, "discard", str(first.id), "--reason", "access reset by hand")
+    # An access event may be a revocation: without --force, refused, and nothing discarded.
+    unforced = run(operator_dsn, "discard", str(first.id), "--reason", "reloaded by hand")
+    assert unforced.returncode == 2, unforced.stderr
+    assert unforced.stderr.strip() == (
+        f"error: quarantined row(s) {first.id} carry access events (pin.identity.access.v1): "
+        "discarding one may drop a revocation for good; deal with each user's access first "
+        "(runbook IdentityOutboxQuarantined), then discard again with --force"
+    )
+    assert audit_lines(unforced) == []
+    everything = run(operator_dsn, "discard", "--all", "--reason", "drill")
+    assert everything.returncode == 2, everything.stderr
+    assert f"row(s) {first.id}, {second.id}, {third.id} carry access events" in (everything.stderr)
+    assert [q.id for q in list_quarantined(db)] == [first.id, second.id, third.id]
+    assert audit_rows(db) == []
+
+    one = run(
+        operator_dsn, "discard", str(first.id), "--reason", "access reloaded by hand", "--force"
+    )
     assert one.returncode == 0, one.stderr
     assert f"quarantined row {first.id} discarded" in one.stdout
     assert str(first_user) in one.stdout
-    # The audit line: JSON on stdout, with every log line of the CLI (stderr: failures only).
-    audit = [json.loads(line) for line in one.stdout.splitlines() if line.startswith("{")]
-    [line] = [a for a in audit if a.get("event") == "outbox quarantined row discarded"]
-    assert (line["userId"], line["reason"]) == (str(first_user), "access reset by hand")
+    [line] = audit_lines(one)
+    [login] = db.execute(
+        "SELECT rolname FROM pg_roles WHERE rolname = %s",
+        (psycopg.conninfo.conninfo_to_dict(operator_dsn)["user"],),
+    ).fetchall()
+    assert line["level"] == "WARNING"
+    assert {k: line[k] for k in ("quarantineId", "outboxId", "userId", "topic", "reason")} == {
+        "quarantineId": first.id,
+        "outboxId": first.outbox_id,
+        "userId": str(first_user),
+        "topic": "pin.identity.access.v1",
+        "reason": "access reloaded by hand",
+    }
+    assert (line["messageId"], line["errorCode"], line["forced"]) == (
+        str(first.message_id),
+        "MSG_SIZE_TOO_LARGE",
+        True,
+    )
+    assert line["databaseLogin"] == login[0]
+    assert line["databaseRole"] == login[0]
+    assert line["osUser"]
+    assert line["host"]
+    [audit] = audit_rows(db)
+    assert {
+        k: audit[k]
+        for k in ("quarantine_id", "outbox_id", "message_key", "message_id", "forced", "reason")
+    } == {
+        "quarantine_id": first.id,
+        "outbox_id": first.outbox_id,
+        "message_key": str(first_user),
+        "message_id": first.message_id,
+        "forced": True,
+        "reason": "access reloaded by hand",
+    }
+    assert (audit["database_login"], audit["os_user"], audit["error_reason"]) == (
+        login[0],
+        line["osUser"],
+        "too-large",
+    )
     assert {r.key for r in list_quarantined(db)} == {str(second_user), str(third_user)}
 
-    rest = run(operator_dsn, "discard", "--all", "--reason", "drill")
+    rest = run(operator_dsn, "discard", "--all", "--reason", "drill", "--force")
     assert rest.returncode == 0, rest.stderr
     assert "2 row(s) discarded" in rest.stdout
+    assert len(audit_lines(rest)) == 2
     assert list_quarantined(db) == []
     assert outbox_ids(db) == []  # discarded, not sent again
+    assert [a["quarantine_id"] for a in audit_rows(db)] == [first.id, second.id, third.id]
+
+
+def test_discarding_another_topics_row_needs_no_force_and_is_audited(
+    db: Conn, operator_dsn: str
+) -> None:
+    agent = uuid.uuid4()
+    refuse(
+        db, "pin.identity.agent-membership-changed.v1", agent, TOO_LARGE, "AgentMembershipChanged"
+    )
+    [row] = list_quarantined(db)
+    gone = run(operator_dsn, "discard", str(row.id), "--reason", "membership recorded again")
+    assert gone.returncode == 0, gone.stderr
+    [line] = audit_lines(gone)
+    assert (line["agentUserId"], line["forced"], line["reason"]) == (
+        str(agent),
+        False,
+        "membership recorded again",
+    )
+    [audit] = audit_rows(db)
+    assert (audit["quarantine_id"], audit["forced"]) == (row.id, False)
+    assert list_quarantined(db) == []

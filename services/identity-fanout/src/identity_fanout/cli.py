@@ -2,7 +2,8 @@
 
 Exit codes (`pin_runtime.composition.run_command`, as every service's CLI): 0 done; 1 a
 typed error (unknown role, task not Failed, ...) or the database unreachable, with one line
-on stderr; 2 bad usage or configuration (argparse, or `config error: VARIABLE: reason`).
+on stderr; 2 bad usage or configuration (argparse, or `config error: VARIABLE: reason`; a
+discard of access events without `--force`, nothing discarded).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rich.console import Console
 
 from identity_fanout import quarantine as q
 from identity_fanout.enqueue import set_role_permissions
-from identity_fanout.errors import IdentityFanoutError
+from identity_fanout.errors import DiscardNeedsForceError, IdentityFanoutError
 from identity_fanout.membership import command as membership_command
 from identity_fanout.outbox_status import outbox_status, status_table
 from identity_fanout.quarantine_view import (
@@ -35,7 +36,7 @@ from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, LagWatchSettings,
 from identity_fanout.shard_view import shards_table
 from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
-from pin_runtime.composition import Cli, uuid_argument
+from pin_runtime.composition import Cli, error_line, uuid_argument
 from pin_runtime.lag_watch.cli import COMMAND as LAG_WATCH
 from pin_runtime.lag_watch.cli import LagWatchCommand
 from pin_runtime.listing import Columns, Fields, Listing, timestamp_cell
@@ -46,6 +47,8 @@ _console = Console(soft_wrap=True)
 
 
 _CLI: Final = Cli(SERVICE_NAME, Settings, ENV_PREFIX, errors=(IdentityFanoutError,))
+USAGE_EXIT_CODE: Final = 2
+"""argparse's code for bad usage: a flag the command needs for these rows was not given."""
 # The consumer groups of the access topic, measured at the brokers; its own settings (no DSN).
 _LAG_WATCH: Final = LagWatchCommand(SERVICE_NAME, LagWatchSettings, ENV_PREFIX)
 
@@ -58,6 +61,12 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
     return value
+
+
+def _reason(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a reason is required: say why (the audit trail)")
+    return text.strip()
 
 
 def _status(text: str) -> FanOutTaskStatus:
@@ -129,7 +138,16 @@ def _parser() -> argparse.ArgumentParser:
     gone.add_argument("row_id", type=_positive, nargs="?", metavar="ID")
     gone.add_argument("--all", action="store_true", help="every quarantined row")
     q_discard.add_argument(
-        "--reason", required=True, help="why (logged with each row: the audit trail)"
+        "--reason",
+        required=True,
+        type=_reason,
+        help="why (kept with each row in the audit table and log line: the audit trail)",
+    )
+    q_discard.add_argument(
+        "--force",
+        action="store_true",
+        help="required to discard access events (pin.identity.access.v1): one may be the "
+        "revocation of a user's access",
     )
 
     membership_command.add_commands(commands, uuid_argument)
@@ -172,7 +190,9 @@ def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
     )
 
 
-def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lanes: int) -> None:
+def _outbox(
+    conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lanes: int
+) -> int | None:
     if args.outbox_command == "status":
         _console.print(status_table(outbox_status(conn, lanes=lanes)))
     elif args.quarantine_command == "list":
@@ -184,9 +204,17 @@ def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lan
     elif args.quarantine_command == "show":
         _console.print(quarantine_detail(q.get_quarantined(conn, args.row_id)))
     elif args.quarantine_command == "discard":
-        discarded = q.discard_quarantined(
-            conn, None if args.all else args.row_id, reason=args.reason
-        )
+        try:
+            discarded = q.discard_quarantined(
+                conn,
+                None if args.all else args.row_id,
+                reason=args.reason,
+                operator=q.Operator.of_this_process(),
+                force=args.force,
+            )
+        except DiscardNeedsForceError as exc:  # a flag missing for these rows: bad usage
+            error_line(f"error: {exc}")
+            return USAGE_EXIT_CODE
         for gone in discarded:
             _console.print(discarded_line(gone), markup=False, highlight=False)
         _console.print(f"{len(discarded)} row(s) discarded", markup=False)
@@ -198,6 +226,7 @@ def _outbox(conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lan
     else:
         row = q.retry_quarantined(conn, args.row_id)
         _console.print(requeued_line(row), markup=False, highlight=False)
+    return None
 
 
 def _tasks(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> None:
@@ -213,7 +242,7 @@ def _tasks(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> None
         _console.print(f"task {task.id} is {task.status} again (attempts reset)")
 
 
-def _run(args: argparse.Namespace, settings: Settings) -> None:
+def _run(args: argparse.Namespace, settings: Settings) -> int | None:
     dsn = settings.database_dsn.reveal()
     if args.command == "migrate":
         applied = migrate_database(dsn, role_prefix=settings.db_role_prefix)
@@ -245,11 +274,12 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
             _tasks(conn, args)
     elif args.command == "outbox":
         with _connect(settings) as conn:
-            _outbox(conn, args, lanes=settings.outbox_lanes)
+            return _outbox(conn, args, lanes=settings.outbox_lanes)
     elif args.command == "memberships":
         with _connect(settings) as conn:
             recorded = membership_command.run(conn, args)
         _console.print(membership_command.change_line(recorded), markup=False, highlight=False)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -66,7 +66,7 @@ OPERATOR: Final = RuntimeRole(
     name="identity_fanout_operator",
     purpose=(
         "identity-fanout runbook commands: roles set-permissions, tasks list/show/replay, "
-        "outbox status, outbox quarantine list/show/retry"
+        "outbox status, outbox quarantine list/show/retry/discard"
     ),
     grants=(
         # roles set-permissions: lock the role, replace its permissions, bump its version,
@@ -81,8 +81,10 @@ OPERATOR: Final = RuntimeRole(
         TableGrant("access_fanout_shards", ("SELECT", "UPDATE")),
         # outbox status; the inline fan-out's COPY and quarantine retry's INSERT ... RETURNING.
         TableGrant("outbox", ("SELECT", "INSERT")),
-        # quarantine list/show, and retry's DELETE ... RETURNING.
+        # quarantine list/show, and retry's and discard's DELETE ... RETURNING.
         TableGrant("outbox_quarantine", ("SELECT", "DELETE")),
+        # discard's audit row, written with the delete: append-only, never read or changed.
+        TableGrant("outbox_quarantine_discards", ("INSERT",)),
     ),
 )
 

@@ -73,3 +73,19 @@ class QuarantinedRowNotFoundError(IdentityFanoutError):
 
     template = "no quarantined row {row_id}"
     row_id: int
+
+
+class DiscardNeedsForceError(IdentityFanoutError):
+    """`outbox quarantine discard` of access events without `--force`: each is a user's
+    access snapshot, possibly the one that takes access away, and gone for good its
+    consumers keep the access they had. Nothing was discarded."""
+
+    row_ids: list[int]
+
+    def describe(self) -> str:
+        ids = ", ".join(map(str, self.row_ids))
+        return (
+            f"quarantined row(s) {ids} carry access events (pin.identity.access.v1): "
+            "discarding one may drop a revocation for good; deal with each user's access "
+            "first (runbook IdentityOutboxQuarantined), then discard again with --force"
+        )

@@ -3,13 +3,18 @@
 The relay moves a refused row here in ONE statement with its DELETE from the outbox (the
 payload never leaves the server), so the row is either still in the outbox or in the
 quarantine, never lost and never in both. An operator lists it, fixes the cause (a topic
-limit, an ACL) and retries it: the row goes back to the tail of the outbox under a new id,
+limit) and retries it: the row goes back to the tail of the outbox under a new id,
 carrying its attempt count and first failure, in one transaction with a NOTIFY for the relay.
+A row that can never go out is discarded, with an audit row and an audit log line naming who
+and why; an access event (possibly a revocation) only with `force`.
 """
 
 from __future__ import annotations
 
+import getpass
 import logging
+import os
+import socket
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
@@ -21,7 +26,8 @@ from psycopg import sql
 from psycopg.rows import TupleRow, class_row, kwargs_row
 
 from identity_fanout.channels import OUTBOX_CHANNEL, notify
-from identity_fanout.errors import QuarantinedRowNotFoundError
+from identity_fanout.errors import DiscardNeedsForceError, QuarantinedRowNotFoundError
+from pin_contracts import USER_ACCESS_CHANGED
 from pin_runtime.logging import log_event
 from pin_runtime.sql import load_queries
 
@@ -31,12 +37,14 @@ if TYPE_CHECKING:  # the relay's type only: the operator commands load no Kafka 
 __all__ = [
     "DiscardedRow",
     "MovedRow",
+    "Operator",
     "QuarantineEntry",
     "QuarantinedRow",
     "RequeuedRow",
     "discard_quarantined",
     "get_quarantined",
     "list_quarantined",
+    "needs_force",
     "quarantine_counts",
     "quarantine_rows",
     "retry_all",
@@ -75,13 +83,54 @@ class QuarantineEntry(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DiscardedRow(QuarantineEntry, frozen=True, kw_only=True):
-    """A quarantined row an operator discarded (what the audit log line names)."""
+    """A quarantined row an operator discarded (what the audit row and log line name)."""
 
+    outbox_id: int
+    error_code: str
     error_reason: str
     attempts: int
+    database_login: str
+    """session_user of the discarding session: who logged in."""
+    database_role: str
+    """current_user: the role the delete ran as."""
 
     def log_fields(self) -> dict[str, object]:
-        return super().log_fields() | {"errorReason": self.error_reason}
+        return super().log_fields() | {
+            "outboxId": self.outbox_id,
+            "errorCode": self.error_code,
+            "errorReason": self.error_reason,
+            "attempts": self.attempts,
+            "databaseLogin": self.database_login,
+            "databaseRole": self.database_role,
+        }
+
+
+class Operator(msgspec.Struct, frozen=True, kw_only=True):
+    """Who runs a discard besides the database login: the process's OS user and host.
+
+    In the ops pod the OS user is the container's, so the database login (a personal login
+    granted the operator group) is the one that names the person; both are kept."""
+
+    os_user: str
+    host: str
+
+    @classmethod
+    def of_this_process(cls) -> Operator:
+        try:
+            user = getpass.getuser()
+        except (OSError, KeyError):  # no login name and no passwd entry (a bare container)
+            user = f"uid {os.getuid()}"
+        return cls(os_user=user, host=socket.gethostname())
+
+
+def needs_force(entry: QuarantineEntry) -> bool:
+    """Whether discarding `entry` needs `force`: an access event (a user's access snapshot,
+    possibly the one that takes access away) dropped for good leaves its consumers with the
+    access they had before."""
+    return (
+        entry.topic == USER_ACCESS_CHANGED.name
+        or entry.event_type == USER_ACCESS_CHANGED.event_type
+    )
 
 
 class MovedRow(QuarantineEntry, frozen=True, kw_only=True):
@@ -196,16 +245,33 @@ def retry_all(conn: psycopg.Connection[TupleRow]) -> list[RequeuedRow]:
 
 
 def discard_quarantined(
-    conn: psycopg.Connection[TupleRow], row_id: int | None, *, reason: str
+    conn: psycopg.Connection[TupleRow],
+    row_id: int | None,
+    *,
+    reason: str,
+    operator: Operator,
+    force: bool = False,
 ) -> list[DiscardedRow]:
-    """Delete quarantined row `row_id` (None: every row) for good, with one WARNING log line
-    per row naming its key and the operator's `reason` (the audit trail).
+    """Delete quarantined row `row_id` (None: every row) for good: one transaction that
+    writes an audit row per row (`identity.outbox_quarantine_discards`), then one WARNING
+    log line per row naming it, its key, who (`operator`, the database login) and the
+    operator's `reason` (the audit trail).
 
-    `QuarantinedRowNotFoundError` when `row_id` is not there."""
+    `DiscardNeedsForceError` without `force` when an access event is among them (nothing
+    is discarded); `QuarantinedRowNotFoundError` when `row_id` is not there."""
+    params = {
+        "all": row_id is None,
+        "ids": [] if row_id is None else [row_id],
+        "forced": force,
+        "reason": reason,
+        "os_user": operator.os_user,
+        "host": operator.host,
+    }
     with conn.transaction(), conn.cursor(row_factory=class_row(DiscardedRow)) as cur:
-        rows = cur.execute(
-            _q.discard, {"all": row_id is None, "ids": [] if row_id is None else [row_id]}
-        ).fetchall()
+        rows = cur.execute(_q.discard, params).fetchall()
+        protected = [row for row in rows if needs_force(row)]
+        if protected and not force:  # raised inside the transaction: nothing was deleted
+            raise DiscardNeedsForceError([row.quarantine_id for row in protected])
     if row_id is not None and not rows:
         raise QuarantinedRowNotFoundError(row_id)
     for row in rows:
@@ -214,6 +280,9 @@ def discard_quarantined(
             "outbox quarantined row discarded",
             logging.WARNING,
             **row.log_fields(),
+            forced=force,
+            osUser=operator.os_user,
+            host=operator.host,
             reason=reason,
         )
     return rows

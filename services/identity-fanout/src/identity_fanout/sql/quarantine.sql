@@ -71,8 +71,26 @@ SELECT m.id AS quarantine_id, r.id AS outbox_id, m.topic, m.message_key AS key, 
 
 -- name: discard --
 -- Quarantined rows an operator gave up on (the event will never be published; the runbook
--- says what to do for its key first), gone for good; what they were, for the audit log line.
-DELETE FROM identity.outbox_quarantine
- WHERE (%(all)s OR id = ANY(%(ids)s))
-RETURNING id AS quarantine_id, topic, message_key AS key, message_id, event_type,
-          error_reason, attempts
+-- says what to do for its key first), gone for good, each with its audit row written by the
+-- same statement (who: the login and role of this session, the CLI's OS user and host; why:
+-- the operator's reason); what they were, for the audit log line.
+WITH gone AS (
+    DELETE FROM identity.outbox_quarantine
+     WHERE (%(all)s OR id = ANY(%(ids)s))
+    RETURNING *
+), audited AS (
+    INSERT INTO identity.outbox_quarantine_discards (
+        quarantine_id, outbox_id, topic, message_key, message_id, event_type, error_code,
+        error_reason, attempts, forced, reason, database_login, database_role, os_user, host
+    )
+    SELECT id, outbox_id, topic, message_key, message_id, event_type, error_code,
+           error_reason, attempts, %(forced)s, %(reason)s, session_user, current_user,
+           %(os_user)s, %(host)s
+      FROM gone
+     ORDER BY id
+)
+SELECT id AS quarantine_id, outbox_id, topic, message_key AS key, message_id, event_type,
+       error_code, error_reason, attempts,
+       session_user AS database_login, current_user AS database_role
+  FROM gone
+ ORDER BY id
