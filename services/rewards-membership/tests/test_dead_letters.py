@@ -477,6 +477,54 @@ def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(
     assert sum(high_watermarks(kafka.bootstrap, kafka.topic).values()) == 1
 
 
+def test_a_replay_the_broker_refuses_leaves_the_dead_letter_pending_and_counted(
+    *,
+    kafka: Any,
+    kafka_topic: Callable[..., str],
+    event: Event,
+    sql: Sql,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    operator_dsn: str,
+) -> None:
+    # The record's source topic now refuses it (its limit was lowered below the record).
+    source = kafka_topic(partitions=3, config={"max.message.bytes": "100"})
+    envelope = envelope_for(event(uuid.uuid4(), uuid.uuid4(), 1))
+    info = DeadLetterInfo(
+        error_code="REWARDS_MEMBERSHIP_EVENT_INVALID",
+        exception_message="$.Payload.Reason: missing",
+        exception_fqcn="pin_contracts.errors.ContractViolation",
+        original_topic=source,
+        original_partition=0,
+        original_offset=0,
+        original_timestamp_ms=1_700_000_000_000,
+        original_consumer_group=settings.group_id,
+    )
+    produce(
+        kafka.producer,
+        kafka.dlq_topic,
+        [(0, kafka_key(envelope), encode(envelope), headers_for(envelope) + info.to_headers())],
+    )
+    key = f"rewards:identity-membership:{envelope.message_id}"
+    sql("INSERT INTO rewards.inbox (idempotency_key, outcome) VALUES (%s, 'dead-lettered')", [key])
+    cli_env(monkeypatch, settings, operator_dsn)
+    capsys.readouterr()
+
+    assert main(["dlq", "replay", "--all"]) == 1
+
+    [line] = said(capsys.readouterr().err)
+    assert line.startswith("0@0: failed: ")
+    # Still a dead letter: its mark is back, so the unreplayed gauge (and the DLQ alert)
+    # keep counting it, and no replay was recorded.
+    assert sql("SELECT outcome FROM rewards.inbox WHERE idempotency_key = %s", [key]) == [
+        ("dead-lettered",)
+    ]
+    assert sql("SELECT count(*) FROM rewards.dlq_replays") == [(0,)]
+    assert main(["dlq", "list"]) == 0
+    assert "1 record(s), 1 not replayed" in capsys.readouterr().out
+
+
 def test_a_dead_letter_write_failing_midway_is_completed_without_second_copies(
     *,
     kafka: Any,

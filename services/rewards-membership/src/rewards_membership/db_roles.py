@@ -35,7 +35,8 @@ OPERATOR: Final = RuntimeRole(
         TableGrant("agent_performance", ("SELECT",)),
         # dlq replay clears the dead-letter marks it replays, dlq resolve closes them;
         # inbox prune deletes old marks.
-        TableGrant("inbox", ("SELECT", "UPDATE", "DELETE")),
+        # A replay whose copy the broker refused puts the mark back.
+        TableGrant("inbox", ("SELECT", "INSERT", "UPDATE", "DELETE")),
         # dlq list shows the replay state; dlq replay records each replay once.
         TableGrant("dlq_replays", ("SELECT", "INSERT")),
         # dlq list shows the resolutions; dlq resolve records each once (the audit trail).

@@ -6,6 +6,8 @@ original back from the source topic for a reference record (and check its sha256
 record whose bytes fail validation again (unless forced); delete the records' dead-letter
 inbox marks (so the consumer processes the copies instead of skipping them as duplicates);
 republish; and record, after the broker acknowledged them, which DLQ records were replayed.
+A copy the broker did not acknowledge gets its mark back: its record stays a dead letter
+(counted by the unreplayed gauge, its alert firing) until a replay succeeds.
 A crash between the acknowledgement and the record leaves at most one extra copy, which the
 consumer skips as a duplicate of the first.
 """
@@ -29,6 +31,7 @@ from rewards_membership.store import (
     Position,
     clear_dead_letter_marks,
     record_replays,
+    restore_dead_letter_marks,
 )
 from rewards_membership.validation import InvalidEvent, position_key, validate
 
@@ -129,7 +132,9 @@ class Replayer(DeadLetterPass):
     def _send(self, copies: Sequence[_Copy], *, force: bool) -> Iterator[ReplayResult]:
         # The consumer must not skip the copies as duplicates of the dead letters.
         with self.conn.transaction():
-            clear_dead_letter_marks(self.conn, [c.inbox_key for c in copies if c.inbox_key])
+            cleared = clear_dead_letter_marks(
+                self.conn, [c.inbox_key for c in copies if c.inbox_key]
+            )
         tracker = DeliveryTracker[Position]()
         targets: dict[Position, Position] = {}
         for copy in copies:
@@ -147,7 +152,14 @@ class Replayer(DeadLetterPass):
             self.producer.poll(0)
         tracker.wait(self.producer, self.delivery_timeout + _REPORT_MARGIN)
         acknowledged = [c for c in copies if (c.record.partition, c.record.offset) in targets]
+        unsent = {
+            key: cleared[key]
+            for c in copies
+            if _pos(c) not in targets and (key := c.inbox_key) is not None and key in cleared
+        }
         with self.conn.transaction():
+            # A copy the broker did not take leaves its record a dead letter, as before.
+            restore_dead_letter_marks(self.conn, unsent)
             record_replays(
                 self.conn,
                 self.dlq_topic,

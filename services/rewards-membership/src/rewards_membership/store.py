@@ -11,7 +11,7 @@ is decided again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -210,9 +210,23 @@ def fetch_replays(
     return {(partition, offset): at for partition, offset, at in rows}
 
 
-def clear_dead_letter_marks(conn: psycopg.Connection[TupleRow], keys: Sequence[str]) -> None:
-    if keys:
-        conn.execute(_inbox.clear_dead_letter_marks, {"keys": list(keys)})
+def clear_dead_letter_marks(
+    conn: psycopg.Connection[TupleRow], keys: Sequence[str]
+) -> dict[str, str]:
+    """Delete the dead-letter marks of ``keys``; the outcome each deleted mark had."""
+    if not keys:
+        return {}
+    rows = conn.execute(_inbox.clear_dead_letter_marks, {"keys": list(keys)}).fetchall()
+    return {str(key): str(outcome) for key, outcome in rows}
+
+
+def restore_dead_letter_marks(conn: psycopg.Connection[TupleRow], marks: Mapping[str, str]) -> None:
+    """Put back marks `clear_dead_letter_marks` deleted (key -> outcome)."""
+    if marks:
+        conn.execute(
+            _inbox.restore_dead_letter_marks,
+            {"keys": list(marks), "outcomes": list(marks.values())},
+        )
 
 
 def record_replays(

@@ -30,6 +30,15 @@ SELECT count(*) FROM rewards.inbox WHERE outcome = 'dead-lettered'
 DELETE FROM rewards.inbox
 WHERE idempotency_key = ANY(%(keys)b::text[])
   AND outcome IN ('dead-lettered', 'dead-letter-resolved')
+RETURNING idempotency_key, outcome
+
+-- name: restore_dead_letter_marks --
+-- After a replay whose copy the broker did not acknowledge: the record is still a dead
+-- letter waiting for an operator (its alert keeps firing, `dlq list` and the gauge agree).
+-- ON CONFLICT: a copy that did arrive after all was processed meanwhile; its mark stands.
+INSERT INTO rewards.inbox (idempotency_key, outcome)
+SELECT * FROM unnest(%(keys)b::text[], %(outcomes)b::text[])
+ON CONFLICT (idempotency_key) DO NOTHING
 
 -- name: prune_inbox --
 -- One chunk of marks older than the cut-off (chunks keep transactions short). Dead-letter
