@@ -61,7 +61,16 @@ GUARD_ALERTS = {
         "RewardsMembershipLagWatcherDown": "pin_lag_watcher_last_success_timestamp_seconds",
     },
 }
-ALERTS = {service: SPEC_ALERTS[service] | GUARD_ALERTS[service] for service in SPEC_ALERTS}
+# Alerts for failures the specs do not name: the cluster refusing the relay (ACLs,
+# credentials, a missing topic) holds every event, where a quarantine holds one.
+OWN_ALERTS: dict[str, dict[str, str]] = {
+    "identity-fanout": {"IdentityOutboxRelayRefused": "identity_outbox_relay_paused"},
+    "rewards-membership": {},
+}
+ALERTS = {
+    service: SPEC_ALERTS[service] | GUARD_ALERTS[service] | OWN_ALERTS[service]
+    for service in SPEC_ALERTS
+}
 
 # Metrics of other exporters that a service's alerts rely on (documented in the rule comment
 # and the runbook): danielqsj/kafka_exporter's topic metadata, which says that an exporter
