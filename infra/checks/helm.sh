@@ -18,7 +18,7 @@ RENDER_K8S="${K8S_VERSIONS[-1]}"
 
 # Values each chart must refuse: schema violations, and the checks of the templates.
 declare -A BAD=(
-    [common]="networkPolicy.enabled=maybe|networkPolicy.egress.postgres.ports={0}|networkPolicy.egress.smtp.ports={25}|kafka.tls.clientSecret=kafka-client|config.batchSize=0|config.batchSize=10001|config.logLevel=LOUD|image.tag=latest|kafka.bootstrap=|kafka.securityProtocol=TLS|kafka.sasl.mechanism=PLAIN|database.existingSecret=|database.migration.existingSecret=|database.migration.dsnKey=|config.dbRolePrefix=Prod-|replicaCount=-1|terminationGracePeriodSeconds=5|securityContext.readOnlyRootFilesystem=false|podSecurityContext.runAsNonRoot=false|unknownKey=1"
+    [common]="networkPolicy.enabled=maybe|networkPolicy.egress.postgres.ports={0}|networkPolicy.egress.smtp.ports={25}|kafka.tls.clientSecret=kafka-client|config.batchSize=0|config.batchSize=10001|config.logLevel=LOUD|image.tag=latest|kafka.bootstrap=|kafka.securityProtocol=TLS|kafka.sasl.mechanism=PLAIN|database.existingSecret=|database.migration.existingSecret=|database.migration.dsnKey=|config.dbRolePrefix=Prod-|replicaCount=-1|terminationGracePeriodSeconds=5|securityContext.readOnlyRootFilesystem=false|podSecurityContext.runAsNonRoot=false|unknownKey=1|lagWatcher.enabled=maybe|lagWatcher.config.interval=soon|lagWatcher.config.topics=null|lagWatcher.config.topics[0]=a topic|lagWatcher.config.maxGroups=0|lagWatcher.config.unknown=1"
     [identity-fanout]="config.pollingInterval=5 minutes|config.dbPoolSize=1|relay.replicaCount=0|database.worker.existingSecret=|database.relay=null"
     [rewards-membership]="replicaCount=4|config.retryMax=forever|config.topic=|database.consumer.existingSecret="
 )

@@ -16,9 +16,11 @@ import pytest
 import yaml
 
 from identity_fanout.settings import ENV_PREFIX as IDENTITY_PREFIX
+from identity_fanout.settings import LagWatchSettings as IdentityLagWatchSettings
 from identity_fanout.settings import Settings as IdentitySettings
 from pin_runtime.settings import load_settings
 from rewards_membership.settings import ENV_PREFIX as REWARDS_PREFIX
+from rewards_membership.settings import LagWatchSettings as RewardsLagWatchSettings
 from rewards_membership.settings import Settings as RewardsSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +29,12 @@ SETTINGS: dict[str, tuple[type[msgspec.Struct], str]] = {
     "identity-fanout": (IdentitySettings, IDENTITY_PREFIX),
     "rewards-membership": (RewardsSettings, REWARDS_PREFIX),
 }
+# `<service> lag-watch`: settings of its own, under the service's prefix (no database).
+LAG_WATCH_SETTINGS: dict[str, type[msgspec.Struct]] = {
+    "identity-fanout": IdentityLagWatchSettings,
+    "rewards-membership": RewardsLagWatchSettings,
+}
+LAG_WATCHER = "lag-watcher"
 SECRET_SETTINGS = {
     "DATABASE_DSN",
     "KAFKA_SASL_USERNAME",
@@ -64,6 +72,15 @@ def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [doc for doc in docs if doc["kind"] == kind]
 
 
+def configmap(docs: list[dict[str, Any]], chart: str, suffix: str = "") -> dict[str, Any]:
+    """The service's ConfigMap (named like the release, as the tests render it), or the
+    lag watcher's (`suffix` "-lag-watcher")."""
+    (found,) = [
+        doc for doc in of_kind(docs, "ConfigMap") if doc["metadata"]["name"] == chart + suffix
+    ]
+    return found
+
+
 def containers(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
     for doc in docs:
         if doc["kind"] in {"Deployment", "Job"}:
@@ -76,12 +93,11 @@ def containers(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]
 def test_configmap_and_secret_refs_cover_every_setting(chart: str, values: str) -> None:
     settings, prefix = SETTINGS[chart]
     docs = render(chart, values)
-    (configmap,) = of_kind(docs, "ConfigMap")
     expected = {prefix + field.name.upper() for field in msgspec.structs.fields(settings)}
-    in_configmap = set(configmap["data"])
+    in_configmap = set(configmap(docs, chart)["data"])
     assert in_configmap == expected - {prefix + name for name in SECRET_SETTINGS}
     for name, container in containers(docs):
-        if container.get("args") == ["migrate"]:
+        if container.get("args") == ["migrate"] or container["name"] == LAG_WATCHER:
             continue
         refs = {
             env["name"]: env["valueFrom"]["secretKeyRef"]
@@ -99,8 +115,8 @@ def test_configmap_and_secret_refs_cover_every_setting(chart: str, values: str) 
 @pytest.mark.parametrize("chart", sorted(SETTINGS))
 def test_rendered_configuration_is_accepted_by_the_service(chart: str, values: str) -> None:
     settings, prefix = SETTINGS[chart]
-    (configmap,) = of_kind(render(chart, values), "ConfigMap")
-    environ = {**configmap["data"], prefix + "DATABASE_DSN": "postgresql://u:p@db/x"}
+    environ = {**configmap(render(chart, values), chart)["data"]}
+    environ[prefix + "DATABASE_DSN"] = "postgresql://u:p@db/x"
     if values == "production":  # SASL: the credentials come from the Secret
         environ |= {prefix + "KAFKA_SASL_USERNAME": "u", prefix + "KAFKA_SASL_PASSWORD": "p"}
     loaded = load_settings(settings, prefix, environ)
@@ -111,8 +127,8 @@ def test_rendered_configuration_is_accepted_by_the_service(chart: str, values: s
 @pytest.mark.parametrize("chart", sorted(SETTINGS))
 def test_pods_are_hardened_and_probed(chart: str, values: str) -> None:
     docs = render(chart, values)
-    (configmap,) = of_kind(docs, "ConfigMap")
-    port = int(next(v for k, v in configmap["data"].items() if k.endswith("METRICS_PORT")))
+    data = configmap(docs, chart)["data"]
+    port = int(next(v for k, v in data.items() if k.endswith("METRICS_PORT")))
     for deployment in of_kind(docs, "Deployment"):
         pod = deployment["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -166,14 +182,14 @@ def test_monitoring_objects(chart: str) -> None:
 def test_relay_runs_as_its_own_deployment_unless_told_otherwise() -> None:
     apart = render("identity-fanout")
     args = sorted(c.get("args", []) for _, c in containers(of_kind(apart, "Deployment")))
-    assert args == [[], ["relay"], ["worker", "--no-relay"]]  # [] the ops pod
+    assert args == [[], ["lag-watch"], ["relay"], ["worker", "--no-relay"]]  # [] the ops pod
     assert len(of_kind(apart, "PodDisruptionBudget")) == 2
     together = of_kind(
         render("identity-fanout", "default", "relay.separateDeployment=false"), "Deployment"
     )
     assert [
         c.get("args") for d in together for c in d["spec"]["template"]["spec"]["containers"]
-    ] == [None, ["worker"]]
+    ] == [["lag-watch"], None, ["worker"]]
 
 
 @pytest.mark.parametrize(
@@ -233,6 +249,9 @@ def test_the_migration_job_and_each_pod_kind_log_in_with_their_own_secret(
         chosen = yaml.safe_load(production.read_text())["database"]
     seen = {}
     for _, container in containers(docs):
+        if container["name"] == LAG_WATCHER:  # Kafka only: no database login at all
+            assert all(e["name"] != prefix + "DATABASE_DSN" for e in container.get("env", []))
+            continue
         kind = DATABASE_LOGINS[chart][container["name"]]
         seen[container["name"]] = _dsn_secret(container, prefix)
         assert seen[container["name"]] == {
@@ -259,12 +278,17 @@ def test_the_ops_pod_waits_for_kubectl_exec_as_the_operator() -> None:
     assert _dsn_secret(ops, REWARDS_PREFIX)["name"] == "rewards-membership-database-operator"
     assert ops["envFrom"] == [{"configMapRef": {"name": "rewards-membership"}}]
     without = render("rewards-membership", "default", "ops.enabled=false")
-    assert [c["name"] for _, c in containers(without)] == ["consumer", "migrate"]
+    assert [c["name"] for _, c in containers(without)] == [LAG_WATCHER, "consumer", "migrate"]
 
 
 def test_workers_running_the_relay_keep_the_worker_login() -> None:
     docs = render("identity-fanout", "default", "relay.separateDeployment=false")
-    assert sorted(c["name"] for _, c in containers(docs)) == ["migrate", "ops", "worker"]
+    assert sorted(c["name"] for _, c in containers(docs)) == [
+        LAG_WATCHER,
+        "migrate",
+        "ops",
+        "worker",
+    ]
     (worker,) = [c for _, c in containers(docs) if c["name"] == "worker"]
     assert worker["args"] == ["worker"]
     assert _dsn_secret(worker, IDENTITY_PREFIX)["name"] == "identity-fanout-database-worker"
@@ -281,8 +305,8 @@ def test_network_policy_allows_only_the_dependencies_and_the_scrapers(
 ) -> None:
     docs = render(chart, values)
     (policy,) = of_kind(docs, "NetworkPolicy")
-    (configmap,) = of_kind(docs, "ConfigMap")
-    metrics_port = int(next(v for k, v in configmap["data"].items() if k.endswith("METRICS_PORT")))
+    data = configmap(docs, chart)["data"]
+    metrics_port = int(next(v for k, v in data.items() if k.endswith("METRICS_PORT")))
     spec = policy["spec"]
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     # It selects every pod of the release: workers, relay and the migration Job.
@@ -352,8 +376,7 @@ def test_client_certificate_is_mounted_and_its_key_password_referenced(chart: st
         "kafka.tls.clientSecret=kafka-client",
         "kafka.tls.keyPasswordSecret=kafka-client-key",
     )
-    (configmap,) = of_kind(docs, "ConfigMap")
-    data = configmap["data"]
+    data = configmap(docs, chart)["data"]
     assert data[prefix + "KAFKA_SSL_CERTIFICATE_LOCATION"] == "/etc/pin/kafka-client/tls.crt"
     assert data[prefix + "KAFKA_SSL_KEY_LOCATION"] == "/etc/pin/kafka-client/tls.key"
     assert data[prefix + "KAFKA_ALLOW_PLAINTEXT_SASL_PLAIN"] == "false"
@@ -411,8 +434,52 @@ def test_sasl_plain_in_clear_text_needs_the_explicit_value(chart: str) -> None:
     )
     with pytest.raises(subprocess.CalledProcessError):
         render(chart, "default", *plain)
-    (configmap,) = of_kind(
-        render(chart, "default", *plain, "kafka.sasl.allowPlaintextPlain=true"), "ConfigMap"
-    )
+    docs = render(chart, "default", *plain, "kafka.sasl.allowPlaintextPlain=true")
     _, prefix = SETTINGS[chart]
-    assert configmap["data"][prefix + "KAFKA_ALLOW_PLAINTEXT_SASL_PLAIN"] == "true"
+    for suffix in ("", "-lag-watcher"):
+        data = configmap(docs, chart, suffix)["data"]
+        assert data[prefix + "KAFKA_ALLOW_PLAINTEXT_SASL_PLAIN"] == "true"
+
+
+@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_the_lag_watcher_gets_exactly_its_settings_and_the_kafka_credentials(
+    chart: str, values: str
+) -> None:
+    _, prefix = SETTINGS[chart]
+    settings = LAG_WATCH_SETTINGS[chart]
+    docs = render(chart, values)
+    data = configmap(docs, chart, "-lag-watcher")["data"]
+    expected = {prefix + field.name.upper() for field in msgspec.structs.fields(settings)}
+    assert set(data) == expected - {prefix + name for name in SECRET_SETTINGS}
+    environ = dict(data)
+    if values == "production":  # SASL: the credentials come from the Secret
+        environ |= {prefix + "KAFKA_SASL_USERNAME": "u", prefix + "KAFKA_SASL_PASSWORD": "p"}
+    loaded = load_settings(settings, prefix, environ)
+    defaults = settings()
+    assert loaded.lag_watch_topics == defaults.lag_watch_topics  # type: ignore[attr-defined]
+    assert loaded.lag_watch_groups == defaults.lag_watch_groups  # type: ignore[attr-defined]
+    assert loaded.lag_watch_discover == defaults.lag_watch_discover  # type: ignore[attr-defined]
+    (deployment,) = [
+        d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == f"{chart}-lag-watcher"
+    ]
+    assert deployment["spec"]["replicas"] == 1
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["lag-watch"]
+    assert container["envFrom"] == [{"configMapRef": {"name": f"{chart}-lag-watcher"}}]
+    refs = {e["name"] for e in container.get("env", []) if "valueFrom" in e}
+    if values == "production":
+        assert refs == {prefix + "KAFKA_SASL_USERNAME", prefix + "KAFKA_SASL_PASSWORD"}
+    else:
+        assert refs == set()
+    # Scraped like every pod of the release: the metrics Service selects it.
+    (service,) = of_kind(docs, "Service")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_the_lag_watcher_can_be_switched_off_for_an_existing_exporter(chart: str) -> None:
+    docs = render(chart, "default", "lagWatcher.enabled=false")
+    assert all(c["name"] != LAG_WATCHER for _, c in containers(docs))
+    assert [d["metadata"]["name"] for d in of_kind(docs, "ConfigMap")] == [chart]

@@ -65,31 +65,43 @@ env:
       secretKeyRef:
         name: {{ required (printf "database.%s.existingSecret is required" $kind) $login.existingSecret }}
         key: {{ $login.dsnKey }}
-  {{- if $root.Values.kafka.sasl.mechanism }}
-  - name: {{ $prefix }}KAFKA_SASL_USERNAME
-    valueFrom:
-      secretKeyRef:
-        name: {{ required "kafka.sasl.existingSecret is required when kafka.sasl.mechanism is set" $root.Values.kafka.sasl.existingSecret }}
-        key: {{ $root.Values.kafka.sasl.usernameKey }}
-  - name: {{ $prefix }}KAFKA_SASL_PASSWORD
-    valueFrom:
-      secretKeyRef:
-        name: {{ $root.Values.kafka.sasl.existingSecret }}
-        key: {{ $root.Values.kafka.sasl.passwordKey }}
+  {{- with include "svc.kafkaSecretEnv" $root | trim }}
+  {{- . | nindent 2 }}
   {{- end }}
-  {{- if $root.Values.kafka.tls.keyPasswordSecret }}
-  {{- if not $root.Values.kafka.tls.clientSecret }}
-  {{- fail "kafka.tls.keyPasswordSecret needs kafka.tls.clientSecret" }}
-  {{- end }}
-  - name: {{ $prefix }}KAFKA_SSL_KEY_PASSWORD
-    valueFrom:
-      secretKeyRef:
-        name: {{ $root.Values.kafka.tls.keyPasswordSecret }}
-        key: {{ $root.Values.kafka.tls.keyPasswordKey }}
-  {{- end }}
-  {{- with $root.Values.extraEnv }}
-  {{- toYaml . | nindent 2 }}
-  {{- end }}
+{{- end -}}
+
+{{/*
+The Kafka credentials of a container (each from its Secret) and extraEnv: every container
+that talks to Kafka, the lag watcher (which gets no database login) included.
+*/}}
+{{- define "svc.kafkaSecretEnv" -}}
+{{- $root := . -}}
+{{- $prefix := include "svc.envPrefix" $root -}}
+{{- if $root.Values.kafka.sasl.mechanism }}
+- name: {{ $prefix }}KAFKA_SASL_USERNAME
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "kafka.sasl.existingSecret is required when kafka.sasl.mechanism is set" $root.Values.kafka.sasl.existingSecret }}
+      key: {{ $root.Values.kafka.sasl.usernameKey }}
+- name: {{ $prefix }}KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $root.Values.kafka.sasl.existingSecret }}
+      key: {{ $root.Values.kafka.sasl.passwordKey }}
+{{- end }}
+{{- if $root.Values.kafka.tls.keyPasswordSecret }}
+{{- if not $root.Values.kafka.tls.clientSecret }}
+{{- fail "kafka.tls.keyPasswordSecret needs kafka.tls.clientSecret" }}
+{{- end }}
+- name: {{ $prefix }}KAFKA_SSL_KEY_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $root.Values.kafka.tls.keyPasswordSecret }}
+      key: {{ $root.Values.kafka.tls.keyPasswordKey }}
+{{- end }}
+{{- with $root.Values.extraEnv }}
+{{- toYaml . | nindent 0 }}
+{{- end }}
 {{- end -}}
 
 {{/* Volumes: a writable /tmp on the read-only root filesystem, the Kafka CA bundle and client certificate. */}}
