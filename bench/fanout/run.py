@@ -8,9 +8,12 @@ acknowledged it). Its limit, measured in the same run on the same rows: the data
 floor, ONE statement building every snapshot of the role (the JSON payload the worker
 writes per user) with its result fetched. Target: the chart's topology within 3x of it.
 
-Then runs the 1,000,000-user scale-out benchmark (`scale.py`) unless `--scale-users 0`.
+Then runs the 1,000,000-user scale-out benchmark (`scale.py`) unless `--scale-users 0`, and
+the revocation latency under a 1,000,000-user fan-out (`latency.py`) unless
+`--latency-users 0`.
 
     uv run python bench/fanout/run.py [--users 50000] [--batch-size 500] [--scale-users N]
+        [--latency-users N]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from typing import Final, NamedTuple
 from uuid import UUID
 
+import latency
 import procs
 import psycopg
 import scale
@@ -215,6 +219,12 @@ def main() -> None:
         default=scale.USERS,
         help="users of the scale-out benchmark's role (0: do not run it)",
     )
+    parser.add_argument(
+        "--latency-users",
+        type=int,
+        default=latency.USERS,
+        help="users of the large role the latency benchmark fans out meanwhile (0: skip it)",
+    )
     args = parser.parse_args()
 
     admin_dsn, bootstrap = procs.services()
@@ -245,6 +255,10 @@ def main() -> None:
     )
     if args.scale_users:
         scale.run(scale.Options(users=args.scale_users, batch_size=args.batch_size))
+    if args.latency_users:
+        scenarios = latency.run(args.latency_users, latency.RELAY_MILLICORES)
+        latency.report(args.latency_users, scenarios)
+        latency.record_all(args.latency_users, scenarios)
 
 
 if __name__ == "__main__":
