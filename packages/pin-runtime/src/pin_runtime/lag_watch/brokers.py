@@ -202,11 +202,14 @@ class Brokers:
             pending = {
                 tp: offsets[index] for tp, offsets in by_partition.items() if index < len(offsets)
             }
-            self._reader.assign([TopicPartition(t, p, o) for (t, p), o in pending.items()])
             try:
-                self._read_round(pending, found, deadline)
-            finally:
-                self._reader.unassign()
+                self._reader.assign([TopicPartition(t, p, o) for (t, p), o in pending.items()])
+                try:
+                    self._read_round(pending, found, deadline)
+                finally:
+                    self._reader.unassign()
+            except KafkaException:
+                break  # what was not read is missing: the watcher counts it and keeps the rest
             if time.monotonic() >= deadline:
                 break
         return found
