@@ -181,3 +181,23 @@ def test_a_poll_refused_by_the_database_is_counted_and_retried_not_a_crash(
             lambda: task_row(db, task)["status"] == "Completed", what="Completed", timeout=60
         )
     assert database().status == "ok"
+
+
+def test_polls_that_find_only_backed_off_units_are_no_successful_run(
+    db: Conn, worker_dsn: str, pool: ConnectionPool[Conn]
+) -> None:
+    role, _ = seed_role_with_users(db, users=5, other_roles=0)
+    task = enqueue(db, db, role)
+    db.execute(f"REVOKE SELECT ON identity.role_assignments FROM {WORKER.name}")
+    stop = threading.Event()
+    worker, metrics = worker_support.new_worker(worker_dsn, pool, stop, polling=FAST)
+    with Running(worker, stop=stop):
+        # One unit, out of reach for twice the backoff after each failure: the polls in
+        # between find nothing to claim, and must not count as successful runs.
+        wait_until(lambda: errors(metrics, "outage") >= 3, what="three failures", timeout=60)
+        assert metrics.last_success._value.get() == 0
+        db.execute(f"GRANT SELECT ON identity.role_assignments TO {WORKER.name}")
+        wait_until(
+            lambda: task_row(db, task)["status"] == "Completed", what="Completed", timeout=60
+        )
+    assert metrics.last_success._value.get() > 0

@@ -139,7 +139,7 @@ def apply_runtime_roles(
 
 def _privileges(grant: TableGrant) -> sql.Composable:
     """`SELECT, UPDATE`, or with columns `SELECT (a, b), UPDATE (a, b)`."""
-    columns = sql.SQL("")
+    columns: sql.Composable = sql.SQL("")
     if grant.columns:
         names = sql.SQL(", ").join(sql.Identifier(c) for c in grant.columns)
         columns = sql.SQL(" ({})").format(names)

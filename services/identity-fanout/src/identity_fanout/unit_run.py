@@ -181,6 +181,9 @@ class UnitRunner:
     """The unit of this worker's last batch if that batch committed; None after a failure."""
     _unrecorded: list[_Unrecorded] = field(init=False, default_factory=list)
     _outage: Backoff = field(init=False, default_factory=lambda: Backoff(maximum=60.0))
+    failing: bool = field(init=False, default=False)
+    """The last batch (or split) failed: an idle poll meanwhile is no successful run (the
+    failing units are only out of reach for their backoff)."""
     retry_after: float = field(init=False, default=0.0)
     """Seconds the worker waits before its next claim after a failure not the unit's own
     (1 s doubling to 60 s while they go on): set by `on_failure`."""
@@ -271,6 +274,7 @@ class UnitRunner:
         """Note work of this worker on ``unit_id`` that committed (a batch, a split): a
         successful run, and the outage (if one was going on) is over."""
         self._last_committed = unit_id
+        self.failing = False
         self._outage.reset()
         self.metrics.last_success.set(time.time())
 
@@ -382,6 +386,7 @@ class UnitRunner:
         others_succeed = self._last_committed not in (None, claim.id)
         counted = counts_against_unit(failure, others_succeed=others_succeed)
         self._last_committed = None
+        self.failing = True
         self.metrics.errors.labels(kind="batch" if counted else "outage").inc()
         reason = f"{type(exc).__name__}: {exc}"
         log_event(

@@ -136,7 +136,8 @@ class FanoutWorker:
             backoff.reset()
             self._database.ok()
             if outcome is None:
-                self._metrics.last_success.set(time.time())  # nothing to do: a healthy run
+                if not self._runner.failing:  # nothing to do: a healthy run
+                    self._metrics.last_success.set(time.time())
                 self._wakeup.wait(self._config.polling_interval)
         self._wakeup.close()
 
