@@ -1,9 +1,21 @@
-"""The chaos schedule is pure: a seed replays it; every kind of fault appears in a long one."""
+"""The chaos schedule is pure: a seed replays it; every kind of fault appears in a long one;
+the long faults follow each other, each long enough to page."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
-from pin_e2e.chaos.faults import DEPENDENCIES, FaultKind, schedule
+from pin_e2e.chaos.faults import (
+    DEPENDENCIES,
+    LONG_FAULTS,
+    LONG_GAP,
+    PAGES,
+    FaultKind,
+    long_faults,
+    pages,
+    schedule,
+)
 
 PROCESSES = {
     "worker-1": DEPENDENCIES,
@@ -23,7 +35,7 @@ def test_the_same_seed_replays_the_same_schedule_and_another_seed_does_not() -> 
 def test_a_long_schedule_has_every_kind_in_order_within_its_span() -> None:
     faults = schedule(7, 50, PROCESSES, span=300)
     assert len(faults) == 50
-    assert {f.kind for f in faults} == set(FaultKind)
+    assert {f.kind for f in faults} == set(FaultKind) - set(LONG_FAULTS)
     assert [f.at for f in faults] == sorted(f.at for f in faults)
     assert all(0 <= f.at <= 300 for f in faults)
     assert [f.number for f in faults] == list(range(1, 51))
@@ -39,3 +51,17 @@ def test_network_faults_cut_only_a_path_the_process_has() -> None:
 def test_an_empty_schedule_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one fault"):
         schedule(1, 0, PROCESSES, span=10)
+
+
+def test_the_long_faults_follow_each_other_and_outlast_the_alerts_they_must_raise() -> None:
+    faults = long_faults(after=400.0, first_number=51)
+    assert [f.kind for f in faults] == list(LONG_FAULTS)
+    assert [f.number for f in faults] == [51, 52, 53, 54]
+    assert faults[0].at == 400.0
+    for earlier, later in itertools.pairwise(faults):
+        assert later.at == earlier.at + earlier.duration + LONG_GAP
+    # Each outlasts its alerts' windows: 6 minutes at least (5m of absence or age + `for`).
+    assert all(f.duration >= 6 * 60 for f in faults if pages(f))
+    assert set(PAGES) <= set(LONG_FAULTS)
+    assert not any(pages(f) for f in schedule(3, 50, PROCESSES, span=300))
+    assert next(f for f in faults if f.kind is FaultKind.PARTIAL_OUTAGE).duration == 600.0

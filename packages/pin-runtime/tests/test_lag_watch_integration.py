@@ -69,6 +69,7 @@ WatchFactory = Callable[..., Watch]
 @pytest.fixture
 def watch(kafka_bootstrap: str) -> Iterator[WatchFactory]:
     readers: list[Consumer] = []
+    closers: list[Callable[[], None]] = []
 
     def make(
         topics: tuple[str, ...],
@@ -89,6 +90,18 @@ def watch(kafka_bootstrap: str) -> Iterator[WatchFactory]:
         )
         readers.append(reader)
         now = [time.time()]
+        brokers = Brokers(
+            admin=create_admin(bootstrap, client_id="pin-runtime-test-lag-admin"),
+            reader=reader,
+            offsets_reader=lambda group: create_consumer(
+                bootstrap,
+                group_id=group,
+                client_id="pin-runtime-test-lag-offsets",
+                extra={"log_level": 0},
+            ),
+            timeout=timeout,
+        )
+        closers.append(brokers.close)
         plan = WatchPlan(
             topics=topics,
             groups=groups,
@@ -100,11 +113,7 @@ def watch(kafka_bootstrap: str) -> Iterator[WatchFactory]:
         )
         watcher = LagWatcher(
             plan=plan,
-            brokers=Brokers(
-                admin=create_admin(bootstrap, client_id="pin-runtime-test-lag-admin"),
-                reader=reader,
-                timeout=timeout,
-            ),
+            brokers=brokers,
             metrics=LagWatchMetrics(registry),
             state=state,
             wall=lambda: now[0],
@@ -112,6 +121,8 @@ def watch(kafka_bootstrap: str) -> Iterator[WatchFactory]:
         return Watch(watcher, registry, state, reader, now)
 
     yield make
+    for close in closers:
+        close()
     for reader in readers:
         reader.close()
 

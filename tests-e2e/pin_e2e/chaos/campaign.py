@@ -2,7 +2,9 @@
 
 `run_campaign` returns a `CampaignReport` (faults with their timeline, alerts seen during
 which faults, the invariants); the caller prints its table and fails on any violation with
-the seed, so the same campaign can be replayed.
+the seed, so the same campaign can be replayed. With `long`, the long faults follow the
+random ones (`faults.long_faults`), and the alert matrix is checked: each raised the alerts
+it must (`faults.PAGES`) while it lasted.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from uuid import UUID
 import psycopg
 
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, IDENTITY_MEMBERSHIP_DLQ, USER_ACCESS_CHANGED
-from pin_e2e.chaos.faults import Fault, schedule
+from pin_e2e.chaos.faults import Fault, long_faults, pages, schedule
 from pin_e2e.chaos.injector import Heal, inject
 from pin_e2e.chaos.invariants import (
     Invariant,
@@ -54,6 +56,14 @@ POISON_ALERTS: Final = frozenset({QUARANTINE_ALERT, DEAD_LETTER_ALERT})
 CACHE_RESET_LIMIT: Final = 60.0
 CONVERGE_TIMEOUT: Final = 300.0
 SAMPLE_EVERY: Final = 1.0
+RESOLVE_TIMEOUT: Final = 120.0
+"""How long the alerts get to resolve once the system converged (and the poison records
+were dealt with)."""
+LONG_RESOLVE_TIMEOUT: Final = 600.0
+"""The same after the long faults: an errors alert keeps its 5-minute window and its
+10-minute `for` after a long outage."""
+LONG_FAULTS_AFTER: Final = 60.0
+"""Seconds between the end of the random faults' span and the first long fault."""
 
 
 @dataclass
@@ -203,7 +213,13 @@ def _converge(
 
 
 def run_campaign(
-    servers: PrivateServers, workdir: Path, *, seed: int, faults: int, span: float
+    servers: PrivateServers,
+    workdir: Path,
+    *,
+    seed: int,
+    faults: int,
+    span: float,
+    long: bool = False,
 ) -> CampaignReport:
     with (
         ToxiproxyServer(workdir / "toxiproxy") as toxiproxy,
@@ -212,7 +228,7 @@ def run_campaign(
     ):
         system = ChaosSystem.create(servers, broker, toxiproxy, workdir)
         try:
-            return _run(system, prometheus, seed=seed, count=faults, span=span)
+            return _run(system, prometheus, seed=seed, count=faults, span=span, long=long)
         finally:
             system.stop_all()
 
@@ -250,13 +266,45 @@ def _settle_poison(system: ChaosSystem, player: _Player, prometheus: PrometheusS
         raise AssertionError(f"{str(exc).splitlines()[0]}; gauges: {', '.join(seen)}") from exc
 
 
+def _matrix(report: CampaignReport) -> Invariant:
+    """Every fault that outlasted its alerts' windows raised them while it lasted."""
+    missing = []
+    for fault in report.faults:
+        fired = {a for a, during in report.alerts.items() if f"#{fault.number}" in during}
+        if absent := pages(fault) - fired:
+            missing.append(f"#{fault.number} {fault.kind}: {', '.join(sorted(absent))}")
+    paged = [f for f in report.faults if pages(f)]
+    return Invariant(
+        "every stall paged (the alert matrix)",
+        not missing,
+        "; ".join(missing) or f"{len(paged)} long fault(s), each raised its alerts",
+    )
+
+
+def _failed_tasks(identity_dsn: str) -> Invariant:
+    with psycopg.connect(identity_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM identity.access_fanout_tasks WHERE status = 'Failed'"
+        ).fetchone()
+    failed = int(row[0]) if row else -1
+    return Invariant("no fan-out task Failed (outages are not poison)", failed == 0, f"{failed}")
+
+
 def _run(
-    system: ChaosSystem, prometheus: PrometheusServer, *, seed: int, count: int, span: float
+    system: ChaosSystem,
+    prometheus: PrometheusServer,
+    *,
+    seed: int,
+    count: int,
+    span: float,
+    long: bool,
 ) -> CampaignReport:
     identity_dsn = system.base.identity_dsn
     roles = seed_roles(identity_dsn, ROLE_SIZES)
     system.build()
     plan = schedule(seed, count, system.dependencies(), span=span)
+    if long:
+        plan += long_faults(after=span + LONG_FAULTS_AFTER, first_number=len(plan) + 1)
     report = CampaignReport(seed, plan)
     for member in system.members.values():
         member.process.start()
@@ -293,6 +341,12 @@ def _run(
         report.converged_after = _converge(system, player, agents, user_versions, changed_at)
         quarantined = _quarantined(identity_dsn)
         _settle_poison(system, player, prometheus)
+        wait_until(
+            lambda: not prometheus.firing(),
+            timeout=LONG_RESOLVE_TIMEOUT if long else RESOLVE_TIMEOUT,
+            what="every alert resolved",
+            interval=1.0,
+        )
     except AssertionError as exc:  # a wait's deadline: the checks below say what is off
         converged = Invariant(converged.name, False, str(exc).splitlines()[0])
         player.note(f"NOT converged: {converged.detail}")
@@ -321,6 +375,8 @@ def _run(
             consumer_poison,
         ),
         cache_reset_in_time(system.applied_log, user_versions, changed_at, CACHE_RESET_LIMIT),
+        _failed_tasks(identity_dsn),
+        _matrix(report),
         Invariant(
             "the poison records raised their alerts",
             set(report.alerts) >= POISON_ALERTS,

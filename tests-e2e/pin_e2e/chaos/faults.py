@@ -4,6 +4,10 @@ A fault has a kind, a target (a process of the system, the broker, PostgreSQL) a
 duration; network faults also name the dependency whose path they cut or slow. The schedule
 is pure: the same seed, count and targets give the same faults at the same offsets, so a
 failed campaign is rerun with its printed seed.
+
+The long campaign (`make chaos`) then plays the long faults (`long_faults`) one after the
+other: each lasts longer than the window of the alerts it must raise (`PAGES`), and the
+campaign checks that those alerts fired while it lasted — every stall pages.
 """
 
 from __future__ import annotations
@@ -16,8 +20,12 @@ from typing import Final
 
 __all__ = [
     "DEPENDENCIES",
+    "LONG_FAULTS",
+    "PAGES",
     "Fault",
     "FaultKind",
+    "long_faults",
+    "pages",
     "schedule",
 ]
 
@@ -36,6 +44,10 @@ class FaultKind(StrEnum):
     STALL = "stalled connection"
     RESET = "connection reset"
     PARTITION = "network partition"
+    ALL_RELAYS_DOWN = "every relay down"
+    ALL_CONSUMERS_DOWN = "every consumer down"
+    ALL_BATCHES_FAILING = "every worker batch failing (lock on role_assignments)"
+    PARTIAL_OUTAGE = "partial outage (the workers' PostgreSQL paths flapping)"
 
 
 PROCESS_FAULTS: Final = (FaultKind.SIGKILL, FaultKind.SIGTERM)
@@ -54,6 +66,14 @@ SERVER_FAULTS: Final = (
     FaultKind.POSTGRES_RESTART_IMMEDIATE,
     FaultKind.HOT_ROW_LOCK,
 )
+LONG_FAULTS: Final = (
+    FaultKind.ALL_RELAYS_DOWN,
+    FaultKind.ALL_CONSUMERS_DOWN,
+    FaultKind.ALL_BATCHES_FAILING,
+    FaultKind.PARTIAL_OUTAGE,
+)
+"""Faults of a whole kind of process or of every path at once, played by the long campaign
+only, one at a time and long enough to page (never drawn at random)."""
 DEPENDENCIES: Final = ("postgres", "kafka")
 BROKER: Final = "broker"
 POSTGRES: Final = "postgres"
@@ -71,6 +91,40 @@ _DURATIONS: Final[dict[FaultKind, tuple[float, float]]] = {
     FaultKind.RESET: (0.0, 0.0),
     FaultKind.PARTITION: (2.0, 10.0),
 }
+
+
+# How long each long fault lasts: the window of the alerts it must raise plus a margin for
+# scraping and evaluation. IdentityOutboxRelayAbsent and RewardsMembershipConsumerAbsent
+# need 5 minutes without a series and 1 minute of `for`; RewardsMembershipLagHigh an
+# unconsumed record 5 minutes old and 2 minutes of `for`; IdentityFanoutNoSuccessfulRun 5
+# minutes without a successful run and 1 minute of `for`. The partial outage lasts the 10
+# minutes after which no task may be Failed.
+_LONG_DURATIONS: Final[dict[FaultKind, float]] = {
+    FaultKind.ALL_RELAYS_DOWN: 8 * 60.0,
+    FaultKind.ALL_CONSUMERS_DOWN: 9 * 60.0,
+    FaultKind.ALL_BATCHES_FAILING: 8 * 60.0,
+    FaultKind.PARTIAL_OUTAGE: 10 * 60.0,
+}
+_LONG_TARGETS: Final[dict[FaultKind, str]] = {
+    FaultKind.ALL_RELAYS_DOWN: "relays",
+    FaultKind.ALL_CONSUMERS_DOWN: "consumers",
+    FaultKind.ALL_BATCHES_FAILING: POSTGRES,
+    FaultKind.PARTIAL_OUTAGE: "workers",
+}
+LONG_GAP: Final = 6 * 60.0
+"""Between two long faults: the system catches up and the alerts resolve (an errors alert
+keeps its 5-minute window after the cause is gone)."""
+
+PAGES: Final[dict[FaultKind, frozenset[str]]] = {
+    FaultKind.ALL_RELAYS_DOWN: frozenset({"IdentityOutboxRelayAbsent", "IdentityOutboxStalled"}),
+    FaultKind.ALL_CONSUMERS_DOWN: frozenset(
+        {"RewardsMembershipConsumerAbsent", "RewardsMembershipLagHigh"}
+    ),
+    FaultKind.ALL_BATCHES_FAILING: frozenset({"IdentityFanoutNoSuccessfulRun"}),
+}
+"""The alert matrix: what must fire while a fault of that kind lasts its whole duration.
+Short faults page nothing (each is shorter than every alert's window); the partial outage
+must leave no task Failed, whatever pages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +161,10 @@ def schedule(
     labels = sorted(processes)
     connected = [label for label in labels if processes[label]]
     rng = random.Random(seed)
-    kinds = list(FaultKind)
+    short = [kind for kind in FaultKind if kind not in LONG_FAULTS]
+    kinds = list(short)
     rng.shuffle(kinds)
-    drawn = kinds[:count] + [rng.choice(list(FaultKind)) for _ in range(count - len(kinds))]
+    drawn = kinds[:count] + [rng.choice(short) for _ in range(count - len(kinds))]
     offsets = sorted(rng.uniform(0.0, span) for _ in drawn)
     faults: list[Fault] = []
     for number, (at, kind) in enumerate(zip(offsets, drawn, strict=True), start=1):
@@ -125,3 +180,20 @@ def schedule(
             server = BROKER if kind.name.startswith("BROKER") else POSTGRES
             faults.append(Fault(number, at, kind, server, duration=duration))
     return faults
+
+
+def long_faults(after: float, first_number: int) -> list[Fault]:
+    """The long faults, one after the other from `after` seconds, numbered from
+    `first_number`, each followed by `LONG_GAP`."""
+    faults: list[Fault] = []
+    at = after
+    for number, kind in enumerate(LONG_FAULTS, start=first_number):
+        target = _LONG_TARGETS[kind]
+        faults.append(Fault(number, at, kind, target, duration=_LONG_DURATIONS[kind]))
+        at += _LONG_DURATIONS[kind] + LONG_GAP
+    return faults
+
+
+def pages(fault: Fault) -> frozenset[str]:
+    """The alerts `fault` must raise while it lasts (none for a short one)."""
+    return PAGES.get(fault.kind, frozenset())

@@ -5,17 +5,24 @@ over; a process fault heals at once: the process is started again, as its Deploy
 would). Server faults use the servers' own controls: the private broker's SIGKILL/SIGTERM,
 `pg_ctl stop -m fast|immediate`; a lock on hot rows is a transaction of the campaign's
 holding `FOR UPDATE` on every fan-out task and every projection row.
+
+The long faults stop a whole kind of process (every relay, every consumer) until healed,
+hold an ACCESS EXCLUSIVE lock on `identity.role_assignments` (every worker batch times out
+on it), or flap every worker's path to PostgreSQL (down 10 s, up 10 s) while they last.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Callable
+from typing import Final
 
 import psycopg
 
-from pin_e2e.chaos.faults import NETWORK_FAULTS, PROCESS_FAULTS, Fault, FaultKind
-from pin_e2e.chaos.topology import ChaosSystem
+from pin_e2e.chaos.faults import LONG_FAULTS, NETWORK_FAULTS, PROCESS_FAULTS, Fault, FaultKind
+from pin_e2e.chaos.topology import CONSUMERS, RELAYS, WORKERS, ChaosSystem
 from pin_testkit.local.toxiproxy import Stream
 
 __all__ = ["Heal", "inject"]
@@ -23,6 +30,11 @@ __all__ = ["Heal", "inject"]
 Heal = Callable[[], None]
 _LOCK_WAIT = "2s"
 """How long a lock fault waits for its rows before giving up this time."""
+
+
+FLAP_SECONDS: Final = 10.0
+"""The partial outage: each worker's path to PostgreSQL is down this long, then up as long."""
+LOCK_ACQUIRE_DEADLINE: Final = 60.0
 
 
 def _nothing() -> None:
@@ -35,7 +47,88 @@ def inject(system: ChaosSystem, fault: Fault) -> Heal:
         return _process_fault(system, fault)
     if fault.kind in NETWORK_FAULTS:
         return _network_fault(system, fault)
+    if fault.kind in LONG_FAULTS:
+        return _long_fault(system, fault.kind)
     return _server_fault(system, fault.kind)
+
+
+def _long_fault(system: ChaosSystem, kind: FaultKind) -> Heal:
+    if kind is FaultKind.ALL_RELAYS_DOWN:
+        return _all_down(system, RELAYS)
+    if kind is FaultKind.ALL_CONSUMERS_DOWN:
+        return _all_down(system, CONSUMERS)
+    if kind is FaultKind.ALL_BATCHES_FAILING:
+        return _lock_role_assignments(system)
+    return _flap_workers(system)
+
+
+def _all_down(system: ChaosSystem, labels: tuple[str, ...]) -> Heal:
+    """Every process of a kind stopped (SIGTERM) until healed: a Deployment scaled to 0, a
+    crash loop, a node pool gone."""
+    processes = [system.members[label].process for label in labels]
+    for process in processes:
+        if process.running():
+            process.terminate()
+
+    def heal() -> None:
+        for process in processes:
+            if not process.running():
+                process.start()
+
+    return heal
+
+
+def _lock_role_assignments(system: ChaosSystem) -> Heal:
+    """A migration or a runaway statement holding `role_assignments`: every batch of every
+    worker waits for the lock and fails on its lock_timeout, for as long as it is held."""
+    deadline = time.monotonic() + LOCK_ACQUIRE_DEADLINE
+    while True:
+        conn = psycopg.connect(
+            system.base.identity_dsn, connect_timeout=5, options=f"-c lock_timeout={_LOCK_WAIT}"
+        )
+        try:
+            conn.execute("LOCK TABLE identity.role_assignments IN ACCESS EXCLUSIVE MODE")
+            break
+        except psycopg.OperationalError:
+            conn.close()
+            if time.monotonic() > deadline:
+                raise
+    held = conn
+
+    def release() -> None:
+        with contextlib.suppress(psycopg.Error):
+            held.rollback()
+        with contextlib.suppress(psycopg.Error):
+            held.close()
+
+    return release
+
+
+def _flap_workers(system: ChaosSystem) -> Heal:
+    """Every worker's path to PostgreSQL down and up in turns, until healed."""
+    proxies = [p for label in WORKERS if (p := system.members[label].postgres) is not None]
+    healed = threading.Event()
+
+    def flap() -> None:
+        while not healed.is_set():
+            for proxy in proxies:
+                proxy.disable()
+            if healed.wait(FLAP_SECONDS):
+                break
+            for proxy in proxies:
+                proxy.enable()
+            healed.wait(FLAP_SECONDS)
+        for proxy in proxies:
+            proxy.enable()
+
+    flapper = threading.Thread(target=flap, name="chaos-flap", daemon=True)
+    flapper.start()
+
+    def heal() -> None:
+        healed.set()
+        flapper.join(30)
+
+    return heal
 
 
 def _process_fault(system: ChaosSystem, fault: Fault) -> Heal:

@@ -1,7 +1,9 @@
 """The campaign's system in the chart's topology, each process behind proxies of its own.
 
 Two fan-out workers (`worker --no-relay`), two relays as their own processes, two
-membership consumers in one group and the reference access-cache consumer. Every process
+membership consumers in one group (the real group name: the campaign's broker is its own),
+the reference access-cache consumer, and each service's lag watcher (`lag-watch`), whose
+view of the groups' lag the alerts read. Every process
 reaches PostgreSQL through a Toxiproxy proxy of its own and Kafka through a listener of the
 campaign's broker that advertises a proxy of its own, so a network fault hits exactly one
 process's path to one dependency. The broker is a private one (the campaign SIGKILLs it);
@@ -16,7 +18,7 @@ from typing import Final
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pin_contracts import CATALOGUE, USER_ACCESS_CHANGED
+from pin_contracts import CATALOGUE, REWARDS_MEMBERSHIP_CONSUMER_GROUP, USER_ACCESS_CHANGED
 from pin_e2e.system import (
     CONSUMER,
     CONSUMER_DEFAULTS,
@@ -46,7 +48,12 @@ WORKERS: Final = ("worker-1", "worker-2")
 RELAYS: Final = ("relay-1", "relay-2")
 CONSUMERS: Final = ("consumer-1", "consumer-2")
 ACCESS_CACHE: Final = "access-cache"
-PROCESS_LABELS: Final = (*WORKERS, *RELAYS, *CONSUMERS, ACCESS_CACHE)
+LAG_WATCHERS: Final = {
+    "lag-watch-identity": IDENTITY_FANOUT,
+    "lag-watch-rewards": REWARDS_MEMBERSHIP,
+}
+PROCESS_LABELS: Final = (*WORKERS, *RELAYS, *CONSUMERS, ACCESS_CACHE, *LAG_WATCHERS)
+LAG_WATCH_INTERVAL: Final = "5s"
 
 # Shards of 1,000 users make the large role a task of several shards for two workers; the
 # outbox lanes are shared by both relays.
@@ -104,7 +111,7 @@ class ChaosSystem:
         base = System(servers, "chaos", workdir)
         base.identity_dsn = create_database(admin, "e2e_chaos_identity", template=IDENTITY_TEMPLATE)
         base.rewards_dsn = create_database(admin, "e2e_chaos_rewards", template=REWARDS_TEMPLATE)
-        base.group = "rewards-membership-chaos"
+        base.group = REWARDS_MEMBERSHIP_CONSUMER_GROUP
         system = cls(servers, broker, toxiproxy, workdir, base, _listeners=list(broker.proxied))
         admin_client = create_admin(broker.bootstrap, client_id="chaos-setup")
         ensure_topics(admin_client, [(t.name, t.partitions, t.config()) for t in CATALOGUE])
@@ -204,6 +211,21 @@ class ChaosSystem:
                 "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
             }
         )
+
+        for label, program in LAG_WATCHERS.items():
+            _, kafka = self._proxies(label, None)
+            member = self._member(label, program, ["lag-watch"], postgres=None, kafka=kafka)
+            prefix = "IDENTITY_FANOUT_" if program == IDENTITY_FANOUT else "REWARDS_MEMBERSHIP_"
+            watcher = {
+                "KAFKA_BOOTSTRAP": kafka.address,
+                "LAG_WATCH_INTERVAL": LAG_WATCH_INTERVAL,
+                "LAG_WATCH_REQUEST_TIMEOUT": LAG_WATCH_INTERVAL,
+                "METRICS_HOST": "127.0.0.1",
+                "METRICS_PORT": str(member.process.metrics_port),
+            }
+            member.process.env = process_environment(
+                {f"{prefix}{k}": v for k, v in watcher.items()}
+            )
 
     @property
     def applied_log(self) -> Path:

@@ -125,11 +125,18 @@ class Driver:
         while not self._stop.is_set():
             try:
                 if conn is None or conn.closed:
-                    conn = psycopg.connect(self.identity_dsn, autocommit=True, connect_timeout=3)
+                    # A lock held on the role model (a fault) fails a role change in 2 s
+                    # instead of holding up the memberships behind it.
+                    conn = psycopg.connect(
+                        self.identity_dsn,
+                        autocommit=True,
+                        connect_timeout=3,
+                        options="-c lock_timeout=2s",
+                    )
                 if time.monotonic() >= next_role:
                     role = rng.choice(self.roles)
-                    self._change_role(conn, role, self.role_changes)
                     next_role = time.monotonic() + self.role_every
+                    self._change_role(conn, role, self.role_changes)
                 self._membership(conn, rng, agencies)
             except (psycopg.Error, IdentityFanoutError) as exc:
                 self.failures += 1

@@ -80,18 +80,26 @@ def run_lag_watch(service: str, prefix: str, settings: LagWatchSettings) -> None
             client_id=f"{client}-reader",
             extra=reader_config(settings),
         )
+        brokers = Brokers(
+            admin=admin,
+            reader=reader,
+            offsets_reader=lambda group: create_consumer(
+                settings.kafka_bootstrap,
+                group_id=group,
+                client_id=f"{client}-offsets",
+                extra=settings.kafka_security(),
+            ),
+            timeout=settings.lag_watch_request_timeout.total_seconds(),
+        )
         log_event(_log, "process started", command=COMMAND, settings=settings_for_log(settings))
         try:
             LagWatcher(
                 plan=WatchPlan.of(settings, reader_group=client),
-                brokers=Brokers(
-                    admin=admin,
-                    reader=reader,
-                    timeout=settings.lag_watch_request_timeout.total_seconds(),
-                ),
+                brokers=brokers,
                 metrics=metrics,
                 state=state,
             ).run(rt.stop, rt.heartbeat)
         finally:
+            brokers.close()
             reader.close()
             log_event(_log, "process stopped", command=COMMAND)

@@ -1,10 +1,14 @@
 """What the lag watcher reads from Kafka, each read bounded by the request timeout.
 
-An admin client lists the groups, their committed offsets and the partitions' watermarks
-(requests of one kind are sent together and awaited together: one round trip per kind, not
-per group). A plain consumer reads the oldest unconsumed record of a position to learn its
-timestamp: it `assign`s the partition at that offset, never subscribes (so it never joins a
-group, the watched one or its own) and never commits.
+An admin client lists the groups and the partitions' watermarks (requests of one kind are
+sent together and awaited together). A group's committed offsets are read by a consumer
+carrying that group's id, which never subscribes (it never joins the group, so the group's
+members are not disturbed) and never commits: librdkafka's admin ListConsumerGroupOffsets
+aborts the whole process when a coordinator connection drops mid-request
+(`rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0`, librdkafka 2.x), and a
+broker restart is exactly when the watcher must keep running. A plain consumer reads the
+oldest unconsumed record of a position to learn its timestamp: it `assign`s the partition at
+that offset, never subscribes and never commits.
 
 A read that fails is returned as a `BrokerReadError` in place of its value (or raised, when
 nothing of the read came back), for the watcher to count and log; this module decides
@@ -14,13 +18,12 @@ nothing about lag.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Final, TypeVar
 
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
-    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     TopicPartition,
@@ -71,12 +74,28 @@ def _slices(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 
 
 class Brokers:
-    """The watcher's clients and its timeout; the caller owns (and closes) the clients."""
+    """The watcher's clients and its timeout; the caller owns (and closes) the admin client
+    and the reader; the offset readers (`offsets_reader(group)`, one per watched group, kept
+    while the group is watched) are this object's and go with `close()`."""
 
-    def __init__(self, *, admin: AdminClient, reader: KafkaConsumer, timeout: float) -> None:
+    def __init__(
+        self,
+        *,
+        admin: AdminClient,
+        reader: KafkaConsumer,
+        offsets_reader: Callable[[str], KafkaConsumer],
+        timeout: float,
+    ) -> None:
         self._admin = admin
         self._reader = reader
+        self._new_offsets_reader = offsets_reader
+        self._offsets_readers: dict[str, KafkaConsumer] = {}
         self._timeout = timeout
+
+    def close(self) -> None:
+        readers, self._offsets_readers = self._offsets_readers, {}
+        for reader in readers.values():
+            reader.close()
 
     def _wait(self, future: Future[T], deadline: float) -> T:
         return future.result(timeout=max(0.1, deadline - time.monotonic()))
@@ -107,42 +126,38 @@ class Brokers:
         return sorted({group.group_id for group in listed.valid})
 
     def committed(
-        self, groups: Sequence[str], partitions: Mapping[str, Sequence[int]] | None
+        self, groups: Sequence[str], partitions: Mapping[str, Sequence[int]]
     ) -> dict[str, dict[Partition, int] | BrokerReadError]:
-        """Each group's committed offsets on `partitions` (topic -> numbers; -1001 where
-        it never committed), or every offset it holds (None), or the error of its read."""
-        wanted = (
-            None
-            if partitions is None
-            else [TopicPartition(t, p) for t, numbers in partitions.items() for p in numbers]
-        )
+        """Each group's committed offsets on `partitions` (topic -> numbers; -1001 where it
+        never committed), or the error of its read. The groups are read one after the
+        other within one request timeout each and one for the whole call: those not read
+        by then get an error (the watcher keeps their last reading)."""
+        wanted = [TopicPartition(t, p) for t, numbers in partitions.items() for p in numbers]
+        deadline = time.monotonic() + self._timeout + _MARGIN
         results: dict[str, dict[Partition, int] | BrokerReadError] = {}
-        for part in _slices(groups, _IN_FLIGHT):
-            futures: dict[str, Future[Any]] = {}
-            for group in part:
-                request = ConsumerGroupTopicPartitions(group, wanted)
-                try:
-                    asked = self._admin.list_consumer_group_offsets(
-                        [request], request_timeout=self._timeout
-                    )
-                except KafkaException as exc:
-                    results[group] = BrokerReadError(f"offsets of group {group}", _reason(exc))
-                else:
-                    futures[group] = asked[group]
-            deadline = time.monotonic() + self._timeout + _MARGIN
-            for group, future in futures.items():
-                results[group] = self._offsets(group, future, deadline)
+        for group in groups:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                results[group] = BrokerReadError(f"offsets of group {group}", "pass deadline")
+                continue
+            results[group] = self._offsets(group, wanted, min(remaining, self._timeout))
+        # A group no longer watched (discovery let it go) gives its reader back.
+        for gone in self._offsets_readers.keys() - set(groups):
+            self._offsets_readers.pop(gone).close()
         return results
 
     def _offsets(
-        self, group: str, future: Future[Any], deadline: float
+        self, group: str, wanted: list[TopicPartition], timeout: float
     ) -> dict[Partition, int] | BrokerReadError:
+        reader = self._offsets_readers.get(group)
         try:
-            answer = self._wait(future, deadline)
-        except (KafkaException, TimeoutError) as exc:
+            if reader is None:
+                reader = self._offsets_readers[group] = self._new_offsets_reader(group)
+            answer = reader.committed(wanted, timeout=timeout)
+        except KafkaException as exc:
             return BrokerReadError(f"offsets of group {group}", _reason(exc))
         offsets: dict[Partition, int] = {}
-        for tp in answer.topic_partitions:
+        for tp in answer:
             if tp.error is not None:
                 reason = _reason(KafkaException(tp.error))
                 return BrokerReadError(f"offsets of group {group}", reason)

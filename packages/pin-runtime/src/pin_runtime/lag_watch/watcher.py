@@ -171,7 +171,7 @@ class LagWatcher:
             report.fail("discovery", exc)
             return self._discovered  # last pass's groups: their offsets are still read
         found: dict[str, list[str]] = {topic: [] for topic in partitions}
-        for group, answer in self.brokers.committed(candidates, None).items():
+        for group, answer in self.brokers.committed(candidates, partitions).items():
             if isinstance(answer, BrokerReadError):
                 report.fail("discovery", answer)
                 # A group watched before stays watched (its offsets are asked again below).
