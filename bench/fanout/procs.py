@@ -19,8 +19,9 @@ import psycopg
 from rich.console import Console
 
 from identity_fanout.schema import migrate_database
+from pin_testkit.bench import cpu_seconds
 from pin_testkit.databases import temporary_database
-from pin_testkit.local import ensure_up
+from pin_testkit.discovery import environment_or_local
 from pin_testkit.ports import free_port
 from pin_testkit.runtime_roles import all_logins, ensure_login, runtime_dsn
 from pin_testkit.service import ServiceProcess, service_environment
@@ -40,12 +41,8 @@ class Services(NamedTuple):
 
 def services() -> Services:
     """PostgreSQL and Kafka from the environment (`pin-local env`), else the local ones."""
-    admin_dsn = os.environ.get("PIN_POSTGRES_DSN")
-    bootstrap = os.environ.get("PIN_KAFKA_BOOTSTRAP")
-    if not (admin_dsn and bootstrap):
-        local = ensure_up()
-        admin_dsn, bootstrap = local.postgres_dsn, local.kafka_bootstrap
-    return Services(admin_dsn, bootstrap)
+    found = environment_or_local()
+    return Services(found.postgres_dsn, found.kafka_bootstrap)
 
 
 @contextlib.contextmanager
@@ -63,12 +60,6 @@ def peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def database_cpu(dbname: str) -> dict[int, float]:

@@ -30,7 +30,6 @@ from procs import (
     WORKER,
     busy_share,
     console,
-    cpu_seconds,
     database_cpu,
     database_cpu_since,
     launched,
@@ -49,7 +48,7 @@ from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.lanes import LANE_LOCK_CLASS, SLOTS
 from identity_fanout.settings import Settings
 from pin_contracts import ScopeType
-from pin_testkit.bench import Comparison, Figure, record
+from pin_testkit.bench import Comparison, Figure, cpu_seconds, record
 from pin_testkit.runtime_roles import runtime_dsn
 from pin_testkit.seeding import add_permissions, add_role
 from pin_testkit.waiting import wait_until

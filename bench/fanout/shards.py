@@ -19,7 +19,6 @@ import psycopg
 from procs import (
     WORKER,
     console,
-    cpu_seconds,
     launched,
     scratch_database,
     services,
@@ -29,6 +28,7 @@ from rich.table import Table
 from run import PERMISSION_SETS, seed
 
 from identity_fanout.enqueue import set_role_permissions
+from pin_testkit.bench import cpu_seconds
 from pin_testkit.waiting import wait_until
 
 SETUPS: dict[str, tuple[int, str]] = {

@@ -26,7 +26,6 @@ import argparse
 import os
 import threading
 import time
-from pathlib import Path
 
 import psycopg
 from prometheus_client import CollectorRegistry
@@ -36,8 +35,9 @@ from rich.table import Table
 from identity_fanout.relay import OutboxRelay
 from identity_fanout.schema import migrate_database
 from pin_contracts.topics import USER_ACCESS_CHANGED
+from pin_testkit.bench import cpu_seconds
 from pin_testkit.databases import temporary_database
-from pin_testkit.local import ensure_up
+from pin_testkit.discovery import environment_or_local
 from pin_testkit.topics import TopicFactory
 from pin_testkit.waiting import wait_until
 
@@ -54,11 +54,6 @@ SELECT %(topic)s, k, convert_to(repeat('x', 1300), 'UTF8'), '[]'::jsonb, gen_ran
        'UserAccessChanged', identity.outbox_key_slot(k)
   FROM (SELECT gen_random_uuid()::text AS k FROM generate_series(1, %(rows)s)) AS users
 """
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def backend_cpu(db: psycopg.Connection[tuple[object, ...]]) -> float:
@@ -117,11 +112,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
-    admin_dsn = os.environ.get("PIN_POSTGRES_DSN")
-    bootstrap = os.environ.get("PIN_KAFKA_BOOTSTRAP")
-    if not (admin_dsn and bootstrap):
-        services = ensure_up()
-        admin_dsn, bootstrap = services.postgres_dsn, services.kafka_bootstrap
+    services = environment_or_local()
+    admin_dsn, bootstrap = services.postgres_dsn, services.kafka_bootstrap
     topics = TopicFactory(bootstrap, prefix="pin-bench-idle")
     results: dict[str, list[tuple[float, float]]] = {"fresh": [], "idle": []}
     with temporary_database(admin_dsn, "pin_bench_idle") as dsn:

@@ -21,7 +21,6 @@ import argparse
 import os
 import time
 import uuid
-from pathlib import Path
 
 import msgspec
 import psycopg
@@ -44,9 +43,9 @@ from pin_contracts import (
 from pin_contracts.enums import ScopeType
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_runtime.kafka import producer_config
-from pin_testkit.bench import Comparison, Figure, record
+from pin_testkit.bench import Comparison, Figure, cpu_seconds, record
 from pin_testkit.databases import temporary_database
-from pin_testkit.local import ensure_up
+from pin_testkit.discovery import environment_or_local
 from pin_testkit.ports import free_port
 from pin_testkit.service import ServiceProcess, service_environment
 from pin_testkit.topics import TopicFactory
@@ -63,11 +62,6 @@ PLAIN_CPU: list[float] = []
 DATABASE_CPU: list[float] = []
 """CPU seconds the relay's PostgreSQL backends used during each drain (read only where the
 server runs on this machine: its backends' /proc entries; empty otherwise)."""
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def backend_cpu(db: psycopg.Connection[tuple[object, ...]]) -> dict[int, float]:
@@ -213,11 +207,8 @@ def main() -> None:
     parser.add_argument("--lanes", type=int, default=8)
     args = parser.parse_args()
 
-    admin_dsn = os.environ.get("PIN_POSTGRES_DSN")
-    bootstrap = os.environ.get("PIN_KAFKA_BOOTSTRAP")
-    if not (admin_dsn and bootstrap):
-        services = ensure_up()
-        admin_dsn, bootstrap = services.postgres_dsn, services.kafka_bootstrap
+    services = environment_or_local()
+    admin_dsn, bootstrap = services.postgres_dsn, services.kafka_bootstrap
     topics = TopicFactory(bootstrap, prefix="pin-bench-relay")
     plain: list[float] = []
     relay: list[float] = []

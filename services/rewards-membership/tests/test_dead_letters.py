@@ -429,6 +429,30 @@ def test_a_row_locked_elsewhere_fails_within_the_lock_timeout_and_recovers(
     assert states() == [("Left", 2, 2)]
 
 
+def dead_lettered(kafka: Any, event: Event, sql: Sql, *, source: str, group: str) -> str:
+    """A valid record of `source` (partition 0, offset 0) an earlier release dead-lettered:
+    its copy at offset 0 of the DLQ and its dead-letter mark in the inbox; its inbox key."""
+    envelope = envelope_for(event(uuid.uuid4(), uuid.uuid4(), 1))
+    info = DeadLetterInfo(
+        error_code="REWARDS_MEMBERSHIP_EVENT_INVALID",
+        exception_message="$.Payload.Reason: missing",
+        exception_fqcn="pin_contracts.errors.ContractViolation",
+        original_topic=source,
+        original_partition=0,
+        original_offset=0,
+        original_timestamp_ms=1_700_000_000_000,
+        original_consumer_group=group,
+    )
+    produce(
+        kafka.producer,
+        kafka.dlq_topic,
+        [(0, kafka_key(envelope), encode(envelope), headers_for(envelope) + info.to_headers())],
+    )
+    key = f"rewards:identity-membership:{envelope.message_id}"
+    sql("INSERT INTO rewards.inbox (idempotency_key, outcome) VALUES (%s, 'dead-lettered')", [key])
+    return key
+
+
 def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(
     *,
     kafka: Any,
@@ -441,25 +465,7 @@ def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(
     operator_dsn: str,
 ) -> None:
     # A record an earlier release refused (now valid), dead-lettered and marked in the inbox.
-    agent, company = uuid.uuid4(), uuid.uuid4()
-    envelope = envelope_for(event(agent, company, 1))
-    info = DeadLetterInfo(
-        error_code="REWARDS_MEMBERSHIP_EVENT_INVALID",
-        exception_message="$.Payload.Reason: missing",
-        exception_fqcn="pin_contracts.errors.ContractViolation",
-        original_topic=kafka.topic,
-        original_partition=0,
-        original_offset=0,
-        original_timestamp_ms=1_700_000_000_000,
-        original_consumer_group=settings.group_id,
-    )
-    produce(
-        kafka.producer,
-        kafka.dlq_topic,
-        [(0, kafka_key(envelope), encode(envelope), headers_for(envelope) + info.to_headers())],
-    )
-    key = f"rewards:identity-membership:{envelope.message_id}"
-    sql("INSERT INTO rewards.inbox (idempotency_key, outcome) VALUES (%s, 'dead-lettered')", [key])
+    key = dead_lettered(kafka, event, sql, source=kafka.topic, group=settings.group_id)
     consumer = start_consumer()
     cli_env(monkeypatch, settings, operator_dsn)
     assert main(["dlq", "replay", "--all"]) == 0
@@ -490,24 +496,7 @@ def test_a_replay_the_broker_refuses_leaves_the_dead_letter_pending_and_counted(
 ) -> None:
     # The record's source topic now refuses it (its limit was lowered below the record).
     source = kafka_topic(partitions=3, config={"max.message.bytes": "100"})
-    envelope = envelope_for(event(uuid.uuid4(), uuid.uuid4(), 1))
-    info = DeadLetterInfo(
-        error_code="REWARDS_MEMBERSHIP_EVENT_INVALID",
-        exception_message="$.Payload.Reason: missing",
-        exception_fqcn="pin_contracts.errors.ContractViolation",
-        original_topic=source,
-        original_partition=0,
-        original_offset=0,
-        original_timestamp_ms=1_700_000_000_000,
-        original_consumer_group=settings.group_id,
-    )
-    produce(
-        kafka.producer,
-        kafka.dlq_topic,
-        [(0, kafka_key(envelope), encode(envelope), headers_for(envelope) + info.to_headers())],
-    )
-    key = f"rewards:identity-membership:{envelope.message_id}"
-    sql("INSERT INTO rewards.inbox (idempotency_key, outcome) VALUES (%s, 'dead-lettered')", [key])
+    key = dead_lettered(kafka, event, sql, source=source, group=settings.group_id)
     cli_env(monkeypatch, settings, operator_dsn)
     capsys.readouterr()
 

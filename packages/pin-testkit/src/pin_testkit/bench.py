@@ -17,7 +17,16 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["RESULTS_ENV", "Comparison", "Figure", "load", "main", "record", "summary_table"]
+__all__ = [
+    "RESULTS_ENV",
+    "Comparison",
+    "Figure",
+    "cpu_seconds",
+    "load",
+    "main",
+    "record",
+    "summary_table",
+]
 
 RESULTS_ENV = "PIN_BENCH_RESULTS"
 """Path of the JSON-lines file the comparisons of one `make bench` run are appended to."""
@@ -87,6 +96,13 @@ class Comparison(msgspec.Struct, frozen=True):
     @property
     def met(self) -> bool:
         return self.ratio >= self.target if self.better == "higher" else self.ratio <= self.target
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads) so far: what a benchmark
+    charges to each process it compares (a service, PostgreSQL's backends, the broker)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def record(comparison: Comparison) -> None:

@@ -94,6 +94,17 @@ def _from_launcher() -> Services:
     )
 
 
+def environment_or_local(environ: Mapping[str, str] | None = None) -> Services:
+    """The services the environment names, else the local launcher's (started if need be):
+    what a benchmark or a tool run by hand uses, with nothing to clean up afterwards."""
+    env = os.environ if environ is None else environ
+    dsn = env.get(POSTGRES_DSN_VAR, "").strip()
+    bootstrap = env.get(KAFKA_BOOTSTRAP_VAR, "").strip()
+    if dsn and bootstrap:
+        return Services(postgres_dsn=dsn, kafka_bootstrap=bootstrap, source="environment")
+    return _from_launcher()
+
+
 def discover(
     environ: Mapping[str, str],
     cleanups: list[Callable[[], Any]],

@@ -51,7 +51,7 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
     shard_size: Annotated[int, Meta(ge=1)] = 25_000
     """A queued role with more active users than this is split into shards of about this
     many users, each claimed by its own worker (README "Sharded fan-out")."""
-    max_outbox_backlog: Annotated[int, Meta(ge=1, le=10_000_000)] = 20_000
+    max_outbox_backlog: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
     """The fan-out waits before its next batch while this many outbox rows (or more) wait
     for the relays: a point change committed during a mass fan-out waits behind at most
     this many rows, and the outbox table stays bounded (README "Backpressure")."""

@@ -9,7 +9,7 @@ __all__ = ["DEFAULT_MAX_OUTBOX_BACKLOG", "DEFAULT_SHARD_SIZE", "WorkerConfig"]
 
 DEFAULT_SHARD_SIZE = 25_000
 """Users per shard of a large task (ShardSize)."""
-DEFAULT_MAX_OUTBOX_BACKLOG = 20_000
+DEFAULT_MAX_OUTBOX_BACKLOG = 10_000
 """Unpublished outbox rows at which the fan-out waits for the relays (MaxOutboxBacklog)."""
 
 
