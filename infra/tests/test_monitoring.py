@@ -64,7 +64,10 @@ GUARD_ALERTS = {
 # Alerts for failures the specs do not name: the cluster refusing the relay (ACLs,
 # credentials, a missing topic) holds every event, where a quarantine holds one.
 OWN_ALERTS: dict[str, dict[str, str]] = {
-    "identity-fanout": {"IdentityOutboxRelayRefused": "identity_outbox_relay_paused"},
+    "identity-fanout": {
+        "IdentityOutboxRelayRefused": "identity_outbox_relay_paused",
+        "IdentityFanoutTaskWaiting": "identity_access_fanout_oldest_waiting_seconds",
+    },
     "rewards-membership": {},
 }
 ALERTS = {

@@ -21,10 +21,12 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 from worker_support import Running, enqueue, task_row
 
+from identity_fanout.claim import claim_shard, claim_task
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.fanout import BatchResult
 from identity_fanout.runbook import list_shards
 from identity_fanout.shards import ClaimedShard
+from identity_fanout.split import split_task
 from identity_fanout.tasks import FanOutTask
 from identity_fanout.unit_run import WalkEnd
 from pin_contracts import decode_access_changed
@@ -243,3 +245,39 @@ def test_a_queued_change_supersedes_a_failed_task_and_an_inline_one_a_queued_tas
     row = task_row(db, queued)
     assert (row["status"], row["superseded_by_version"]) == ("Completed", change.version)
     assert dict(versions_by_user(db)) == {u: [change.version] for u in users}
+
+
+def test_the_oldest_waiting_task_is_measured_until_a_worker_serves_it(
+    db: Conn, worker_dsn: str, pool: ConnectionPool[Conn]
+) -> None:
+    small = enqueue(db, db, seed_role_with_users(db, users=5, other_roles=0)[0])
+    db.execute(
+        "UPDATE identity.access_fanout_tasks SET updated_at = now() - interval '10 minutes' "
+        "WHERE id = %s",
+        (small,),
+    )
+    worker, metrics = worker_support.new_worker(worker_dsn, pool, batch_size=10, shard_size=20)
+    worker.refresh_gauges()
+    assert metrics.oldest_waiting_seconds._value.get() >= 600
+
+    assert worker.run_once() is WalkEnd.COMPLETED  # walked whole
+    worker.refresh_gauges()
+    assert metrics.oldest_waiting_seconds._value.get() == 0
+
+    # A large role with one shard under a lease and the others waiting their turn is being
+    # served: not waiting. Once its leased shard's lease runs out, it is.
+    large = enqueue(db, db, seed_role_with_users(db, users=60, other_roles=0)[0])
+    task = claim_task(db, lease=timedelta(minutes=5), max_attempts=5)
+    assert task is not None
+    assert task.id == large
+    assert split_task(db, task, shard_size=20) == 3
+    assert claim_shard(db, lease=timedelta(minutes=5), max_attempts=5) is not None
+    worker.refresh_gauges()
+    assert metrics.oldest_waiting_seconds._value.get() == 0
+    # Its worker died: claimed 10 minutes ago, its lease ran out 3 minutes ago.
+    db.execute(
+        "UPDATE identity.access_fanout_shards SET started_at = now() - interval '10 minutes', "
+        "lease_expires_at = now() - interval '3 minutes' WHERE status = 'InProgress'"
+    )
+    worker.refresh_gauges()
+    assert metrics.oldest_waiting_seconds._value.get() >= 180

@@ -28,6 +28,7 @@ class FanoutMetrics(MetricSet):
     failed_tasks: Gauge
     leased_tasks: Gauge
     oldest_task_age_seconds: Gauge
+    oldest_waiting_seconds: Gauge
     last_success: Gauge
     outbox_backlog: Gauge
     outbox_oldest_age_seconds: Gauge

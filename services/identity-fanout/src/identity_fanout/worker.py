@@ -208,11 +208,12 @@ class FanoutWorker:
             depth = outbox_depth(conn)
         self._runner.observe_outbox(depth)
         if row is not None:
-            backlog, leased, failed, oldest = row
+            backlog, leased, failed, oldest, waiting = row
             self._metrics.queue_backlog.set(backlog)
             self._metrics.leased_tasks.set(leased)
             self._metrics.failed_tasks.set(failed)
             self._metrics.oldest_task_age_seconds.set(float(oldest or 0))
+            self._metrics.oldest_waiting_seconds.set(float(waiting))
 
     # -- one unit -------------------------------------------------------------------------
 

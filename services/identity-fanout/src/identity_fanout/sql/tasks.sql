@@ -1,8 +1,11 @@
 -- The queue of fan-out tasks as the worker's gauges and the runbook commands see it.
 
 -- name: queue_state --
--- A sharded task (no lease of its own) is waiting while one of its shards waits for a
--- worker, and leased while one of its shards is under a live lease.
+-- A sharded task is waiting while one of its shards waits for a worker, and leased while one
+-- of its shards is under a live lease. oldest_waiting_seconds: how long the task no worker
+-- serves has waited: a whole task since it became claimable (enqueued or handed back, or its
+-- lease ran out), a sharded task none of whose shards is leased since the last time a worker
+-- took or finished one; a task being walked, or whose other shards are, is not waiting.
 SELECT
     count(*) FILTER (
         WHERE t.status = 'Pending' OR t.lease_expires_at < now() OR EXISTS (
@@ -16,7 +19,22 @@ SELECT
             WHERE s.task_id = t.id AND s.status = 'InProgress' AND s.lease_expires_at >= now()))
     ) AS leased,
     (SELECT count(*) FROM identity.access_fanout_tasks WHERE status = 'Failed') AS failed,
-    extract(epoch FROM now() - min(t.created_at)) AS oldest_age_seconds
+    extract(epoch FROM now() - min(t.created_at)) AS oldest_age_seconds,
+    coalesce(extract(epoch FROM now() - min(
+        CASE
+            WHEN t.shard_count = 0 AND t.status = 'Pending' THEN t.updated_at
+            WHEN t.shard_count = 0 AND t.lease_expires_at < now() THEN t.lease_expires_at
+            WHEN t.shard_count > 0 AND NOT EXISTS (
+                SELECT 1 FROM identity.access_fanout_shards AS s
+                WHERE s.task_id = t.id AND s.status = 'InProgress'
+                  AND s.lease_expires_at >= now())
+            THEN (
+                SELECT greatest(t.created_at, max(greatest(
+                    s.started_at, s.completed_at, least(s.lease_expires_at, now()))))
+                FROM identity.access_fanout_shards AS s
+                WHERE s.task_id = t.id
+                HAVING bool_or(s.status IN ('Pending', 'InProgress')))
+        END)), 0) AS oldest_waiting_seconds
 FROM identity.access_fanout_tasks AS t
 WHERE t.status IN ('Pending', 'InProgress')
 
