@@ -141,10 +141,14 @@ class Brokers:
                 results[group] = BrokerReadError(f"offsets of group {group}", "pass deadline")
                 continue
             results[group] = self._offsets(group, wanted, min(remaining, self._timeout))
-        # A group no longer watched (discovery let it go) gives its reader back.
+        return results
+
+    def keep_readers(self, groups: Collection[str]) -> None:
+        """Close the offset readers of groups no longer read (discovery let them go); the
+        watcher calls it once a pass with every group it read, so a reader lives as long as
+        its group is watched instead of being made anew for each read."""
         for gone in self._offsets_readers.keys() - set(groups):
             self._offsets_readers.pop(gone).close()
-        return results
 
     def _offsets(
         self, group: str, wanted: list[TopicPartition], timeout: float

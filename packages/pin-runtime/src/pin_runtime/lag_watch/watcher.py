@@ -84,6 +84,8 @@ class LagWatcher:
     wall: Callable[[], float] = time.time
     book: LagBook = field(init=False)
     _discovered: dict[str, tuple[str, ...]] = field(init=False, default_factory=dict)
+    _candidates: tuple[str, ...] = field(init=False, default=())
+    """The groups discovery last read (each with its offsets reader)."""
     """Topic -> the groups discovery found last, watched again when a listing fails."""
     _shown: set[Position] = field(init=False, default_factory=set)
 
@@ -152,6 +154,7 @@ class LagWatcher:
                     report.fail("offsets", answer)
                 else:
                     held[group] = answer
+        self.brokers.keep_readers(set(held) | set(asked) | set(self._candidates))
         result: dict[str, dict[str, Offsets | None]] = {}
         for topic, groups in by_topic.items():
             result[topic] = {
@@ -170,6 +173,7 @@ class LagWatcher:
         except BrokerReadError as exc:
             report.fail("discovery", exc)
             return self._discovered  # last pass's groups: their offsets are still read
+        self._candidates = tuple(candidates)
         found: dict[str, list[str]] = {topic: [] for topic in partitions}
         for group, answer in self.brokers.committed(candidates, partitions).items():
             if isinstance(answer, BrokerReadError):
