@@ -46,7 +46,7 @@ class FaultKind(StrEnum):
     PARTITION = "network partition"
     ALL_RELAYS_DOWN = "every relay down"
     ALL_CONSUMERS_DOWN = "every consumer down"
-    ALL_BATCHES_FAILING = "every worker batch failing (lock on role_assignments)"
+    ALL_BATCHES_FAILING = "every worker batch failing (role_assignments refused to the workers)"
     PARTIAL_OUTAGE = "partial outage (the workers' PostgreSQL paths flapping)"
 
 

@@ -7,8 +7,9 @@ would). Server faults use the servers' own controls: the private broker's SIGKIL
 holding `FOR UPDATE` on every fan-out task and every projection row.
 
 The long faults stop a whole kind of process (every relay, every consumer) until healed,
-hold an ACCESS EXCLUSIVE lock on `identity.role_assignments` (every worker batch times out
-on it), or flap every worker's path to PostgreSQL (down 10 s, up 10 s) while they last.
+take the workers' privilege on `identity.role_assignments` away (every worker batch fails
+while the platform's role changes go on), or flap every worker's path to PostgreSQL (down
+10 s, up 10 s) while they last.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ _LOCK_WAIT = "2s"
 FLAP_SECONDS: Final = 10.0
 """The partial outage: each worker's path to PostgreSQL is down this long, then up as long."""
 LOCK_ACQUIRE_DEADLINE: Final = 60.0
+"""How long a long fault's own statement may keep failing (the server restarting)."""
 
 
 def _nothing() -> None:
@@ -58,7 +60,7 @@ def _long_fault(system: ChaosSystem, kind: FaultKind) -> Heal:
     if kind is FaultKind.ALL_CONSUMERS_DOWN:
         return _all_down(system, CONSUMERS)
     if kind is FaultKind.ALL_BATCHES_FAILING:
-        return _lock_role_assignments(system)
+        return _refuse_role_model(system)
     return _flap_workers(system)
 
 
@@ -78,30 +80,30 @@ def _all_down(system: ChaosSystem, labels: tuple[str, ...]) -> Heal:
     return heal
 
 
-def _lock_role_assignments(system: ChaosSystem) -> Heal:
-    """A migration or a runaway statement holding `role_assignments`: every batch of every
-    worker waits for the lock and fails on its lock_timeout, for as long as it is held."""
-    deadline = time.monotonic() + LOCK_ACQUIRE_DEADLINE
-    while True:
-        conn = psycopg.connect(
-            system.base.identity_dsn, connect_timeout=5, options=f"-c lock_timeout={_LOCK_WAIT}"
-        )
-        try:
-            conn.execute("LOCK TABLE identity.role_assignments IN ACCESS EXCLUSIVE MODE")
-            break
-        except psycopg.OperationalError:
-            conn.close()
-            if time.monotonic() > deadline:
-                raise
-    held = conn
+def _refuse_role_model(system: ChaosSystem) -> Heal:
+    """A grant lost (a restore, a migration gone wrong): the workers may no longer read
+    `role_assignments`, so every batch of every worker fails (42501) for as long as it
+    lasts, while the platform's writes (the workload's role changes) go on and keep tasks
+    waiting. The workers must page, give every attempt back and finish after it."""
+    statement = "{} SELECT ON identity.role_assignments {} identity_fanout_worker"
+    with psycopg.connect(system.base.identity_dsn, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(statement.format("REVOKE", "FROM"))
 
-    def release() -> None:
-        with contextlib.suppress(psycopg.Error):
-            held.rollback()
-        with contextlib.suppress(psycopg.Error):
-            held.close()
+    def heal() -> None:
+        deadline = time.monotonic() + LOCK_ACQUIRE_DEADLINE
+        while True:
+            try:
+                with psycopg.connect(
+                    system.base.identity_dsn, autocommit=True, connect_timeout=5
+                ) as conn:
+                    conn.execute(statement.format("GRANT", "TO"))
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+            else:
+                return
 
-    return release
+    return heal
 
 
 def _flap_workers(system: ChaosSystem) -> Heal:

@@ -125,7 +125,7 @@ class Driver:
         while not self._stop.is_set():
             try:
                 if conn is None or conn.closed:
-                    # A lock held on the role model (a fault) fails a role change in 2 s
+                    # A lock held by a fault (hot rows) fails a role change in 2 s
                     # instead of holding up the memberships behind it.
                     conn = psycopg.connect(
                         self.identity_dsn,
