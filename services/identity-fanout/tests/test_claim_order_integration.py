@@ -274,10 +274,16 @@ def test_the_oldest_waiting_task_is_measured_until_a_worker_serves_it(
     assert claim_shard(db, lease=timedelta(minutes=5), max_attempts=5) is not None
     worker.refresh_gauges()
     assert metrics.oldest_waiting_seconds._value.get() == 0
-    # Its worker died: claimed 10 minutes ago, its lease ran out 3 minutes ago.
+    # Its worker died: enqueued 11 minutes ago, claimed 10 minutes ago, its lease ran out 3
+    # minutes ago.
     db.execute(
         "UPDATE identity.access_fanout_shards SET started_at = now() - interval '10 minutes', "
         "lease_expires_at = now() - interval '3 minutes' WHERE status = 'InProgress'"
+    )
+    db.execute(
+        "UPDATE identity.access_fanout_tasks SET created_at = now() - interval '11 minutes' "
+        "WHERE id = %s",
+        (large,),
     )
     worker.refresh_gauges()
     assert metrics.oldest_waiting_seconds._value.get() >= 180

@@ -29,8 +29,9 @@ SELECT
                 WHERE s.task_id = t.id AND s.status = 'InProgress'
                   AND s.lease_expires_at >= now())
             THEN (
+                -- No shard's lease is live here: a lease left is one that ran out.
                 SELECT greatest(t.created_at, max(greatest(
-                    s.started_at, s.completed_at, least(s.lease_expires_at, now()))))
+                    s.started_at, s.completed_at, s.lease_expires_at)))
                 FROM identity.access_fanout_shards AS s
                 WHERE s.task_id = t.id
                 HAVING bool_or(s.status IN ('Pending', 'InProgress')))
