@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
@@ -171,22 +172,19 @@ class TopicAcls:
 
     def deny(self) -> None:
         """The user may no longer do ``operation`` on ``topic`` (its requests are refused)."""
-        binding = AclBinding(
-            ResourceType.TOPIC,
-            self.topic,
-            ResourcePatternType.LITERAL,
-            f"User:{self.secured.username}",
-            "*",
-            self.operation,
-            AclPermissionType.DENY,
-        )
         admin = self._admin()  # held until the futures are done: its end cancels them
-        for future in admin.create_acls([binding]).values():
+        for future in admin.create_acls([AclBinding(*self._deny_rule())]).values():
             future.result(timeout=30)
 
     def allow_again(self) -> None:
         """Delete the DENY again: the user's permission is back."""
-        binding = AclBindingFilter(
+        admin = self._admin()
+        for future in admin.delete_acls([AclBindingFilter(*self._deny_rule())]).values():
+            future.result(timeout=30)
+
+    def _deny_rule(self) -> tuple[Any, ...]:
+        """The DENY, as both an ACL binding and the filter matching it take it."""
+        return (
             ResourceType.TOPIC,
             self.topic,
             ResourcePatternType.LITERAL,
@@ -195,9 +193,6 @@ class TopicAcls:
             self.operation,
             AclPermissionType.DENY,
         )
-        admin = self._admin()
-        for future in admin.delete_acls([binding]).values():
-            future.result(timeout=30)
 
     def _admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.secured.plaintext_bootstrap, "log_level": 0})
