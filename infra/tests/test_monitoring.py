@@ -67,6 +67,7 @@ OWN_ALERTS: dict[str, dict[str, str]] = {
     "identity-fanout": {
         "IdentityOutboxRelayRefused": "identity_outbox_relay_paused",
         "IdentityFanoutTaskWaiting": "identity_access_fanout_oldest_waiting_seconds",
+        "IdentityOutboxForeignLaneLocks": "identity_outbox_foreign_lock_holders",
     },
     "rewards-membership": {},
 }

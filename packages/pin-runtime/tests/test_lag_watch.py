@@ -100,7 +100,7 @@ class Watched(LagWatchSettings, frozen=True, kw_only=True):
 @pytest.mark.parametrize(
     ("variable", "value", "reason"),
     [
-        ("T_LAG_WATCH_INTERVAL", "soon", "expected a non-negative duration"),
+        ("T_LAG_WATCH_INTERVAL", "soon", "expected a duration like 250ms"),
         ("T_LAG_WATCH_INTERVAL", "500ms", "must be at least 1s"),
         ("T_LAG_WATCH_TOPICS", "", "at least one topic"),
         ("T_LAG_WATCH_TOPICS", "a topic", "expected a comma-separated list"),

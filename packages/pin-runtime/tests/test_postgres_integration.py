@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import psycopg
+import psycopg.sql
 import pytest
 from psycopg.rows import TupleRow
 from psycopg_pool import PoolTimeout
 
 from pin_runtime.postgres import (
+    PINNED_SETTINGS,
     LazyConnection,
     SessionLimits,
     connect,
@@ -142,18 +144,77 @@ def test_session_limits_apply_to_every_pooled_connection(fresh_database: str) ->
     }
 
 
+HOSTILE_DEFAULTS = {
+    "DateStyle": "SQL, DMY",
+    "IntervalStyle": "iso_8601",
+    "TimeZone": "Asia/Kathmandu",
+    "search_path": "decoy, pg_catalog, public",
+    "client_encoding": "LATIN1",
+    "extra_float_digits": "-15",
+    "bytea_output": "escape",
+    "default_transaction_isolation": "serializable",
+    "default_transaction_read_only": "on",
+    "transform_null_equals": "on",
+    "idle_session_timeout": "1ms",
+    "statement_timeout": "1ms",
+}
+
+
+def test_a_session_pins_what_its_sql_and_decoding_rely_on_whatever_the_defaults(
+    fresh_database: str,
+) -> None:
+    # The database's defaults and the role's (which outrank the database's) all hostile;
+    # the session's options outrank both.
+    with psycopg.connect(fresh_database, autocommit=True) as setup:
+        database = psycopg.sql.Identifier(str(setup.info.dbname))
+        user = psycopg.sql.Identifier(str(setup.info.user))
+        setup.execute("CREATE SCHEMA decoy")
+        setup.execute(
+            "CREATE FUNCTION decoy.now() RETURNS timestamptz LANGUAGE sql"
+            " AS $$ SELECT timestamptz '2000-01-01 00:00:00+00' $$"
+        )
+        for name, value in HOSTILE_DEFAULTS.items():
+            for target in (
+                psycopg.sql.SQL("DATABASE {}").format(database),
+                psycopg.sql.SQL("ROLE {} IN DATABASE {}").format(user, database),
+            ):
+                setup.execute(
+                    psycopg.sql.SQL("ALTER {} SET {} = {}").format(
+                        target, psycopg.sql.Identifier(name), psycopg.sql.Literal(value)
+                    )
+                )
+    # (The role's settings in this database go with it when the test drops it.)
+    with connect(fresh_database, SessionLimits(statement_timeout=30)) as conn:
+        for name, value in PINNED_SETTINGS.items():
+            shown = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
+            assert shown is not None
+            assert shown[0].replace(" ", "") == value.replace("\\ ", ""), name
+        # What the services' statements read: the real now(), decoded as UTC.
+        now, interval = conn.execute("SELECT now(), interval '1 day 02:03:04'").fetchone() or (
+            None,
+            None,
+        )
+        assert now is not None
+        assert now.year > 2000
+        assert interval is not None
+        assert interval.days == 1
+        with conn.transaction():
+            conn.execute("CREATE TEMPORARY TABLE written (v text)")  # not read-only
+
+
 def test_statement_blocked_by_a_lock_fails_within_lock_timeout(fresh_database: str) -> None:
     with psycopg.connect(fresh_database, autocommit=True) as setup:
-        setup.execute("CREATE TABLE hot (id int PRIMARY KEY)")
-        setup.execute("INSERT INTO hot VALUES (1)")
+        setup.execute("CREATE TABLE public.hot (id int PRIMARY KEY)")
+        setup.execute("INSERT INTO public.hot VALUES (1)")
     limits = SessionLimits(lock_timeout=0.3)
     with (
         psycopg.connect(fresh_database) as holder,
         psycopg.connect(fresh_database, **limits.connect_kwargs()) as blocked,
     ):
-        holder.execute("SELECT * FROM hot WHERE id = 1 FOR UPDATE")
+        holder.execute("SELECT * FROM public.hot WHERE id = 1 FOR UPDATE")
         with pytest.raises(psycopg.errors.LockNotAvailable) as raised:
-            blocked.execute("UPDATE hot SET id = 2 WHERE id = 1")
+            # Qualified: a session's search_path is pinned to pg_catalog (PINNED_SETTINGS).
+            blocked.execute("UPDATE public.hot SET id = 2 WHERE id = 1")
         assert is_retriable(raised.value)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from pin_runtime.clients import ClientSettings, Port, ServiceSettings
 from pin_runtime.errors import PinRuntimeError, SettingsError
-from pin_runtime.postgres import SessionLimitError, SessionLimits
+from pin_runtime.postgres import PINNED_SETTINGS, SessionLimitError, SessionLimits
 from pin_runtime.settings import (
     Secret,
     load_settings,
@@ -117,7 +117,7 @@ def test_iso8601_duration_still_accepted() -> None:
         ("log_level", "TRACE", "expected one of 'DEBUG', 'INFO', 'WARNING', got 'TRACE'"),
         ("mode", "turbo", "expected one of 'fast', 'safe', got 'turbo'"),
         ("polling_interval", "soon", "got 'soon'"),
-        ("polling_interval", "-5", "expected a non-negative duration"),
+        ("polling_interval", "-5", "expected a duration like 250ms"),
         ("max_attempts", "many", "expected an integer (or empty), got 'many'"),
     ],
 )
@@ -266,13 +266,13 @@ def test_a_session_limit_out_of_range_is_refused_with_its_variable() -> None:
         load_settings(ClientSettings, "SVC_", {"SVC_DB_KEEPALIVES_INTERVAL": "500ms"})
     assert (raised.value.variable, raised.value.reason) == (
         "SVC_DB_KEEPALIVES_INTERVAL",
-        "must be at least 1s",
+        "must be from 1s to 32767s (the kernel's limit)",
     )
     with pytest.raises(SessionLimitError) as direct:
         SessionLimits(keepalives_count=0)
     assert (direct.value.limit, str(direct.value)) == (
         "keepalives_count",
-        "keepalives_count: must be at least 1",
+        "keepalives_count: must be from 1 to 127 (the kernel's limit)",
     )
 
 
@@ -291,3 +291,77 @@ def test_service_settings_name_the_role_prefix_variable_of_the_service() -> None
         9100,
         "INFO",
     )
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["99999999999d", "99999999999999999999", "24d20h31m23.648s", "25d", "P1000000000D"],
+)
+def test_a_duration_past_what_postgresql_and_librdkafka_take_is_refused(value: str) -> None:
+    # Python's own timedelta overflowed on the first two (a traceback, exit 1); the rest
+    # were accepted and failed later, in the server or in the client.
+    with pytest.raises(SettingsError) as raised:
+        load_settings(Example, P, env(polling_interval=value))
+    assert raised.value.variable == f"{P}POLLING_INTERVAL"
+    assert "from 0 to 24d20h31m23.647s" in raised.value.reason
+    longest = load_settings(Example, P, env(polling_interval="24d20h31m23.647s"))
+    assert longest.polling_interval == datetime.timedelta(milliseconds=2**31 - 1)
+
+
+@pytest.mark.parametrize("variable", ["DB_STATEMENT_TIMEOUT", "DB_IDLE_IN_TRANSACTION_TIMEOUT"])
+def test_a_session_timeout_the_server_refuses_is_a_config_error(variable: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        load_settings(ClientSettings, "SVC_", {f"SVC_{variable}": "30d"})
+    assert raised.value.variable == f"SVC_{variable}"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "reason"),
+    [
+        ("host=127.0.0.1 port=notaport", "port must be a number from 1 to 65535"),
+        ("host=127.0.0.1 sslmodee=require", "unknown connection option 'sslmodee'"),
+        ("postgresql://u:hunter2222@[127.0.0.1:5432/db", "not a valid postgresql:// URL"),
+        ("host='127.0.0.1 password=hunter2222", "a quoted value is not closed"),
+        ("dbname=x password hunter2222", "a word without '='"),
+        ("postgresql://u:pw@h/db?sslmode=always", "sslmode must be one of"),
+        ("host=a,b port=1,2,3", "3 ports for 2 hosts"),
+        ("host=h connect_timeout=soon", "connect_timeout must be a whole number"),
+    ],
+)
+def test_a_malformed_dsn_is_refused_at_start_without_quoting_it(dsn: str, reason: str) -> None:
+    # Each was taken, and every connect then failed as if the database were down.
+    with pytest.raises(SettingsError) as raised:
+        load_settings(ServiceExample, P, {f"{P}DATABASE_DSN": dsn})
+    assert raised.value.variable == f"{P}DATABASE_DSN"
+    assert reason in raised.value.reason
+    assert "hunter2222" not in raised.value.reason
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "dbname=pin_identity",
+        "host=/var/run/postgresql dbname=x",
+        "postgresql://u:pw@db1:5432,db2:5433/x?target_session_attrs=read-write",
+        "host=a,b port=5432 sslmode=verify-full connect_timeout=5",
+    ],
+)
+def test_a_well_formed_dsn_is_taken(dsn: str) -> None:
+    settings = load_settings(ServiceExample, P, {f"{P}DATABASE_DSN": dsn})
+    assert settings.database_dsn is not None
+    assert settings.database_dsn.reveal() == dsn
+
+
+@pytest.mark.parametrize(
+    "bootstrap", ["kafka:9092,", "a b:9092", "kafka:0", "kafka:99999", "kafka:", "::::"]
+)
+def test_a_malformed_bootstrap_list_is_refused(bootstrap: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        load_settings(ClientSettings, "SVC_", {"SVC_KAFKA_BOOTSTRAP": bootstrap + ",x y"})
+    assert raised.value.variable == "SVC_KAFKA_BOOTSTRAP"
+
+
+def test_pinned_session_settings_are_in_every_sessions_options() -> None:
+    options = SessionLimits().options()
+    for name, value in PINNED_SETTINGS.items():
+        assert f"-c {name}={value}" in options

@@ -40,7 +40,7 @@ def test_missing_dsn_is_a_config_error_naming_the_variable() -> None:
     ],
 )
 def test_bad_values_stop_with_exit_2_and_one_line(variable: str, value: str) -> None:
-    result = run("tasks", "list", env={"IDENTITY_FANOUT_DATABASE_DSN": "x", variable: value})
+    result = run("tasks", "list", env={"IDENTITY_FANOUT_DATABASE_DSN": "dbname=x", variable: value})
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
@@ -48,13 +48,13 @@ def test_bad_values_stop_with_exit_2_and_one_line(variable: str, value: str) -> 
 
 
 def test_worker_needs_a_kafka_bootstrap() -> None:
-    result = run("worker", env={"IDENTITY_FANOUT_DATABASE_DSN": "x"})
+    result = run("worker", env={"IDENTITY_FANOUT_DATABASE_DSN": "dbname=x"})
     assert result.returncode == 2
     assert "IDENTITY_FANOUT_KAFKA_BOOTSTRAP" in result.stderr
 
 
 def test_malformed_ids_are_usage_errors() -> None:
-    result = run("tasks", "show", "not-a-uuid", env={"IDENTITY_FANOUT_DATABASE_DSN": "x"})
+    result = run("tasks", "show", "not-a-uuid", env={"IDENTITY_FANOUT_DATABASE_DSN": "dbname=x"})
     assert result.returncode == 2
     assert "not a UUID: 'not-a-uuid'" in result.stderr
 

@@ -88,7 +88,7 @@ def test_roles_of_pin_local_are_the_declared_ones() -> None:
 def test_a_bad_role_prefix_is_a_config_error() -> None:
     env = service_environment(
         ("IDENTITY_FANOUT_",),
-        IDENTITY_FANOUT_DATABASE_DSN="x",
+        IDENTITY_FANOUT_DATABASE_DSN="dbname=x",
         IDENTITY_FANOUT_DB_ROLE_PREFIX="Prod-",
     )
     result = run_cli("identity-fanout", ["migrate"], env, timeout=60, check=False)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize(
     ("variable", "value", "reason"),
     [
-        ("IDENTITY_FANOUT_LAG_WATCH_INTERVAL", "soon", "expected a non-negative duration"),
+        ("IDENTITY_FANOUT_LAG_WATCH_INTERVAL", "soon", "expected a duration like 250ms"),
         ("IDENTITY_FANOUT_LAG_WATCH_TOPICS", "not a topic", "expected a comma-separated list"),
         ("IDENTITY_FANOUT_LAG_WATCH_MAX_GROUPS", "0", "expected an integer >= 1"),
     ],

@@ -7,11 +7,17 @@ import uuid
 import pytest
 
 from identity_fanout.lanes import (
+    LANE_LOCK_CLASS,
+    MEMBER_LOCK_CLASS,
     SLOTS,
+    ForeignHolder,
+    LaneLock,
     LanePlan,
+    foreign_holders,
     key_slot,
     lane_of_slot,
     plan_lanes,
+    relay_instances,
     share,
     slots_of,
 )
@@ -76,3 +82,27 @@ def test_at_its_share_an_instance_stays_put() -> None:
 def test_more_instances_than_lanes_leaves_the_surplus_idle() -> None:
     assert plan_lanes(2, 3, {0, 1}, set()) == LanePlan(release=(1,))
     assert plan_lanes(2, 3, set(), {0, 1}) == LanePlan()
+
+
+def lock(cls: int, key: int, pid: int, *, relay: bool, user: str = "relay_login") -> LaneLock:
+    return LaneLock(cls, key, pid, "app", None, user, relay)
+
+
+def test_only_relay_logins_are_instances_and_the_others_are_reported_by_session() -> None:
+    locks = [
+        lock(MEMBER_LOCK_CLASS, 0, 10, relay=True),
+        lock(LANE_LOCK_CLASS, 3, 10, relay=True),
+        # A foreign login's member locks from 7 sessions would have made 8 instances (the
+        # real relay's share: 1 lane of 8); its slot locks keep those slots unpublished.
+        *(lock(MEMBER_LOCK_CLASS, 0, pid, relay=False, user="rewards") for pid in range(20, 27)),
+        lock(LANE_LOCK_CLASS, 9, 20, relay=False, user="rewards"),
+        lock(LANE_LOCK_CLASS, 1, 20, relay=False, user="rewards"),
+    ]
+    assert relay_instances(locks) == 1
+    holders = foreign_holders(locks)
+    assert [h.pid for h in holders] == list(range(20, 27))
+    assert holders[0] == ForeignHolder(
+        pid=20, user_name="rewards", application_name="app", slots=(1, 9), member=True
+    )
+    assert all(h.slots == () and h.member for h in holders[1:])
+    assert foreign_holders(locks[:2]) == []

@@ -63,11 +63,24 @@ codes = st.text(
 )
 maybe_ids = st.one_of(st.none(), st.uuids())
 # ExpiresAt around now: lapsed, in the future, with and without microseconds.
-offsets = st.one_of(
-    st.none(),
+near_now = st.one_of(
     st.timedeltas(min_value=timedelta(days=-30), max_value=timedelta(days=3650)),
     st.integers(min_value=-3600, max_value=10**8).map(lambda s: timedelta(seconds=s)),
 )
+# And every value the column can hold (pin_contracts README "Timestamps"): +-infinity, the
+# whole timestamptz range (4714-11-24 BC .. 294276-12-31 UTC) as (epoch seconds,
+# microseconds), most often around the wire's end at 10000-01-01 UTC.
+TIMESTAMPTZ_MIN_S: Final = -210_866_803_200
+TIMESTAMPTZ_MAX_S: Final = 9_224_318_015_999
+WIRE_END_S: Final = 253_402_300_800
+anywhere = st.tuples(
+    st.one_of(
+        st.integers(min_value=TIMESTAMPTZ_MIN_S, max_value=TIMESTAMPTZ_MAX_S),
+        st.integers(min_value=WIRE_END_S - 2 * 86_400, max_value=WIRE_END_S + 86_400),
+    ),
+    st.sampled_from([0, 999_999]) | st.integers(min_value=0, max_value=999_999),
+)
+offsets = st.one_of(st.none(), near_now, anywhere, st.sampled_from(["infinity", "-infinity"]))
 
 
 @st.composite
@@ -120,24 +133,42 @@ def seed(db: Conn, data: dict[str, Any], now: datetime) -> list[uuid.UUID]:
         add_role(db, code, company_id=company)
         for code, company in zip(data["codes"], data["role_companies"], strict=True)
     ]
-    add_assignments(
-        db,
-        [
-            Assignment(
-                role_id=roles[a["role"]],
-                user_id=a["user"],
-                company_id=a["company_id"],
-                status=a["status"],
-                scope_type=a["scope_type"],
-                scope_organization_id=a["scope_organization_id"],
-                scope_project_group_id=a["scope_project_group_id"],
-                scope_project_id=a["scope_project_id"],
-                expires_at=None if a["expires_in"] is None else now + a["expires_in"],
-            )
-            for a in data["assignments"]
-        ],
-    )
+    assignments = [
+        Assignment(
+            role_id=roles[a["role"]],
+            user_id=a["user"],
+            company_id=a["company_id"],
+            status=a["status"],
+            scope_type=a["scope_type"],
+            scope_organization_id=a["scope_organization_id"],
+            scope_project_group_id=a["scope_project_group_id"],
+            scope_project_id=a["scope_project_id"],
+            expires_at=now + a["expires_in"] if isinstance(a["expires_in"], timedelta) else None,
+        )
+        for a in data["assignments"]
+    ]
+    add_assignments(db, assignments)
+    for assignment, a in zip(assignments, data["assignments"], strict=True):
+        set_expires_at(db, assignment.id, a["expires_in"])
     return roles
+
+
+def set_expires_at(db: Conn, assignment: uuid.UUID, expires: object) -> None:
+    """An ExpiresAt Python cannot hold (beyond year 9999, BC, +-infinity), written in SQL."""
+    if isinstance(expires, str):
+        db.execute(
+            "UPDATE identity.role_assignments SET expires_at = %s::timestamptz WHERE id = %s",
+            (expires, assignment),
+        )
+    elif isinstance(expires, tuple):
+        seconds, micros = expires
+        db.execute(
+            "UPDATE identity.role_assignments SET expires_at = 'epoch'::timestamptz"
+            " + make_interval(days => (%(s)s::bigint / 86400)::int,"
+            "                 secs => (%(s)s::bigint %% 86400) + %(us)s::float8 / 1e6)"
+            " WHERE id = %(id)s",
+            {"s": seconds, "us": micros, "id": assignment},
+        )
 
 
 def outbox_rows(db: Conn) -> list[dict[str, Any]]:
@@ -160,7 +191,7 @@ def python_envelope(
     )
 
 
-def compare_page(db: Conn, data: dict[str, Any], role: uuid.UUID, *, utc: bool) -> None:
+def compare_page(db: Conn, data: dict[str, Any], role: uuid.UUID) -> None:
     """write_page's rows against the Python builder's records for the same page."""
     occurred_at = datetime.now(UTC)
     page = PageOf(
@@ -208,11 +239,10 @@ def compare_page(db: Conn, data: dict[str, Any], role: uuid.UUID, *, utc: bool) 
         assert written.occurred_at == occurred_at
         # Byte for byte what pin_contracts.encode writes: re-encoding the decoded envelope
         # gives the same bytes (compact, the contract's field order, timestamps in UTC
-        # with "Z"), and, where the session's TimeZone is UTC (the Python builder writes
-        # timestamps in the session's offset), the Python builder's own envelope too.
+        # with "Z"), and so does the Python builder's own envelope, in every session
+        # TimeZone (both read ExpiresAt in UTC).
         assert value == encode(written)
-        if utc:
-            assert value == encode(expected)
+        assert value == encode(expected)
         record = outbox_message(expected, USER_ACCESS_CHANGED, trace_context=data["trace"])
         assert row["topic"] == record.topic
         assert row["message_key"] == record.key
@@ -222,9 +252,12 @@ def compare_page(db: Conn, data: dict[str, Any], role: uuid.UUID, *, utc: bool) 
         assert row["key_slot"] == key_slot(record.key) == row["migration_slot"]
 
 
-@pytest.mark.parametrize("timezone", ["UTC", "America/St_Johns"])
+@pytest.mark.parametrize(
+    "timezone", ["UTC", "America/St_Johns", "Asia/Kathmandu", "Pacific/Kiritimati", "Etc/GMT+12"]
+)
 def test_sql_built_records_are_the_python_builders(db: Conn, timezone: str) -> None:
-    # The session's TimeZone must not matter: the statement writes UTC ("Z") itself.
+    # The session's TimeZone must not matter: both builders read and write UTC themselves
+    # (a session pins UTC anyway, pin_runtime.postgres.SessionLimits; this one does not).
     db.execute("SELECT set_config('TimeZone', %s, false)", (timezone,))
     db.commit()
 
@@ -238,7 +271,7 @@ def test_sql_built_records_are_the_python_builders(db: Conn, timezone: str) -> N
         with db.transaction(force_rollback=True):
             now = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
             roles = seed(db, data, now)
-            compare_page(db, data, roles[0], utc=timezone == "UTC")
+            compare_page(db, data, roles[0])
 
     example()
 

@@ -33,9 +33,17 @@ def row(user: uuid.UUID, role: uuid.UUID, code: str, **kw: object) -> Assignment
 def test_every_user_of_the_page_gets_one_event_with_all_assignments() -> None:
     a, b = sorted([uuid.uuid4(), uuid.uuid4()])
     expires = datetime(2030, 1, 1, tzinfo=UTC)
+    # The query reads ExpiresAt in UTC without a zone; the event carries it as UTC.
     rows = [
         row(a, ROLE, "big"),
-        row(a, OTHER, "other", scope_type="Project", scope_project_id=a, expires_at=expires),
+        row(
+            a,
+            OTHER,
+            "other",
+            scope_type="Project",
+            scope_project_id=a,
+            expires_at=expires.replace(tzinfo=None),
+        ),
         row(b, ROLE, "big"),
     ]
 

@@ -19,7 +19,6 @@ from pin_contracts import (
     envelope_for,
 )
 from pin_runtime.settings import Secret
-from rewards_membership.app import max_poll_interval_ms
 from rewards_membership.dlq import DeadLetterRecord
 from rewards_membership.lag import offset_lag
 from rewards_membership.ledger import OffsetLedger
@@ -205,11 +204,11 @@ def test_a_valid_record_with_a_dead_lettered_message_id_is_a_duplicate(event: Ev
 def test_max_poll_interval_is_above_the_longest_batch() -> None:
     base = Settings(database_dsn=Secret("postgresql://x/y"))
     # 7 statements x 30 s + 2 x (30 s + 5 s) + 60 s
-    assert max_poll_interval_ms(base) == (7 * 30 + 2 * 35 + 60) * 1000
+    assert base.max_poll_interval_ms() == (7 * 30 + 2 * 35 + 60) * 1000
     quick = msgspec.structs.replace(
         base, db_statement_timeout=timedelta(seconds=2), delivery_timeout=timedelta(seconds=5)
     )
-    assert max_poll_interval_ms(quick) == 300_000  # never below librdkafka's default
+    assert quick.max_poll_interval_ms() == 300_000  # never below librdkafka's default
 
 
 class TestResolveCandidateKeys:

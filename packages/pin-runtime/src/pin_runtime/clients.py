@@ -17,7 +17,8 @@ from msgspec import Meta
 from pin_runtime.db_roles import check_role_prefix
 from pin_runtime.kafka_settings import KafkaClientSettings
 from pin_runtime.logging import LogLevel
-from pin_runtime.postgres import SessionLimitError, SessionLimits
+from pin_runtime.postgres import DsnError, SessionLimitError, SessionLimits, check_dsn
+from pin_runtime.settings import Secret
 
 __all__ = ["ClientSettings", "Port", "ServiceSettings"]
 
@@ -68,6 +69,10 @@ class ServiceSettings(ClientSettings, frozen=True, kw_only=True):
     log level and the prefix of its runtime database roles. A service overrides
     `metrics_port` with its own default."""
 
+    database_dsn: Secret | None = None
+    """libpq DSN of the service's database: a service's `Settings` makes it required. It is
+    parsed at start, so a malformed one stops the process (exit 2) instead of reading as a
+    database that is down."""
     metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
     metrics_port: Port = 0
     log_level: LogLevel = "INFO"
@@ -78,6 +83,11 @@ class ServiceSettings(ClientSettings, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.database_dsn is not None:
+            try:
+                check_dsn(self.database_dsn.reveal())
+            except DsnError as exc:
+                raise ValueError(f"DATABASE_DSN: {exc}") from None
         try:
             check_role_prefix(self.db_role_prefix)
         except ValueError as exc:

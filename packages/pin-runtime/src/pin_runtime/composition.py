@@ -4,8 +4,9 @@
   stderr, never a traceback that could quote a DSN: a bad setting is exit 2 (`config error:
   VARIABLE: reason`, as `settings.settings_or_exit`); a refused migration or a domain error
   of the service is exit 1 (`error: ...`); a database that cannot be reached is exit 1
-  (`error: database unavailable: <first line of the driver's message>`). Every line passes
-  through `settings.redact`. Kafka credentials the brokers refuse are exit 2 through
+  (`error: database unavailable: <first line of the driver's message>`), and so is a
+  statement it refused (`error: the database refused the command (SQLSTATE): ...`). Every
+  line passes through `settings.redact`. Kafka credentials the brokers refuse are exit 2 through
   `kafka_security.kafka_or_exit`, which each command that talks to Kafka calls first.
 - `Cli` is each service's command line: one `main` (arguments, settings, logging the same
   way for every command: JSON lines on stdout, stderr kept for what went wrong; a warning
@@ -98,6 +99,12 @@ def run_command(
     except psycopg.OperationalError as exc:
         error_line(f"error: database unavailable: {_first_line(exc)}")
         return ERROR_EXIT_CODE
+    except psycopg.Error as exc:
+        # A statement the database refused (a permission, a constraint, a value it cannot
+        # hold): one line with its SQLSTATE for the runbook, never a traceback.
+        state = f" ({exc.sqlstate})" if exc.sqlstate else ""
+        error_line(f"error: the database refused the command{state}: {_first_line(exc)}")
+        return ERROR_EXIT_CODE
     return 0 if code is None else code
 
 
@@ -171,6 +178,7 @@ class Runtime:
         tracer_provider: trace.TracerProvider,
         host: str,
         port: int,
+        env_prefix: str = "",
     ) -> None:
         self.registry = registry
         self.heartbeat = heartbeat
@@ -180,12 +188,25 @@ class Runtime:
         shutdown.add_callback(self.stop.set)
         self.ops = OpsServer(registry=registry, heartbeat=heartbeat)
         self._address = (host, port)
+        self._env_prefix = env_prefix
 
     def serve(self, checks: Mapping[str, Check] | None = None) -> OpsServer:
-        """Start the ops server with these readiness checks (more may be added later)."""
+        """Start the ops server with these readiness checks (more may be added later).
+
+        An address it cannot listen on (taken, not this host's, not resolvable) is the
+        metrics settings' fault: `SettingsError`, exit 2 under `run_command`.
+        """
         for name, check in (checks or {}).items():
             self.ops.add_check(name, check)
-        return self.ops.start(*self._address)
+        host, port = self._address
+        try:
+            return self.ops.start(host, port)
+        except (OSError, OverflowError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise SettingsError(
+                f"{self._env_prefix}METRICS_PORT",
+                f"cannot listen on {host}:{port} ({self._env_prefix}METRICS_HOST: {reason})",
+            ) from None
 
 
 @contextmanager
@@ -197,10 +218,12 @@ def long_running(
     metrics_port: int,
     heartbeat: Heartbeat,
     registry: CollectorRegistry | None = None,
+    env_prefix: str = "",
 ) -> Iterator[Runtime]:
     """Logging, tracing, signals and the ops server around a long-lived command.
 
-    A bad `OTEL_*` variable raises `SettingsError` here (exit 2 under `run_command`).
+    A bad `OTEL_*` variable raises `SettingsError` here (exit 2 under `run_command`), and so
+    does a metrics address `Runtime.serve` cannot listen on (named under `env_prefix`).
     """
     configure_logging(log_level, service)
     provider = configure_tracing(service)
@@ -213,6 +236,7 @@ def long_running(
                 tracer_provider=provider,
                 host=metrics_host,
                 port=metrics_port,
+                env_prefix=env_prefix,
             )
             try:
                 yield rt

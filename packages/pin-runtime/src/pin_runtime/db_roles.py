@@ -11,7 +11,9 @@ after the numbered files, inside the same advisory lock, in one transaction:
   again from the declaration, so a privilege dropped from the code is dropped from the
   database too, and a table added by a new file gets its grants in the same run. Other
   sessions see the old or the new set, never a gap (one transaction);
-- `USAGE` on the schema, never `CREATE`; nothing is owned by a runtime role.
+- `USAGE` on the schema, never `CREATE`; nothing is owned by a runtime role;
+- `CONNECT` on the database for each role, and (when the owner migrates) no longer for
+  PUBLIC: only the service's own logins, and those granted it by name, connect.
 
 Role names are `prefix + name`: one cluster may hold several installations (roles are
 cluster-wide, grants per database), each with its own prefix. Every name is an identifier
@@ -175,17 +177,23 @@ def _create(conn: psycopg.Connection[TupleRow], roles: list[RuntimeRole], prefix
 
 
 def _grant_connect(conn: psycopg.Connection[TupleRow], names: list[str]) -> None:
-    """CONNECT on the database, when the migrating user may grant it (usually its owner).
+    """CONNECT on the database for the runtime roles, and for nobody else by default.
 
-    PUBLIC has CONNECT by default; this lets an operator revoke it from PUBLIC without
-    locking the services out. A user that may not grant it leaves the database as it is.
+    PUBLIC has CONNECT (and TEMPORARY) on every new database: any login of the cluster
+    could connect and, say, take the advisory locks a service coordinates by. When the
+    owner migrates, PUBLIC's are revoked (every run: a database restored or cloned gets
+    them back); other logins that need the database get their own GRANT CONNECT, which
+    this leaves alone (README "Database roles"). A user that may not grant CONNECT leaves
+    the database as it is.
     """
     row = conn.execute(_q.connect_grantable).fetchone()
     if row is None or not row[1]:
         return
+    database = sql.Identifier(str(row[0]))
     conn.execute(
         sql.SQL(_q.grant_connect).format(
-            database=sql.Identifier(str(row[0])),
-            roles=sql.SQL(", ").join(sql.Identifier(n) for n in names),
+            database=database, roles=sql.SQL(", ").join(sql.Identifier(n) for n in names)
         )
     )
+    if row[2]:
+        conn.execute(sql.SQL(_q.revoke_public_connect).format(database=database))

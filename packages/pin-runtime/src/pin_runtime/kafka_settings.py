@@ -9,6 +9,7 @@ talks to Kafka (the runbook commands) does not load librdkafka. The fail-fast ch
 
 from __future__ import annotations
 
+import re
 from typing import Final, Literal
 
 import msgspec
@@ -76,6 +77,24 @@ _PLAIN_IN_CLEAR: Final = (
 )
 
 
+# A bootstrap server as librdkafka reads it: [protocol://]host[:port], the host a name, an
+# IPv4 address or a bracketed IPv6 one. Anything else it only logs, retrying without end.
+_SERVER: Final = re.compile(
+    r"(?:[A-Za-z_]+://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?)"
+    r"(?::(\d{1,5}))?"
+)
+
+
+_HIGHEST_PORT: Final = 65535
+
+
+def _valid_server(server: str) -> bool:
+    match = _SERVER.fullmatch(server)
+    return match is not None and (
+        match.group(1) is None or 1 <= int(match.group(1)) <= _HIGHEST_PORT
+    )
+
+
 class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The Kafka connection settings every service reads, as fields of its own Settings.
 
@@ -104,6 +123,12 @@ class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         # Named by field (upper-cased, no prefix): `load_settings` adds the service's prefix.
+        for server in filter(None, (s.strip() for s in self.kafka_bootstrap.split(","))):
+            if not _valid_server(server):
+                raise ValueError(
+                    "KAFKA_BOOTSTRAP: expected a comma-separated list of host:port"
+                    f" (port 1..65535), got {server!r}"
+                )
         protocol = self.kafka_security_protocol
         if protocol.startswith("SASL"):
             for name in ("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password"):

@@ -7,12 +7,15 @@ outage loses work.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout, TooManyRequests
 
@@ -20,12 +23,15 @@ from pin_runtime.errors import PinRuntimeError, TemplatedError
 
 __all__ = [
     "CONNECT_TIMEOUT",
+    "PINNED_SETTINGS",
     "RETRIABLE_SQLSTATES",
     "RETRIABLE_SQLSTATE_CLASSES",
+    "DsnError",
     "LazyConnection",
     "Pool",
     "SessionLimitError",
     "SessionLimits",
+    "check_dsn",
     "connect",
     "create_pool",
     "is_retriable",
@@ -85,6 +91,39 @@ def _classify(exc: BaseException) -> bool | None:
     return None
 
 
+PINNED_SETTINGS: Final[Mapping[str, str]] = {
+    # psycopg parses dates and intervals only in these styles ('SQL, DMY' is refused).
+    "DateStyle": "ISO,YMD",
+    "IntervalStyle": "postgres",
+    # Timestamps read as UTC: no session offset renders a year-9999 value as 10000.
+    "TimeZone": "UTC",
+    "client_encoding": "UTF8",
+    "extra_float_digits": "1",
+    "bytea_output": "hex",
+    "standard_conforming_strings": "on",
+    # Every name in the services' SQL is schema-qualified; built-ins come from pg_catalog
+    # first, and a temporary object never shadows one.
+    "search_path": "pg_catalog,pg_temp",
+    # The claims, the checkpoints and the version guard are written for READ COMMITTED,
+    # and a unit of work writes.
+    "default_transaction_isolation": "read\\ committed",
+    "default_transaction_read_only": "off",
+    "transform_null_equals": "off",
+    # A pooled connection waits idle by design; the server must not end it for that.
+    "idle_session_timeout": "0",
+}
+"""Server settings every session pins, whatever the database's or the role's defaults."""
+
+
+_LONGEST_TIMEOUT_MS: Final = 2**31 - 1
+"""statement_timeout and its kin are int milliseconds: the server refuses more, and a
+session that cannot start looks exactly like a server that is down."""
+_LONGEST_KEEPALIVE_S: Final = 32767
+_MOST_KEEPALIVE_PROBES: Final = 127
+"""Linux's TCP_KEEPIDLE/TCP_KEEPINTVL and TCP_KEEPCNT limits: libpq's setsockopt fails on
+more, and so does every connect."""
+
+
 class SessionLimitError(PinRuntimeError, TemplatedError, ValueError):
     """A `SessionLimits` value out of its range; `limit` names the field."""
 
@@ -118,17 +157,27 @@ class SessionLimits:
 
     def __post_init__(self) -> None:
         for name in ("statement_timeout", "lock_timeout", "idle_in_transaction_timeout"):
-            if getattr(self, name) < 0:
-                raise SessionLimitError(name, "must not be negative (0 disables it)")
+            if not 0 <= _ms(getattr(self, name)) <= _LONGEST_TIMEOUT_MS:
+                raise SessionLimitError(
+                    name, "must be from 0 (disabled) to 24d20h31m23.647s (the server's limit)"
+                )
         for name in ("keepalives_idle", "keepalives_interval"):
-            if getattr(self, name) < 1:
-                raise SessionLimitError(name, "must be at least 1s")
-        if self.keepalives_count < 1:
-            raise SessionLimitError("keepalives_count", "must be at least 1")
+            if not 1 <= getattr(self, name) <= _LONGEST_KEEPALIVE_S:
+                raise SessionLimitError(name, "must be from 1s to 32767s (the kernel's limit)")
+        if not 1 <= self.keepalives_count <= _MOST_KEEPALIVE_PROBES:
+            raise SessionLimitError(
+                "keepalives_count", "must be from 1 to 127 (the kernel's limit)"
+            )
 
     def options(self) -> str:
-        """The libpq `options` string: server settings of the session, from its start."""
-        settings = {
+        """The libpq `options` string: server settings of the session, from its start.
+
+        The limits above, and `PINNED_SETTINGS`: a session's options outrank every default
+        of the server, the database and the role (`ALTER ... SET`), so none of them can
+        change how a statement reads or what the driver parses.
+        """
+        settings: dict[str, object] = {
+            **PINNED_SETTINGS,
             "statement_timeout": _ms(self.statement_timeout),
             "lock_timeout": _ms(self.lock_timeout),
             "idle_in_transaction_session_timeout": _ms(self.idle_in_transaction_timeout),
@@ -151,6 +200,91 @@ class SessionLimits:
 
 def _ms(seconds: float) -> int:
     return round(seconds * 1000)
+
+
+class DsnError(PinRuntimeError, ValueError):
+    """A DSN libpq would refuse at every connect: a setting to fix, not an outage to wait
+    out. The message never quotes the DSN (it may carry a password)."""
+
+
+# Values libpq checks only when it connects (and then fails every attempt alike).
+_DSN_CHOICES: Final[Mapping[str, frozenset[str]]] = {
+    "sslmode": frozenset({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"}),
+    "gssencmode": frozenset({"disable", "prefer", "require"}),
+    "channel_binding": frozenset({"disable", "prefer", "require"}),
+    "target_session_attrs": frozenset(
+        {"any", "read-write", "read-only", "primary", "standby", "prefer-standby"}
+    ),
+    "load_balance_hosts": frozenset({"disable", "random"}),
+    "sslcertmode": frozenset({"disable", "allow", "require"}),
+    "sslnegotiation": frozenset({"postgres", "direct"}),
+    "ssl_min_protocol_version": frozenset({"TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"}),
+    "ssl_max_protocol_version": frozenset({"TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"}),
+}
+_DSN_INTEGERS: Final = (
+    "connect_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+)
+# How libpq words a string it cannot parse, told in words that quote none of it.
+_DSN_SYNTAX: Final = (
+    ("unterminated quoted string", "a quoted value is not closed"),
+    ('missing "="', "a word without '=' (key=value pairs or a postgresql:// URL)"),
+    ("percent-encoded", "an invalid %-escape in the URL"),
+    ("URI", "not a valid postgresql:// URL"),
+)
+
+
+def check_dsn(dsn: str) -> None:
+    """Raise `DsnError` for a DSN no connect can succeed with: one libpq cannot parse, an
+    unknown option, or a value libpq refuses (a port that is no number, an unknown sslmode).
+    A server that cannot be reached is not checked here: that is waited out."""
+    try:
+        options = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        text = str(exc)
+        unknown = re.match(r'invalid (?:connection option|URI query parameter):? "(\w+)"', text)
+        if unknown:
+            raise DsnError(f"unknown connection option {unknown.group(1)!r}") from None
+        for mark, words in _DSN_SYNTAX:
+            if mark in text:
+                raise DsnError(words) from None
+        raise DsnError("not a valid libpq connection string") from None
+    for name, choices in _DSN_CHOICES.items():
+        value = options.get(name)
+        if value is not None and value not in choices:
+            raise DsnError(f"{name} must be one of {', '.join(sorted(choices))}")
+    for name in _DSN_INTEGERS:
+        value = options.get(name)
+        if value is not None and not re.fullmatch(r"\s*-?\d+\s*", str(value)):
+            raise DsnError(f"{name} must be a whole number")
+    _check_hosts(options)
+
+
+_HIGHEST_PORT: Final = 65535
+
+
+def _check_hosts(options: Mapping[str, Any]) -> None:
+    hosts = str(options.get("host") or "").split(",")
+    addresses = str(options.get("hostaddr") or "").split(",")
+    ports = str(options.get("port") or "").split(",")
+    for port in ports:
+        if port.strip() and not (port.strip().isdigit() and 1 <= int(port) <= _HIGHEST_PORT):
+            raise DsnError("port must be a number from 1 to 65535 (one per host)")
+    for address in addresses:
+        if address.strip():
+            try:
+                ipaddress.ip_address(address.strip())
+            except ValueError:
+                raise DsnError("hostaddr must be a numeric IP address (one per host)") from None
+    count = max(len(hosts), len(addresses))
+    if len(ports) not in (1, count):
+        raise DsnError(f"{len(ports)} ports for {count} hosts: give one port, or one per host")
+    if options.get("hostaddr") and options.get("host") and len(addresses) != len(hosts):
+        raise DsnError("host and hostaddr must list the same number of entries")
 
 
 def connect(dsn: str, session: SessionLimits, *, application_name: str | None = None) -> Connection:

@@ -21,6 +21,7 @@ from pin_runtime.errors import SettingsError
 
 __all__ = [
     "CONFIG_ERROR_EXIT_CODE",
+    "LONGEST_DURATION",
     "Secret",
     "load_settings",
     "parse_duration",
@@ -33,6 +34,11 @@ __all__ = [
 
 # EX_USAGE-like and what the spec asks for: "a bad value stops the process with exit code 2".
 CONFIG_ERROR_EXIT_CODE: Final = 2
+
+LONGEST_DURATION: Final = datetime.timedelta(milliseconds=2**31 - 1)
+"""The longest duration any setting takes, about 24.8 days: 2^31-1 milliseconds is the most
+PostgreSQL (statement_timeout and its kin) and librdkafka (every `*.ms` property) accept,
+and every duration of these services ends up in one of them or in a wait beside one."""
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -163,7 +169,7 @@ def settings_or_exit(cls: type[S], prefix: str, environ: Mapping[str, str] | Non
     try:
         return load_settings(cls, prefix, environ)
     except SettingsError as exc:
-        line = f"config error: {exc.variable}: {exc.reason}".replace("\n", " ")
+        line = redact(f"config error: {exc.variable}: {exc.reason}").replace("\n", " ")
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
         raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
@@ -213,7 +219,8 @@ def _convert(variable: str, raw: str, annotation: Any) -> Any:
     info = mi.type_info(annotation)
     try:
         return _to_value(raw, annotation, info)
-    except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+    # OverflowError: a duration or number beyond what Python's own types hold.
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError, OverflowError) as exc:
         raise SettingsError(variable, f"expected {_describe(info)}, got {raw!r}") from exc
 
 
@@ -238,8 +245,10 @@ def _to_duration(raw: str, annotation: Any) -> Any:
     except ValueError:
         value = raw  # maybe ISO 8601 (`PT5S`) or signed seconds; msgspec decides
     delta = msgspec.convert(value, annotation, strict=False)
-    if isinstance(delta, datetime.timedelta) and delta < datetime.timedelta(0):
-        raise ValueError("negative duration")
+    if isinstance(delta, datetime.timedelta) and not (
+        datetime.timedelta(0) <= delta <= LONGEST_DURATION
+    ):
+        raise ValueError("a duration out of range")
     return delta
 
 
@@ -277,7 +286,9 @@ def _describe(info: mi.Type) -> str:  # noqa: PLR0911 - one branch per msgspec t
     if isinstance(info, mi.StrType):
         return "a string" + _str_bounds(info)
     if isinstance(info, mi.TimeDeltaType):
-        return "a non-negative duration like 250ms, 5s, 5m, 1h or a number of seconds"
+        return (
+            "a duration like 250ms, 5s, 5m, 1h or a number of seconds, from 0 to 24d20h31m23.647s"
+        )
     if isinstance(info, mi.LiteralType):
         return "one of " + ", ".join(repr(v) for v in info.values)
     if isinstance(info, mi.EnumType):

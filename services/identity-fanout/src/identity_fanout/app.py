@@ -46,6 +46,7 @@ def runtime(settings: Settings, command: str, *, kafka: bool) -> Iterator[Runtim
         log_level=settings.log_level,
         metrics_host=settings.metrics_host,
         metrics_port=settings.metrics_port,
+        env_prefix=ENV_PREFIX,
         heartbeat=_heartbeat(settings),
     ) as rt:
         if kafka:

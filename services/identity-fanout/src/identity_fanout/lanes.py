@@ -14,6 +14,12 @@ Balancing: each instance aims at `ceil(lanes / instances)` lanes. One below its 
 free lanes; one above it gives back its surplus (after the lane's in-flight records are
 settled), so a newcomer gets its share and a dead instance's lanes (its locks end with its
 connection) are taken by the others at their next look.
+
+Advisory locks need no privilege: any session of the database can take them. Only the
+sessions of logins that may be relays count as instances; a slot another login holds
+stays unpublished while it does, so it is logged and exported for an alert
+(`foreign_holders`), and `migrate` revokes CONNECT from PUBLIC so that only the service's
+own logins connect at all.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 __all__ = [
     "DEFAULT_LANES",
@@ -29,11 +35,15 @@ __all__ = [
     "MAX_LANES",
     "MEMBER_LOCK_CLASS",
     "SLOTS",
+    "ForeignHolder",
+    "LaneLock",
     "LanePlan",
+    "foreign_holders",
     "key_slot",
     "lane_of_slot",
     "lock_class",
     "plan_lanes",
+    "relay_instances",
     "share",
     "slots_of",
 ]
@@ -80,6 +90,66 @@ def slots_of(lanes_held: Iterable[int], lanes: int) -> list[int]:
 def share(lanes: int, instances: int) -> int:
     """Lanes one instance aims at: ceil(lanes / instances), every lane covered."""
     return -(-lanes // max(1, instances))
+
+
+class LaneLock(NamedTuple):
+    """One advisory lock of the lanes and the session holding it (`lane_locks`)."""
+
+    lock_class: int
+    """`MEMBER_LOCK_CLASS` (an instance) or `LANE_LOCK_CLASS` (a slot)."""
+    key: int
+    """The slot, for a slot lock."""
+    pid: int
+    application_name: str | None
+    client_addr: str | None
+    user_name: str | None
+    relay_login: bool
+    """Whether the holder's login may be a relay (it may delete published rows). Any other
+    login can take an advisory lock too: its locks make no instance, and the slots it holds
+    are reported as held by a foreign session."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignHolder:
+    """A session whose login is not a relay's, holding lane locks."""
+
+    pid: int
+    user_name: str | None
+    application_name: str | None
+    slots: tuple[int, ...]
+    """Slots it holds (their rows cannot be published while it does)."""
+    member: bool
+    """Whether it holds the member lock (it would count as an instance if it were trusted)."""
+
+
+def relay_instances(locks: Iterable[LaneLock]) -> int:
+    """Running relay instances: the relay logins' sessions holding the member lock."""
+    return len({lk.pid for lk in locks if lk.lock_class == MEMBER_LOCK_CLASS and lk.relay_login})
+
+
+def foreign_holders(locks: Iterable[LaneLock]) -> list[ForeignHolder]:
+    """The sessions of other logins holding lane locks, by pid."""
+    slots: dict[int, list[int]] = {}
+    first: dict[int, LaneLock] = {}
+    member: set[int] = set()
+    for lk in locks:
+        if lk.relay_login:
+            continue
+        first.setdefault(lk.pid, lk)
+        if lk.lock_class == MEMBER_LOCK_CLASS:
+            member.add(lk.pid)
+        else:
+            slots.setdefault(lk.pid, []).append(lk.key)
+    return [
+        ForeignHolder(
+            pid=pid,
+            user_name=lk.user_name,
+            application_name=lk.application_name,
+            slots=tuple(sorted(slots.get(pid, ()))),
+            member=pid in member,
+        )
+        for pid, lk in sorted(first.items())
+    ]
 
 
 @dataclass(frozen=True, slots=True)

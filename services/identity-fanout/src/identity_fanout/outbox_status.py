@@ -7,13 +7,17 @@ from datetime import datetime
 
 import msgspec
 import psycopg
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, class_row
 
 from identity_fanout.lanes import (
     DEFAULT_LANES,
     LANE_LOCK_CLASS,
     MEMBER_LOCK_CLASS,
+    ForeignHolder,
+    LaneLock,
+    foreign_holders,
     lane_of_slot,
+    relay_instances,
     slots_of,
 )
 from identity_fanout.quarantine import quarantine_counts
@@ -54,6 +58,8 @@ class OutboxStatus(msgspec.Struct, frozen=True, kw_only=True):
     backlog_by_lane: dict[int, int] = msgspec.field(default_factory=dict)
     quarantined: dict[str, int] = msgspec.field(default_factory=dict)
     """Rows Kafka refused for good, by topic (`outbox quarantine list`)."""
+    foreign: tuple[ForeignHolder, ...] = ()
+    """Sessions of other logins holding lane locks (their slots are not published)."""
 
 
 def outbox_status(
@@ -62,10 +68,11 @@ def outbox_status(
     """Backlog, head age, per-topic and per-lane counts, who holds which lane, quarantine."""
     by_topic: dict[str, int] = dict(conn.execute(_outbox.status_by_topic).fetchall())
     head = conn.execute(_outbox.status_head).fetchone()
-    locks = conn.execute(
-        _lanes.lane_locks, {"class": LANE_LOCK_CLASS, "members": MEMBER_LOCK_CLASS}
-    ).fetchall()
-    holders = _holders(locks, lanes)
+    with conn.cursor(row_factory=class_row(LaneLock)) as cur:
+        locks = cur.execute(
+            _lanes.lane_locks, {"class": LANE_LOCK_CLASS, "members": MEMBER_LOCK_CLASS}
+        ).fetchall()
+    holders = _holders([lk for lk in locks if lk.relay_login], lanes)
     by_lane: dict[int, int] = {}
     for slot, count in conn.execute(_outbox.slot_backlog).fetchall():
         by_lane[lane_of_slot(slot, lanes)] = by_lane.get(lane_of_slot(slot, lanes), 0) + count
@@ -78,19 +85,20 @@ def outbox_status(
         relay=holders[0] if holders else None,
         lanes=lanes,
         holders=tuple(holders),
-        instances=len({row[2] for row in locks if row[0] == MEMBER_LOCK_CLASS}),
+        instances=relay_instances(locks),
         backlog_by_lane=dict(sorted(by_lane.items())),
         quarantined=quarantine_counts(conn),
+        foreign=tuple(foreign_holders(locks)),
     )
 
 
-def _holders(locks: list[TupleRow], lanes: int) -> list[RelayHolder]:
+def _holders(locks: list[LaneLock], lanes: int) -> list[RelayHolder]:
     slots: dict[int, set[int]] = {}
     who: dict[int, tuple[str | None, str | None]] = {}
-    for cls, obj, pid, application_name, client_addr in locks:
-        if cls == LANE_LOCK_CLASS:
-            slots.setdefault(pid, set()).add(obj)
-            who[pid] = (application_name, client_addr)
+    for lk in locks:
+        if lk.lock_class == LANE_LOCK_CLASS:
+            slots.setdefault(lk.pid, set()).add(lk.key)
+            who[lk.pid] = (lk.application_name, lk.client_addr)
     holders = [
         RelayHolder(
             pid=pid,
@@ -136,6 +144,15 @@ def status_table(status: OutboxStatus) -> Fields:
             f" from {holder.client_addr or 'local socket'}",
         )
         for holder in status.holders
+    ]
+    pairs += [
+        (
+            f"foreign pid {holder.pid}",
+            f"slots {_ranges(holder.slots)}{' + member lock' if holder.member else ''}:"
+            f" {holder.user_name or '?'} as {holder.application_name or '?'}"
+            " (not a relay login: these slots are not published while it holds them)",
+        )
+        for holder in status.foreign
     ]
     unheld = [lane for lane in range(status.lanes) if lane not in held]
     if status.holders and unheld:

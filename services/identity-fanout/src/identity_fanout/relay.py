@@ -123,6 +123,7 @@ class OutboxRelay:
             application_name=f"{client_id}@{socket.gethostname()}",
             limits=limits,
             on_change=self.metrics.set_lanes,
+            on_foreign=self.metrics.foreign_lock_holders.set,
             probe=probe,
         )
         self._pump = Pump(

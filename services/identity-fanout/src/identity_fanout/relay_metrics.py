@@ -30,6 +30,7 @@ class RelayMetrics(MetricSet):
     quarantined: Counter
     quarantine_rows: Gauge
     paused: Gauge
+    foreign_lock_holders: Gauge
 
     def __post_init__(self) -> None:
         self._quarantine_topics: set[str] = set()

@@ -17,10 +17,19 @@ from collections.abc import Callable, Collection
 from typing import Final
 
 import psycopg
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, class_row
 
 from identity_fanout.channels import listen
-from identity_fanout.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS, plan_lanes, slots_of
+from identity_fanout.lanes import (
+    LANE_LOCK_CLASS,
+    MEMBER_LOCK_CLASS,
+    ForeignHolder,
+    LaneLock,
+    foreign_holders,
+    plan_lanes,
+    relay_instances,
+    slots_of,
+)
 from identity_fanout.relay_log import log as _log
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import LazyConnection, SessionLimits, connect
@@ -43,7 +52,8 @@ class LaneSession:
 
     `connection()` (re)connects lazily; `rebalance()` moves towards this instance's share
     of the lanes; `drop()` after any error forgets the connection and with it every lock.
-    `on_change(lanes)` follows the held lanes (the relay's gauges).
+    `on_change(lanes)` follows the held lanes (the relay's gauges), `on_foreign(sessions)`
+    the sessions of other logins holding lane locks (`lanes.foreign_holders`).
     """
 
     def __init__(
@@ -55,6 +65,7 @@ class LaneSession:
         application_name: str,
         limits: SessionLimits,
         on_change: Callable[[frozenset[int]], None] | None = None,
+        on_foreign: Callable[[int], None] | None = None,
         probe: Probe | None = None,
     ) -> None:
         self._lanes = lanes
@@ -64,6 +75,8 @@ class LaneSession:
             lambda: connect(dsn, limits, application_name=application_name), prepare=self._join
         )
         self._on_change = on_change or (lambda _lanes: None)
+        self._on_foreign = on_foreign or (lambda _count: None)
+        self._foreign_seen: set[tuple[int, str | None, str | None]] = set()
         self._probe = probe or (lambda _event, _lane: None)
         self._held: set[int] = set()
         self._releasing: set[int] = set()
@@ -98,13 +111,19 @@ class LaneSession:
         share, mark the surplus for hand-over (`release_idle` gives them back)."""
         conn = self.connection()
         me = conn.info.backend_pid
-        rows = conn.execute(
-            _q.lane_locks, {"class": LANE_LOCK_CLASS, "members": MEMBER_LOCK_CLASS}
-        ).fetchall()
-        members = len({pid for cls, _obj, pid, *_ in rows if cls == MEMBER_LOCK_CLASS})
+        with conn.cursor(row_factory=class_row(LaneLock)) as cur:
+            locks = cur.execute(
+                _q.lane_locks, {"class": LANE_LOCK_CLASS, "members": MEMBER_LOCK_CLASS}
+            ).fetchall()
+        members = relay_instances(locks)
+        # A slot any other session holds is not free, whoever holds it: a foreign holder is
+        # reported, never raced.
         others = {
-            obj % self._lanes for cls, obj, pid, *_ in rows if cls == LANE_LOCK_CLASS and pid != me
+            lk.key % self._lanes
+            for lk in locks
+            if lk.lock_class == LANE_LOCK_CLASS and lk.pid != me
         }
+        self._report_foreign(foreign_holders(locks))
         plan = plan_lanes(self._lanes, members, self._held, others)
         self._releasing.update(plan.release)
         if plan.acquire:
@@ -112,6 +131,26 @@ class LaneSession:
         if not self._held and not self._standby_logged:
             log_event(_log, "relay standby", instances=members, lanes=self._lanes)
             self._standby_logged = True
+
+    def _report_foreign(self, holders: list[ForeignHolder]) -> None:
+        """Each foreign session once in the log (and again after it let go and came back);
+        their count on every look (`on_foreign`, the relay's gauge)."""
+        seen = {(h.pid, h.user_name, h.application_name) for h in holders}
+        for holder in holders:
+            if (holder.pid, holder.user_name, holder.application_name) in self._foreign_seen:
+                continue
+            log_event(
+                _log,
+                "relay lane locks held by a foreign session",
+                logging.ERROR,
+                pid=holder.pid,
+                user=holder.user_name,
+                application_name=holder.application_name,
+                slots=list(holder.slots),
+                member_lock=holder.member,
+            )
+        self._foreign_seen = seen
+        self._on_foreign(len(holders))
 
     def release_idle(self, busy_slots: Collection[int]) -> None:
         """Give back the lanes marked for hand-over that have no record in flight."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import NamedTuple
 from uuid import UUID
 
@@ -29,10 +29,16 @@ class AssignmentRow(NamedTuple):
     scope_project_group_id: UUID | None
     scope_project_id: UUID | None
     expires_at: datetime | None
+    """In UTC without a zone, null beyond what the wire carries (the query says why)."""
 
 
 def _snapshot(row: AssignmentRow) -> ActiveRoleAssignmentSnapshot:
-    return built_from(ActiveRoleAssignmentSnapshot, row)
+    expires = row.expires_at
+    return built_from(
+        ActiveRoleAssignmentSnapshot,
+        row,
+        expires_at=None if expires is None else expires.replace(tzinfo=UTC),
+    )
 
 
 def _company(

@@ -35,7 +35,6 @@ __all__ = [
     "SCHEMA",
     "build_consumer",
     "create_replay_producer",
-    "max_poll_interval_ms",
     "run_consumer",
     "run_migrations",
 ]
@@ -66,30 +65,6 @@ def run_migrations(
     unbounded = dataclasses.replace(session, statement_timeout=0, lock_timeout=0)
     with connect(dsn, unbounded) as conn:
         return run(conn)
-
-
-# Statements of the longest batch: inbox lookup, row read, update, insert, inbox insert
-# (pipelined, each bounded on its own), the dead-letter marks, and a recovery probe.
-_STATEMENTS_PER_BATCH = 7
-# Rounds of DLQ waits per batch: the copies, then the reference records of refused ones.
-_DLQ_ROUNDS = 2
-_DLQ_REPORT_MARGIN_S = 5.0
-_POLL_MARGIN_S = 60.0
-
-
-def max_poll_interval_ms(settings: Settings) -> int:
-    """librdkafka `max.poll.interval.ms`: above the longest a batch can take.
-
-    A batch that outlasts it makes the consumer leave the group and its partitions move,
-    in the middle of the batch. Longest batch = every statement at its statement timeout
-    (a lock wait counts within it) + both DLQ waits + margin; never below librdkafka's
-    default of 5 minutes. With a statement timeout of 0 (disabled) nothing bounds a batch,
-    so the default's 5 minutes plus the DLQ waits are used.
-    """
-    statement = settings.db_statement_timeout.total_seconds()
-    delivery = settings.delivery_timeout.total_seconds() + _DLQ_REPORT_MARGIN_S
-    longest = statement * _STATEMENTS_PER_BATCH + delivery * _DLQ_ROUNDS + _POLL_MARGIN_S
-    return int(max(300.0, longest) * 1000)
 
 
 def _dlq_producer_config(settings: Settings) -> dict[str, str | int | float | bool]:
@@ -145,7 +120,7 @@ def build_consumer(
             # Records of a batch are fetched together; a bigger fetch keeps batches full.
             "fetch.wait.max.ms": 100,
             "session.timeout.ms": int(settings.kafka_session_timeout.total_seconds() * 1000),
-            "max.poll.interval.ms": max_poll_interval_ms(settings),
+            "max.poll.interval.ms": settings.max_poll_interval_ms(),
         },
         on_error=on_kafka_error,
     )
@@ -193,12 +168,13 @@ def run_consumer(settings: Settings) -> None:
     # Stale only after the longest batch the settings allow (the DLQ waits beat, a batch of
     # slow statements does not): restarting a pod in the middle of a legitimately slow batch
     # would only repeat it.
-    heartbeat = Heartbeat(stale_after=max_poll_interval_ms(settings) / 1000.0)
+    heartbeat = Heartbeat(stale_after=settings.max_poll_interval_ms() / 1000.0)
     with long_running(
         SERVICE_NAME,
         log_level=settings.log_level,
         metrics_host=settings.metrics_host,
         metrics_port=settings.metrics_port,
+        env_prefix=ENV_PREFIX,
         heartbeat=heartbeat,
         registry=metrics.registry,
     ) as rt:

@@ -24,7 +24,15 @@ from pin_runtime.settings import Secret
 ENV_PREFIX: Final = "REWARDS_MEMBERSHIP_"
 SERVICE_NAME: Final = "rewards-membership"
 
-NonEmpty = Annotated[str, Meta(min_length=1)]
+# Statements of the longest batch: inbox lookup, row read, update, insert, inbox insert
+# (pipelined, each bounded on its own), the dead-letter marks, and a recovery probe.
+_STATEMENTS_PER_BATCH: Final = 7
+# Rounds of DLQ waits per batch: the copies, then the reference records of refused ones.
+_DLQ_ROUNDS: Final = 2
+_DLQ_REPORT_MARGIN_S: Final = 5.0
+_POLL_MARGIN_S: Final = 60.0
+_LONGEST_POLL_INTERVAL_MS: Final = 86_400_000
+"""librdkafka's upper bound of `max.poll.interval.ms` (24 h)."""
 
 
 class Settings(ServiceSettings, frozen=True, kw_only=True):
@@ -33,9 +41,9 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
     database_dsn: Secret
     """libpq DSN of the `pin_rewards` database."""
 
-    topic: NonEmpty = AGENT_MEMBERSHIP_CHANGED.name
-    dlq_topic: NonEmpty = IDENTITY_MEMBERSHIP_DLQ.name
-    group_id: NonEmpty = REWARDS_MEMBERSHIP_CONSUMER_GROUP
+    topic: TopicName = AGENT_MEMBERSHIP_CHANGED.name
+    dlq_topic: TopicName = IDENTITY_MEMBERSHIP_DLQ.name
+    group_id: GroupName = REWARDS_MEMBERSHIP_CONSUMER_GROUP
 
     batch_size: Annotated[int, Meta(ge=1, le=10_000)] = 5000
     """Most messages one `consume()` returns, and one database transaction applies."""
@@ -63,13 +71,39 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
         if self.retry_initial <= timedelta(0):
             raise ValueError("REWARDS_MEMBERSHIP_RETRY_INITIAL: must be positive")
         if self.retry_max < self.retry_initial:
-            raise ValueError("REWARDS_MEMBERSHIP_RETRY_MAX: must be >= RETRY_INITIAL")
+            raise ValueError(
+                f"REWARDS_MEMBERSHIP_RETRY_MAX: must be at least REWARDS_MEMBERSHIP_RETRY_INITIAL"
+                f" ({self.retry_initial.total_seconds():g}s), got"
+                f" {self.retry_max.total_seconds():g}s"
+            )
         if self.delivery_timeout <= timedelta(0):
             raise ValueError("REWARDS_MEMBERSHIP_DELIVERY_TIMEOUT: must be positive")
         if self.lag_interval <= timedelta(0):
             raise ValueError("REWARDS_MEMBERSHIP_LAG_INTERVAL: must be positive")
         if self.dlq_topic == self.topic:
             raise ValueError("REWARDS_MEMBERSHIP_DLQ_TOPIC: must differ from the source topic")
+        if self.max_poll_interval_ms() > _LONGEST_POLL_INTERVAL_MS:
+            raise ValueError(
+                "REWARDS_MEMBERSHIP_DB_STATEMENT_TIMEOUT: with REWARDS_MEMBERSHIP_DELIVERY_TIMEOUT"
+                f" {self.delivery_timeout.total_seconds():g}s a batch may take"
+                f" {self.max_poll_interval_ms() / 3_600_000:.1f} h, more than the 24 h"
+                " librdkafka lets a consumer go between polls: lower one of them (a statement"
+                " counts 7 times, the delivery timeout twice)"
+            )
+
+    def max_poll_interval_ms(self) -> int:
+        """librdkafka `max.poll.interval.ms`: above the longest a batch can take.
+
+        A batch that outlasts it makes the consumer leave the group and its partitions
+        move, in the middle of the batch. Longest batch = every statement at its statement
+        timeout (a lock wait counts within it) + both DLQ waits + margin; never below
+        librdkafka's default of 5 minutes. With a statement timeout of 0 (disabled) nothing
+        bounds a batch, so the default's 5 minutes plus the DLQ waits are used.
+        """
+        statement = self.db_statement_timeout.total_seconds()
+        delivery = self.delivery_timeout.total_seconds() + _DLQ_REPORT_MARGIN_S
+        longest = statement * _STATEMENTS_PER_BATCH + delivery * _DLQ_ROUNDS + _POLL_MARGIN_S
+        return int(max(300.0, longest) * 1000)
 
 
 class LagWatchSettings(BaseLagWatchSettings, frozen=True, kw_only=True):

@@ -63,6 +63,7 @@ def run_lag_watch(service: str, prefix: str, settings: LagWatchSettings) -> None
         metrics_port=settings.metrics_port,
         heartbeat=heartbeat,
         registry=registry,
+        env_prefix=prefix,
     ) as rt:
         for variable in unknown_variables(type(settings), prefix):
             log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)

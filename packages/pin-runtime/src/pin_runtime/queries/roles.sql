@@ -31,8 +31,16 @@ GRANT USAGE ON SCHEMA {schema} TO {role}
 GRANT {privileges} ON TABLE {table} TO {role}
 
 -- name: connect_grantable --
-SELECT current_database(),
-       has_database_privilege(current_database(), 'CONNECT WITH GRANT OPTION')
+-- The database, whether CONNECT may be granted on it, and whether its owner migrates (only
+-- the owner's revoke from PUBLIC takes PUBLIC's default CONNECT away).
+SELECT d.datname,
+       has_database_privilege(d.datname, 'CONNECT WITH GRANT OPTION'),
+       pg_has_role(current_user, d.datdba, 'MEMBER')
+  FROM pg_database AS d
+ WHERE d.datname = current_database()
 
 -- name: grant_connect --
 GRANT CONNECT ON DATABASE {database} TO {roles}
+
+-- name: revoke_public_connect --
+REVOKE CONNECT, TEMPORARY ON DATABASE {database} FROM PUBLIC

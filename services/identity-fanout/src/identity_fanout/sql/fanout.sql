@@ -15,9 +15,14 @@ LIMIT %(limit)s
 -- Every Active, unexpired assignment of a page of users, with the role code: the snapshot
 -- of each user in one query (no N+1). An assignment whose ExpiresAt has passed is left out
 -- even before the expiry job marks it Expired: the snapshot must never extend access.
+-- ExpiresAt as the wire carries it (pin_contracts README "Timestamps"): in UTC, as a
+-- timestamp without zone, so no session TimeZone can push a year-9999 value past the
+-- year 10000 a client can parse; from 10000-01-01 UTC on (and 'infinity') it is null, no
+-- expiry; a past one ('-infinity' included) is left out above.
 SELECT a.user_id, a.id AS assignment_id, a.role_id, r.code AS role_code, a.company_id,
        a.scope_type, a.scope_organization_id, a.scope_project_group_id, a.scope_project_id,
-       a.expires_at
+       CASE WHEN a.expires_at < '10000-01-01 00:00:00+00' THEN a.expires_at AT TIME ZONE 'UTC'
+       END AS expires_at
 FROM identity.role_assignments AS a
 JOIN identity.role_definitions AS r ON r.id = a.role_id
 WHERE a.user_id = ANY(%(user_ids)s)
@@ -50,8 +55,8 @@ WHERE role_id = %(role_id)s AND status = 'Active'
 -- the event type, contract version, aggregate type, change reason, OccurredAt, CorrelationId,
 -- the header names and the batch's trace-context headers.
 -- Timestamps are formatted in UTC whatever the session's TimeZone ("Z", microseconds only
--- when not zero, as msgspec writes them). An ExpiresAt of 'infinity' (never expires) goes
--- out as null: RFC 3339 has no infinity.
+-- when not zero, as msgspec writes them). An ExpiresAt the wire cannot carry goes out as
+-- null, no expiry, by the rule of snapshot_rows: 'infinity', or 10000-01-01 UTC and later.
 -- Composed with psycopg.sql: the braces of the JSON text are doubled ({{ and }}).
 WITH page AS MATERIALIZED (
 {page}
@@ -78,7 +83,7 @@ WITH page AS MATERIALIZED (
                    || ',"ScopeProjectId":'
                    || coalesce('"' || a.scope_project_id::text || '"', 'null')
                    || ',"ExpiresAt":'
-                   || CASE WHEN isfinite(a.expires_at) THEN
+                   || CASE WHEN a.expires_at < '10000-01-01 00:00:00+00' THEN
                           '"' || to_char(a.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
                           || CASE WHEN date_trunc('second', a.expires_at) = a.expires_at THEN ''
                                   ELSE to_char(a.expires_at AT TIME ZONE 'UTC', '.US') END

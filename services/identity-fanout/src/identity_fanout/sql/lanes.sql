@@ -15,8 +15,14 @@ SELECT s, pg_try_advisory_lock(%(class)s, s) FROM unnest(%(slots)s::int[]) AS s
 SELECT count(*) FILTER (WHERE pg_advisory_unlock(%(class)s, s)) FROM unnest(%(slots)s::int[]) AS s
 
 -- name: lane_locks --
--- Who is a relay instance (the shared member lock) and who holds which slot.
-SELECT l.classid::bigint, l.objid::bigint, l.pid, a.application_name, a.client_addr::text
+-- Who is a relay instance (the shared member lock) and who holds which slot, and whether
+-- the holder's login may be a relay at all (it may delete published rows): any other
+-- session holding these locks is foreign, counted as no instance and reported. Read as
+-- identity_fanout.lanes.LaneLock.
+SELECT l.classid::bigint AS lock_class, l.objid::bigint AS key, l.pid,
+       a.application_name, a.client_addr::text AS client_addr, a.usename::text AS user_name,
+       coalesce(has_table_privilege(a.usesysid, 'identity.outbox', 'DELETE'), false)
+           AS relay_login
   FROM pg_locks AS l
   LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
  WHERE l.locktype = 'advisory'
