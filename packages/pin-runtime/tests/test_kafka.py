@@ -273,7 +273,7 @@ class _Svc(KafkaClientSettings, frozen=True, kw_only=True):
         (
             {"SVC_KAFKA_SECURITY_PROTOCOL": "SSL", "SVC_KAFKA_SSL_CERTIFICATE_LOCATION": "/c"},
             "SVC_KAFKA_SSL_KEY_LOCATION",
-            "required with KAFKA_SSL_CERTIFICATE_LOCATION",
+            "required with SVC_KAFKA_SSL_CERTIFICATE_LOCATION",
         ),
         (
             {"SVC_KAFKA_SSL_CERTIFICATE_LOCATION": "/c", "SVC_KAFKA_SSL_KEY_LOCATION": "/k"},
@@ -283,7 +283,7 @@ class _Svc(KafkaClientSettings, frozen=True, kw_only=True):
         (
             {"SVC_KAFKA_SECURITY_PROTOCOL": "SSL", "SVC_KAFKA_SSL_KEY_PASSWORD": "kp"},
             "SVC_KAFKA_SSL_KEY_PASSWORD",
-            "without KAFKA_SSL_KEY_LOCATION",
+            "without SVC_KAFKA_SSL_KEY_LOCATION",
         ),
     ],
 )
@@ -307,16 +307,19 @@ def test_sasl_plain_in_clear_text_when_explicitly_allowed() -> None:
     assert settings.kafka_security()["sasl.mechanism"] == "PLAIN"
 
 
-def test_client_certificate_settings_reach_librdkafka() -> None:
+def test_client_certificate_settings_reach_librdkafka(tmp_path: Path) -> None:
+    # Files librdkafka will read (checked at start: a missing one is the variable's error).
+    for name in ("ca.pem", "client.pem", "client.key"):
+        (tmp_path / name).write_text("-----BEGIN-----\n")
     settings = load_settings(
         _Svc,
         "SVC_",
         {
             "SVC_KAFKA_BOOTSTRAP": "k:9093",
             "SVC_KAFKA_SECURITY_PROTOCOL": "SSL",
-            "SVC_KAFKA_SSL_CA_LOCATION": "/ca.pem",
-            "SVC_KAFKA_SSL_CERTIFICATE_LOCATION": "/client.pem",
-            "SVC_KAFKA_SSL_KEY_LOCATION": "/client.key",
+            "SVC_KAFKA_SSL_CA_LOCATION": str(tmp_path / "ca.pem"),
+            "SVC_KAFKA_SSL_CERTIFICATE_LOCATION": str(tmp_path / "client.pem"),
+            "SVC_KAFKA_SSL_KEY_LOCATION": str(tmp_path / "client.key"),
             "SVC_KAFKA_SSL_KEY_PASSWORD": "key-secret",
         },
     )
@@ -324,9 +327,9 @@ def test_client_certificate_settings_reach_librdkafka() -> None:
     assert settings.kafka_connection() == {
         "bootstrap.servers": "k:9093",
         "security.protocol": "SSL",
-        "ssl.ca.location": "/ca.pem",
-        "ssl.certificate.location": "/client.pem",
-        "ssl.key.location": "/client.key",
+        "ssl.ca.location": str(tmp_path / "ca.pem"),
+        "ssl.certificate.location": str(tmp_path / "client.pem"),
+        "ssl.key.location": str(tmp_path / "client.key"),
         "ssl.key.password": "key-secret",
     }
 
@@ -355,3 +358,15 @@ def test_verify_connection_reports_refused_client_settings(tmp_path: Path) -> No
             timeout=2,
         )
     assert "key-secret" not in str(caught.value)
+
+
+def test_a_tls_file_that_is_not_there_is_the_variables_error(tmp_path: Path) -> None:
+    # librdkafka refused the whole client when it was made, after the process started.
+    with pytest.raises(SettingsError) as raised:
+        load_settings(
+            _Svc,
+            "SVC_",
+            {"SVC_KAFKA_SECURITY_PROTOCOL": "SSL", "SVC_KAFKA_SSL_CA_LOCATION": str(tmp_path)},
+        )
+    assert raised.value.variable == "SVC_KAFKA_SSL_CA_LOCATION"
+    assert "no readable file" in raised.value.reason

@@ -47,6 +47,51 @@ def test_bad_values_stop_with_exit_2_and_one_line(variable: str, value: str) -> 
     assert lines[0].startswith(f"config error: {variable}: ")
 
 
+PASSWORD = "n0t-in-any-output"
+
+
+@pytest.mark.parametrize("command", ["worker", "relay"])
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        # Python's timedelta overflowed (a traceback, exit 1).
+        ("IDENTITY_FANOUT_DB_STATEMENT_TIMEOUT", "99999999999d"),
+        ("IDENTITY_FANOUT_POLLING_INTERVAL", "99999999999999999999"),
+        # PostgreSQL refuses them at every connect: retried for ever as an outage.
+        ("IDENTITY_FANOUT_DB_STATEMENT_TIMEOUT", "30d"),
+        ("IDENTITY_FANOUT_DB_IDLE_IN_TRANSACTION_TIMEOUT", "25d"),
+        ("IDENTITY_FANOUT_DB_KEEPALIVES_IDLE", "40000s"),
+        # librdkafka's message.timeout.ms wrapped negative: every relay round failed.
+        ("IDENTITY_FANOUT_RELAY_DELIVERY_TIMEOUT", "30d"),
+        # libpq refuses them at every connect (the relay logged "retriable": false, retried).
+        ("IDENTITY_FANOUT_DATABASE_DSN", f"host=127.0.0.1 port=notaport password={PASSWORD}"),
+        ("IDENTITY_FANOUT_DATABASE_DSN", f"host=127.0.0.1 sslmodee=require password={PASSWORD}"),
+        ("IDENTITY_FANOUT_DATABASE_DSN", f"postgresql://u:{PASSWORD}@[127.0.0.1:5432/db"),
+        ("IDENTITY_FANOUT_DATABASE_DSN", f"host='127.0.0.1 password={PASSWORD}"),
+        ("IDENTITY_FANOUT_KAFKA_BOOTSTRAP", "kafka:9092,broker two:9092"),
+        # An address of no interface here (TEST-NET-1): the bind fails, nothing is sent.
+        ("IDENTITY_FANOUT_METRICS_HOST", "192.0.2.1"),
+    ],
+)
+def test_a_value_its_consumer_would_refuse_stops_the_process_at_start(
+    command: str, variable: str, value: str
+) -> None:
+    env = {
+        "IDENTITY_FANOUT_DATABASE_DSN": f"host=127.0.0.1 port=1 password={PASSWORD}",
+        "IDENTITY_FANOUT_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+        "IDENTITY_FANOUT_METRICS_HOST": "127.0.0.1",
+        "IDENTITY_FANOUT_METRICS_PORT": "0",
+        variable: value,
+    }
+    result = run(command, env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"config error: {variable}: ")
+    assert PASSWORD not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr + result.stdout
+
+
 def test_worker_needs_a_kafka_bootstrap() -> None:
     result = run("worker", env={"IDENTITY_FANOUT_DATABASE_DSN": "dbname=x"})
     assert result.returncode == 2

@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -43,6 +44,63 @@ def cli_environment(monkeypatch: pytest.MonkeyPatch, settings: Settings, operato
     for name, value in environment(settings, operator_dsn).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("COLUMNS", "400")
+
+
+PASSWORD = "n0t-in-any-output"
+
+
+@pytest.mark.parametrize(
+    ("values", "named", "mentioned"),
+    [
+        # librdkafka's max.poll.interval.ms (24 h at most) is derived from both.
+        ({"REWARDS_MEMBERSHIP_DB_STATEMENT_TIMEOUT": "4h"}, "DB_STATEMENT_TIMEOUT", "DELIVERY"),
+        ({"REWARDS_MEMBERSHIP_DELIVERY_TIMEOUT": "30d"}, "DELIVERY_TIMEOUT", ""),
+        ({"REWARDS_MEMBERSHIP_DB_STATEMENT_TIMEOUT": "30d"}, "DB_STATEMENT_TIMEOUT", ""),
+        ({"REWARDS_MEMBERSHIP_DB_STATEMENT_TIMEOUT": "99999999999d"}, "DB_STATEMENT_TIMEOUT", ""),
+        (
+            {"REWARDS_MEMBERSHIP_RETRY_INITIAL": "5s", "REWARDS_MEMBERSHIP_RETRY_MAX": "1s"},
+            "RETRY_MAX",
+            "REWARDS_MEMBERSHIP_RETRY_INITIAL",
+        ),
+        (
+            {"REWARDS_MEMBERSHIP_DATABASE_DSN": f"port=notaport password={PASSWORD}"},
+            "DATABASE_DSN",
+            "",
+        ),
+        (
+            {"REWARDS_MEMBERSHIP_DATABASE_DSN": f"sslmodee=require password={PASSWORD}"},
+            "DATABASE_DSN",
+            "",
+        ),
+        ({"REWARDS_MEMBERSHIP_TOPIC": "not a topic"}, "TOPIC", ""),
+    ],
+)
+def test_a_value_its_consumer_would_refuse_stops_consume_at_start(
+    values: dict[str, str], named: str, mentioned: str
+) -> None:
+    # Was: exit 1, nothing on stderr, a traceback on stdout (or one variable of two named).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REWARDS_MEMBERSHIP_")}
+    env |= {
+        "REWARDS_MEMBERSHIP_DATABASE_DSN": f"host=127.0.0.1 port=1 password={PASSWORD}",
+        "REWARDS_MEMBERSHIP_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+        "REWARDS_MEMBERSHIP_METRICS_PORT": "0",
+        **values,
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("rewards-membership")), "consume"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr + done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("config error: REWARDS_MEMBERSHIP_" + named + ": "), lines[0]
+    assert mentioned in lines[0]
+    assert PASSWORD not in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr + done.stdout
 
 
 def test_bad_setting_exits_2_naming_the_variable(

@@ -22,7 +22,9 @@ Nothing here loads a Kafka client: operator commands that never talk to Kafka im
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -201,11 +203,14 @@ class Runtime:
         host, port = self._address
         try:
             return self.ops.start(host, port)
-        except (OSError, OverflowError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc)
+        except OSError as exc:
+            # A host no interface has or no name service knows is the host's fault; a port
+            # taken or privileged is the port's.
+            unknown_host = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+            variable = "METRICS_HOST" if unknown_host else "METRICS_PORT"
             raise SettingsError(
-                f"{self._env_prefix}METRICS_PORT",
-                f"cannot listen on {host}:{port} ({self._env_prefix}METRICS_HOST: {reason})",
+                f"{self._env_prefix}{variable}",
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}",
             ) from None
 
 

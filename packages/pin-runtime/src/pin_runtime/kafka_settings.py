@@ -9,6 +9,7 @@ talks to Kafka (the runbook commands) does not load librdkafka. The fail-fast ch
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Final, Literal
 
@@ -22,6 +23,11 @@ SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 _TLS_PROTOCOLS: Final = frozenset({"SSL", "SASL_SSL"})
+_TLS_FILES: Final = (
+    "kafka_ssl_ca_location",
+    "kafka_ssl_certificate_location",
+    "kafka_ssl_key_location",
+)
 
 
 def security_config(
@@ -88,6 +94,19 @@ _SERVER: Final = re.compile(
 _HIGHEST_PORT: Final = 65535
 
 
+def _check_bootstrap(bootstrap: str) -> None:
+    """A blank list is the commands' own check (`kafka_or_exit`: required by Kafka's)."""
+    servers = [s.strip() for s in bootstrap.split(",") if s.strip()]
+    if bootstrap.strip() and not servers:
+        raise ValueError("KAFKA_BOOTSTRAP: expected a comma-separated list of host:port")
+    for server in servers:
+        if not _valid_server(server):
+            raise ValueError(
+                "KAFKA_BOOTSTRAP: expected a comma-separated list of host:port"
+                f" (port 1..65535), got {server!r}"
+            )
+
+
 def _valid_server(server: str) -> bool:
     match = _SERVER.fullmatch(server)
     return match is not None and (
@@ -123,12 +142,7 @@ class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         # Named by field (upper-cased, no prefix): `load_settings` adds the service's prefix.
-        for server in filter(None, (s.strip() for s in self.kafka_bootstrap.split(","))):
-            if not _valid_server(server):
-                raise ValueError(
-                    "KAFKA_BOOTSTRAP: expected a comma-separated list of host:port"
-                    f" (port 1..65535), got {server!r}"
-                )
+        _check_bootstrap(self.kafka_bootstrap)
         protocol = self.kafka_security_protocol
         if protocol.startswith("SASL"):
             for name in ("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password"):
@@ -152,6 +166,11 @@ class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.kafka_ssl_key_password is not None and not key:
             raise ValueError("KAFKA_SSL_KEY_PASSWORD: set without KAFKA_SSL_KEY_LOCATION")
+        for name in _TLS_FILES:
+            path = getattr(self, name)
+            # librdkafka reads them when a client is made and refuses the whole client.
+            if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+                raise ValueError(f"{name.upper()}: no readable file at {path!r}")
 
     def kafka_security(self) -> KafkaConfig:
         """The librdkafka settings of this authentication, for every client's `extra`."""

@@ -160,8 +160,16 @@ def load_settings(cls: type[S], prefix: str, environ: Mapping[str, str] | None =
         if sep and variable not in known and prefix + variable in known:
             variable = prefix + variable
         if sep and variable in known:
-            raise SettingsError(variable, reason) from exc
-        raise SettingsError(f"{prefix}*", str(exc)) from exc
+            raise SettingsError(variable, _qualified(reason, cls, prefix)) from exc
+        raise SettingsError(f"{prefix}*", _qualified(str(exc), cls, prefix)) from exc
+
+
+def _qualified(reason: str, cls: type[msgspec.Struct], prefix: str) -> str:
+    """`reason` with each other setting it mentions by field (`RETRY_INITIAL`) spelled as
+    the operator's variable (`<PREFIX>RETRY_INITIAL`): the line names both variables."""
+    names = sorted((f.name.upper() for f in msgspec.structs.fields(cls)), key=len, reverse=True)
+    pattern = re.compile(r"(?<![A-Z0-9_])(" + "|".join(map(re.escape, names)) + r")(?![A-Z0-9_])")
+    return pattern.sub(lambda match: prefix + match.group(1), reason)
 
 
 def settings_or_exit(cls: type[S], prefix: str, environ: Mapping[str, str] | None = None) -> S:

@@ -72,13 +72,13 @@ def _hostile() -> st.SearchStrategy[str]:
 
 def environments(
     cls: type[msgspec.Struct], prefix: str, base: Mapping[str, str]
-) -> st.SearchStrategy[dict[str, str]]:
+) -> st.SearchStrategy[tuple[dict[str, str], set[str]]]:
     """`base` (a valid environment) with one to three of `cls`'s variables set to hostile
-    strings. A drawn value never holds a NUL: no environment can."""
+    strings, and the names of those. A drawn value never holds a NUL: no environment can."""
     variables = sorted(prefix + field.name.upper() for field in msgspec.structs.fields(cls))
     hostile = _hostile().filter(lambda text: "\x00" not in text)
     return st.dictionaries(st.sampled_from(variables), hostile, min_size=1, max_size=3).map(
-        lambda drawn: {**base, **drawn}
+        lambda drawn: ({**base, **drawn}, set(drawn))
     )
 
 

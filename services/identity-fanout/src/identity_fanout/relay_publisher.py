@@ -82,6 +82,9 @@ class Publisher:
         self._fatal = False
         self.refusal: DeliveryFailure | None = None
         """A cluster-wide refusal the client reported (error_cb) since the last ack."""
+        # Made now, not at the first row: librdkafka checks its settings when a client is
+        # made, so a value it refuses stops the relay as it starts, not at its first burst.
+        self._current_producer()
 
     def produce(self, records: Sequence[OutboxRecord], window: InflightWindow) -> bool:
         """Produce `records` in order into `window`, without waiting for acknowledgements.

@@ -89,6 +89,8 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
             raise ValueError("IDENTITY_FANOUT_MAX_LEASE_DURATION: must be at least 1s")
         if self.relay_poll_interval <= timedelta(0):
             raise ValueError("IDENTITY_FANOUT_RELAY_POLL_INTERVAL: must be positive")
+        if self.relay_delivery_timeout < timedelta(milliseconds=1):
+            raise ValueError("IDENTITY_FANOUT_RELAY_DELIVERY_TIMEOUT: must be at least 1ms")
 
 
 class LagWatchSettings(BaseLagWatchSettings, frozen=True, kw_only=True):

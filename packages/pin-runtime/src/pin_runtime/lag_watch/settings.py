@@ -63,6 +63,8 @@ class LagWatchSettings(KafkaClientSettings, frozen=True, kw_only=True):
         if self.lag_watch_interval < timedelta(seconds=1):
             raise ValueError("LAG_WATCH_INTERVAL: must be at least 1s")
         if not timedelta(0) < self.lag_watch_request_timeout <= self.lag_watch_interval:
-            raise ValueError("LAG_WATCH_REQUEST_TIMEOUT: must be positive and at most the interval")
+            raise ValueError(
+                "LAG_WATCH_REQUEST_TIMEOUT: must be positive and at most LAG_WATCH_INTERVAL"
+            )
         if self.lag_watch_stale_after < 2 * self.lag_watch_interval:
-            raise ValueError("LAG_WATCH_STALE_AFTER: must be at least twice the interval")
+            raise ValueError("LAG_WATCH_STALE_AFTER: must be at least twice LAG_WATCH_INTERVAL")
