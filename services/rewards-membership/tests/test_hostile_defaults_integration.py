@@ -16,10 +16,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from consumer_kit import publish
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from consumer_kit import publish
 from pin_runtime.postgres import SessionLimits
 from pin_testkit.events import membership_event
 from pin_testkit.ports import free_port
@@ -58,7 +58,7 @@ def make_hostile(owner_dsn: str, logins: list[str]) -> None:
             )
 
 
-def test_every_process_kind_works_against_hostile_database_defaults(
+def test_every_process_kind_works_against_hostile_database_defaults(  # noqa: PLR0917 - its fixtures
     database: str,
     consumer_dsn: str,
     operator_dsn: str,
@@ -117,16 +117,16 @@ def test_every_process_kind_works_against_hostile_database_defaults(
         with consumer.start():
             consumer.wait_ready()
             wait_until(
-                lambda: db.execute("SELECT count(*) FROM rewards.agent_performance").fetchone()
-                == (2,),
+                lambda: (
+                    db.execute("SELECT count(*) FROM rewards.agent_performance").fetchone() == (2,)
+                ),
                 timeout=60,
                 what="both events applied",
                 alive=[consumer],
             )
             assert consumer.metric("rewards_identity_membership_dlq_total") == 0
         stored = db.execute(
-            "SELECT left_at, effective_at FROM rewards.agent_performance"
-            " WHERE agent_user_id = %s",
+            "SELECT left_at, effective_at FROM rewards.agent_performance WHERE agent_user_id = %s",
             (agent,),
         ).fetchone()
     assert stored == (left, left)
