@@ -22,7 +22,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
-from identity_fanout.db_roles import OPERATOR, RELAY, WORKER
+from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
 from identity_fanout.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS, SLOTS
 from identity_fanout.schema import migrate_database
 from pin_contracts import decode_access_changed
@@ -81,7 +81,10 @@ def hostile(
     identity_dsn: str, db: Conn, runtime_dsn: Callable[[str, str], str]
 ) -> Iterator[dict[str, str]]:
     """The identity database made hostile; the DSNs of its runtime logins by role."""
-    dsns = {role.name: runtime_dsn(identity_dsn, role.name) for role in (WORKER, RELAY, OPERATOR)}
+    dsns = {
+        role.name: runtime_dsn(identity_dsn, role.name)
+        for role in (WORKER, RELAY, OPERATOR, PRODUCER)
+    }
     logins = [str(conninfo_to_dict(dsn)["user"]) for dsn in dsns.values()]
     make_hostile(db, logins)
     yield dsns
@@ -128,6 +131,14 @@ def check_events(db: Conn, expected_users: int, by_assignment: dict[uuid.UUID, s
             assert assignment not in seen, f"lapsed {stored} was sent"
         else:
             assert seen[assignment] == EXPIRIES[stored], stored
+
+
+def task_id(db: Conn, role: uuid.UUID) -> uuid.UUID:
+    row = db.execute(
+        "SELECT id FROM identity.access_fanout_tasks WHERE role_id = %s", (role,)
+    ).fetchone()
+    assert row is not None
+    return uuid.UUID(str(row[0]))
 
 
 def cli(dsn: str, *args: str, threshold: int = 1000) -> tuple[int, str, str]:
@@ -207,9 +218,21 @@ def test_every_process_kind_works_against_hostile_database_defaults(
             alive=[worker],
         )
     check_events(db, users, by_assignment)
-    for args in (("tasks", "list"), ("outbox", "status")):
+    for args in (
+        ("tasks", "list"),
+        ("tasks", "show", str(task_id(db, role))),
+        ("outbox", "status"),
+    ):
         code, out, err = cli(hostile[OPERATOR.name], *args)
         assert code == 0, (args, err)
+    agent, agency = str(uuid.uuid4()), str(uuid.uuid4())
+    for args in (
+        ("memberships", "join", agent, agency),
+        ("memberships", "leave", agent, agency, "--reason", "SelfLeave"),
+    ):
+        code, out, err = cli(hostile[PRODUCER.name], *args)
+        assert code == 0, (args, err)
+    users += 2  # the two membership events wait in the outbox too
     relay = service(
         "relay", hostile[RELAY.name], ("relay",), tmp_path, kafka_bootstrap=kafka_bootstrap
     )
