@@ -226,12 +226,12 @@ def test_every_process_kind_works_against_hostile_database_defaults(
         code, out, err = cli(hostile[OPERATOR.name], *args)
         assert code == 0, (args, err)
     agent, agency = str(uuid.uuid4()), str(uuid.uuid4())
-    for args in (
+    for change in (
         ("memberships", "join", agent, agency),
         ("memberships", "leave", agent, agency, "--reason", "SelfLeave"),
     ):
-        code, out, err = cli(hostile[PRODUCER.name], *args)
-        assert code == 0, (args, err)
+        code, out, err = cli(hostile[PRODUCER.name], *change)
+        assert code == 0, (change, err)
     users += 2  # the two membership events wait in the outbox too
     relay = service(
         "relay", hostile[RELAY.name], ("relay",), tmp_path, kafka_bootstrap=kafka_bootstrap
