@@ -11,14 +11,13 @@ schema's function first, and a statement timeout of 1 ms for every runtime login
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 import psycopg
 import pytest
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
@@ -26,6 +25,7 @@ from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
 from identity_fanout.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS, SLOTS
 from identity_fanout.schema import migrate_database
 from pin_contracts import decode_access_changed
+from pin_testkit.hostile import make_hostile
 from pin_testkit.ports import free_port
 from pin_testkit.runtime_roles import login_name
 from pin_testkit.seeding import Assignment, add_assignments, add_permissions, add_role
@@ -48,52 +48,17 @@ LAPSED: Final = ("-infinity", "2001-01-01 00:00:00+00", "4000-01-01 00:00:00+00 
 """Past expiries: never in a snapshot, also not through a decoy `now()` that says 2000."""
 
 
-def make_hostile(db: Conn, logins: list[str]) -> None:
-    """Defaults of the database and of each login that the services must not inherit."""
-    database = sql.Identifier(str(db.info.dbname))
-    db.execute("CREATE SCHEMA decoy")
-    db.execute(
-        "CREATE FUNCTION decoy.now() RETURNS timestamptz LANGUAGE sql"
-        " AS $$ SELECT timestamptz '2000-01-01 00:00:00+00' $$"
-    )
-    db.execute("GRANT USAGE ON SCHEMA decoy TO PUBLIC")
-    for name, value in (
-        ("DateStyle", "SQL, DMY"),
-        ("TimeZone", "Asia/Kathmandu"),
-        ("search_path", "decoy, pg_catalog, public"),
-        ("IntervalStyle", "iso_8601"),
-    ):
-        db.execute(
-            sql.SQL("ALTER DATABASE {} SET {} = {}").format(
-                database, sql.Identifier(name), sql.Literal(value)
-            )
-        )
-    for login in logins:
-        db.execute(
-            sql.SQL("ALTER ROLE {} IN DATABASE {} SET statement_timeout = '1ms'").format(
-                sql.Identifier(login), database
-            )
-        )
-
-
 @pytest.fixture
-def hostile(
-    identity_dsn: str, db: Conn, runtime_dsn: Callable[[str, str], str]
-) -> Iterator[dict[str, str]]:
-    """The identity database made hostile; the DSNs of its runtime logins by role."""
+def hostile(identity_dsn: str, db: Conn, runtime_dsn: Callable[[str, str], str]) -> dict[str, str]:
+    """The identity database made hostile (`pin_testkit.hostile`); the DSNs of its runtime
+    logins by role."""
     dsns = {
         role.name: runtime_dsn(identity_dsn, role.name)
         for role in (WORKER, RELAY, OPERATOR, PRODUCER)
     }
     logins = [str(conninfo_to_dict(dsn)["user"]) for dsn in dsns.values()]
     make_hostile(db, logins)
-    yield dsns
-    for login in logins:  # roles are cluster-wide: leave no setting behind for other tests
-        db.execute(
-            sql.SQL("ALTER ROLE {} IN DATABASE {} RESET ALL").format(
-                sql.Identifier(login), sql.Identifier(str(db.info.dbname))
-            )
-        )
+    return dsns
 
 
 def seed_expiring_role(db: Conn, users: int) -> tuple[uuid.UUID, dict[uuid.UUID, str]]:

@@ -17,45 +17,17 @@ from typing import Any
 import psycopg
 import pytest
 from consumer_kit import publish
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from pin_runtime.postgres import SessionLimits
 from pin_testkit.events import membership_event
+from pin_testkit.hostile import make_hostile
 from pin_testkit.ports import free_port
 from pin_testkit.service import ServiceProcess, run_cli, service_environment
 from pin_testkit.waiting import wait_until
 from rewards_membership.settings import Settings
 
 pytestmark = pytest.mark.integration
-
-
-def make_hostile(owner_dsn: str, logins: list[str]) -> None:
-    with psycopg.connect(owner_dsn, autocommit=True) as db:
-        database = sql.Identifier(str(db.info.dbname))
-        db.execute("CREATE SCHEMA decoy")
-        db.execute(
-            "CREATE FUNCTION decoy.now() RETURNS timestamptz LANGUAGE sql"
-            " AS $$ SELECT timestamptz '2000-01-01 00:00:00+00' $$"
-        )
-        db.execute("GRANT USAGE ON SCHEMA decoy TO PUBLIC")
-        for name, value in (
-            ("DateStyle", "SQL, DMY"),
-            ("TimeZone", "Asia/Kathmandu"),
-            ("IntervalStyle", "iso_8601"),
-            ("search_path", "decoy, pg_catalog, public"),
-        ):
-            db.execute(
-                sql.SQL("ALTER DATABASE {} SET {} = {}").format(
-                    database, sql.Identifier(name), sql.Literal(value)
-                )
-            )
-        for login in logins:
-            db.execute(
-                sql.SQL("ALTER ROLE {} IN DATABASE {} SET statement_timeout = '1ms'").format(
-                    sql.Identifier(login), database
-                )
-            )
 
 
 def test_every_process_kind_works_against_hostile_database_defaults(  # noqa: PLR0917 - its fixtures
@@ -69,7 +41,8 @@ def test_every_process_kind_works_against_hostile_database_defaults(  # noqa: PL
     # Was: psycopg refused every timestamp the consumer read back (DateStyle), so no batch
     # could apply, and the operator's commands exited 1 with a traceback.
     logins = [str(conninfo_to_dict(dsn)["user"]) for dsn in (consumer_dsn, operator_dsn)]
-    make_hostile(database, logins)
+    with psycopg.connect(database, autocommit=True) as owner:
+        make_hostile(owner, logins)
 
     def cli(dsn: str, *args: str) -> str:
         env = service_environment(
