@@ -64,9 +64,15 @@ def test_the_commands_own_code_is_kept_and_none_is_success() -> None:
     assert run_command(lambda: 3) == 3
 
 
-def test_an_error_the_service_did_not_name_is_not_swallowed() -> None:
-    with pytest.raises(DomainError):
-        run_command(lambda: _raise(DomainError("bug")))
+def test_an_error_the_service_did_not_name_is_one_line_and_a_logged_traceback(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Not swallowed: exit 1, the operator's one line, the traceback in the log.
+    assert run_command(lambda: _raise(DomainError("bug\nsecond line"))) == 1
+    assert capsys.readouterr().err == "error: DomainError: bug\n"
+    (record,) = [r for r in caplog.records if r.getMessage() == "command failed"]
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], DomainError)
 
 
 def test_error_lines_never_show_a_configured_secret(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,9 +5,11 @@
   VARIABLE: reason`, as `settings.settings_or_exit`); a refused migration or a domain error
   of the service is exit 1 (`error: ...`); a database that cannot be reached is exit 1
   (`error: database unavailable: <first line of the driver's message>`), and so is a
-  statement it refused (`error: the database refused the command (SQLSTATE): ...`). Every
-  line passes through `settings.redact`. Kafka credentials the brokers refuse are exit 2 through
-  `kafka_security.kafka_or_exit`, which each command that talks to Kafka calls first.
+  statement it refused (`error: the database refused the command (SQLSTATE): ...`), and
+  anything else a command raises (`error: Type: message`, the traceback in the JSON log).
+  Every line passes through `settings.redact`. Kafka credentials the brokers refuse are
+  exit 2 through `kafka_security.kafka_or_exit`, which each command that talks to Kafka
+  calls first.
 - `Cli` is each service's command line: one `main` (arguments, settings, logging the same
   way for every command: JSON lines on stdout, stderr kept for what went wrong; a warning
   for each unknown `<PREFIX>*` variable; then `run_command`).
@@ -106,6 +108,12 @@ def run_command(
         # hold): one line with its SQLSTATE for the runbook, never a traceback.
         state = f" ({exc.sqlstate})" if exc.sqlstate else ""
         error_line(f"error: the database refused the command{state}: {_first_line(exc)}")
+        return ERROR_EXIT_CODE
+    except Exception as exc:
+        # A bug, or a failure nothing above names: the traceback goes to the JSON log (for
+        # whoever debugs it), one line to stderr (for whoever runs the command).
+        _log.error("command failed", exc_info=True)
+        error_line(f"error: {type(exc).__name__}: {_first_line(exc)}")
         return ERROR_EXIT_CODE
     return 0 if code is None else code
 
