@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
-from identity_fanout.relay import OutboxRelay
+from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.schema import migrate_database
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_testkit.bench import cpu_seconds

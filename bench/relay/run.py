@@ -28,9 +28,9 @@ from confluent_kafka import KafkaError, Message, Producer
 from rich.console import Console
 from rich.table import Table
 
-from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
-from identity_fanout.relay import COMPRESSION
-from identity_fanout.relay_publisher import BATCH_SIZE_BYTES
+from identity_fanout.outbox.publisher import BATCH_SIZE_BYTES
+from identity_fanout.outbox.relay import COMPRESSION
+from identity_fanout.outbox.writer import OutboxMessage, outbox_message, write_outbox
 from identity_fanout.schema import migrate_database
 from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import (

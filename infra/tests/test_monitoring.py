@@ -18,7 +18,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from identity_fanout.metrics import FanoutMetrics
-from identity_fanout.relay import RelayMetrics
+from identity_fanout.outbox.relay import RelayMetrics
 from pin_runtime.lag_watch.metrics import LagWatchMetrics
 from rewards_membership.metrics import Metrics as MembershipMetrics
 

@@ -64,13 +64,30 @@ def test_the_commands_own_code_is_kept_and_none_is_success() -> None:
     assert run_command(lambda: 3) == 3
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def test_an_error_the_service_did_not_name_is_one_line_and_a_logged_traceback(
-    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Not swallowed: exit 1, the operator's one line, the traceback in the log.
-    assert run_command(lambda: _raise(DomainError("bug\nsecond line"))) == 1
+    # Only this test's handler: another test's JSON handler may write to a stream it closed.
+    root, logger, seen = logging.getLogger(), logging.getLogger("pin_runtime"), _Records()
+    kept, root.handlers = root.handlers, []
+    logger.addHandler(seen)
+    try:
+        assert run_command(lambda: _raise(DomainError("bug\nsecond line"))) == 1
+    finally:
+        logger.removeHandler(seen)
+        root.handlers = kept
     assert capsys.readouterr().err == "error: DomainError: bug\n"
-    (record,) = [r for r in caplog.records if r.getMessage() == "command failed"]
+    (record,) = [r for r in seen.records if r.getMessage() == "command failed"]
     assert record.exc_info is not None
     assert isinstance(record.exc_info[1], DomainError)
 

@@ -22,6 +22,7 @@ from pin_runtime.kafka import (
     security_config,
     verify_connection,
 )
+from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.settings import load_settings, settings_or_exit
 from pin_testkit.ports import free_port
 
@@ -360,13 +361,23 @@ def test_verify_connection_reports_refused_client_settings(tmp_path: Path) -> No
     assert "key-secret" not in str(caught.value)
 
 
-def test_a_tls_file_that_is_not_there_is_the_variables_error(tmp_path: Path) -> None:
+def test_a_tls_file_that_is_not_there_is_the_variables_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # librdkafka refused the whole client when it was made, after the process started.
-    with pytest.raises(SettingsError) as raised:
-        load_settings(
-            _Svc,
-            "SVC_",
-            {"SVC_KAFKA_SECURITY_PROTOCOL": "SSL", "SVC_KAFKA_SSL_CA_LOCATION": str(tmp_path)},
-        )
-    assert raised.value.variable == "SVC_KAFKA_SSL_CA_LOCATION"
-    assert "no readable file" in raised.value.reason
+    settings = load_settings(
+        _Svc,
+        "SVC_",
+        {
+            "SVC_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+            "SVC_KAFKA_SECURITY_PROTOCOL": "SSL",
+            "SVC_KAFKA_SSL_CA_LOCATION": str(tmp_path),
+        },
+    )
+    assert settings.unreadable_tls_file() == "kafka_ssl_ca_location"
+    with pytest.raises(SystemExit) as exited:
+        kafka_or_exit(settings, "SVC_", command="relay")
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        f"config error: SVC_KAFKA_SSL_CA_LOCATION: no readable file at {str(tmp_path)!r}\n"
+    )

@@ -22,7 +22,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
-from identity_fanout.relay import OutboxRelay
+from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.schema import migrate_database
 from pin_runtime.logging import JsonFormatter
 from pin_testkit.fixtures import connection, login_dsn

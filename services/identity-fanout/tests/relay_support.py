@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 
-from identity_fanout.outbox import OutboxMessage, write_outbox
-from identity_fanout.relay import OutboxRelay
+from identity_fanout.outbox.relay import OutboxRelay
+from identity_fanout.outbox.writer import OutboxMessage, write_outbox
 from pin_contracts import (
     USER_ACCESS_CHANGED,
     AccessChangeReason,

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 
-from identity_fanout.outbox import OutboxMessage, write_outbox
-from identity_fanout.relay import OutboxRelay
+from identity_fanout.outbox.relay import OutboxRelay
+from identity_fanout.outbox.writer import OutboxMessage, write_outbox
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED
 from pin_testkit.fuzzing import fuzz_settings, fuzz_timeout
 

@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
-from identity_fanout.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS, SLOTS
+from identity_fanout.outbox.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS, SLOTS
 from identity_fanout.schema import migrate_database
 from pin_contracts import decode_access_changed
 from pin_testkit.hostile import make_hostile

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from identity_fanout.lanes import (
+from identity_fanout.outbox.lanes import (
     LANE_LOCK_CLASS,
     MEMBER_LOCK_CLASS,
     SLOTS,

@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console, RenderableType
 
 from identity_fanout.cli import _tasks_table
-from identity_fanout.outbox_status import OutboxStatus, RelayHolder, status_table
-from identity_fanout.quarantine import QuarantinedRow
+from identity_fanout.outbox.quarantine import QuarantinedRow
+from identity_fanout.outbox.status import OutboxStatus, RelayHolder, status_table
 from identity_fanout.quarantine_view import quarantine_table
 from identity_fanout.shard_view import shards_table
 from identity_fanout.shards import START, FanOutShard

@@ -31,9 +31,9 @@ from psycopg.rows import TupleRow
 from identity_fanout.claim import claim_task
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.fanout import process_batch
-from identity_fanout.lanes import SLOTS
 from identity_fanout.membership import join_agency, leave_agency
-from identity_fanout.relay_records import record_from_row
+from identity_fanout.outbox.lanes import SLOTS
+from identity_fanout.outbox.records import record_from_row
 from pin_contracts import LeaveReason
 from pin_runtime.sql import load_queries
 from pin_testkit.seeding import Assignment, add_assignments, add_permissions, add_role
@@ -52,7 +52,7 @@ def outbox_record(conn: Conn, message_id: uuid.UUID | None = None) -> Message:
     """The outbox row as the relay publishes it (its own row -> record conversion)."""
     every_slot = {"slots": list(range(SLOTS)), "after": 0, "limit": 10_000, "budget": 1 << 40}
     rows = conn.execute(
-        load_queries("identity_fanout", "sql/relay.sql").read_lanes, every_slot
+        load_queries("identity_fanout", "outbox/sql/relay.sql").read_lanes, every_slot
     ).fetchall()
     records = [record_from_row(row) for row in rows]
     if message_id is not None:

@@ -12,10 +12,10 @@ import psycopg
 import pytest
 from psycopg.rows import TupleRow, dict_row
 
-from identity_fanout.outbox import OutboxMessage, write_outbox
-from identity_fanout.quarantine import list_quarantined, quarantine_rows
-from identity_fanout.relay_records import OutboxRecord
-from identity_fanout.relay_settlement import Refusal
+from identity_fanout.outbox.quarantine import list_quarantined, quarantine_rows
+from identity_fanout.outbox.records import OutboxRecord
+from identity_fanout.outbox.settlement import Refusal
+from identity_fanout.outbox.writer import OutboxMessage, write_outbox
 from pin_runtime.delivery import DeliveryFailure
 from pin_testkit.service import CommandResult, run_cli, service_environment
 

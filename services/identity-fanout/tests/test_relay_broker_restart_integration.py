@@ -14,9 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from relay_support import RelayThread, access_event, access_topic, outbox_count
 
-from identity_fanout.outbox import OutboxMessage, outbox_message, write_outbox
-from identity_fanout.quarantine import list_quarantined
-from identity_fanout.relay import OutboxRelay
+from identity_fanout.outbox.quarantine import list_quarantined
+from identity_fanout.outbox.relay import OutboxRelay
+from identity_fanout.outbox.writer import OutboxMessage, outbox_message, write_outbox
 from pin_contracts import (
     MESSAGE_ID_HEADER,
     Topic,

@@ -18,10 +18,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from relay_support import RELAY_TEST_OPTIONS, RelayThread, access_topic, outbox_count
 
-from identity_fanout.lanes import lane_of_slot
-from identity_fanout.outbox import outbox_message, write_outbox
-from identity_fanout.outbox_status import OutboxStatus, outbox_status
-from identity_fanout.relay import OutboxRelay
+from identity_fanout.outbox.lanes import lane_of_slot
+from identity_fanout.outbox.relay import OutboxRelay
+from identity_fanout.outbox.status import OutboxStatus, outbox_status
+from identity_fanout.outbox.writer import outbox_message, write_outbox
 from pin_contracts import (
     AccessChangeReason,
     Topic,

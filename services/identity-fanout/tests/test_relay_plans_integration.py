@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg.rows import TupleRow
 
-from identity_fanout.lanes import slots_of
-from identity_fanout.relay_reader import ReadRequest, fetch
+from identity_fanout.outbox.lanes import slots_of
+from identity_fanout.outbox.reader import ReadRequest, fetch
 from pin_runtime.postgres import SessionLimits, connect
 from pin_runtime.sql import load_queries
 
@@ -27,7 +27,7 @@ IDLE_READS = 40
 """Far more than psycopg's prepare_threshold (5) plus PostgreSQL's five custom plans."""
 EVERY_SLOT = ReadRequest(tuple(slots_of(range(8), 8)), 0, 5000, 32 * 1024 * 1024)
 
-_q = load_queries("identity_fanout", "sql/relay.sql")
+_q = load_queries("identity_fanout", "outbox/sql/relay.sql")
 
 
 def write_burst(db: Conn, rows: int) -> None:

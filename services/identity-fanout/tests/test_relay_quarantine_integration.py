@@ -29,8 +29,8 @@ from psycopg.rows import TupleRow
 
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.membership import join_agency
-from identity_fanout.outbox import OutboxMessage, outbox_message
-from identity_fanout.quarantine import list_quarantined, retry_all, retry_quarantined
+from identity_fanout.outbox.quarantine import list_quarantined, retry_all, retry_quarantined
+from identity_fanout.outbox.writer import OutboxMessage, outbox_message
 from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,

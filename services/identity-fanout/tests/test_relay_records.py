@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from identity_fanout.relay_records import (
+from identity_fanout.outbox.records import (
     OutboxRecord,
     record_from_row,
     records_from_rows,

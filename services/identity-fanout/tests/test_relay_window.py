@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from identity_fanout.relay_records import OutboxRecord
-from identity_fanout.relay_settlement import Settlement
-from identity_fanout.relay_window import InflightWindow
+from identity_fanout.outbox.records import OutboxRecord
+from identity_fanout.outbox.settlement import Settlement
+from identity_fanout.outbox.window import InflightWindow
 
 
 def record(id_: int, *, slot: int = 0, size: int = 10) -> OutboxRecord:

@@ -24,8 +24,8 @@ from relay_support import (
 )
 
 from identity_fanout.membership import join_agency
-from identity_fanout.outbox import outbox_message
-from identity_fanout.relay import OutboxRelay, relay_from_settings
+from identity_fanout.outbox.relay import OutboxRelay, relay_from_settings
+from identity_fanout.outbox.writer import outbox_message
 from identity_fanout.settings import ENV_PREFIX, Settings
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, decode_access_changed, decode_membership_changed
 from pin_runtime.http import ComponentState

@@ -16,7 +16,7 @@ from relay_support import RelayFactory, RelayThread, access_event, access_topic,
 from worker_support import new_worker
 
 from identity_fanout.enqueue import set_role_permissions
-from identity_fanout.outbox import outbox_message
+from identity_fanout.outbox.writer import outbox_message
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import SessionLimits, create_pool
 from pin_testkit.seeding import add_permissions, seed_role_with_users

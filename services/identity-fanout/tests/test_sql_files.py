@@ -9,12 +9,12 @@ class TestSqlFiles(SqlFileChecks):
     PACKAGE = "identity_fanout"
     EXPECTED = (
         "membership/membership.sql",
+        "outbox/sql/lanes.sql",
+        "outbox/sql/outbox.sql",
+        "outbox/sql/quarantine.sql",
+        "outbox/sql/relay.sql",
         "sql/channels.sql",
         "sql/fanout.sql",
-        "sql/lanes.sql",
-        "sql/outbox.sql",
-        "sql/quarantine.sql",
-        "sql/relay.sql",
         "sql/roles.sql",
         "sql/shards.sql",
         "sql/tasks.sql",

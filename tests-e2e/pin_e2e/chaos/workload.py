@@ -24,7 +24,7 @@ from psycopg.rows import TupleRow
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import IdentityFanoutError
 from identity_fanout.membership import join_agency, leave_agency
-from identity_fanout.outbox import OutboxMessage, write_outbox
+from identity_fanout.outbox.writer import OutboxMessage, write_outbox
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, LeaveReason
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 

@@ -136,13 +136,18 @@ def kafka_or_exit(
 ) -> None:
     """The start of every command that talks to Kafka: bootstrap set, credentials accepted.
 
-    A missing bootstrap, or credentials or TLS settings the brokers refuse: one line on
+    A missing bootstrap, a TLS file that is not there, or credentials or TLS settings the
+    brokers refuse: one line on
     stderr and exit 2, as for any bad setting (retrying cannot fix either, and a crash loop
     with a clear line beats a pod that looks healthy and never consumes). No broker answering
     is an outage, not a mistake: logged, and the command's loop waits it out with backoff.
     """
     if not settings.kafka_bootstrap.strip():
         _exit_with(f"config error: {prefix}KAFKA_BOOTSTRAP: required by `{command}`")
+    unreadable = settings.unreadable_tls_file()
+    if unreadable is not None:
+        path = getattr(settings, unreadable)
+        _exit_with(f"config error: {prefix}{unreadable.upper()}: no readable file at {path!r}")
     try:
         verify_connection(settings.kafka_connection(), timeout=timeout)
     except KafkaUnreachableError as exc:

@@ -166,11 +166,19 @@ class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.kafka_ssl_key_password is not None and not key:
             raise ValueError("KAFKA_SSL_KEY_PASSWORD: set without KAFKA_SSL_KEY_LOCATION")
+
+    def unreadable_tls_file(self) -> str | None:
+        """The field of the first TLS file that is not a readable file here, else None.
+
+        Not a check of the settings themselves (the same settings are rendered and checked
+        where the files are not mounted): the commands that talk to Kafka ask it as they
+        start (`kafka_security.kafka_or_exit`), because librdkafka reads the files when a
+        client is made and refuses the whole client."""
         for name in _TLS_FILES:
             path = getattr(self, name)
-            # librdkafka reads them when a client is made and refuses the whole client.
             if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
-                raise ValueError(f"{name.upper()}: no readable file at {path!r}")
+                return name
+        return None
 
     def kafka_security(self) -> KafkaConfig:
         """The librdkafka settings of this authentication, for every client's `extra`."""

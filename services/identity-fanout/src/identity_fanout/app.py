@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Final
 
 from identity_fanout.metrics import FanoutMetrics
-from identity_fanout.relay import run_relay, tune_relay_gc
+from identity_fanout.outbox.relay import run_relay, tune_relay_gc
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from identity_fanout.worker import FanoutWorker
 from identity_fanout.worker_config import WorkerConfig

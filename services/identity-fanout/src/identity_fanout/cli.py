@@ -19,11 +19,11 @@ import psycopg
 from psycopg.rows import TupleRow
 from rich.console import Console
 
-from identity_fanout import quarantine as q
 from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import DiscardNeedsForceError, IdentityFanoutError
 from identity_fanout.membership import command as membership_command
-from identity_fanout.outbox_status import outbox_status, status_table
+from identity_fanout.outbox import quarantine as q
+from identity_fanout.outbox.status import outbox_status, status_table
 from identity_fanout.quarantine_view import (
     discarded_line,
     quarantine_detail,

@@ -21,7 +21,7 @@ from psycopg.rows import TupleRow, class_row
 from identity_fanout.channels import OUTBOX_CHANNEL, notify
 from identity_fanout.claim import Claim, shard_claim, task_claim
 from identity_fanout.errors import LeaseLostError, TaskSupersededError
-from identity_fanout.outbox import current_trace_context, outbox_message, write_outbox
+from identity_fanout.outbox.writer import current_trace_context, outbox_message, write_outbox
 from identity_fanout.page_writer import PageOf, write_page
 from identity_fanout.shard_rollup import roll_up_task
 from identity_fanout.shards import END, START, ClaimedShard

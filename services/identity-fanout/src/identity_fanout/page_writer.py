@@ -25,7 +25,7 @@ import msgspec
 from psycopg import Connection, sql
 from psycopg.rows import TupleRow
 
-from identity_fanout.lanes import SLOTS
+from identity_fanout.outbox.lanes import SLOTS
 from identity_fanout.shards import END, START
 from pin_contracts import (
     CONTRACT_VERSION_HEADER,

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Final
 
-from identity_fanout.quarantine import DiscardedRow, QuarantinedRow, RequeuedRow
+from identity_fanout.outbox.quarantine import DiscardedRow, QuarantinedRow, RequeuedRow
 from pin_runtime.listing import Columns, Fields, Listing, timestamp_cell
 
 __all__ = ["discarded_line", "quarantine_detail", "quarantine_table", "requeued_line"]

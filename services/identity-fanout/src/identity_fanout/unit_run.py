@@ -45,7 +45,7 @@ from identity_fanout.claim import Claim, retry_delay
 from identity_fanout.errors import LeaseLostError, TaskSupersededError
 from identity_fanout.fanout import BatchResult, lost_claim
 from identity_fanout.metrics import FanoutMetrics
-from identity_fanout.outbox import OutboxDepth, outbox_depth
+from identity_fanout.outbox.writer import OutboxDepth, outbox_depth
 from identity_fanout.worker_config import WorkerConfig
 from pin_runtime.backoff import Backoff
 from pin_runtime.logging import log_event

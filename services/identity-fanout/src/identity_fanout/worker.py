@@ -41,7 +41,7 @@ from identity_fanout.fanout import (
     process_shard_batch,
 )
 from identity_fanout.metrics import FanoutMetrics
-from identity_fanout.outbox import outbox_depth
+from identity_fanout.outbox.writer import outbox_depth
 from identity_fanout.shards import ClaimedShard
 from identity_fanout.split import split_task, splittable
 from identity_fanout.tasks import FanOutTask

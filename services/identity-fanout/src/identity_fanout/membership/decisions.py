@@ -25,7 +25,7 @@ from identity_fanout.membership.errors import (
     MembershipAlreadyActiveError,
     MembershipNotActiveError,
 )
-from identity_fanout.outbox import OutboxMessage, outbox_message
+from identity_fanout.outbox.writer import OutboxMessage, outbox_message
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
     AgentMembershipChanged,

@@ -26,7 +26,7 @@ from identity_fanout.membership.decisions import (
     next_membership,
     parse_request,
 )
-from identity_fanout.outbox import write_outbox
+from identity_fanout.outbox.writer import write_outbox
 from pin_contracts import AgentMembershipStatus, LeaveReason
 from pin_runtime.sql import columns, load_queries
 

@@ -125,7 +125,7 @@ WITH page AS MATERIALIZED (
            ) || %(trace_headers)s::jsonb,
            e.message_id,
            %(event_type)s,
-           -- identity_fanout.lanes.key_slot: the first byte of sha256(key), modulo SLOTS.
+           -- identity_fanout.outbox.lanes.key_slot: the first byte of sha256(key), modulo SLOTS.
            (get_byte(sha256(convert_to(e.user_id::text, 'UTF8')), 0) %% %(slots)s)::smallint
     FROM snapshots AS e
     ORDER BY e.user_id

@@ -23,8 +23,8 @@ from typing import Final
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from identity_fanout.relay_records import OutboxRecord
-from identity_fanout.relay_settlement import Settlement, settle
+from identity_fanout.outbox.records import OutboxRecord
+from identity_fanout.outbox.settlement import Settlement, settle
 from pin_runtime.delivery import DeliveryFailure, DeliveryTracker
 
 __all__ = ["DEFAULT_WINDOW_BYTES", "DEFAULT_WINDOW_RECORDS", "InflightWindow"]

@@ -20,7 +20,7 @@ import psycopg
 from psycopg.rows import TupleRow, class_row
 
 from identity_fanout.channels import listen
-from identity_fanout.lanes import (
+from identity_fanout.outbox.lanes import (
     LANE_LOCK_CLASS,
     MEMBER_LOCK_CLASS,
     ForeignHolder,
@@ -30,14 +30,14 @@ from identity_fanout.lanes import (
     relay_instances,
     slots_of,
 )
-from identity_fanout.relay_log import log as _log
+from identity_fanout.outbox.log import log as _log
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import LazyConnection, SessionLimits, connect
 from pin_runtime.sql import load_queries
 
 __all__ = ["WAKE_SLICE", "LaneSession"]
 
-_q = load_queries("identity_fanout", "sql/lanes.sql")
+_q = load_queries("identity_fanout", "outbox/sql/lanes.sql")
 
 WAKE_SLICE: Final = 0.5
 """Longest uninterruptible wait: bounds the reaction to a stop request."""

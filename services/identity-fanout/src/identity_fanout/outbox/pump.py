@@ -22,19 +22,19 @@ from typing import Final
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout.lanes import slots_of
-from identity_fanout.quarantine import quarantine_rows
-from identity_fanout.relay_deleter import Deleter
-from identity_fanout.relay_log import log as _log
-from identity_fanout.relay_metrics import RelayMetrics
-from identity_fanout.relay_pacing import SHUTDOWN_GRACE
-from identity_fanout.relay_pause import Pause, refusal_of
-from identity_fanout.relay_publisher import FLUSH_MARGIN, Publisher
-from identity_fanout.relay_reader import Reader, ReadRequest
-from identity_fanout.relay_records import OutboxRecord
-from identity_fanout.relay_report import report_refusals, report_stopped
-from identity_fanout.relay_settlement import Settlement
-from identity_fanout.relay_window import InflightWindow
+from identity_fanout.outbox.deleter import Deleter
+from identity_fanout.outbox.lanes import slots_of
+from identity_fanout.outbox.log import log as _log
+from identity_fanout.outbox.metrics import RelayMetrics
+from identity_fanout.outbox.pacing import SHUTDOWN_GRACE
+from identity_fanout.outbox.pause import Pause, refusal_of
+from identity_fanout.outbox.publisher import FLUSH_MARGIN, Publisher
+from identity_fanout.outbox.quarantine import quarantine_rows
+from identity_fanout.outbox.reader import Reader, ReadRequest
+from identity_fanout.outbox.records import OutboxRecord
+from identity_fanout.outbox.report import report_refusals, report_stopped
+from identity_fanout.outbox.settlement import Settlement
+from identity_fanout.outbox.window import InflightWindow
 from pin_runtime.logging import log_event
 
 Conn = psycopg.Connection[TupleRow]

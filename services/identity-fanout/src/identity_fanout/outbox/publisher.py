@@ -19,8 +19,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from identity_fanout.relay_records import OutboxRecord, span_links
-from identity_fanout.relay_window import InflightWindow
+from identity_fanout.outbox.records import OutboxRecord, span_links
+from identity_fanout.outbox.window import InflightWindow
 from pin_runtime.delivery import DeliveryFailure, classify
 from pin_runtime.kafka import Compression, ConfigValue, create_producer
 from pin_runtime.logging import log_event

@@ -1,4 +1,4 @@
--- The advisory locks of the outbox lanes (identity_fanout.lanes): which relay instance
+-- The advisory locks of the outbox lanes (identity_fanout.outbox.lanes): which relay instance
 -- publishes which slots. Session-level locks on the relay's own connection: they end with it.
 
 -- name: join_members --
@@ -18,7 +18,7 @@ SELECT count(*) FILTER (WHERE pg_advisory_unlock(%(class)s, s)) FROM unnest(%(sl
 -- Who is a relay instance (the shared member lock) and who holds which slot, and whether
 -- the holder's login may be a relay at all (it may delete published rows): any other
 -- session holding these locks is foreign, counted as no instance and reported. Read as
--- identity_fanout.lanes.LaneLock.
+-- identity_fanout.outbox.lanes.LaneLock.
 SELECT l.classid::bigint AS lock_class, l.objid::bigint AS key, l.pid,
        a.application_name, a.client_addr::text AS client_addr, a.usename::text AS user_name,
        coalesce(has_table_privilege(a.usesysid, 'identity.outbox', 'DELETE'), false)

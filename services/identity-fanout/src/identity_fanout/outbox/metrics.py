@@ -18,7 +18,7 @@ __all__ = ["RelayMetrics"]
 class RelayMetrics(MetricSet):
     """The relay's metrics on the given registry (never the process-global default)."""
 
-    catalogue = load_catalogue("identity_fanout", "relay_metrics.toml")
+    catalogue = load_catalogue("identity_fanout", "outbox/metrics.toml")
 
     backlog: Gauge
     oldest_age_seconds: Gauge

@@ -20,16 +20,16 @@ from typing import Final
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout.relay_log import log as _log
-from identity_fanout.relay_metrics import RelayMetrics
-from identity_fanout.relay_report import report_published
+from identity_fanout.outbox.log import log as _log
+from identity_fanout.outbox.metrics import RelayMetrics
+from identity_fanout.outbox.report import report_published
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import LazyConnection
 from pin_runtime.sql import load_queries
 
 __all__ = ["Deleter"]
 
-_q = load_queries("identity_fanout", "sql/relay.sql")
+_q = load_queries("identity_fanout", "outbox/sql/relay.sql")
 
 RETRY_PAUSE: Final = 0.5
 

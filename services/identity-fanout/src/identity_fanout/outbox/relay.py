@@ -33,18 +33,18 @@ from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 
 from identity_fanout.channels import OUTBOX_CHANNEL
-from identity_fanout.lanes import DEFAULT_LANES, MAX_LANES
-from identity_fanout.relay_deleter import Deleter
-from identity_fanout.relay_log import log as _log
-from identity_fanout.relay_metrics import RelayMetrics
-from identity_fanout.relay_pacing import Pacer
-from identity_fanout.relay_pause import Pause
-from identity_fanout.relay_publisher import Publisher
-from identity_fanout.relay_pump import Pump, RoundResult
-from identity_fanout.relay_report import report_failed_round
-from identity_fanout.relay_rounds import Rounds
-from identity_fanout.relay_session import LaneSession
-from identity_fanout.relay_window import (
+from identity_fanout.outbox.deleter import Deleter
+from identity_fanout.outbox.lanes import DEFAULT_LANES, MAX_LANES
+from identity_fanout.outbox.log import log as _log
+from identity_fanout.outbox.metrics import RelayMetrics
+from identity_fanout.outbox.pacing import Pacer
+from identity_fanout.outbox.pause import Pause
+from identity_fanout.outbox.publisher import Publisher
+from identity_fanout.outbox.pump import Pump, RoundResult
+from identity_fanout.outbox.report import report_failed_round
+from identity_fanout.outbox.rounds import Rounds
+from identity_fanout.outbox.session import LaneSession
+from identity_fanout.outbox.window import (
     DEFAULT_WINDOW_BYTES,
     DEFAULT_WINDOW_RECORDS,
     InflightWindow,

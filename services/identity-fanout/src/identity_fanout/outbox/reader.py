@@ -13,12 +13,12 @@ from typing import NamedTuple
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout.relay_records import OutboxRecord, records_from_rows
+from identity_fanout.outbox.records import OutboxRecord, records_from_rows
 from pin_runtime.sql import load_queries
 
 __all__ = ["ReadRequest", "Reader"]
 
-_q = load_queries("identity_fanout", "sql/relay.sql")
+_q = load_queries("identity_fanout", "outbox/sql/relay.sql")
 
 
 class ReadRequest(NamedTuple):

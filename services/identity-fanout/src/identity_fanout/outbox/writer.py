@@ -18,12 +18,12 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
 from identity_fanout.channels import OUTBOX_CHANNEL, notify
-from identity_fanout.lanes import key_slot
+from identity_fanout.outbox.lanes import key_slot
 from pin_contracts import Envelope, EventPayload, encode, headers_for, kafka_key
 from pin_contracts.topics import Topic
 from pin_runtime.sql import load_queries
 
-_q = load_queries("identity_fanout", "sql/outbox.sql")
+_q = load_queries("identity_fanout", "outbox/sql/outbox.sql")
 _COPY_TYPES: Final = ["text", "text", "bytea", "jsonb", "uuid", "text", "int2"]
 
 P = TypeVar("P", bound=EventPayload)
@@ -102,7 +102,7 @@ def write_outbox(conn: Connection[tuple[object, ...]], messages: Sequence[Outbox
                     Jsonb(m.headers, dumps=_json_text),
                     m.message_id,
                     m.event_type,
-                    key_slot(m.key),  # its lane, for good (identity_fanout.lanes)
+                    key_slot(m.key),  # its lane, for good (identity_fanout.outbox.lanes)
                 )
             )
     notify(conn, OUTBOX_CHANNEL)

@@ -32,7 +32,7 @@ from pin_runtime.logging import log_event
 from pin_runtime.sql import load_queries
 
 if TYPE_CHECKING:  # the relay's type only: the operator commands load no Kafka client
-    from identity_fanout.relay_settlement import Refusal
+    from identity_fanout.outbox.settlement import Refusal
 
 __all__ = [
     "DiscardedRow",
@@ -51,8 +51,8 @@ __all__ = [
     "retry_quarantined",
 ]
 
-_log = logging.getLogger("identity_fanout.quarantine")
-_q = load_queries("identity_fanout", "sql/quarantine.sql")
+_log = logging.getLogger("identity_fanout.outbox.quarantine")
+_q = load_queries("identity_fanout", "outbox/sql/quarantine.sql")
 _LIST: Final = _q.compose("select_quarantined", filter=sql.SQL(_q.oldest_first))
 _GET: Final = _q.compose("select_quarantined", filter=sql.SQL(_q.by_id))
 

@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Final
 
-from identity_fanout.relay_session import WAKE_SLICE
+from identity_fanout.outbox.session import WAKE_SLICE
 from pin_runtime.http import Heartbeat
 
 __all__ = ["SHUTDOWN_GRACE", "Pacer"]

@@ -15,11 +15,11 @@ from dataclasses import KW_ONLY, dataclass, field
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout.relay_metrics import RelayMetrics
-from identity_fanout.relay_pause import Pause, next_pause
-from identity_fanout.relay_pump import Pump, RoundResult
-from identity_fanout.relay_report import refresh_gauges, report_pause
-from identity_fanout.relay_session import LaneSession
+from identity_fanout.outbox.metrics import RelayMetrics
+from identity_fanout.outbox.pause import Pause, next_pause
+from identity_fanout.outbox.pump import Pump, RoundResult
+from identity_fanout.outbox.report import refresh_gauges, report_pause
+from identity_fanout.outbox.session import LaneSession
 from pin_runtime.http import ComponentState
 
 __all__ = ["Rounds"]

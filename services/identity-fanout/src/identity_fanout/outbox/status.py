@@ -9,7 +9,7 @@ import msgspec
 import psycopg
 from psycopg.rows import TupleRow, class_row
 
-from identity_fanout.lanes import (
+from identity_fanout.outbox.lanes import (
     DEFAULT_LANES,
     LANE_LOCK_CLASS,
     MEMBER_LOCK_CLASS,
@@ -20,12 +20,12 @@ from identity_fanout.lanes import (
     relay_instances,
     slots_of,
 )
-from identity_fanout.quarantine import quarantine_counts
+from identity_fanout.outbox.quarantine import quarantine_counts
 from pin_runtime.listing import Fields
 from pin_runtime.sql import load_queries
 
-_outbox = load_queries("identity_fanout", "sql/outbox.sql")
-_lanes = load_queries("identity_fanout", "sql/lanes.sql")
+_outbox = load_queries("identity_fanout", "outbox/sql/outbox.sql")
+_lanes = load_queries("identity_fanout", "outbox/sql/lanes.sql")
 
 
 class RelayHolder(msgspec.Struct, frozen=True, kw_only=True):

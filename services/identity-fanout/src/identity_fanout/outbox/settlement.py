@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import takewhile
 
-from identity_fanout.relay_records import OutboxRecord
+from identity_fanout.outbox.records import OutboxRecord
 from pin_runtime.delivery import DeliveryFailure
 
 __all__ = ["Refusal", "Settlement", "settle"]

@@ -11,11 +11,11 @@ from typing import Final
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout.quarantine import MovedRow, quarantine_counts
-from identity_fanout.relay_log import log as _log
-from identity_fanout.relay_metrics import RelayMetrics
-from identity_fanout.relay_pause import Pause
-from identity_fanout.relay_settlement import Refusal, Settlement
+from identity_fanout.outbox.log import log as _log
+from identity_fanout.outbox.metrics import RelayMetrics
+from identity_fanout.outbox.pause import Pause
+from identity_fanout.outbox.quarantine import MovedRow, quarantine_counts
+from identity_fanout.outbox.settlement import Refusal, Settlement
 from pin_runtime.delivery import DeliveryFailure
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import is_retriable
@@ -32,7 +32,7 @@ __all__ = [
     "report_stopped",
 ]
 
-_q = load_queries("identity_fanout", "sql/relay.sql")
+_q = load_queries("identity_fanout", "outbox/sql/relay.sql")
 
 BACKLOG_EXACT_UP_TO: Final = 10_000
 """The backlog gauge counts rows exactly up to here, then reports the id span (cheap).
