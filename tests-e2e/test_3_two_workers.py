@@ -12,7 +12,7 @@ from pin_e2e.report import Recorder
 from pin_e2e.steps import outbox_backlog, seed_role, task_row
 from pin_e2e.system import System
 
-from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.enqueue import set_role_permissions
 from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -34,7 +34,7 @@ import psycopg
 import scale
 from rich.table import Table
 
-from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.enqueue import set_role_permissions
 from pin_testkit.bench import Comparison, Figure, record
 from pin_testkit.runtime_roles import runtime_dsn
 from pin_testkit.seeding import add_permissions, seed_role_with_users

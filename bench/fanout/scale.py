@@ -44,7 +44,7 @@ from procs import (
 from psycopg import sql
 from rich.table import Table
 
-from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.outbox.lanes import LANE_LOCK_CLASS, SLOTS
 from identity_fanout.settings import Settings
 from pin_contracts import ScopeType

@@ -27,7 +27,7 @@ from procs import (
 from rich.table import Table
 from run import PERMISSION_SETS, seed
 
-from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.enqueue import set_role_permissions
 from pin_testkit.bench import cpu_seconds
 from pin_testkit.waiting import wait_until
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from identity_fanout.metrics import FanoutMetrics
+from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.outbox.relay import RelayMetrics
 from pin_runtime.lag_watch.metrics import LagWatchMetrics
 from rewards_membership.metrics import Metrics as MembershipMetrics

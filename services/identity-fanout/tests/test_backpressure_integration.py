@@ -21,9 +21,9 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 from worker_support import Running, enqueue, task_row
 
-from identity_fanout.enqueue import set_role_permissions
-from identity_fanout.fanout import BatchResult
-from identity_fanout.tasks import FanOutTask
+from identity_fanout.fanout.batch import BatchResult
+from identity_fanout.fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.tasks import FanOutTask
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 from pin_testkit.waiting import wait_until
 

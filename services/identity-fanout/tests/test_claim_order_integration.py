@@ -21,14 +21,14 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 from worker_support import Running, enqueue, task_row
 
-from identity_fanout.claim import claim_shard, claim_task
-from identity_fanout.enqueue import set_role_permissions
-from identity_fanout.fanout import BatchResult
-from identity_fanout.runbook import list_shards
-from identity_fanout.shards import ClaimedShard
-from identity_fanout.split import split_task
-from identity_fanout.tasks import FanOutTask
-from identity_fanout.unit_run import WalkEnd
+from identity_fanout.fanout.batch import BatchResult
+from identity_fanout.fanout.claim import claim_shard, claim_task
+from identity_fanout.fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.shards import ClaimedShard
+from identity_fanout.fanout.split import split_task
+from identity_fanout.fanout.tasks import FanOutTask
+from identity_fanout.fanout.unit_run import WalkEnd
+from identity_fanout.ops.tasks import list_shards
 from pin_contracts import decode_access_changed
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 from pin_testkit.waiting import wait_until

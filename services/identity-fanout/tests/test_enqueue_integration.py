@@ -8,8 +8,8 @@ import psycopg
 import pytest
 from psycopg.rows import TupleRow
 
-from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import RoleArchivedError, RoleNotFoundError, UnknownPermissionError
+from identity_fanout.fanout.enqueue import set_role_permissions
 from pin_testkit.seeding import add_permissions, add_role, seed_role_with_users
 
 pytestmark = pytest.mark.integration

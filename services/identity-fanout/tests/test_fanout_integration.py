@@ -13,12 +13,12 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 from worker_support import enqueue, new_worker, stop_after, task_row
 
-from identity_fanout.claim import claim_task, is_poisoned
-from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import LeaseLostError
-from identity_fanout.fanout import process_batch
-from identity_fanout.tasks import FanOutTask
-from identity_fanout.worker import FanoutWorker
+from identity_fanout.fanout.batch import process_batch
+from identity_fanout.fanout.claim import claim_task, is_poisoned
+from identity_fanout.fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.tasks import FanOutTask
+from identity_fanout.fanout.worker import FanoutWorker
 from pin_contracts import Envelope, UserAccessChangedKafkaEvent, decode_access_changed
 from pin_testkit.concurrency import run_together
 from pin_testkit.seeding import (

@@ -11,12 +11,12 @@ import pytest
 from rich.console import Console, RenderableType
 
 from identity_fanout.cli import _tasks_table
+from identity_fanout.fanout.shards import START, FanOutShard
+from identity_fanout.fanout.tasks import FanOutTask
+from identity_fanout.ops.quarantine import quarantine_table
+from identity_fanout.ops.shards import shards_table
 from identity_fanout.outbox.quarantine import QuarantinedRow
 from identity_fanout.outbox.status import OutboxStatus, RelayHolder, status_table
-from identity_fanout.quarantine_view import quarantine_table
-from identity_fanout.shard_view import shards_table
-from identity_fanout.shards import START, FanOutShard
-from identity_fanout.tasks import FanOutTask
 
 AT = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 TASK, ROLE, KEY, CURSOR = (uuid.uuid4() for _ in range(4))

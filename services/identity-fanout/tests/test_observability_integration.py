@@ -16,7 +16,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 from worker_support import new_worker
 
-from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.enqueue import set_role_permissions
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from psycopg_pool import ConnectionPool
 from worker_support import Running, enqueue, task_row
 
 from identity_fanout.db_roles import WORKER
-from identity_fanout.metrics import FanoutMetrics
+from identity_fanout.fanout.metrics import FanoutMetrics
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import SessionLimits
 from pin_testkit.seeding import seed_role_with_users

@@ -28,9 +28,9 @@ from pact import Verifier
 from pact.types import Message
 from psycopg.rows import TupleRow
 
-from identity_fanout.claim import claim_task
-from identity_fanout.enqueue import set_role_permissions
-from identity_fanout.fanout import process_batch
+from identity_fanout.fanout.batch import process_batch
+from identity_fanout.fanout.claim import claim_task
+from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.membership import join_agency, leave_agency
 from identity_fanout.outbox.lanes import SLOTS
 from identity_fanout.outbox.records import record_from_row

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.rows import TupleRow, dict_row
 
-from identity_fanout.fanout import page_users, snapshot_events
+from identity_fanout.fanout.batch import page_users, snapshot_events
+from identity_fanout.fanout.page_writer import WRITE_PAGE, PageOf, page_parameters, write_page
 from identity_fanout.outbox.lanes import key_slot
 from identity_fanout.outbox.writer import outbox_message
-from identity_fanout.page_writer import WRITE_PAGE, PageOf, page_parameters, write_page
 from pin_contracts import (
     USER_ACCESS_CHANGED,
     Envelope,

@@ -27,7 +27,7 @@ from confluent_kafka.admin._resource import ResourceType
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 
-from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.membership import join_agency
 from identity_fanout.outbox.quarantine import list_quarantined, retry_all, retry_quarantined
 from identity_fanout.outbox.writer import OutboxMessage, outbox_message

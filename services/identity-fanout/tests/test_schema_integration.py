@@ -8,15 +8,15 @@ import psycopg
 import pytest
 from psycopg.rows import TupleRow
 
+from identity_fanout.fanout.shards import END
 from identity_fanout.schema import migrate_database
-from identity_fanout.shards import END
 from pin_runtime.sql import load_queries
 from pin_testkit.seeding import seed_role_with_users
 
 pytestmark = pytest.mark.integration
 
 Conn = psycopg.Connection[TupleRow]
-_fanout = load_queries("identity_fanout", "sql/fanout.sql")
+_fanout = load_queries("identity_fanout", "fanout/sql/fanout.sql")
 
 
 def test_migrate_twice_is_a_no_op(fresh_database: str) -> None:

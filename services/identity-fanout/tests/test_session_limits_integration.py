@@ -15,7 +15,7 @@ from psycopg.rows import TupleRow
 from relay_support import RelayFactory, RelayThread, access_event, access_topic, write
 from worker_support import new_worker
 
-from identity_fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.outbox.writer import outbox_message
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import SessionLimits, create_pool

@@ -22,13 +22,13 @@ import worker_support
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from identity_fanout import worker as worker_module
-from identity_fanout.claim import claim_shard, claim_task
 from identity_fanout.errors import LeaseLostError
-from identity_fanout.fanout import BatchResult, process_shard_batch
-from identity_fanout.runbook import list_shards, replay_task
-from identity_fanout.shards import ClaimedShard
-from identity_fanout.split import split_task
+from identity_fanout.fanout import worker as worker_module
+from identity_fanout.fanout.batch import BatchResult, process_shard_batch
+from identity_fanout.fanout.claim import claim_shard, claim_task
+from identity_fanout.fanout.shards import ClaimedShard
+from identity_fanout.fanout.split import split_task
+from identity_fanout.ops.tasks import list_shards, replay_task
 from pin_testkit.seeding import seed_role_with_users
 from pin_testkit.waiting import wait_until
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from identity_fanout.shards import (
+from identity_fanout.fanout.shards import (
     START,
     ShardState,
     roll_up,

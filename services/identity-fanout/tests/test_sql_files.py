@@ -8,15 +8,15 @@ from pin_testkit.sql_checks import SqlFileChecks
 class TestSqlFiles(SqlFileChecks):
     PACKAGE = "identity_fanout"
     EXPECTED = (
+        "fanout/sql/fanout.sql",
+        "fanout/sql/roles.sql",
+        "fanout/sql/shards.sql",
+        "fanout/sql/tasks.sql",
+        "fanout/sql/units.sql",
         "membership/membership.sql",
         "outbox/sql/lanes.sql",
         "outbox/sql/outbox.sql",
         "outbox/sql/quarantine.sql",
         "outbox/sql/relay.sql",
         "sql/channels.sql",
-        "sql/fanout.sql",
-        "sql/roles.sql",
-        "sql/shards.sql",
-        "sql/tasks.sql",
-        "sql/units.sql",
     )

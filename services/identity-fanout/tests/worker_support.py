@@ -19,17 +19,17 @@ from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow, dict_row
 from psycopg_pool import ConnectionPool
 
-from identity_fanout.enqueue import set_role_permissions
-from identity_fanout.fanout import BatchResult
-from identity_fanout.metrics import FanoutMetrics
-from identity_fanout.shards import ClaimedShard
-from identity_fanout.tasks import FanOutTask
-from identity_fanout.worker import FanoutWorker
-from identity_fanout.worker_config import (
+from identity_fanout.fanout.batch import BatchResult
+from identity_fanout.fanout.config import (
     DEFAULT_MAX_OUTBOX_BACKLOG,
     DEFAULT_SHARD_SIZE,
     WorkerConfig,
 )
+from identity_fanout.fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.metrics import FanoutMetrics
+from identity_fanout.fanout.shards import ClaimedShard
+from identity_fanout.fanout.tasks import FanOutTask
+from identity_fanout.fanout.worker import FanoutWorker
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import SessionLimits
 from pin_testkit.seeding import add_permissions

@@ -21,8 +21,8 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import IdentityFanoutError
+from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.membership import join_agency, leave_agency
 from identity_fanout.outbox.writer import OutboxMessage, write_outbox
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, LeaveReason

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-from identity_fanout.metrics import FanoutMetrics
+from identity_fanout.fanout.config import WorkerConfig
+from identity_fanout.fanout.metrics import FanoutMetrics
+from identity_fanout.fanout.worker import FanoutWorker
 from identity_fanout.outbox.relay import run_relay, tune_relay_gc
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
-from identity_fanout.worker import FanoutWorker
-from identity_fanout.worker_config import WorkerConfig
 from pin_runtime.composition import Runtime, long_running
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.kafka_security import kafka_or_exit

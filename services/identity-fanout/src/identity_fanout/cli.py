@@ -19,22 +19,22 @@ import psycopg
 from psycopg.rows import TupleRow
 from rich.console import Console
 
-from identity_fanout.enqueue import set_role_permissions
 from identity_fanout.errors import DiscardNeedsForceError, IdentityFanoutError
+from identity_fanout.fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.tasks import FanOutTask
 from identity_fanout.membership import command as membership_command
-from identity_fanout.outbox import quarantine as q
-from identity_fanout.outbox.status import outbox_status, status_table
-from identity_fanout.quarantine_view import (
+from identity_fanout.ops.quarantine import (
     discarded_line,
     quarantine_detail,
     quarantine_table,
     requeued_line,
 )
-from identity_fanout.runbook import get_task, list_shards, list_tasks, replay_task
+from identity_fanout.ops.shards import shards_table
+from identity_fanout.ops.tasks import get_task, list_shards, list_tasks, replay_task
+from identity_fanout.outbox import quarantine as q
+from identity_fanout.outbox.status import outbox_status, status_table
 from identity_fanout.schema import migrate_database
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, LagWatchSettings, Settings
-from identity_fanout.shard_view import shards_table
-from identity_fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.composition import Cli, error_line, uuid_argument
 from pin_runtime.lag_watch.cli import COMMAND as LAG_WATCH

@@ -25,13 +25,18 @@ from psycopg.rows import TupleRow
 
 from identity_fanout.channels import TASKS_CHANNEL, notify
 from identity_fanout.errors import RoleArchivedError, RoleNotFoundError, UnknownPermissionError
-from identity_fanout.fanout import count_users_up_to, page_users, snapshot_events, write_events
+from identity_fanout.fanout.batch import (
+    count_users_up_to,
+    page_users,
+    snapshot_events,
+    write_events,
+)
 from pin_contracts import AccessChangeReason, FanOutTaskStatus
 from pin_runtime.logging import log_event
 from pin_runtime.sql import load_queries
 
-_roles = load_queries("identity_fanout", "sql/roles.sql")
-_tasks = load_queries("identity_fanout", "sql/tasks.sql")
+_roles = load_queries("identity_fanout", "fanout/sql/roles.sql")
+_tasks = load_queries("identity_fanout", "fanout/sql/tasks.sql")
 _log = logging.getLogger(__name__)
 
 

@@ -14,16 +14,16 @@ from psycopg import Connection
 from psycopg.rows import TupleRow
 
 from identity_fanout.channels import TASKS_CHANNEL, notify
-from identity_fanout.fanout import count_users_up_to
-from identity_fanout.shards import shard_count_for, shard_ranges, split_step
-from identity_fanout.tasks import FanOutTask
+from identity_fanout.fanout.batch import count_users_up_to
+from identity_fanout.fanout.shards import shard_count_for, shard_ranges, split_step
+from identity_fanout.fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.sql import load_queries
 
 __all__ = ["split_task", "splittable"]
 
-_fanout = load_queries("identity_fanout", "sql/fanout.sql")
-_shards = load_queries("identity_fanout", "sql/shards.sql")
+_fanout = load_queries("identity_fanout", "fanout/sql/fanout.sql")
+_shards = load_queries("identity_fanout", "fanout/sql/shards.sql")
 
 
 def splittable(task: FanOutTask) -> bool:

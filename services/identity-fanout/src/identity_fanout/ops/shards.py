@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Final
 from uuid import UUID
 
-from identity_fanout.shards import START, FanOutShard
+from identity_fanout.fanout.shards import START, FanOutShard
 from pin_runtime.listing import Columns, Listing, timestamp_cell
 
 

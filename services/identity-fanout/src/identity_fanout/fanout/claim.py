@@ -16,13 +16,13 @@ from uuid import UUID
 from psycopg import Connection, sql
 from psycopg.rows import TupleRow, class_row, kwargs_row
 
-from identity_fanout.shards import ClaimedShard, FanOutShard
-from identity_fanout.tasks import FanOutTask, LeasedRow
+from identity_fanout.fanout.shards import ClaimedShard, FanOutShard
+from identity_fanout.fanout.tasks import FanOutTask, LeasedRow
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.sql import columns, load_queries
 
-_units = load_queries("identity_fanout", "sql/units.sql")
-_shards = load_queries("identity_fanout", "sql/shards.sql")
+_units = load_queries("identity_fanout", "fanout/sql/units.sql")
+_shards = load_queries("identity_fanout", "fanout/sql/shards.sql")
 
 
 class UnitStatements(NamedTuple):

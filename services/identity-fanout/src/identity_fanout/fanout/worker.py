@@ -27,27 +27,27 @@ from opentelemetry import trace
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from identity_fanout.claim import (
+from identity_fanout.fanout.batch import (
+    BatchOptions,
+    BatchResult,
+    process_batch,
+    process_shard_batch,
+)
+from identity_fanout.fanout.claim import (
     claim_shard,
     claim_task,
     is_poisoned,
     shard_claim,
     task_claim,
 )
-from identity_fanout.fanout import (
-    BatchOptions,
-    BatchResult,
-    process_batch,
-    process_shard_batch,
-)
-from identity_fanout.metrics import FanoutMetrics
+from identity_fanout.fanout.config import WorkerConfig
+from identity_fanout.fanout.metrics import FanoutMetrics
+from identity_fanout.fanout.shards import ClaimedShard
+from identity_fanout.fanout.split import split_task, splittable
+from identity_fanout.fanout.tasks import FanOutTask
+from identity_fanout.fanout.unit_run import Conn, Unit, UnitRunner, WalkEnd, classify_failure
+from identity_fanout.fanout.wakeup import Wakeup
 from identity_fanout.outbox.writer import outbox_depth
-from identity_fanout.shards import ClaimedShard
-from identity_fanout.split import split_task, splittable
-from identity_fanout.tasks import FanOutTask
-from identity_fanout.unit_run import Conn, Unit, UnitRunner, WalkEnd, classify_failure
-from identity_fanout.wakeup import Wakeup
-from identity_fanout.worker_config import WorkerConfig
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.backoff import Backoff
 from pin_runtime.http import ComponentState, Heartbeat
@@ -56,7 +56,7 @@ from pin_runtime.postgres import SessionLimits
 from pin_runtime.sql import load_queries
 
 _log = logging.getLogger(__name__)
-_tasks = load_queries("identity_fanout", "sql/tasks.sql")
+_tasks = load_queries("identity_fanout", "fanout/sql/tasks.sql")
 
 OUTAGE_BACKOFF_MAX_SECONDS: Final = 60.0
 """The longest wait between two tries while the database fails every poll or batch."""

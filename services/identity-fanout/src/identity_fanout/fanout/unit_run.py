@@ -41,12 +41,12 @@ from opentelemetry import trace
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from identity_fanout.claim import Claim, retry_delay
 from identity_fanout.errors import LeaseLostError, TaskSupersededError
-from identity_fanout.fanout import BatchResult, lost_claim
-from identity_fanout.metrics import FanoutMetrics
+from identity_fanout.fanout.batch import BatchResult, lost_claim
+from identity_fanout.fanout.claim import Claim, retry_delay
+from identity_fanout.fanout.config import WorkerConfig
+from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.outbox.writer import OutboxDepth, outbox_depth
-from identity_fanout.worker_config import WorkerConfig
 from pin_runtime.backoff import Backoff
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import is_retriable
@@ -189,7 +189,7 @@ class UnitRunner:
     (1 s doubling to 60 s while they go on): set by `on_failure`."""
 
     def __post_init__(self, tracer: trace.Tracer | None) -> None:
-        self._tracer = tracer or trace.get_tracer("identity_fanout.worker")
+        self._tracer = tracer or trace.get_tracer("identity_fanout.fanout.worker")
 
     def walk(self, unit: Unit, claim: Claim, batch: Callable[[Conn, str], BatchResult]) -> WalkEnd:
         """Walk ``unit`` from its Cursor to the end, or until stopped, fenced, or failing."""

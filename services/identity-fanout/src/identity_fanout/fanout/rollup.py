@@ -13,12 +13,12 @@ from psycopg import Connection
 from psycopg.rows import TupleRow, class_row
 
 from identity_fanout.errors import LeaseLostError
-from identity_fanout.shards import FanOutShard, Rollup, ShardState, roll_up
+from identity_fanout.fanout.shards import FanOutShard, Rollup, ShardState, roll_up
 from pin_runtime.sql import load_queries
 
 __all__ = ["TaskRollup", "roll_up_task"]
 
-_shards = load_queries("identity_fanout", "sql/shards.sql")
+_shards = load_queries("identity_fanout", "fanout/sql/shards.sql")
 
 
 class TaskRollup(msgspec.Struct, frozen=True, kw_only=True):

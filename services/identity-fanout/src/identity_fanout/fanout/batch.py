@@ -19,14 +19,14 @@ from psycopg import Connection
 from psycopg.rows import TupleRow, class_row
 
 from identity_fanout.channels import OUTBOX_CHANNEL, notify
-from identity_fanout.claim import Claim, shard_claim, task_claim
 from identity_fanout.errors import LeaseLostError, TaskSupersededError
+from identity_fanout.fanout.claim import Claim, shard_claim, task_claim
+from identity_fanout.fanout.page_writer import PageOf, write_page
+from identity_fanout.fanout.rollup import roll_up_task
+from identity_fanout.fanout.shards import END, START, ClaimedShard
+from identity_fanout.fanout.snapshot import AssignmentRow, build_events
+from identity_fanout.fanout.tasks import FanOutTask
 from identity_fanout.outbox.writer import current_trace_context, outbox_message, write_outbox
-from identity_fanout.page_writer import PageOf, write_page
-from identity_fanout.shard_rollup import roll_up_task
-from identity_fanout.shards import END, START, ClaimedShard
-from identity_fanout.snapshot import AssignmentRow, build_events
-from identity_fanout.tasks import FanOutTask
 from pin_contracts import USER_ACCESS_CHANGED, UserAccessChangedKafkaEvent, envelope_for
 from pin_runtime.sql import load_queries
 from pin_runtime.structs import built_from
@@ -43,8 +43,8 @@ __all__ = [
     "write_events",
 ]
 
-_fanout = load_queries("identity_fanout", "sql/fanout.sql")
-_tasks = load_queries("identity_fanout", "sql/tasks.sql")
+_fanout = load_queries("identity_fanout", "fanout/sql/fanout.sql")
+_tasks = load_queries("identity_fanout", "fanout/sql/tasks.sql")
 
 
 class BatchResult(msgspec.Struct, frozen=True, kw_only=True):

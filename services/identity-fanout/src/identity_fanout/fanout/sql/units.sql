@@ -1,7 +1,7 @@
 -- A unit of work is a task walked whole or one shard of a large task. Both walk the same
 -- way (spec "Алгоритм", "Идемпотентность и retry"), so their statements are written once,
 -- with {unit} the table (identity.access_fanout_tasks or identity.access_fanout_shards),
--- composed at import by identity_fanout.claim.
+-- composed at import by identity_fanout.fanout.claim.
 
 -- name: claim --
 -- Claim one unit: the {candidate} row, Pending or InProgress with an expired lease.

@@ -61,7 +61,7 @@ WHERE id = %(id)s
 RETURNING created_at, started_at
 
 -- name: select_shards --
--- The shards of a task in range order ({columns}: identity_fanout.shards.FanOutShard).
+-- The shards of a task in range order ({columns}: identity_fanout.fanout.shards.FanOutShard).
 SELECT {columns} FROM identity.access_fanout_shards
 WHERE task_id = %(task_id)s ORDER BY shard_no
 

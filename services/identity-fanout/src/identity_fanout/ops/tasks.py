@@ -10,13 +10,13 @@ from psycopg.rows import TupleRow, class_row
 
 from identity_fanout.channels import TASKS_CHANNEL, notify
 from identity_fanout.errors import TaskNotFailedError, TaskNotFoundError
-from identity_fanout.shards import FanOutShard
-from identity_fanout.tasks import FanOutTask
+from identity_fanout.fanout.shards import FanOutShard
+from identity_fanout.fanout.tasks import FanOutTask
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.sql import columns, load_queries
 
-_tasks = load_queries("identity_fanout", "sql/tasks.sql")
-_shards = load_queries("identity_fanout", "sql/shards.sql")
+_tasks = load_queries("identity_fanout", "fanout/sql/tasks.sql")
+_shards = load_queries("identity_fanout", "fanout/sql/shards.sql")
 
 
 def _select_tasks(filter_: str) -> str:

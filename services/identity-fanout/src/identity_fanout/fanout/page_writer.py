@@ -25,8 +25,8 @@ import msgspec
 from psycopg import Connection, sql
 from psycopg.rows import TupleRow
 
+from identity_fanout.fanout.shards import END, START
 from identity_fanout.outbox.lanes import SLOTS
-from identity_fanout.shards import END, START
 from pin_contracts import (
     CONTRACT_VERSION_HEADER,
     EVENT_TYPE_HEADER,
@@ -40,7 +40,7 @@ from pin_runtime.sql import load_queries
 
 __all__ = ["WRITE_PAGE", "PageOf", "WrittenPage", "page_parameters", "write_page"]
 
-_fanout = load_queries("identity_fanout", "sql/fanout.sql")
+_fanout = load_queries("identity_fanout", "fanout/sql/fanout.sql")
 WRITE_PAGE: Final = _fanout.compose("write_page", page=sql.SQL(_fanout.page_users))
 """The statement, with the page query of `page_users` (one keyset rule for both paths)."""
 _EVENT = UserAccessChangedKafkaEvent

@@ -14,7 +14,7 @@ from pin_runtime.metrics import MetricSet, load_catalogue
 class FanoutMetrics(MetricSet):
     """Every metric of the worker, on one registry (never the process-global default)."""
 
-    catalogue = load_catalogue("identity_fanout", "metrics.toml")
+    catalogue = load_catalogue("identity_fanout", "fanout/metrics.toml")
 
     task_duration_ms: Histogram
     users: Counter

@@ -23,7 +23,7 @@ from uuid import UUID
 
 import msgspec
 
-from identity_fanout.tasks import LeasedRow
+from identity_fanout.fanout.tasks import LeasedRow
 from pin_contracts import FanOutTaskStatus
 
 # Below every real UserId (the schema forbids the nil UUID): shard 1's lower bound.
