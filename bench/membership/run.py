@@ -59,11 +59,11 @@ from rewards_membership.batch_sql import (
     inbox_document,
     rows_document,
 )
-from rewards_membership.guard import MembershipRow
 from rewards_membership.metrics import Metrics
-from rewards_membership.plan import RowKey, plan_batch
+from rewards_membership.rules.guard import MembershipRow
+from rewards_membership.rules.plan import RowKey, plan_batch
+from rewards_membership.rules.validation import validate
 from rewards_membership.settings import Settings
-from rewards_membership.validation import validate
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 DUPLICATE_SHARE = 0.05

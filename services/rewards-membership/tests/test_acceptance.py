@@ -18,8 +18,8 @@ from pin_contracts import (
     kafka_key,
 )
 from pin_runtime.kafka import create_consumer
-from rewards_membership.display import display_status
-from rewards_membership.dlq import read_dead_letters
+from rewards_membership.dlq.topic import read_dead_letters
+from rewards_membership.rules.display import display_status
 from rewards_membership.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -20,11 +20,11 @@ from psycopg.rows import TupleRow
 
 from pin_contracts import AgentMembershipChanged, encode, envelope_for
 from pin_runtime.postgres import SessionLimits
-from rewards_membership.applier import BatchApplier
-from rewards_membership.guard import MembershipRow
-from rewards_membership.plan import Outcome, RowKey
+from rewards_membership.consumer.applier import BatchApplier
+from rewards_membership.rules.guard import MembershipRow
+from rewards_membership.rules.plan import Outcome, RowKey
+from rewards_membership.rules.validation import MembershipChange, validate
 from rewards_membership.store import MembershipStore
-from rewards_membership.validation import MembershipChange, validate
 
 Row = dict[str, Any]
 

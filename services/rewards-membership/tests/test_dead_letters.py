@@ -32,11 +32,11 @@ from pin_contracts import (
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_admin, create_consumer, create_producer, ensure_topics
 from rewards_membership.cli import main
-from rewards_membership.deadletter import DeadLetterer
-from rewards_membership.dlq import DeadLetterRecord, read_at, read_dead_letters
-from rewards_membership.reference import decode_reference, sha256_hex
+from rewards_membership.dlq.reference import decode_reference, sha256_hex
+from rewards_membership.dlq.topic import DeadLetterRecord, read_at, read_dead_letters
+from rewards_membership.dlq.writer import DeadLetterer
+from rewards_membership.rules.validation import InvalidEvent, validate
 from rewards_membership.settings import Settings
-from rewards_membership.validation import InvalidEvent, validate
 
 pytestmark = pytest.mark.integration
 

@@ -30,7 +30,7 @@ from pin_contracts import (
 from pin_runtime.kafka import create_consumer
 from pin_testkit.events import membership_event
 from pin_testkit.fuzzing import fuzz_settings, fuzz_timeout
-from rewards_membership.dlq import read_dead_letters
+from rewards_membership.dlq.topic import read_dead_letters
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(fuzz_timeout())]
 

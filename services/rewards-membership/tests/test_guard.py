@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pin_contracts import AgentMembershipChanged, encode, envelope_for
-from rewards_membership.guard import MembershipRow, is_stale, new_row, transition
-from rewards_membership.validation import MembershipChange, validate
+from rewards_membership.rules.guard import MembershipRow, is_stale, new_row, transition
+from rewards_membership.rules.validation import MembershipChange, validate
 
 AGENT = uuid.uuid4()
 COMPANY = uuid.uuid4()

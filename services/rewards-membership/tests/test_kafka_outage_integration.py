@@ -19,7 +19,7 @@ from consumer_kit import publish
 from pin_contracts import encode, envelope_for
 from pin_runtime.kafka import create_admin, create_consumer, create_producer, ensure_topics
 from pin_testkit.private import PrivateKafka
-from rewards_membership.dlq import read_dead_letters
+from rewards_membership.dlq.topic import read_dead_letters
 
 pytestmark = pytest.mark.integration
 

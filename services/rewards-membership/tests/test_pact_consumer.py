@@ -36,9 +36,9 @@ from pin_testkit.message_pacts import (
     record_value,
     uuid_like,
 )
-from rewards_membership.guard import MembershipRow
-from rewards_membership.plan import Outcome, plan_batch
-from rewards_membership.validation import MembershipChange, validate
+from rewards_membership.rules.guard import MembershipRow
+from rewards_membership.rules.plan import Outcome, plan_batch
+from rewards_membership.rules.validation import MembershipChange, validate
 
 PACT_DIR = Path(__file__).resolve().parents[3] / "contracts" / "pacts"
 CONSUMER = "rewards-membership"

@@ -19,27 +19,27 @@ from pin_contracts import (
     envelope_for,
 )
 from pin_runtime.settings import Secret
-from rewards_membership.dlq import DeadLetterRecord
-from rewards_membership.lag import offset_lag
-from rewards_membership.ledger import OffsetLedger
-from rewards_membership.pauser import PartitionPauser
-from rewards_membership.plan import Outcome, inbox_keys, plan_batch
-from rewards_membership.reference import (
+from rewards_membership.consumer.lag import offset_lag
+from rewards_membership.consumer.ledger import OffsetLedger
+from rewards_membership.consumer.pauser import PartitionPauser
+from rewards_membership.dlq.reference import (
     MAX_KEPT_HEADER_BYTES,
     decode_reference,
     reference_for,
     reference_headers,
     sha256_hex,
 )
-from rewards_membership.resolve import candidate_keys
-from rewards_membership.settings import Settings
-from rewards_membership.validation import (
+from rewards_membership.dlq.resolve import candidate_keys
+from rewards_membership.dlq.topic import DeadLetterRecord
+from rewards_membership.rules.plan import Outcome, inbox_keys, plan_batch
+from rewards_membership.rules.validation import (
     InvalidEvent,
     MembershipChange,
     idempotency_key,
     position_key,
     validate,
 )
+from rewards_membership.settings import Settings
 
 Event = Callable[..., AgentMembershipChanged]
 

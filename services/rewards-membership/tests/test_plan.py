@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from pin_contracts import AgentMembershipChanged, encode, envelope_for
 from pin_testkit.events import membership_event
-from rewards_membership.guard import MembershipRow
-from rewards_membership.plan import Outcome, plan_batch
-from rewards_membership.validation import InvalidEvent, MembershipChange, validate
+from rewards_membership.rules.guard import MembershipRow
+from rewards_membership.rules.plan import Outcome, plan_batch
+from rewards_membership.rules.validation import InvalidEvent, MembershipChange, validate
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 AGENTS = [uuid.UUID(int=i + 1) for i in range(3)]

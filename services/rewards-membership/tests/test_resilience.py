@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pin_contracts import AgentMembershipChanged, DeadLetterInfo, encode, envelope_for
 from pin_runtime.kafka import create_consumer
-from rewards_membership.dlq import read_dead_letters
+from rewards_membership.dlq.topic import read_dead_letters
 from rewards_membership.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pin_runtime.sql import load_queries
 from pin_testkit.sql_checks import SqlFileChecks
-from rewards_membership.guard import MembershipRow
+from rewards_membership.rules.guard import MembershipRow
 
 
 class TestSqlFiles(SqlFileChecks):

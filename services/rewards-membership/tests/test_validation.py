@@ -17,7 +17,7 @@ from pin_contracts import (
     encode,
     envelope_for,
 )
-from rewards_membership.validation import InvalidEvent, MembershipChange, validate
+from rewards_membership.rules.validation import InvalidEvent, MembershipChange, validate
 
 AGENT = uuid.UUID("11111111-1111-1111-1111-111111111111")
 COMPANY = uuid.UUID("22222222-2222-2222-2222-222222222222")

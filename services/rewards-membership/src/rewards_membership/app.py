@@ -24,9 +24,9 @@ from pin_runtime.logging import log_event
 from pin_runtime.migrations import migrate
 from pin_runtime.postgres import SessionLimits, connect
 from pin_runtime.settings import settings_for_log
-from rewards_membership.consumer import MembershipConsumer
+from rewards_membership.consumer.loop import MembershipConsumer
 from rewards_membership.db_roles import RUNTIME_ROLES
-from rewards_membership.deadletter import DeadLetterer
+from rewards_membership.dlq.writer import DeadLetterer
 from rewards_membership.metrics import Metrics
 from rewards_membership.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from rewards_membership.store import MembershipStore

@@ -20,8 +20,8 @@ import msgspec
 from psycopg import sql
 
 from pin_runtime.sql import assignments, columns, load_queries
-from rewards_membership.guard import MembershipRow
-from rewards_membership.plan import Outcome, RowKey
+from rewards_membership.rules.guard import MembershipRow
+from rewards_membership.rules.plan import Outcome, RowKey
 
 __all__ = [
     "INSERT_INBOX",

@@ -43,17 +43,17 @@ from rewards_membership.app import (
     run_consumer,
     run_migrations,
 )
-from rewards_membership.display import display_status
-from rewards_membership.dlq import (
+from rewards_membership.dlq.reference import decode_reference
+from rewards_membership.dlq.replay import Replayer, ReplayResult, ReplayState
+from rewards_membership.dlq.resolve import Resolver, ResolveResult, ResolveState
+from rewards_membership.dlq.topic import (
     DeadLetterRecord,
     dead_letter_at,
     partitions_holding,
     read_dead_letters,
 )
 from rewards_membership.errors import RewardsMembershipError
-from rewards_membership.reference import decode_reference
-from rewards_membership.replay import Replayer, ReplayResult, ReplayState
-from rewards_membership.resolve import Resolver, ResolveResult, ResolveState
+from rewards_membership.rules.display import display_status
 from rewards_membership.settings import ENV_PREFIX, SERVICE_NAME, LagWatchSettings, Settings
 from rewards_membership.store import (
     Resolution,

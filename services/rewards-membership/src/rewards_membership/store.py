@@ -36,8 +36,8 @@ from rewards_membership.batch_sql import (
     rows_document,
 )
 from rewards_membership.errors import ConcurrentApplyError
-from rewards_membership.guard import MembershipRow
-from rewards_membership.plan import BatchPlan, RowKey
+from rewards_membership.rules.guard import MembershipRow
+from rewards_membership.rules.plan import BatchPlan, RowKey
 
 __all__ = [
     "AgentRow",

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from confluent_kafka import Message
 from opentelemetry import trace
 
-from rewards_membership.finish import BatchFinisher
-from rewards_membership.inflight import Finished, InFlight, bounds
-from rewards_membership.report import BatchReporter
-from rewards_membership.validation import Item
+from rewards_membership.consumer.finish import BatchFinisher
+from rewards_membership.consumer.inflight import Finished, InFlight, bounds
+from rewards_membership.consumer.report import BatchReporter
+from rewards_membership.rules.validation import Item
 
 __all__ = ["BatchPipeline"]
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from confluent_kafka import Message
 from opentelemetry.trace import Span
 
-from rewards_membership.deadletter import Position, Receipt
-from rewards_membership.plan import BatchPlan, Outcome
-from rewards_membership.records import offset_of, partition_of
-from rewards_membership.validation import Item
+from rewards_membership.consumer.records import offset_of, partition_of
+from rewards_membership.dlq.writer import Position, Receipt
+from rewards_membership.rules.plan import BatchPlan, Outcome
+from rewards_membership.rules.validation import Item
 
 __all__ = [
     "Finished",

@@ -28,9 +28,9 @@ from pin_contracts import (
     Headers,
     original_headers,
 )
-from rewards_membership.records import headers_of, offset_of, partition_of, topic_of
-from rewards_membership.reference import decode_reference, sha256_hex
-from rewards_membership.validation import InvalidEvent
+from rewards_membership.consumer.records import headers_of, offset_of, partition_of, topic_of
+from rewards_membership.dlq.reference import decode_reference, sha256_hex
+from rewards_membership.rules.validation import InvalidEvent
 
 __all__ = [
     "DeadLetterRecord",

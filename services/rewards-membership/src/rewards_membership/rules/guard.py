@@ -12,7 +12,7 @@ from uuid import UUID
 import msgspec
 
 from pin_contracts import AgentMembershipStatus
-from rewards_membership.validation import MembershipChange
+from rewards_membership.rules.validation import MembershipChange
 
 __all__ = ["MembershipRow", "is_stale", "new_row", "transition"]
 

@@ -27,14 +27,14 @@ from opentelemetry.trace import Status, StatusCode
 from pin_runtime.errors import DeliveryError
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import is_retriable
-from rewards_membership.db_lane import DatabaseLane
-from rewards_membership.deadletter import DeadLetterer, DeadLetterResult, Position, Receipt
+from rewards_membership.consumer.db_lane import DatabaseLane
+from rewards_membership.consumer.inflight import Finished, InFlight, finished_records
+from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl
+from rewards_membership.consumer.records import offset_of, partition_of
+from rewards_membership.dlq.writer import DeadLetterer, DeadLetterResult, Position, Receipt
 from rewards_membership.errors import ConcurrentApplyError, is_infrastructure
-from rewards_membership.inflight import Finished, InFlight, finished_records
-from rewards_membership.partitions import POSTGRESQL, PartitionControl
-from rewards_membership.plan import Outcome
-from rewards_membership.records import offset_of, partition_of
-from rewards_membership.validation import InvalidEvent, Item
+from rewards_membership.rules.plan import Outcome
+from rewards_membership.rules.validation import InvalidEvent, Item
 
 __all__ = ["BatchFinisher"]
 

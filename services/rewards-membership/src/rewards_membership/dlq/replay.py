@@ -24,16 +24,21 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from pin_contracts import Headers
 from pin_runtime.delivery import DeliveryTracker
-from rewards_membership.dlq import DeadLetterRecord, Handled, OriginalUnavailable, read_original
-from rewards_membership.dlq_pass import DeadLetterPass, History
-from rewards_membership.records import headers_of, offset_of, partition_of
+from rewards_membership.consumer.records import headers_of, offset_of, partition_of
+from rewards_membership.dlq.passes import DeadLetterPass, History
+from rewards_membership.dlq.topic import (
+    DeadLetterRecord,
+    Handled,
+    OriginalUnavailable,
+    read_original,
+)
+from rewards_membership.rules.validation import InvalidEvent, position_key, validate
 from rewards_membership.store import (
     Position,
     clear_dead_letter_marks,
     record_replays,
     restore_dead_letter_marks,
 )
-from rewards_membership.validation import InvalidEvent, position_key, validate
 
 __all__ = ["ReplayResult", "ReplayState", "Replayer"]
 

@@ -20,13 +20,13 @@ from opentelemetry.trace import SpanKind
 
 from pin_runtime.logging import log_event
 from rewards_membership.errors import ConcurrentApplyError
-from rewards_membership.plan import BatchPlan, inbox_keys, plan_batch, row_keys
+from rewards_membership.rules.plan import BatchPlan, inbox_keys, plan_batch, row_keys
+from rewards_membership.rules.validation import InvalidEvent, MembershipChange
 from rewards_membership.store import MembershipStore
-from rewards_membership.validation import InvalidEvent, MembershipChange
 
 __all__ = ["BatchApplier"]
 
-_log = logging.getLogger("rewards_membership.consumer")
+_log = logging.getLogger("rewards_membership.consumer.loop")
 _CONCURRENT_RETRIES: Final = 5
 
 

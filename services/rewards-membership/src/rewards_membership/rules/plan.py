@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from uuid import UUID
 
-from rewards_membership.guard import MembershipRow, is_stale, new_row, transition
-from rewards_membership.validation import InvalidEvent, MembershipChange
+from rewards_membership.rules.guard import MembershipRow, is_stale, new_row, transition
+from rewards_membership.rules.validation import InvalidEvent, MembershipChange
 
 __all__ = ["BatchPlan", "Outcome", "plan_batch"]
 

@@ -33,27 +33,27 @@ from opentelemetry import trace
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
 from pin_runtime.shutdown import GracefulShutdown
-from rewards_membership.applier import BatchApplier
-from rewards_membership.db_lane import DatabaseLane
-from rewards_membership.deadletter import DeadLetterer
-from rewards_membership.finish import BatchFinisher
-from rewards_membership.inflight import keep_partitions
-from rewards_membership.lag import LagReporter
+from rewards_membership.consumer.applier import BatchApplier
+from rewards_membership.consumer.db_lane import DatabaseLane
+from rewards_membership.consumer.finish import BatchFinisher
+from rewards_membership.consumer.inflight import keep_partitions
+from rewards_membership.consumer.lag import LagReporter
+from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl
+from rewards_membership.consumer.pauser import PartitionPauser
+from rewards_membership.consumer.pipeline import BatchPipeline
+from rewards_membership.consumer.rebalance import RebalanceGuard
+from rewards_membership.consumer.records import offset_of, partition_of, topic_of
+from rewards_membership.consumer.report import BatchReporter
+from rewards_membership.consumer.spans import BatchSpans
+from rewards_membership.dlq.writer import DeadLetterer
 from rewards_membership.metrics import Metrics
-from rewards_membership.partitions import POSTGRESQL, PartitionControl
-from rewards_membership.pauser import PartitionPauser
-from rewards_membership.pipeline import BatchPipeline
-from rewards_membership.rebalance import RebalanceGuard
-from rewards_membership.records import offset_of, partition_of, topic_of
-from rewards_membership.report import BatchReporter
+from rewards_membership.rules.validation import InvalidEvent, Item, position_key, validate
 from rewards_membership.settings import Settings
-from rewards_membership.spans import BatchSpans
 from rewards_membership.store import MembershipStore
-from rewards_membership.validation import InvalidEvent, Item, position_key, validate
 
 __all__ = ["MembershipConsumer"]
 
-_log = logging.getLogger("rewards_membership.consumer")
+_log = logging.getLogger("rewards_membership.consumer.loop")
 
 
 class MembershipConsumer:

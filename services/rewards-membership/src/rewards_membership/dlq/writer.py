@@ -22,14 +22,14 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from pin_contracts import Headers
 from pin_runtime.delivery import DeliveryFailure, DeliveryTracker
 from pin_runtime.logging import log_event
-from rewards_membership.dlq import dead_letter_info
-from rewards_membership.records import headers_of, offset_of, partition_of
-from rewards_membership.reference import reference_for, reference_headers, sha256_hex
-from rewards_membership.validation import InvalidEvent
+from rewards_membership.consumer.records import headers_of, offset_of, partition_of
+from rewards_membership.dlq.reference import reference_for, reference_headers, sha256_hex
+from rewards_membership.dlq.topic import dead_letter_info
+from rewards_membership.rules.validation import InvalidEvent
 
 __all__ = ["DeadLetterResult", "DeadLetterer", "Position", "Receipt"]
 
-_log = logging.getLogger("rewards_membership.deadletter")
+_log = logging.getLogger("rewards_membership.dlq.writer")
 Position = tuple[int, int]
 """(source partition, source offset) of a dead-lettered record."""
 # Extra wait after the producer's own message.timeout.ms (= delivery_timeout) has expired,

@@ -17,13 +17,13 @@ from dataclasses import KW_ONLY, dataclass, field
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from pin_runtime.logging import log_event
-from rewards_membership.inflight import reseek_offsets
-from rewards_membership.partitions import PartitionControl, seek_back
-from rewards_membership.records import partition_of
+from rewards_membership.consumer.inflight import reseek_offsets
+from rewards_membership.consumer.partitions import PartitionControl, seek_back
+from rewards_membership.consumer.records import partition_of
 
 __all__ = ["RebalanceGuard"]
 
-_log = logging.getLogger("rewards_membership.consumer")
+_log = logging.getLogger("rewards_membership.consumer.loop")
 
 
 @dataclass(eq=False)

@@ -16,9 +16,9 @@ from typing import Final
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from pin_runtime.logging import log_event
-from rewards_membership.ledger import OffsetLedger
+from rewards_membership.consumer.ledger import OffsetLedger
+from rewards_membership.consumer.pauser import PartitionPauser
 from rewards_membership.metrics import Metrics
-from rewards_membership.pauser import PartitionPauser
 
 # Commit errors of a group between generations: the commit may be retried once it settled.
 _REBALANCING: Final = frozenset(
@@ -31,7 +31,7 @@ _REBALANCING: Final = frozenset(
 
 __all__ = ["PartitionControl"]
 
-_log = logging.getLogger("rewards_membership.consumer")
+_log = logging.getLogger("rewards_membership.consumer.loop")
 POSTGRESQL = "postgresql"
 
 

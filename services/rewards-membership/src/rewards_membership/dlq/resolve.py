@@ -20,14 +20,19 @@ from collections.abc import Iterable, Iterator, Sequence
 from enum import StrEnum
 
 from pin_contracts import MESSAGE_ID_HEADER, header_text
-from rewards_membership.dlq import DeadLetterRecord, Handled, OriginalUnavailable, read_original
-from rewards_membership.dlq_pass import DeadLetterPass, History
+from rewards_membership.dlq.passes import DeadLetterPass, History
+from rewards_membership.dlq.topic import (
+    DeadLetterRecord,
+    Handled,
+    OriginalUnavailable,
+    read_original,
+)
+from rewards_membership.rules.validation import idempotency_key, position_key, validate
 from rewards_membership.store import (
     Position,
     record_resolutions,
     resolve_dead_letter_marks,
 )
-from rewards_membership.validation import idempotency_key, position_key, validate
 
 __all__ = ["ResolveResult", "ResolveState", "Resolver", "candidate_keys"]
 

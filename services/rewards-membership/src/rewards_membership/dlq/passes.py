@@ -17,7 +17,7 @@ import psycopg
 from confluent_kafka import Consumer
 from psycopg.rows import TupleRow
 
-from rewards_membership.dlq import DeadLetterRecord
+from rewards_membership.dlq.topic import DeadLetterRecord
 from rewards_membership.store import Position, Resolution, fetch_replays, fetch_resolutions
 
 __all__ = ["DeadLetterPass", "History"]

@@ -17,9 +17,9 @@ from typing import TypeVar
 
 import psycopg
 
-from rewards_membership.applier import BatchApplier
-from rewards_membership.plan import BatchPlan
-from rewards_membership.validation import InvalidEvent, MembershipChange
+from rewards_membership.consumer.applier import BatchApplier
+from rewards_membership.rules.plan import BatchPlan
+from rewards_membership.rules.validation import InvalidEvent, MembershipChange
 
 __all__ = ["DatabaseLane"]
 

@@ -16,12 +16,12 @@ from confluent_kafka import Message
 from opentelemetry import trace
 
 from pin_runtime.logging import log_event
-from rewards_membership.deadletter import Position, Receipt
+from rewards_membership.consumer.records import key_text, offset_of, partition_of
+from rewards_membership.consumer.spans import BatchSpans
+from rewards_membership.dlq.writer import Position, Receipt
 from rewards_membership.metrics import Metrics, contract_version_label
-from rewards_membership.plan import Outcome
-from rewards_membership.records import key_text, offset_of, partition_of
-from rewards_membership.spans import BatchSpans
-from rewards_membership.validation import (
+from rewards_membership.rules.plan import Outcome
+from rewards_membership.rules.validation import (
     EXPECTED_CONTRACT_VERSION,
     InvalidEvent,
     Item,
@@ -30,7 +30,7 @@ from rewards_membership.validation import (
 
 __all__ = ["BatchReporter"]
 
-_log = logging.getLogger("rewards_membership.consumer")
+_log = logging.getLogger("rewards_membership.consumer.loop")
 
 
 class BatchReporter:
