@@ -8,7 +8,7 @@ TOOLS := $(CURDIR)/.tools
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/uv/bin/uv)
 RUN := $(UV) run --frozen --all-packages
 PACKAGES := contracts packages/pin-runtime packages/pin-testkit $(wildcard services/*)
-MYPY_DIRS := $(PACKAGES) infra $(wildcard bench/*) $(if $(wildcard tests-e2e/*.py),tests-e2e)
+MYPY_DIRS := $(PACKAGES) infra $(patsubst %/,%,$(wildcard bench/*/)) $(if $(wildcard tests-e2e/*.py),tests-e2e)
 
 .PHONY: help
 help: ## list the targets
@@ -72,6 +72,19 @@ infra-check: sync ## images, Helm charts, monitoring rules, pin-contracts releas
 test: lint infra-check up pact ## lint, infra checks, pact, then every test on real PostgreSQL and Kafka
 	eval "$$($(RUN) pin-local -q env)" && $(RUN) pytest $(TEST_PATHS) \
 		$(addprefix --ignore=,$(PACT_CONSUMER_TESTS) $(PACT_PROVIDER_TESTS))
+
+# What a developer runs between edits: no service is started, nothing is left running.
+UNIT_PATHS := contracts/tests $(wildcard packages/*/tests) $(wildcard services/*/tests)
+
+.PHONY: unit
+unit: sync ## the tests that need no PostgreSQL or Kafka (pure logic, settings, parsers)
+	$(RUN) pytest -q -m "not integration" $(UNIT_PATHS) \
+		$(addprefix --ignore=,$(PACT_CONSUMER_TESTS) $(PACT_PROVIDER_TESTS))
+
+.PHONY: test-one
+test-one: up ## one test, file or folder on the real services: make test-one T=path::test
+	@test -n "$(T)" || { echo "usage: make test-one T=path/to/test_file.py::test_name" >&2; exit 2; }
+	eval "$$($(RUN) pin-local -q env)" && $(RUN) pytest $(T)
 
 # The long chaos campaign: 50 faults (or PIN_CHAOS_FAULTS) over PIN_CHAOS_SPAN seconds (default
 # 6 per fault), then the long faults (PIN_CHAOS_LONG=0 leaves them out: every relay down,

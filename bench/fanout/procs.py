@@ -132,7 +132,8 @@ def task_completed(db: psycopg.Connection[tuple[object, ...]], task_id: uuid.UUI
 
 
 def login_of(args: Sequence[str]) -> tuple[str, ...]:
-    """The runtime roles a process logs in as (as deployed: README "Database roles")."""
+    """The runtime roles a process logs in as (as deployed: docs/design/identity-fanout.md
+    "Database roles")."""
     if args[0] == "relay":
         return ("identity_fanout_relay",)
     if "--no-relay" in args:

@@ -73,7 +73,7 @@ USER_ACCESS_CHANGED = Topic.carrying(
     "pin.identity.access.v1",
     # A full snapshot of a user's active assignments: 350-375 bytes each before compression
     # (20,000 assignments: 7.5 MB raw, 1.1 MB zstd). The identity relay sends up to twice
-    # this uncompressed (services/identity-fanout/README.md "Sizes").
+    # this uncompressed (docs/design/identity-fanout.md "Sizes").
     max_message_bytes=8_388_608,
 )
 

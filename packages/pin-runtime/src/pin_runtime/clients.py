@@ -78,7 +78,8 @@ class ServiceSettings(ClientSettings, frozen=True, kw_only=True):
     log_level: LogLevel = "INFO"
     db_role_prefix: str = ""
     """Read by `migrate` alone: the runtime roles it creates and grants to are named this
-    prefix + their name (README "Database roles"), e.g. `staging_` when one cluster holds
+    prefix + their name (each service's docs/design "Database roles"), e.g. `staging_` when one
+    cluster holds
     several installations (roles are cluster-wide)."""
 
     def __post_init__(self) -> None:

@@ -85,7 +85,8 @@ class TableGrant(msgspec.Struct, frozen=True):
 
 
 class RuntimeRole(msgspec.Struct, frozen=True):
-    """A group role of one kind of process (README "Database roles" lists them)."""
+    """A group role of one kind of process (each service's docs/design/<service>.md "Database
+    roles" lists them)."""
 
     name: str
     """Without the installation's prefix, e.g. `identity_fanout_worker`."""
@@ -183,7 +184,8 @@ def _grant_connect(conn: psycopg.Connection[TupleRow], names: list[str]) -> None
     could connect and, say, take the advisory locks a service coordinates by. When the
     owner migrates, PUBLIC's are revoked (every run: a database restored or cloned gets
     them back); other logins that need the database get their own GRANT CONNECT, which
-    this leaves alone (README "Database roles"). A user that may not grant CONNECT leaves
+    this leaves alone (docs/design/identity-fanout.md "Database roles"). A user that may not
+    grant CONNECT leaves
     the database as it is.
     """
     row = conn.execute(_q.connect_grantable).fetchone()

@@ -26,8 +26,9 @@ RELAY_MESSAGE_MAX_BYTES: Final = 2 * max(
 """The relay producer's `message.max.bytes` (16 MiB): librdkafka compares it with the
 UNCOMPRESSED record, the broker compares the topic's `max.message.bytes` (8 MiB for the
 access topic) with the zstd-COMPRESSED batch. An access snapshot compresses about 6x
-(README "Sizes"), so anything under this limit fits the access topic with room to spare; a
-record that compresses worse is refused by the broker instead, and quarantined all the same."""
+(docs/design/identity-fanout.md "Sizes"), so anything under this limit fits the access topic
+with room to spare; a record that compresses worse is refused by the broker instead, and
+quarantined all the same."""
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 
@@ -50,15 +51,18 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
     """Roles with at most this many active users are fanned out inside set-role-permissions."""
     shard_size: Annotated[int, Meta(ge=1)] = 25_000
     """A queued role with more active users than this is split into shards of about this
-    many users, each claimed by its own worker (README "Sharded fan-out")."""
+    many users, each claimed by its own worker (docs/design/identity-fanout.md "Sharded
+    fan-out")."""
     max_outbox_backlog: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
     """The fan-out waits before its next batch while this many outbox rows (or more) wait
     for the relays: a point change committed during a mass fan-out waits behind at most
-    this many rows, and the outbox table stays bounded (README "Backpressure")."""
+    this many rows, and the outbox table stays bounded (docs/design/identity-fanout.md
+    "Backpressure")."""
 
     outbox_lanes: Annotated[int, Meta(ge=1, le=64)] = 8
     """Lanes the outbox is split into by message key: the most relay instances that publish
-    at once. May be changed at any time, also by a rolling update (README "Relay lanes")."""
+    at once. May be changed at any time, also by a rolling update
+    (docs/design/identity-fanout.md "Relay lanes")."""
     relay_batch_size: Annotated[int, Meta(ge=1, le=100_000)] = 5000
     """Outbox rows the relay reads (and deletes) per round trip, within the window's bytes."""
     relay_window_records: Annotated[int, Meta(ge=1, le=1_000_000)] = 20_000
@@ -76,7 +80,7 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
     )
     """The relay producer's `message.max.bytes`: the largest uncompressed record it sends;
     a larger row is quarantined at once. Raise it together with the topic's
-    `max.message.bytes` (README "Sizes")."""
+    `max.message.bytes` (docs/design/identity-fanout.md "Sizes")."""
 
     metrics_port: Port = 9108
     db_pool_size: Annotated[int, Meta(ge=2, le=100)] = 4

@@ -2,7 +2,8 @@
 
 `rewards-membership migrate` creates them (NOLOGIN groups, named
 `REWARDS_MEMBERSHIP_DB_ROLE_PREFIX` + name) and grants exactly this after the numbered files;
-README "Database roles" has the table and how to make login users. A statement added to a
+docs/design/rewards-membership.md "Database roles" has the table and how to make login users. A
+statement added to a
 process needs its privilege here, or the tests, which run every process as its role, fail
 with SQLSTATE 42501. `SELECT ... FOR UPDATE` needs UPDATE on the table; a `WHERE` on a
 table's columns and `ON CONFLICT (...)` need SELECT.

@@ -8,7 +8,7 @@ Decisions (spec: "Алгоритм", "Идемпотентность и retry", 
   worker last took one of its shards), so a small role waits for at most one shard of a
   large one; parallel workers take disjoint units (SKIP LOCKED);
 - a freshly claimed task of a role above ShardSize users is split into shards at once, so
-  the other workers share it (README "Sharded fan-out");
+  the other workers share it (docs/design/identity-fanout.md "Sharded fan-out");
 - failure, lease loss, supersession, backpressure and graceful stop are handled per unit
   (unit_run.py); an outage backs the whole loop off instead.
 """

@@ -76,6 +76,7 @@ def fetch(conn: psycopg.Connection[TupleRow], request: ReadRequest) -> list[Outb
     # soon served by a generic plan, and an idle relay makes that plan while the outbox is
     # empty: a sequential scan and a sort of the whole outbox, kept for the next burst
     # (every read of 5,000 rows of 200,000 then sorted all of them). Planning costs ~0.3 ms
-    # per read of up to RELAY_BATCH_SIZE rows (README "Outbox relay", "Plans of the read").
+    # per read of up to RELAY_BATCH_SIZE rows (docs/design/identity-fanout.md "Outbox relay",
+    # "Plans of the read").
     rows = conn.execute(_q.read_lanes, params, binary=True, prepare=False).fetchall()
     return records_from_rows(rows)

@@ -71,7 +71,7 @@ LOCK_RETRY_INTERVAL: Final = 2.0
 """Seconds between an instance's looks at the lanes: its take-over and hand-over delay."""
 COMPRESSION: Final[Compression] = "zstd"
 """zstd makes a 20,000-assignment snapshot 6.4x smaller (lz4: 3.5x) for ~40 ms of CPU: the
-broker's limit applies to the compressed batch (README "Sizes")."""
+broker's limit applies to the compressed batch (docs/design/identity-fanout.md "Sizes")."""
 
 
 class OutboxRelay:
