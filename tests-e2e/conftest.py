@@ -7,14 +7,10 @@ state directory and takes it down at the end of the session, whatever happened.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pin_e2e helper package
-
 from pin_e2e.report import Recorder
 from pin_e2e.system import (
     IDENTITY_TEMPLATE,

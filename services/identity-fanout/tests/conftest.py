@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import io
 import logging
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -20,16 +18,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
+from relay_support import RELAY_TEST_OPTIONS, RelayFactory
 
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
 from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.schema import migrate_database
 from pin_runtime.logging import JsonFormatter
 from pin_testkit.fixtures import connection, login_dsn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # relay_support, for the test modules
-
-from relay_support import RELAY_TEST_OPTIONS, RelayFactory
 
 
 @pytest.fixture

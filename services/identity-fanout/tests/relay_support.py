@@ -1,7 +1,7 @@
 """What the outbox relay's tests share: the access contract on a test's topic, events, rows,
 options of a relay under test, and a relay running in a thread as the worker runs it.
 
-Imported by the test modules (``conftest`` puts this directory on ``sys.path``); the
+Imported by the test modules (the root pyproject's pytest ``pythonpath`` lists this directory); the
 fixtures built on it (``make_relay``) live in ``conftest``.
 """
 

@@ -163,10 +163,12 @@ def set_expires_at(db: Conn, assignment: uuid.UUID, expires: object) -> None:
     elif isinstance(expires, tuple):
         seconds, micros = expires
         db.execute(
-            "UPDATE identity.role_assignments SET expires_at = 'epoch'::timestamptz"
+            # In UTC, as a timestamp without zone: near the range's ends a session's own
+            # offset would push the arithmetic out of range.
+            "UPDATE identity.role_assignments SET expires_at = ('epoch'::timestamp"
             " + make_interval(days => (%(s)s::bigint / 86400)::int,"
-            "                 secs => (%(s)s::bigint %% 86400) + %(us)s::float8 / 1e6)"
-            " WHERE id = %(id)s",
+            "                 secs => (%(s)s::bigint %% 86400) + %(us)s::float8 / 1e6))"
+            " AT TIME ZONE 'UTC' WHERE id = %(id)s",
             {"s": seconds, "us": micros, "id": assignment},
         )
 

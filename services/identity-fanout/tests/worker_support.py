@@ -2,7 +2,7 @@
 the tests turn (batch and shard sizes, attempts, lease, polling, hooks, readiness, session
 limits, tracer), a hook that stops it after a number of batches, and the queued task it works on.
 
-Imported by the test modules (``conftest`` puts this directory on ``sys.path``).
+Imported by the test modules (the root pyproject's pytest ``pythonpath`` lists this directory).
 """
 
 from __future__ import annotations

@@ -8,20 +8,19 @@ grant to that role fails the test with SQLSTATE 42501.
 
 from __future__ import annotations
 
-import sys
 import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, LiteralString
 
 import msgspec
 import psycopg
 import pytest
 from confluent_kafka import Producer
+from consumer_kit import ConsumerKit, RawRecord, publish, publish_raw, record_of
 
 from pin_contracts import (
     AgentMembershipChanged,
@@ -38,9 +37,6 @@ from rewards_membership.app import build_consumer, run_migrations
 from rewards_membership.db_roles import CONSUMER, OPERATOR
 from rewards_membership.metrics import Metrics
 from rewards_membership.settings import Settings
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # consumer_kit, for the test modules
-from consumer_kit import ConsumerKit, RawRecord, publish, publish_raw, record_of
 
 # The sample payload builder of every suite; `event` hands it to the tests.
 membership = membership_event

@@ -2,7 +2,7 @@
 ``publish`` (``publish_raw``, ``record_of``), records written to a topic as identity's relay
 writes them.
 
-Imported by the test modules (``conftest`` puts this directory on ``sys.path``).
+Imported by the test modules (the root pyproject's pytest ``pythonpath`` lists this directory).
 """
 
 from __future__ import annotations

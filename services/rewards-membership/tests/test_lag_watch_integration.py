@@ -47,8 +47,8 @@ def test_a_bad_setting_exits_2_naming_the_variable() -> None:
     result = run_cli("rewards-membership", ["lag-watch"], env, timeout=60, check=False)
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "config error: REWARDS_MEMBERSHIP_LAG_WATCH_STALE_AFTER: must be at least twice the "
-        "interval"
+        "config error: REWARDS_MEMBERSHIP_LAG_WATCH_STALE_AFTER: must be at least twice "
+        "REWARDS_MEMBERSHIP_LAG_WATCH_INTERVAL"
     )
 
 

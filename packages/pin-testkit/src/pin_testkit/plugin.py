@@ -31,12 +31,29 @@ def pytest_configure(config: pytest.Config) -> None:
     outright and leaves them running; as KeyboardInterrupt it unwinds the run and pytest
     tears every fixture down before it exits. A handler someone else installed is kept.
     """
-    del config
+    # The marker `pytest_collection_modifyitems` adds, known wherever the plugin runs.
+    config.addinivalue_line(
+        "markers", "integration: needs a real PostgreSQL or Kafka (found through pin_testkit)"
+    )
     if (
         threading.current_thread() is threading.main_thread()
         and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     ):
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+_SERVICE_FIXTURES = frozenset({"pin_services", "private_kafka", "secured_kafka"})
+"""The roots every fixture that reaches a real PostgreSQL or Kafka grows from."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that reaches a real service is an integration test: marked here from the
+    fixtures it needs (directly or through other fixtures), so `-m "not integration"`
+    (`make unit`) never starts a service, whatever a module's own marker says."""
+    for item in items:
+        if _SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
