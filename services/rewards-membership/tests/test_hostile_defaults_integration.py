@@ -44,16 +44,20 @@ def test_every_process_kind_works_against_hostile_database_defaults(  # noqa: PL
     with psycopg.connect(database, autocommit=True) as owner:
         make_hostile(owner, logins)
 
-    def cli(dsn: str, *args: str) -> str:
-        env = service_environment(
+    def environment(dsn: str, **more: str) -> dict[str, str]:
+        """Every process kind's variables as the chart sets them, logged in with `dsn`."""
+        return service_environment(
             ("REWARDS_MEMBERSHIP_",),
             REWARDS_MEMBERSHIP_DATABASE_DSN=dsn,
             REWARDS_MEMBERSHIP_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
-            REWARDS_MEMBERSHIP_DLQ_TOPIC=settings.dlq_topic,
             REWARDS_MEMBERSHIP_TOPIC=settings.topic,
+            REWARDS_MEMBERSHIP_DLQ_TOPIC=settings.dlq_topic,
             REWARDS_MEMBERSHIP_GROUP_ID=settings.group_id,
-            COLUMNS="300",
+            **more,
         )
+
+    def cli(dsn: str, *args: str) -> str:
+        env = environment(dsn, COLUMNS="300")
         result = run_cli("rewards-membership", args, env, timeout=60, check=False)
         assert result.returncode == 0, (args, result.stderr)
         return result.stdout
@@ -71,13 +75,8 @@ def test_every_process_kind_works_against_hostile_database_defaults(  # noqa: PL
         membership_event(uuid.uuid4(), company, 1),
     )
     port = free_port()
-    env = service_environment(
-        ("REWARDS_MEMBERSHIP_",),
-        REWARDS_MEMBERSHIP_DATABASE_DSN=consumer_dsn,
-        REWARDS_MEMBERSHIP_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
-        REWARDS_MEMBERSHIP_TOPIC=settings.topic,
-        REWARDS_MEMBERSHIP_DLQ_TOPIC=settings.dlq_topic,
-        REWARDS_MEMBERSHIP_GROUP_ID=settings.group_id,
+    env = environment(
+        consumer_dsn,
         REWARDS_MEMBERSHIP_POLL_TIMEOUT="200ms",
         REWARDS_MEMBERSHIP_METRICS_HOST="127.0.0.1",
         REWARDS_MEMBERSHIP_METRICS_PORT=str(port),
