@@ -45,13 +45,15 @@ class Walks:
         self.units: list[tuple[Any, ...]] = []
         self.batches = 0
         self.then: dict[int, Any] = {}
-        """Called once, after the n-th committed batch (1-based)."""
+        """Called once, after the n-th committed batch (1-based) of any worker it watches."""
+        self._lock = threading.Lock()  # several workers' threads report here
 
     def _seen(self, unit: tuple[Any, ...]) -> None:
-        if not self.units or self.units[-1] != unit:
-            self.units.append(unit)
-        self.batches += 1
-        action = self.then.pop(self.batches, None)
+        with self._lock:
+            if not self.units or self.units[-1] != unit:
+                self.units.append(unit)
+            self.batches += 1
+            action = self.then.pop(self.batches, None)
         if action is not None:
             action()
 
@@ -192,8 +194,16 @@ def test_a_newer_version_stops_every_shard_of_an_older_sharded_task(
         polling=timedelta(milliseconds=50),
         on_shard_batch=walks.on_shard_batch,
     )
+    # Both watched: under load one worker may take every shard, and the change must still
+    # come after the second batch, whoever wrote it.
     b, metrics_b = worker_support.new_worker(
-        worker_dsn, pool, stop, batch_size=20, shard_size=100, polling=timedelta(milliseconds=50)
+        worker_dsn,
+        pool,
+        stop,
+        batch_size=20,
+        shard_size=100,
+        polling=timedelta(milliseconds=50),
+        on_shard_batch=walks.on_shard_batch,
     )
     with Running(a, b, stop=stop):
         wait_until(
