@@ -11,16 +11,17 @@ then proves of the accepted settings (PostgreSQL and librdkafka take them) is it
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final, TypeVar
 
 import msgspec
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pin_runtime.errors import SettingsError
 from pin_runtime.settings import load_settings, redact
 
-__all__ = ["SECRET", "environments", "outcome", "refusal_line"]
+__all__ = ["SECRET", "check_every_setting", "environments", "outcome", "refusal_line"]
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -103,3 +104,30 @@ def outcome(cls: type[S], prefix: str, env: Mapping[str, str], *, changed: set[s
     if "\n" in line or not line.startswith(f"config error: {refused.variable}: "):
         raise AssertionError(f"not one config error line: {line!r}")
     return None
+
+
+def check_every_setting(
+    cls: type[S],
+    prefix: str,
+    base: Mapping[str, str],
+    then: Callable[[S], None] | None = None,
+    *,
+    examples: int = 300,
+) -> None:
+    """`examples` environments of `environments(cls, prefix, base)`, each refused as
+    `outcome` demands or taken; `then(settings)` proves what consumes a taken one accepts
+    it (a real session, real clients)."""
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(drawn=environments(cls, prefix, base))
+    def example(drawn: tuple[dict[str, str], set[str]]) -> None:
+        env, changed = drawn
+        taken = outcome(cls, prefix, env, changed=changed)
+        if taken is not None and then is not None:
+            then(taken)
+
+    example()
