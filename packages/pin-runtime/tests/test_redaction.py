@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pin_runtime.logging import JsonFormatter
-from pin_runtime.settings import Secret, redact
+from pin_runtime.settings import Secret, redact, secrets_forgotten_after
 from pin_runtime.tracing import RedactingExporter
 
 
@@ -32,6 +32,15 @@ def test_a_dsn_secret_and_its_password_are_redacted_in_any_text() -> None:
     keyword = _password()
     Secret(f"host=db user=svc password='{keyword}' dbname=x")
     assert keyword not in redact(f"password={keyword} was refused")
+
+
+def test_secrets_registered_inside_a_scope_are_forgotten_after_it() -> None:
+    kept = _password()
+    Secret(kept)
+    with secrets_forgotten_after():
+        Secret("BATCH")  # a drawn "password" that is also part of a variable's name
+        assert redact("BATCH_SIZE and " + kept) == "***_SIZE and ***"
+    assert redact("BATCH_SIZE and " + kept) == "BATCH_SIZE and ***"
 
 
 def test_short_values_are_left_alone() -> None:

@@ -14,7 +14,9 @@ from pin_runtime.settings import (
     Secret,
     load_settings,
     parse_duration,
+    redact,
     redact_dsn,
+    secrets_forgotten_after,
     settings_for_log,
     settings_or_exit,
     unknown_variables,
@@ -127,6 +129,33 @@ def test_bad_value_names_the_variable(field: str, value: str, reason: str) -> No
     assert info.value.variable == P + field.upper()
     assert reason in info.value.reason
     assert isinstance(info.value, PinRuntimeError)
+
+
+@pytest.mark.parametrize(
+    "value", ["postgresql://u:hunter22@db/x", "host=db password=hunter22", "password hunter22"]
+)
+def test_a_refusal_never_quotes_a_value_that_holds_a_password(value: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(Example, P, env(enabled=value))
+    assert info.value.variable == P + "ENABLED"
+    assert "hunter22" not in info.value.reason
+    assert "looks like it holds a password" in info.value.reason
+
+
+class SecretLast(msgspec.Struct, frozen=True):
+    batch_size: int
+    database_dsn: Secret
+
+
+def test_the_environments_secrets_are_known_before_any_value_is_judged() -> None:
+    # BATCH_SIZE is judged before DATABASE_DSN is converted, and its refusal quotes the
+    # DSN's password: `redact` must already know it.
+    environ = {P + "BATCH_SIZE": "Sw0rdfish9", P + "DATABASE_DSN": "postgresql://u:Sw0rdfish9@db/x"}
+    with secrets_forgotten_after():
+        with pytest.raises(SettingsError) as info:
+            load_settings(SecretLast, P, environ)
+        assert info.value.variable == P + "BATCH_SIZE"
+        assert redact(info.value.reason).endswith("got '***'")
 
 
 def test_missing_required() -> None:

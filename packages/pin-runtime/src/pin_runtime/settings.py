@@ -7,11 +7,12 @@ naming the exact variable, so an operator knows which line of the manifest to fi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -27,6 +28,7 @@ __all__ = [
     "parse_duration",
     "redact",
     "redact_dsn",
+    "secrets_forgotten_after",
     "settings_for_log",
     "settings_or_exit",
     "unknown_variables",
@@ -77,6 +79,21 @@ def _dsn_passwords(text: str) -> list[str]:
         for value in re.findall(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", text, re.I)
     ]
     return found
+
+
+@contextlib.contextmanager
+def secrets_forgotten_after() -> Iterator[None]:
+    """Forget, on leaving, every secret registered inside.
+
+    A service loads one configuration and keeps its secrets for life. A process that loads
+    many in turn (a property test of the settings draws thousands) would otherwise scrub
+    every drawn four-letter "password" from all later text, names of variables included.
+    """
+    kept = set(_known_secrets)
+    try:
+        yield
+    finally:
+        _known_secrets.intersection_update(kept)
 
 
 def redact(text: str) -> str:
@@ -141,6 +158,12 @@ def load_settings(cls: type[S], prefix: str, environ: Mapping[str, str] | None =
     if not _PREFIX.fullmatch(prefix):
         raise ValueError(f"prefix must be UPPER_SNAKE and end with '_', got {prefix!r}")
     env = os.environ if environ is None else environ
+    # Every secret of the environment is known before any value is judged: a refusal of a
+    # variable decoded earlier may still quote one (a DSN pasted into the wrong variable).
+    for field in msgspec.structs.fields(cls):
+        raw = env.get(prefix + field.name.upper())
+        if raw and _is_secret(mi.type_info(field.type)):
+            _register_secret(raw)
     values: dict[str, Any] = {}
     for field in msgspec.structs.fields(cls):
         variable = prefix + field.name.upper()
@@ -229,7 +252,15 @@ def _convert(variable: str, raw: str, annotation: Any) -> Any:
         return _to_value(raw, annotation, info)
     # OverflowError: a duration or number beyond what Python's own types hold.
     except (msgspec.ValidationError, msgspec.DecodeError, ValueError, OverflowError) as exc:
-        raise SettingsError(variable, f"expected {_describe(info)}, got {raw!r}") from exc
+        raise SettingsError(variable, f"expected {_describe(info)}, got {_shown(raw)}") from exc
+
+
+def _shown(raw: str) -> str:
+    """The refused value as the refusal quotes it, unless it looks like it holds a password
+    (a DSN or credential pasted into the wrong variable is no less secret there)."""
+    if "password" in raw.lower() or _dsn_passwords(raw):
+        return "a value that looks like it holds a password (not shown)"
+    return repr(raw)
 
 
 def _to_value(raw: str, annotation: Any, info: mi.Type) -> Any:
@@ -266,6 +297,11 @@ def _dec_hook(target: type, value: object) -> object:
     # msgspec's dec_hook contract: NotImplementedError means "not a type this hook knows",
     # which msgspec turns into an ordinary validation error naming the expected type.
     raise NotImplementedError(f"unsupported settings type {target!r}")
+
+
+def _is_secret(info: mi.Type) -> bool:
+    kind = _non_none(info)
+    return isinstance(kind, mi.CustomType) and kind.cls is Secret
 
 
 def _is_optional(info: mi.Type) -> bool:

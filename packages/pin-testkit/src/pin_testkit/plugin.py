@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pin_runtime.settings import secrets_forgotten_after
 from pin_testkit.databases import DatabaseFactory
 from pin_testkit.discovery import Services, ServiceUnavailableError, discover
 from pin_testkit.topics import TopicFactory
@@ -54,6 +55,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _secrets_of_one_test() -> Iterator[None]:
+    """A test stands for a process: the secrets its settings register (and `redact`
+    scrubs) leave with it, so a password one test drew never masks another's output."""
+    with secrets_forgotten_after():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pin_runtime.errors import SettingsError
-from pin_runtime.settings import load_settings, redact
+from pin_runtime.settings import load_settings, redact, secrets_forgotten_after
 
 __all__ = ["SECRET", "check_every_setting", "environments", "outcome", "refusal_line"]
 
@@ -126,8 +126,10 @@ def check_every_setting(
     @given(drawn=environments(cls, prefix, base))
     def example(drawn: tuple[dict[str, str], set[str]]) -> None:
         env, changed = drawn
-        taken = outcome(cls, prefix, env, changed=changed)
-        if taken is not None and then is not None:
-            then(taken)
+        # Each drawn environment is a process of its own: its secrets leave with it.
+        with secrets_forgotten_after():
+            taken = outcome(cls, prefix, env, changed=changed)
+            if taken is not None and then is not None:
+                then(taken)
 
     example()
