@@ -19,7 +19,10 @@ import pytest
 @pytest.fixture
 def child():
     process = subprocess.Popen(["sleep", "600"])
-    pathlib.Path(os.environ["CHILD_PID_FILE"]).write_text(str(process.pid))
+    # Written whole under another name, then renamed: the test never reads a half-written file.
+    target = pathlib.Path(os.environ["CHILD_PID_FILE"])
+    target.with_suffix(".tmp").write_text(str(process.pid))
+    target.with_suffix(".tmp").rename(target)
     yield process
     process.terminate()
     process.wait()
@@ -65,6 +68,8 @@ def test_sigterm_tears_fixtures_down(tmp_path: Path) -> None:
         if run.poll() is None:
             run.kill()
             run.wait()
+        assert run.stdout is not None
+        run.stdout.close()  # not left to the garbage collector: a ResourceWarning elsewhere
     leaked = _alive(child)
     if leaked:  # the failure must not leave it behind either
         os.kill(child, signal.SIGKILL)

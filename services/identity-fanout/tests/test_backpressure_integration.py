@@ -23,7 +23,7 @@ from worker_support import Running, enqueue, task_row
 
 from identity_fanout.fanout.batch import BatchResult
 from identity_fanout.fanout.enqueue import set_role_permissions
-from identity_fanout.fanout.tasks import FanOutTask
+from identity_fanout.fanout.queue import Unit
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 from pin_testkit.waiting import wait_until
 
@@ -56,7 +56,7 @@ def test_the_fanout_waits_for_the_relays_and_keeps_the_outbox_bounded(
     task = enqueue(db, db, role)
     spans: list[int] = []
 
-    def after_batch(_task: FanOutTask, _result: BatchResult) -> None:
+    def after_batch(_unit: Unit, _result: BatchResult) -> None:
         spans.append(outbox_span(db))
 
     stop = threading.Event()

@@ -22,13 +22,9 @@ from psycopg_pool import ConnectionPool
 from worker_support import Running, enqueue, task_row
 
 from identity_fanout.fanout.batch import BatchResult
-from identity_fanout.fanout.claim import claim_shard, claim_task
 from identity_fanout.fanout.enqueue import set_role_permissions
-from identity_fanout.fanout.shards import ClaimedShard
-from identity_fanout.fanout.split import split_task
-from identity_fanout.fanout.tasks import FanOutTask
-from identity_fanout.fanout.unit_run import WalkEnd
-from identity_fanout.ops.tasks import list_shards
+from identity_fanout.fanout.queue import FanoutQueue, Unit, list_shards
+from identity_fanout.fanout.walk import WalkEnd
 from pin_contracts import decode_access_changed
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 from pin_testkit.waiting import wait_until
@@ -57,11 +53,11 @@ class Walks:
         if action is not None:
             action()
 
-    def on_batch(self, task: FanOutTask, _result: BatchResult) -> None:
-        self._seen(("task", task.id))
-
-    def on_shard_batch(self, claimed: ClaimedShard, _result: BatchResult) -> None:
-        self._seen(("shard", claimed.shard.task_id, claimed.shard.shard_no))
+    def on_batch(self, unit: Unit, _result: BatchResult) -> None:
+        if unit.shard_no is None:
+            self._seen(("task", unit.task_id))
+        else:
+            self._seen(("shard", unit.task_id, unit.shard_no))
 
 
 def versions_by_user(db: Conn) -> dict[uuid.UUID, list[int]]:
@@ -99,7 +95,6 @@ def test_a_small_role_queued_behind_a_large_one_waits_for_one_shard_not_all(
         batch_size=50,
         shard_size=100,
         on_batch=walks.on_batch,
-        on_shard_batch=walks.on_shard_batch,
     )
 
     while worker.run_once() is not None:
@@ -119,7 +114,7 @@ def test_two_large_roles_share_a_worker_shard_by_shard(
     second = enqueue(db, db, seed_role_with_users(db, users=300, other_roles=0)[0])
     walks = Walks()
     worker, _ = worker_support.new_worker(
-        worker_dsn, pool, batch_size=100, shard_size=100, on_shard_batch=walks.on_shard_batch
+        worker_dsn, pool, batch_size=100, shard_size=100, on_batch=walks.on_batch
     )
 
     while worker.run_once() is not None:
@@ -192,7 +187,7 @@ def test_a_newer_version_stops_every_shard_of_an_older_sharded_task(
         batch_size=20,
         shard_size=100,
         polling=timedelta(milliseconds=50),
-        on_shard_batch=walks.on_shard_batch,
+        on_batch=walks.on_batch,
     )
     # Both watched: under load one worker may take every shard, and the change must still
     # come after the second batch, whoever wrote it.
@@ -203,7 +198,7 @@ def test_a_newer_version_stops_every_shard_of_an_older_sharded_task(
         batch_size=20,
         shard_size=100,
         polling=timedelta(milliseconds=50),
-        on_shard_batch=walks.on_shard_batch,
+        on_batch=walks.on_batch,
     )
     with Running(a, b, stop=stop):
         wait_until(
@@ -277,11 +272,14 @@ def test_the_oldest_waiting_task_is_measured_until_a_worker_serves_it(
     # A large role with one shard under a lease and the others waiting their turn is being
     # served: not waiting. Once its leased shard's lease runs out, it is.
     large = enqueue(db, db, seed_role_with_users(db, users=60, other_roles=0)[0])
-    task = claim_task(db, lease=timedelta(minutes=5), max_attempts=5)
+    queue = FanoutQueue(lease=timedelta(minutes=5), max_attempts=5)
+    task = queue.claim(db)
     assert task is not None
     assert task.id == large
-    assert split_task(db, task, shard_size=20) == 3
-    assert claim_shard(db, lease=timedelta(minutes=5), max_attempts=5) is not None
+    assert queue.split(db, task, shard_size=20) == 3
+    shard = queue.claim(db)
+    assert shard is not None
+    assert shard.shard_no is not None
     worker.refresh_gauges()
     assert metrics.oldest_waiting_seconds._value.get() == 0
     # Its worker died: enqueued 11 minutes ago, claimed 10 minutes ago, its lease ran out 3

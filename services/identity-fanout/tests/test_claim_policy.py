@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from identity_fanout.fanout.claim import retry_delay
-from identity_fanout.fanout.unit_run import Failure, classify_failure, counts_against_unit
+from identity_fanout.fanout.queue import retry_delay
+from identity_fanout.fanout.walk import Failure, classify_failure, counts_against_unit
 
 POLL = timedelta(seconds=5)
 LEASE = timedelta(minutes=5)

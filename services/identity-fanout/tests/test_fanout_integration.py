@@ -14,10 +14,9 @@ from psycopg_pool import ConnectionPool
 from worker_support import enqueue, new_worker, stop_after, task_row
 
 from identity_fanout.errors import LeaseLostError
-from identity_fanout.fanout.batch import process_batch
-from identity_fanout.fanout.claim import claim_task, is_poisoned
+from identity_fanout.fanout.batch import run_batch
 from identity_fanout.fanout.enqueue import set_role_permissions
-from identity_fanout.fanout.tasks import FanOutTask
+from identity_fanout.fanout.queue import FanoutQueue, Unit
 from identity_fanout.fanout.worker import FanoutWorker
 from pin_contracts import Envelope, UserAccessChangedKafkaEvent, decode_access_changed
 from pin_testkit.concurrency import run_together
@@ -34,6 +33,7 @@ pytestmark = pytest.mark.integration
 
 Conn = psycopg.Connection[TupleRow]
 LEASE = timedelta(minutes=5)
+QUEUE = FanoutQueue(lease=LEASE, max_attempts=5)
 
 
 def outbox_events(db: Conn) -> list[Envelope[UserAccessChangedKafkaEvent]]:
@@ -216,10 +216,10 @@ def test_restart_after_committed_batches_resumes_from_the_cursor(
     role, users = seed_role_with_users(db, users=120, other_roles=0)
     task_id = enqueue(db, operator_db, role)
     with pool.connection() as conn:
-        first = claim_task(conn, lease=LEASE, max_attempts=5)
+        first = QUEUE.claim(conn)
         assert first is not None
         for _ in range(2):  # two batches commit, then the worker dies
-            process_batch(conn, first, batch_size=50, lease=LEASE, correlation_id="run-1")
+            run_batch(conn, QUEUE, first, batch_size=50, correlation_id="run-1")
     db.execute(  # its lease runs out
         "UPDATE identity.access_fanout_tasks SET lease_expires_at = now() - interval '1 s'"
     )
@@ -238,17 +238,17 @@ def test_two_workers_never_hold_one_task(db: Conn, operator_db: Conn, worker_dsn
     roles = [seed_role_with_users(db, users=1, other_roles=0, code=f"r{i}")[0] for i in range(40)]
     tasks = {enqueue(db, operator_db, role) for role in roles}
 
-    def claimer(start: threading.Barrier) -> list[FanOutTask]:
+    def claimer(start: threading.Barrier) -> list[Unit]:
         with psycopg.connect(worker_dsn) as conn:
             start.wait()
-            mine: list[FanOutTask] = []
-            while (task := claim_task(conn, lease=LEASE, max_attempts=5)) is not None:
+            mine: list[Unit] = []
+            while (task := QUEUE.claim(conn)) is not None:
                 mine.append(task)
             return mine
 
     claimed = [task for mine in run_together(claimer, 4) for task in mine]
     assert sorted(t.id for t in claimed) == sorted(tasks)  # each once, none left behind
-    assert {t.attempt_count for t in claimed} == {1}
+    assert {t.attempt for t in claimed} == {1}
 
 
 def test_every_event_carries_the_task_role_version(
@@ -317,17 +317,19 @@ def test_claims_count_attempts_until_poison(db: Conn, operator_db: Conn, worker_
     task_id = enqueue(
         db, operator_db, seed_role_with_users(db, users=1, other_roles=0, code="crashy")[0]
     )
+    queue = FanoutQueue(lease=LEASE, max_attempts=3)
     for attempt in (1, 2, 3):
-        task = claim_task(worker_db, lease=LEASE, max_attempts=3)
+        task = queue.claim(worker_db)
         assert task is not None
-        assert (task.attempt_count, is_poisoned(task)) == (attempt, False)
+        assert (task.attempt, task.poisoned) == (attempt, False)
         db.execute(
             "UPDATE identity.access_fanout_tasks SET lease_expires_at = now() - interval '1 s'"
         )
-    final = claim_task(worker_db, lease=LEASE, max_attempts=3)
+    final = queue.claim(worker_db)
     assert final is not None
-    assert (final.id, final.status, final.attempt_count) == (task_id, "Failed", 3)
-    assert claim_task(worker_db, lease=LEASE, max_attempts=3) is None
+    assert (final.id, final.poisoned, final.attempt) == (task_id, True, 3)
+    assert task_row(db, task_id)["status"] == "Failed"
+    assert queue.claim(worker_db) is None
 
 
 def test_stop_between_batches_keeps_committed_batches(
@@ -355,27 +357,27 @@ def test_worker_whose_lease_was_taken_over_commits_nothing(
     role, users = seed_role_with_users(db, users=60, other_roles=0)
     task_id = enqueue(db, operator_db, role)
     with psycopg.connect(worker_dsn) as stalled_conn:
-        stalled = claim_task(stalled_conn, lease=LEASE, max_attempts=5)
+        stalled = QUEUE.claim(stalled_conn)
         assert stalled is not None
-        process_batch(stalled_conn, stalled, batch_size=20, lease=LEASE, correlation_id="A")
+        run_batch(stalled_conn, QUEUE, stalled, batch_size=20, correlation_id="A")
         # The first worker stalls (GC pause, network partition) past its lease...
         db.execute(
             "UPDATE identity.access_fanout_tasks SET lease_expires_at = now() - interval '1 s'"
         )
-        successor = claim_task(worker_db, lease=LEASE, max_attempts=5)
+        successor = QUEUE.claim(worker_db)
         assert successor is not None
-        assert successor.attempt_count == stalled.attempt_count + 1
+        assert successor.attempt == stalled.attempt + 1
         before = len(outbox_events(db))
 
         # ...and wakes up to commit its next batch: fenced off, nothing written.
         with pytest.raises(LeaseLostError):
-            process_batch(stalled_conn, stalled, batch_size=20, lease=LEASE, correlation_id="A")
+            run_batch(stalled_conn, QUEUE, stalled, batch_size=20, correlation_id="A")
 
         assert len(outbox_events(db)) == before == 20
         assert task_row(db, task_id)["processed_count"] == 20
 
     worker, _ = new_worker(worker_dsn, pool, batch_size=20)
-    worker.process_task(successor)
+    worker.walk(successor)
     events = outbox_events(db)
     assert Counter(e.payload.user_id for e in events) == Counter(users)
     assert task_row(db, task_id)["status"] == "Completed"

@@ -10,11 +10,10 @@ from datetime import UTC, datetime
 import pytest
 from rich.console import Console, RenderableType
 
-from identity_fanout.cli import _tasks_table
-from identity_fanout.fanout.shards import START, FanOutShard
-from identity_fanout.fanout.tasks import FanOutTask
+from identity_fanout.fanout.queue import FanOutShard, FanOutTask
+from identity_fanout.fanout.shards import START
 from identity_fanout.ops.quarantine import quarantine_table
-from identity_fanout.ops.shards import shards_table
+from identity_fanout.ops.tasks import shards_table, tasks_table
 from identity_fanout.outbox.quarantine import QuarantinedRow
 from identity_fanout.outbox.status import OutboxStatus, RelayHolder, status_table
 
@@ -112,7 +111,7 @@ def status() -> OutboxStatus:
 
 Build = Callable[[], RenderableType]
 LISTINGS: dict[str, tuple[Build, tuple[str, str], tuple[str, str]]] = {
-    "tasks list": (lambda: _tasks_table([task()]), ("id", str(TASK)), ("role", str(ROLE))),
+    "tasks list": (lambda: tasks_table([task()]), ("id", str(TASK)), ("role", str(ROLE))),
     "shards": (lambda: shards_table([shard()]), ("up to", str(KEY)), ("cursor", str(CURSOR))),
     "quarantine list": (
         lambda: quarantine_table([quarantined()]),
@@ -136,8 +135,8 @@ def test_a_listing_is_one_block_per_row_at_80_columns(name: str) -> None:
     ("build", "width", "first", "second"),
     [
         (lambda: shards_table([shard()]), 200, str(KEY), str(CURSOR)),
-        (lambda: _tasks_table([task(last_error=None)]), 200, str(TASK), str(ROLE)),
-        (lambda: _tasks_table([task()]), 250, str(TASK), "connection to the database was lost"),
+        (lambda: tasks_table([task(last_error=None)]), 200, str(TASK), str(ROLE)),
+        (lambda: tasks_table([task()]), 250, str(TASK), "connection to the database was lost"),
         (lambda: quarantine_table([quarantined()]), 250, str(KEY), "Broker: Message size too"),
     ],
     ids=["shards", "tasks list", "tasks list with an error", "quarantine list"],

@@ -124,7 +124,7 @@ def test_a_sharded_task_is_one_dequeue_one_span_and_a_truthful_row(
         batch_size=20,
         shard_size=40,
         tracer=provider.get_tracer("test"),
-        on_shard_batch=task_row_now,
+        on_batch=task_row_now,
     )
     while worker.run_once() is not None:
         pass

@@ -6,7 +6,7 @@ runs the real producing operation and returns the outbox row exactly as the rela
 into a Kafka record: value bytes, key and headers. UserAccessChanged has two producers, and
 both are verified: ``set_role_permissions`` fanning out inline (built in Python,
 ``snapshot_events``/``write_events``) and the worker's batch of a queued task (built in SQL,
-``page_writer``). AgentMembershipChanged comes from ``join_agency``/``leave_agency``.
+``batch.write_page``). AgentMembershipChanged comes from ``join_agency``/``leave_agency``.
 
 The last tests break a producer on purpose (a field dropped or renamed on the record the
 real code wrote) and show the verification fails and names the field.
@@ -28,9 +28,9 @@ from pact import Verifier
 from pact.types import Message
 from psycopg.rows import TupleRow
 
-from identity_fanout.fanout.batch import process_batch
-from identity_fanout.fanout.claim import claim_task
+from identity_fanout.fanout.batch import run_batch
 from identity_fanout.fanout.enqueue import set_role_permissions
+from identity_fanout.fanout.queue import FanoutQueue
 from identity_fanout.membership import join_agency, leave_agency
 from identity_fanout.outbox.lanes import SLOTS
 from identity_fanout.outbox.records import record_from_row
@@ -218,11 +218,10 @@ class IdentityProvider:
         assert change.mode == "queued"
         conn.commit()
         with psycopg.connect(self.worker_dsn) as worker:
-            task = claim_task(worker, lease=timedelta(minutes=1), max_attempts=3)
+            queue = FanoutQueue(lease=timedelta(minutes=1), max_attempts=3)
+            task = queue.claim(worker)
             assert task is not None
-            batch = process_batch(
-                worker, task, batch_size=10, lease=timedelta(minutes=1), correlation_id="pact"
-            )
+            batch = run_batch(worker, queue, task, batch_size=10, correlation_id="pact")
             assert (batch.users, batch.unit_completed) == (1, True)
 
 

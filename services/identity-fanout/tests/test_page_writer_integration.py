@@ -1,4 +1,4 @@
-"""The worker's batch built in SQL (`page_writer.write_page`) puts on the wire exactly what
+"""The worker's batch built in SQL (`batch.write_page`) puts on the wire exactly what
 the Python builder does (`snapshot.build_events` + `pin_contracts.encode` + `headers_for`)
 for the same rows, on a real PostgreSQL, over generated role data."""
 
@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.rows import TupleRow, dict_row
 
-from identity_fanout.fanout.batch import page_users, snapshot_events
-from identity_fanout.fanout.page_writer import WRITE_PAGE, PageOf, page_parameters, write_page
+from identity_fanout.fanout.assignments import page_users
+from identity_fanout.fanout.batch import WRITE_PAGE, PageOf, page_parameters, write_page
+from identity_fanout.fanout.enqueue import snapshot_events
 from identity_fanout.outbox.lanes import key_slot
 from identity_fanout.outbox.writer import outbox_message
 from pin_contracts import (

@@ -10,7 +10,7 @@ from psycopg.rows import TupleRow
 
 from identity_fanout.errors import TaskNotFailedError, TaskNotFoundError
 from identity_fanout.fanout.enqueue import set_role_permissions
-from identity_fanout.ops.tasks import get_task, list_tasks, replay_task
+from identity_fanout.fanout.queue import get_task, list_tasks, replay_task
 from pin_contracts import FanOutTaskStatus
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 

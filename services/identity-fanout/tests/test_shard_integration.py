@@ -23,12 +23,8 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from identity_fanout.errors import LeaseLostError
-from identity_fanout.fanout import worker as worker_module
-from identity_fanout.fanout.batch import BatchResult, process_shard_batch
-from identity_fanout.fanout.claim import claim_shard, claim_task
-from identity_fanout.fanout.shards import ClaimedShard
-from identity_fanout.fanout.split import split_task
-from identity_fanout.ops.tasks import list_shards, replay_task
+from identity_fanout.fanout.batch import BatchResult, run_batch
+from identity_fanout.fanout.queue import FanoutQueue, Unit, list_shards, replay_task
 from pin_testkit.seeding import seed_role_with_users
 from pin_testkit.waiting import wait_until
 
@@ -64,7 +60,7 @@ def test_two_workers_share_a_three_shard_role_each_user_exactly_once(
     both_busy = threading.Barrier(2, timeout=30)
     first_batch: set[int] = set()
 
-    def meet(claimed: ClaimedShard, _result: BatchResult) -> None:
+    def meet(_unit: Unit, _result: BatchResult) -> None:
         me = threading.get_ident()
         if me not in first_batch:
             first_batch.add(me)
@@ -73,8 +69,8 @@ def test_two_workers_share_a_three_shard_role_each_user_exactly_once(
     # Short polling: a worker that looked before the split and missed its NOTIFY (LISTEN
     # starts with its first wait) still comes back for a shard in time.
     poll = timedelta(milliseconds=200)
-    a, metrics_a = new_worker(worker_dsn, pool, stop, polling=poll, on_shard_batch=meet)
-    b, metrics_b = new_worker(worker_dsn, pool, stop, polling=poll, on_shard_batch=meet)
+    a, metrics_a = new_worker(worker_dsn, pool, stop, polling=poll, on_batch=meet)
+    b, metrics_b = new_worker(worker_dsn, pool, stop, polling=poll, on_batch=meet)
     caplog.set_level(logging.INFO)
     with Running(a, b, stop=stop):
         wait_until(lambda: task_row(db, task_id)["status"] == "Completed", what="Completed")
@@ -248,7 +244,7 @@ def test_a_failed_split_is_retried_like_a_failed_batch(
         raise RuntimeError("split went wrong")
 
     with monkeypatch.context() as patch:
-        patch.setattr(worker_module, "split_task", failing_split)
+        patch.setattr(FanoutQueue, "split", failing_split)
         assert worker.run_once()
     task = task_row(db, task_id)
     assert (task["status"], task["shard_count"], task["attempt_count"]) == ("InProgress", 0, 1)
@@ -269,35 +265,35 @@ def split_for_test(db: Conn, users: int, shard_size: int) -> tuple[uuid.UUID, li
     """A task of a role of ``users`` users, claimed and split into shards by this test."""
     role, ids = seed_role_with_users(db, users=users, other_roles=0)
     task_id = enqueue(db, db, role)
-    task = claim_task(db, lease=timedelta(minutes=5), max_attempts=5)
+    queue = FanoutQueue(lease=timedelta(minutes=5), max_attempts=5)
+    task = queue.claim(db)
     assert task is not None
-    assert split_task(db, task, shard_size=shard_size) == -(-users // shard_size)
+    assert queue.split(db, task, shard_size=shard_size) == -(-users // shard_size)
     return task_id, ids
 
 
 def test_a_stalled_worker_is_fenced_off_its_shard(db: Conn, worker_dsn: str) -> None:
     task_id, users = split_for_test(db, users=120, shard_size=60)
-    lease = timedelta(minutes=5)
+    queue = FanoutQueue(lease=timedelta(minutes=5), max_attempts=5)
     with psycopg.connect(worker_dsn) as stalled_conn:
-        stalled = claim_shard(stalled_conn, lease=lease, max_attempts=5)
+        stalled = queue.claim(stalled_conn)
         assert stalled is not None
-        process_shard_batch(stalled_conn, stalled, batch_size=20, lease=lease, correlation_id="A")
+        assert stalled.shard_no is not None
+        run_batch(stalled_conn, queue, stalled, batch_size=20, correlation_id="A")
         # The first worker stalls past its shard's lease; another claims the shard.
         db.execute(
             "UPDATE identity.access_fanout_shards SET lease_expires_at = now() - interval '1 s' "
             "WHERE id = %s",
-            (stalled.shard.id,),
+            (stalled.id,),
         )
-        successor = claim_shard(db, lease=lease, max_attempts=5)
+        successor = queue.claim(db)
         assert successor is not None
-        assert successor.shard.id == stalled.shard.id
-        assert successor.shard.attempt_count == stalled.shard.attempt_count + 1
+        assert successor.id == stalled.id
+        assert successor.attempt == stalled.attempt + 1
 
         # ...and wakes up to commit its next batch: fenced off, nothing written.
         with pytest.raises(LeaseLostError):
-            process_shard_batch(
-                stalled_conn, stalled, batch_size=20, lease=lease, correlation_id="A"
-            )
+            run_batch(stalled_conn, queue, stalled, batch_size=20, correlation_id="A")
     assert event_users(db) == Counter(users[:20])  # once each: the fenced batch wrote nothing
     assert task_row(db, task_id)["processed_count"] == 20
 
@@ -307,7 +303,7 @@ def test_a_stop_hands_the_shard_back_and_keeps_its_batches(
 ) -> None:
     task_id, users = split_for_test(db, users=120, shard_size=60)
     stop = threading.Event()
-    worker, metrics = new_worker(worker_dsn, pool, stop, on_shard_batch=stop_after(2, stop))
+    worker, metrics = new_worker(worker_dsn, pool, stop, on_batch=stop_after(2, stop))
     worker.run()
 
     first = list_shards(db, task_id)[0]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from identity_fanout.fanout.snapshot import AssignmentRow, build_events
+from identity_fanout.fanout.assignments import AssignmentRow
+from identity_fanout.fanout.inline import build_events
 from pin_contracts import AccessChangeReason, ScopeType
 
 ROLE = uuid.uuid4()

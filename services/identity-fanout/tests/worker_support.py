@@ -1,6 +1,7 @@
-"""A fan-out worker under test, as `FanoutWorker` is built by the service, with the knobs
-the tests turn (batch and shard sizes, attempts, lease, polling, hooks, readiness, session
-limits, tracer), a hook that stops it after a number of batches, and the queued task it works on.
+"""A fan-out worker under test, as `FanoutWorker` is built by the service (from `Settings`),
+with the knobs the tests turn (batch and shard sizes, attempts, lease, polling, signals,
+readiness, session limits, tracer), a signal that stops it after a number of batches, and
+the queued task it works on.
 
 Imported by the test modules (the root pyproject's pytest ``pythonpath`` lists this directory).
 """
@@ -20,23 +21,22 @@ from psycopg.rows import TupleRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from identity_fanout.fanout.batch import BatchResult
-from identity_fanout.fanout.config import (
-    DEFAULT_MAX_OUTBOX_BACKLOG,
-    DEFAULT_SHARD_SIZE,
-    WorkerConfig,
-)
 from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.fanout.metrics import FanoutMetrics
-from identity_fanout.fanout.shards import ClaimedShard
-from identity_fanout.fanout.tasks import FanOutTask
-from identity_fanout.fanout.worker import FanoutWorker
+from identity_fanout.fanout.queue import Unit
+from identity_fanout.fanout.worker import FanoutWorker, WorkerSignals
+from identity_fanout.settings import Settings
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import SessionLimits
+from pin_runtime.settings import Secret
 from pin_testkit.seeding import add_permissions
 
 __all__ = ["Running", "enqueue", "new_worker", "stop_after", "task_row"]
 
 Conn = psycopg.Connection[TupleRow]
+
+
+_DEFAULTS = Settings(database_dsn=Secret("dbname=x"))
 
 
 def new_worker(
@@ -45,37 +45,45 @@ def new_worker(
     stop: threading.Event | None = None,
     *,
     batch_size: int = 50,
-    shard_size: int = DEFAULT_SHARD_SIZE,
-    max_outbox_backlog: int = DEFAULT_MAX_OUTBOX_BACKLOG,
+    shard_size: int = _DEFAULTS.shard_size,
+    max_outbox_backlog: int = _DEFAULTS.max_outbox_backlog,
     max_attempts: int = 5,
     lease: timedelta = timedelta(minutes=5),
     polling: timedelta = timedelta(seconds=30),
     registry: CollectorRegistry | None = None,
-    on_batch: Callable[[FanOutTask, BatchResult], None] | None = None,
-    on_shard_batch: Callable[[ClaimedShard, BatchResult], None] | None = None,
+    on_batch: Callable[[Unit, BatchResult], None] | None = None,
     database: ComponentState | None = None,
     session: SessionLimits | None = None,
     tracer: trace.Tracer | None = None,
 ) -> tuple[FanoutWorker, FanoutMetrics]:
-    """A worker on `pool` listening on `dsn`, and its metrics (on `registry` or its own)."""
+    """A worker on `pool` listening on `dsn`, and its metrics (on `registry` or its own).
+
+    ``on_batch`` is the worker's batch signal: called after each committed batch of any
+    unit, a whole task's or a shard's (``unit.shard_no``)."""
+    limits = session or SessionLimits()
+    settings = Settings(
+        database_dsn=Secret(dsn),
+        batch_size=batch_size,
+        polling_interval=polling,
+        max_lease_duration=lease,
+        max_attempts=max_attempts,
+        shard_size=shard_size,
+        max_outbox_backlog=max_outbox_backlog,
+        db_statement_timeout=timedelta(seconds=limits.statement_timeout),
+        db_lock_timeout=timedelta(seconds=limits.lock_timeout),
+        db_idle_in_transaction_timeout=timedelta(seconds=limits.idle_in_transaction_timeout),
+        db_keepalives_idle=timedelta(seconds=limits.keepalives_idle),
+        db_keepalives_interval=timedelta(seconds=limits.keepalives_interval),
+        db_keepalives_count=limits.keepalives_count,
+    )
     metrics = FanoutMetrics(registry or CollectorRegistry())
     worker = FanoutWorker(
+        settings,
         pool=pool,
-        listen_dsn=dsn,
-        config=WorkerConfig(
-            batch_size=batch_size,
-            polling_interval=polling,
-            max_lease_duration=lease,
-            max_attempts=max_attempts,
-            shard_size=shard_size,
-            max_outbox_backlog=max_outbox_backlog,
-        ),
         metrics=metrics,
-        on_batch=on_batch,
-        on_shard_batch=on_shard_batch,
         stop=stop or threading.Event(),
         database=database,
-        session=session,
+        signals=WorkerSignals(batch=on_batch),
         tracer=tracer,
     )
     return worker, metrics
@@ -104,8 +112,8 @@ class Running:
 
 
 def stop_after(batches: int, stop: threading.Event) -> Callable[[object, object], None]:
-    """An ``on_batch`` / ``on_shard_batch`` hook that sets ``stop`` once ``batches`` batches
-    have committed, as SIGTERM would: the loop notices before it starts the next one."""
+    """An ``on_batch`` signal that sets ``stop`` once ``batches`` batches have committed,
+    as SIGTERM would: the loop notices before it starts the next one."""
     committed = 0
 
     def hook(_unit: object, _result: object) -> None:

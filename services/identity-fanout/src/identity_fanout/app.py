@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-from identity_fanout.fanout.config import WorkerConfig
 from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.fanout.worker import FanoutWorker
 from identity_fanout.outbox.relay import run_relay, tune_relay_gc
@@ -100,17 +99,8 @@ def run_worker(settings: Settings, *, with_relay: bool) -> None:
         pool.open(wait=False)
         try:
             FanoutWorker(
+                settings,
                 pool=pool,
-                listen_dsn=settings.database_dsn.reveal(),
-                session=settings.database_session(),
-                config=WorkerConfig(
-                    batch_size=settings.batch_size,
-                    polling_interval=settings.polling_interval,
-                    max_lease_duration=settings.max_lease_duration,
-                    max_attempts=settings.max_attempts,
-                    shard_size=settings.shard_size,
-                    max_outbox_backlog=settings.max_outbox_backlog,
-                ),
                 metrics=metrics,
                 stop=rt.stop,
                 database=database,

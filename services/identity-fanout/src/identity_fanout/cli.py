@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Final
 
 import msgspec
@@ -21,7 +20,7 @@ from rich.console import Console
 
 from identity_fanout.errors import DiscardNeedsForceError, IdentityFanoutError
 from identity_fanout.fanout.enqueue import set_role_permissions
-from identity_fanout.fanout.tasks import FanOutTask
+from identity_fanout.fanout.queue import get_task, list_shards, list_tasks, replay_task
 from identity_fanout.membership import command as membership_command
 from identity_fanout.ops.quarantine import (
     discarded_line,
@@ -29,8 +28,7 @@ from identity_fanout.ops.quarantine import (
     quarantine_table,
     requeued_line,
 )
-from identity_fanout.ops.shards import shards_table
-from identity_fanout.ops.tasks import get_task, list_shards, list_tasks, replay_task
+from identity_fanout.ops.tasks import shards_table, task_detail, tasks_table
 from identity_fanout.outbox import quarantine as q
 from identity_fanout.outbox.status import outbox_status, status_table
 from identity_fanout.schema import migrate_database
@@ -39,7 +37,6 @@ from pin_contracts import FanOutTaskStatus
 from pin_runtime.composition import Cli, error_line, uuid_argument
 from pin_runtime.lag_watch.cli import COMMAND as LAG_WATCH
 from pin_runtime.lag_watch.cli import LagWatchCommand
-from pin_runtime.listing import Columns, Fields, Listing, timestamp_cell
 
 # Plain messages never wrap (scripts parse them); listings take the terminal's width (a
 # table where it fits, else a block per row: pin_runtime.listing).
@@ -154,35 +151,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-_TASK_COLUMNS: Final[Columns[FanOutTask]] = {
-    "id": lambda t: str(t.id),
-    "role": lambda t: str(t.role_id),
-    "version": lambda t: str(t.role_version),
-    "status": lambda t: t.status,
-    "processed": lambda t: str(t.processed_count),
-    "shards": lambda t: str(t.shard_count or "-"),
-    "attempts": lambda t: str(t.attempt_count),
-    "created": lambda t: timestamp_cell(t.created_at),
-    "lease until": lambda t: timestamp_cell(t.lease_expires_at),
-    "last error": lambda t: (t.last_error or "")[:80],
-}
-
-
-def _tasks_table(tasks: Sequence[FanOutTask]) -> Listing:
-    return Listing.of(tasks, _TASK_COLUMNS, title="access fan-out tasks")
-
-
-def _task_detail(task: FanOutTask) -> Fields:
-    return Fields(
-        ((name, _shown(getattr(task, name))) for name in FanOutTask.__struct_fields__),
-        title=f"task {task.id}",
-    )
-
-
-def _shown(value: object) -> str:
-    return timestamp_cell(value) if isinstance(value, datetime) else str(value)
-
-
 def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
     """A connection bounded by the service's session limits (a blocked statement fails)."""
     return psycopg.connect(
@@ -231,9 +199,9 @@ def _outbox(
 
 def _tasks(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> None:
     if args.tasks_command == "list":
-        _console.print(_tasks_table(list_tasks(conn, status=args.status, limit=args.limit)))
+        _console.print(tasks_table(list_tasks(conn, status=args.status, limit=args.limit)))
     elif args.tasks_command == "show":
-        _console.print(_task_detail(get_task(conn, args.task_id)))
+        _console.print(task_detail(get_task(conn, args.task_id)))
         shards = list_shards(conn, args.task_id)
         if shards:  # a task fanned out as one unit has none
             _console.print(shards_table(shards))

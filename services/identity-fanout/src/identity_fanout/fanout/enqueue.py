@@ -13,7 +13,6 @@ lock); its next batch finds the task finished and stops.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterable
 from typing import Literal
@@ -23,21 +22,15 @@ import msgspec
 from psycopg import Connection
 from psycopg.rows import TupleRow
 
-from identity_fanout.channels import TASKS_CHANNEL, notify
 from identity_fanout.errors import RoleArchivedError, RoleNotFoundError, UnknownPermissionError
-from identity_fanout.fanout.batch import (
-    count_users_up_to,
-    page_users,
-    snapshot_events,
-    write_events,
-)
-from pin_contracts import AccessChangeReason, FanOutTaskStatus
-from pin_runtime.logging import log_event
+from identity_fanout.fanout.assignments import count_users_up_to, page_users, snapshot_rows
+from identity_fanout.fanout.inline import build_events
+from identity_fanout.fanout.queue import enqueue_task, supersede_older_tasks
+from identity_fanout.outbox.writer import current_trace_context, outbox_message, write_outbox
+from pin_contracts import USER_ACCESS_CHANGED, UserAccessChangedKafkaEvent, envelope_for
 from pin_runtime.sql import load_queries
 
 _roles = load_queries("identity_fanout", "fanout/sql/roles.sql")
-_tasks = load_queries("identity_fanout", "fanout/sql/tasks.sql")
-_log = logging.getLogger(__name__)
 
 
 class PermissionsChange(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,21 +46,40 @@ class PermissionsChange(msgspec.Struct, frozen=True, kw_only=True):
     """Older unfinished tasks of the role this change took over."""
 
 
-def supersede_older_tasks(conn: Connection[TupleRow], role_id: UUID, version: int) -> list[UUID]:
-    """Finish the role's tasks older than ``version`` where they stand (in the caller's
-    transaction); their ids."""
-    params = {"role_id": role_id, "version": version}
-    conn.execute(_tasks.supersede_shards, params)
-    superseded = [row[0] for row in conn.execute(_tasks.supersede_tasks, params)]
-    for task_id in superseded:
-        log_event(
-            _log,
-            "task superseded",
-            taskId=str(task_id),
-            roleId=str(role_id),
-            supersededByVersion=version,
-        )
-    return superseded
+def snapshot_events(
+    conn: Connection[TupleRow],
+    user_ids: list[UUID],
+    *,
+    role_id: UUID,
+    role_company_id: UUID | None,
+    version: int,
+) -> list[UserAccessChangedKafkaEvent]:
+    """Each user's event with the full snapshot of their active assignments, one query."""
+    rows = snapshot_rows(conn, user_ids)
+    return build_events(
+        user_ids, rows, role_id=role_id, role_company_id=role_company_id, version=version
+    )
+
+
+def write_events(
+    conn: Connection[TupleRow],
+    events: list[UserAccessChangedKafkaEvent],
+    *,
+    correlation_id: str,
+) -> int:
+    """Put the events into the outbox of the caller's transaction."""
+    trace_context = current_trace_context()
+    return write_outbox(
+        conn,
+        [
+            outbox_message(
+                envelope_for(event, correlation_id=correlation_id),
+                USER_ACCESS_CHANGED,
+                trace_context=trace_context,
+            )
+            for event in events
+        ],
+    )
 
 
 def set_role_permissions(
@@ -123,19 +135,7 @@ def set_role_permissions(
                 task_id=None,
                 superseded=superseded,
             )
-        task_id = uuid.uuid4()
-        conn.execute(
-            _tasks.enqueue_task,
-            {
-                "task_id": task_id,
-                "role_id": role_id,
-                "company_id": company_id,
-                "version": new_version,
-                "reason": AccessChangeReason.ROLE_PERMISSIONS_CHANGED.value,
-                "status": FanOutTaskStatus.PENDING.value,
-            },
-        )
-        notify(conn, TASKS_CHANNEL, str(task_id))
+        task_id = enqueue_task(conn, role_id, company_id, new_version)
     return PermissionsChange(
         role_id=role_id,
         version=new_version,

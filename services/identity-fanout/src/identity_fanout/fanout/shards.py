@@ -23,31 +23,12 @@ from uuid import UUID
 
 import msgspec
 
-from identity_fanout.fanout.tasks import LeasedRow
 from pin_contracts import FanOutTaskStatus
 
 # Below every real UserId (the schema forbids the nil UUID): shard 1's lower bound.
 START: Final = UUID(int=0)
 # The largest UUID: the upper bound of a task walked as one unit (and of the last shard).
 END: Final = UUID(int=(1 << 128) - 1)
-
-
-class FanOutShard(LeasedRow, frozen=True, kw_only=True):
-    """One row of identity.access_fanout_shards: users in (lower_bound, upper_bound]."""
-
-    task_id: UUID
-    shard_no: int
-    lower_bound: UUID
-    upper_bound: UUID | None
-
-
-class ClaimedShard(msgspec.Struct, frozen=True, kw_only=True):
-    """A shard as its worker holds it: the row plus what the batch needs from its task."""
-
-    shard: FanOutShard
-    role_id: UUID
-    company_id: UUID | None
-    role_version: int
 
 
 class ShardState(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,16 +1,14 @@
-"""The fan-out worker loop: wait for work, claim a shard or a task, walk it.
+"""The fan-out worker loop: wait for work, claim a unit (a shard or a whole task), walk it.
 
-Decisions (spec: "Алгоритм", "Идемпотентность и retry", "Параллелизм"):
-- woken at once by NOTIFY on enqueue (and on a split), otherwise polling every
-  PollingInterval;
-- one unit at a time per worker: a shard of a large task or a whole task, fair between
-  tasks (the task whose turn is oldest first: its CreatedAt, or for a sharded task when a
-  worker last took one of its shards), so a small role waits for at most one shard of a
-  large one; parallel workers take disjoint units (SKIP LOCKED);
-- a freshly claimed task of a role above ShardSize users is split into shards at once, so
-  the other workers share it (docs/design/identity-fanout.md "Sharded fan-out");
-- failure, lease loss, supersession, backpressure and graceful stop are handled per unit
-  (unit_run.py); an outage backs the whole loop off instead.
+- Woken at once by NOTIFY on enqueue (and on a split), otherwise polling every
+  PollingInterval.
+- One unit at a time per worker, fair between tasks (`FanoutQueue.claim`): a small role
+  waits for at most one shard of a large one; parallel workers take disjoint units
+  (SKIP LOCKED).
+- A freshly claimed task of a role above ShardSize users is split into shards at once, so
+  the other workers share it (docs/design/identity-fanout.md "Sharded fan-out").
+- Failure, lease loss, supersession, backpressure and graceful stop are handled per unit
+  (`walk`); an outage backs the whole loop off instead.
 """
 
 from __future__ import annotations
@@ -20,6 +18,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Final
 
 import psycopg
@@ -27,76 +27,68 @@ from opentelemetry import trace
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from identity_fanout.fanout.batch import (
-    BatchOptions,
-    BatchResult,
-    process_batch,
-    process_shard_batch,
-)
-from identity_fanout.fanout.claim import (
-    claim_shard,
-    claim_task,
-    is_poisoned,
-    shard_claim,
-    task_claim,
-)
-from identity_fanout.fanout.config import WorkerConfig
+from identity_fanout.channels import TASKS_CHANNEL, listen
 from identity_fanout.fanout.metrics import FanoutMetrics
-from identity_fanout.fanout.shards import ClaimedShard
-from identity_fanout.fanout.split import split_task, splittable
-from identity_fanout.fanout.tasks import FanOutTask
-from identity_fanout.fanout.unit_run import Conn, Unit, UnitRunner, WalkEnd, classify_failure
-from identity_fanout.fanout.wakeup import Wakeup
+from identity_fanout.fanout.queue import FanoutQueue, Unit, queue_state
+from identity_fanout.fanout.walk import WalkEnd, Walker, WorkerSignals, classify_failure
 from identity_fanout.outbox.writer import outbox_depth
-from pin_contracts import FanOutTaskStatus
+from identity_fanout.settings import Settings
 from pin_runtime.backoff import Backoff
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import SessionLimits
-from pin_runtime.sql import load_queries
+from pin_runtime.postgres import LazyConnection, SessionLimits, connect
+
+__all__ = ["FanoutWorker", "WorkerSignals"]
 
 _log = logging.getLogger(__name__)
-_tasks = load_queries("identity_fanout", "fanout/sql/tasks.sql")
 
 OUTAGE_BACKOFF_MAX_SECONDS: Final = 60.0
 """The longest wait between two tries while the database fails every poll or batch."""
 
 
 class FanoutWorker:
+    """One worker: the loop over the queue, on a pool of the service's sessions."""
+
     def __init__(
         self,
+        settings: Settings,
         *,
         pool: ConnectionPool[psycopg.Connection[TupleRow]],
-        listen_dsn: str,
-        config: WorkerConfig,
         metrics: FanoutMetrics,
         stop: threading.Event,
         database: ComponentState | None = None,
         heartbeat: Heartbeat | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        on_batch: Callable[[FanOutTask, BatchResult], None] | None = None,
-        on_shard_batch: Callable[[ClaimedShard, BatchResult], None] | None = None,
+        signals: WorkerSignals | None = None,
         tracer: trace.Tracer | None = None,
-        session: SessionLimits | None = None,
     ) -> None:
+        signals = signals or WorkerSignals()
+        self._settings = settings
         self._pool = pool
-        self._config = config
         self._metrics = metrics
         self._stop = stop
         self._database = database or ComponentState(initial=None)
         self._heartbeat = heartbeat
-        self._on_batch = on_batch
-        self._on_shard_batch = on_shard_batch
+        self.queue = FanoutQueue(
+            lease=settings.max_lease_duration, max_attempts=settings.max_attempts
+        )
+        dsn = settings.database_dsn.reveal()
         # The LISTEN connection is a session of its own: bounded like the pool's.
-        self._wakeup = Wakeup(
-            dsn=listen_dsn,
-            session=session or SessionLimits(),
+        self._wakeup = _Wakeup(
+            dsn=dsn,
+            session=settings.database_session(),
             stop=stop,
             beat=self._beat,
-            clock=clock,
+            clock=signals.clock,
         )
-        self._runner = UnitRunner(
-            pool, config, metrics, stop=stop, beat=self._beat, clock=clock, tracer=tracer
+        self._walker = Walker(
+            pool,
+            self.queue,
+            settings,
+            metrics,
+            stop=stop,
+            beat=self._beat,
+            signals=signals,
+            tracer=tracer,
         )
 
     # -- the loop -------------------------------------------------------------------------
@@ -131,136 +123,122 @@ class FanoutWorker:
                 continue
             if outcome is WalkEnd.OUTAGE:
                 self._database.degraded("batches fail for a reason not their own")
-                self._stop.wait(self._runner.retry_after)
+                self._stop.wait(self._walker.retry_after)
                 continue
             backoff.reset()
             self._database.ok()
             if outcome is None:
-                if not self._runner.failing:  # nothing to do: a healthy run
+                if not self._walker.failing:  # nothing to do: a healthy run
                     self._metrics.last_success.set(time.time())
-                self._wakeup.wait(self._config.polling_interval)
+                self._wakeup.wait(self._settings.polling_interval)
         self._wakeup.close()
 
     def run_once(self) -> WalkEnd | None:
-        """Refresh the gauges, then claim and walk one shard or task.
+        """Refresh the gauges, then claim and walk one unit.
 
         None when the queue had nothing to claim; otherwise how the unit's walk ended (a
         poisoned unit or a split ends as COMPLETED: the next cycle claims again at once).
         """
-        self._runner.record_pending_failures()
+        self._walker.record_pending_failures()
         self.refresh_gauges()
-        lease, max_attempts = self._config.max_lease_duration, self._config.max_attempts
         with self._pool.connection() as conn:
-            shard = claim_shard(conn, lease=lease, max_attempts=max_attempts)
-        if shard is None:
-            with self._pool.connection() as conn:
-                task = claim_task(conn, lease=lease, max_attempts=max_attempts)
-            if task is not None:
-                return self._take_task(task)
-            # The whole task the shards yielded to was claimed meanwhile by another worker.
-            with self._pool.connection() as conn:
-                shard = claim_shard(conn, lease=lease, max_attempts=max_attempts, fair=False)
-            if shard is None:
-                return None
-        if shard.shard.status == FanOutTaskStatus.FAILED.value:
-            self._runner.on_poisoned(_shard_unit(shard), shard.shard.last_error)
+            unit = self.queue.claim(conn)
+        if unit is None:
+            return None
+        if unit.poisoned:
+            self._walker.on_poisoned(unit)
             return WalkEnd.COMPLETED
-        return self.process_shard(shard)
-
-    def _take_task(self, task: FanOutTask) -> WalkEnd:
-        if is_poisoned(task):
-            self._runner.on_poisoned(_task_unit(task), task.last_error)
-            return WalkEnd.COMPLETED
-        if splittable(task):
-            split = self._split(task)
+        if unit.splittable:
+            split = self._split(unit)
             if split is not None:
                 return split  # the next cycle claims a shard (or the task again)
-        return self.process_task(task)
+        return self.walk(unit)
 
-    def _split(self, task: FanOutTask) -> WalkEnd | None:
+    def walk(self, unit: Unit) -> WalkEnd:
+        """Walk a claimed unit from its Cursor to the end (or stop, fence, failure)."""
+        return self._walker.walk(unit)
+
+    def _split(self, unit: Unit) -> WalkEnd | None:
         """Split a large task into shards; None if small (walk it whole); how it failed
         otherwise (retried like a failed batch)."""
         try:
             with self._pool.connection() as conn:
-                shards = split_task(conn, task, shard_size=self._config.shard_size)
+                shards = self.queue.split(conn, unit, shard_size=self._settings.shard_size)
         except Exception as exc:
-            return self._runner.on_failure(
-                _task_unit(task), task_claim(task), str(uuid.uuid4()), exc
-            )
+            return self._walker.on_failure(unit, str(uuid.uuid4()), exc)
         if not shards:
             return None
-        self._runner.committed(task.id)
-        log_event(
-            _log,
-            "task dequeued",
-            attempt=task.attempt_count,
-            taskId=str(task.id),
-            roleId=str(task.role_id),
-        )
-        log_event(_log, "task split", taskId=str(task.id), roleId=str(task.role_id), shards=shards)
+        self._walker.committed(unit.id)
+        log_event(_log, "task dequeued", attempt=unit.attempt, **unit.ids())
+        log_event(_log, "task split", shards=shards, **unit.ids())
         return WalkEnd.COMPLETED
 
     def refresh_gauges(self) -> None:
         """The queue's gauges and the outbox's depth, read from the database: every worker
         reports them, so they survive every relay being down."""
         with self._pool.connection() as conn:
-            row = conn.execute(_tasks.queue_state).fetchone()
+            state = queue_state(conn)
             depth = outbox_depth(conn)
-        self._runner.observe_outbox(depth)
-        if row is not None:
-            backlog, leased, failed, oldest, waiting = row
-            self._metrics.queue_backlog.set(backlog)
-            self._metrics.leased_tasks.set(leased)
-            self._metrics.failed_tasks.set(failed)
-            self._metrics.oldest_task_age_seconds.set(float(oldest or 0))
-            self._metrics.oldest_waiting_seconds.set(float(waiting))
-
-    # -- one unit -------------------------------------------------------------------------
-
-    def _options(self, correlation_id: str) -> BatchOptions:
-        return BatchOptions(
-            batch_size=self._config.batch_size,
-            lease=self._config.max_lease_duration,
-            correlation_id=correlation_id,
-        )
-
-    def process_task(self, task: FanOutTask) -> WalkEnd:
-        """Walk ``task`` as one unit from its Cursor to the end (or stop, fence, failure)."""
-        hook = self._on_batch
-
-        def batch(conn: Conn, correlation_id: str) -> BatchResult:
-            result = process_batch(conn, task, **self._options(correlation_id))
-            if hook is not None:
-                hook(task, result)
-            return result
-
-        return self._runner.walk(_task_unit(task), task_claim(task), batch)
-
-    def process_shard(self, claimed: ClaimedShard) -> WalkEnd:
-        """Walk one shard of a large task from its cursor to its upper bound."""
-        hook = self._on_shard_batch
-
-        def batch(conn: Conn, correlation_id: str) -> BatchResult:
-            result = process_shard_batch(conn, claimed, **self._options(correlation_id))
-            if hook is not None:
-                hook(claimed, result)
-            return result
-
-        return self._runner.walk(_shard_unit(claimed), shard_claim(claimed.shard), batch)
+        self._walker.observe_outbox(depth)
+        self._metrics.queue_backlog.set(state.backlog)
+        self._metrics.leased_tasks.set(state.leased)
+        self._metrics.failed_tasks.set(state.failed)
+        self._metrics.oldest_task_age_seconds.set(state.oldest_age_seconds)
+        self._metrics.oldest_waiting_seconds.set(state.oldest_waiting_seconds)
 
     def _beat(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.beat()
 
 
-def _task_unit(task: FanOutTask) -> Unit:
-    return Unit(task_id=task.id, role_id=task.role_id, attempt=task.attempt_count)
+# -- waiting for work -----------------------------------------------------------------------
 
 
-def _shard_unit(claimed: ClaimedShard) -> Unit:
-    return Unit(
-        task_id=claimed.shard.task_id,
-        role_id=claimed.role_id,
-        attempt=claimed.shard.attempt_count,
-        shard_no=claimed.shard.shard_no,
-    )
+@dataclass(eq=False, kw_only=True)
+class _Wakeup:
+    """A LISTEN session of its own (bounded like the pool's), reopened after a failure."""
+
+    dsn: str
+    session: SessionLimits
+    stop: threading.Event
+    beat: Callable[[], None]
+    clock: Callable[[], float] = time.monotonic
+    _listener: LazyConnection = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._listener = LazyConnection(
+            lambda: connect(self.dsn, self.session),
+            prepare=lambda conn: listen(conn, TASKS_CHANNEL),
+        )
+
+    def wait(self, polling_interval: timedelta) -> None:
+        """Sleep until NOTIFY, the polling interval, or a stop request, whichever is first."""
+        deadline = self.clock() + polling_interval.total_seconds()
+        listener = self._listen()
+        while not self.stop.is_set():
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                return
+            # Short slices so a stop request is seen within half a second.
+            slice_seconds = min(remaining, 0.5)
+            if listener is None:
+                self.stop.wait(slice_seconds)
+                continue
+            try:
+                for _ in listener.notifies(timeout=slice_seconds, stop_after=1):
+                    return
+            except psycopg.Error:
+                self._listener.discard()
+                listener = None
+            self.beat()
+
+    def _listen(self) -> psycopg.Connection[TupleRow] | None:
+        try:
+            return self._listener.get()
+        except psycopg.Error as exc:
+            log_event(_log, "listen failed; polling only", logging.WARNING, exception=repr(exc))
+            self._listener.discard()
+            return None
+
+    def close(self) -> None:
+        self._listener.close()

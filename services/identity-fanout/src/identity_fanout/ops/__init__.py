@@ -1,2 +1,2 @@
-"""What the operator's commands show and do to the queue: `tasks list/show/replay`
-(`tasks`), a sharded task's shards (`shards`), the quarantine's listings (`quarantine`)."""
+"""What the operator's commands show: the queue (`tasks`: tasks, one task, its shards) and the
+quarantine (`quarantine`), as tables."""

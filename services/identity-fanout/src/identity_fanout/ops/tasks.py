@@ -1,71 +1,64 @@
-"""What the runbook's CLI commands do to the queue: list, show, replay."""
+"""The queue as `identity-fanout tasks list/show` shows it: tasks, one task, its shards."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Final
 from uuid import UUID
 
-from psycopg import Connection, sql
-from psycopg.rows import TupleRow, class_row
+from identity_fanout.fanout.queue import FanOutShard, FanOutTask
+from identity_fanout.fanout.shards import START
+from pin_runtime.listing import Columns, Fields, Listing, timestamp_cell
 
-from identity_fanout.channels import TASKS_CHANNEL, notify
-from identity_fanout.errors import TaskNotFailedError, TaskNotFoundError
-from identity_fanout.fanout.shards import FanOutShard
-from identity_fanout.fanout.tasks import FanOutTask
-from pin_contracts import FanOutTaskStatus
-from pin_runtime.sql import columns, load_queries
+__all__ = ["shards_table", "task_detail", "tasks_table"]
 
-_tasks = load_queries("identity_fanout", "fanout/sql/tasks.sql")
-_shards = load_queries("identity_fanout", "fanout/sql/shards.sql")
+_TASK_COLUMNS: Final[Columns[FanOutTask]] = {
+    "id": lambda t: str(t.id),
+    "role": lambda t: str(t.role_id),
+    "version": lambda t: str(t.role_version),
+    "status": lambda t: t.status,
+    "processed": lambda t: str(t.processed_count),
+    "shards": lambda t: str(t.shard_count or "-"),
+    "attempts": lambda t: str(t.attempt_count),
+    "created": lambda t: timestamp_cell(t.created_at),
+    "lease until": lambda t: timestamp_cell(t.lease_expires_at),
+    "last error": lambda t: (t.last_error or "")[:80],
+}
 
 
-def _select_tasks(filter_: str) -> str:
-    return _tasks.compose(
-        "select_tasks", columns=columns(FanOutTask), filter=sql.SQL(_tasks[filter_])
+def tasks_table(tasks: Sequence[FanOutTask]) -> Listing:
+    return Listing.of(tasks, _TASK_COLUMNS, title="access fan-out tasks")
+
+
+def task_detail(task: FanOutTask) -> Fields:
+    return Fields(
+        ((name, _shown(getattr(task, name))) for name in FanOutTask.__struct_fields__),
+        title=f"task {task.id}",
     )
 
 
-_NEWEST: Final = _select_tasks("newest_first")
-_NEWEST_WITH_STATUS: Final = _select_tasks("newest_first_with_status")
-_BY_ID: Final = _select_tasks("by_id")
-_SHARDS: Final = _shards.compose("select_shards", columns=columns(FanOutShard))
+def _shown(value: object) -> str:
+    return timestamp_cell(value) if isinstance(value, datetime) else str(value)
 
 
-def list_tasks(
-    conn: Connection[TupleRow], *, status: FanOutTaskStatus | None = None, limit: int = 50
-) -> list[FanOutTask]:
-    """Newest first; only ``status`` when given."""
-    with conn.cursor(row_factory=class_row(FanOutTask)) as cur:
-        if status is None:
-            return cur.execute(_NEWEST, {"limit": limit}).fetchall()
-        return cur.execute(_NEWEST_WITH_STATUS, {"status": status.value, "limit": limit}).fetchall()
+def _bound(value: UUID | None, open_end: str) -> str:
+    return open_end if value is None or value == START else str(value)
 
 
-def get_task(conn: Connection[TupleRow], task_id: UUID) -> FanOutTask:
-    with conn.cursor(row_factory=class_row(FanOutTask)) as cur:
-        task = cur.execute(_BY_ID, {"id": task_id}).fetchone()
-    if task is None:
-        raise TaskNotFoundError(task_id)
-    return task
+_SHARD_COLUMNS: Final[Columns[FanOutShard]] = {
+    "no": lambda s: str(s.shard_no),
+    "after": lambda s: _bound(s.lower_bound, "start"),
+    "up to": lambda s: _bound(s.upper_bound, "end"),
+    "status": lambda s: s.status,
+    "processed": lambda s: str(s.processed_count),
+    "cursor": lambda s: str(s.cursor) if s.cursor else "-",
+    "attempts": lambda s: str(s.attempt_count),
+    "lease until": lambda s: timestamp_cell(s.lease_expires_at),
+    "last error": lambda s: (s.last_error or "")[:80],
+}
 
 
-def list_shards(conn: Connection[TupleRow], task_id: UUID) -> list[FanOutShard]:
-    """The shards of a task in range order; empty for a task fanned out as one unit."""
-    with conn.cursor(row_factory=class_row(FanOutShard)) as cur:
-        return cur.execute(_SHARDS, {"task_id": task_id}).fetchall()
-
-
-def replay_task(conn: Connection[TupleRow], task_id: UUID) -> FanOutTask:
-    """Put a Failed task back in the queue (and wake the workers); the task as it is now.
-
-    A sharded task gets its Failed shards back (attempts reset, cursors kept) and returns to
-    InProgress, where its shards are claimable; its finished shards are not repeated.
-    """
-    with conn.transaction():
-        # Shards before the task: the order in which workers lock them (no deadlock).
-        conn.execute(_shards.replay_shards, {"task_id": task_id})
-        if conn.execute(_tasks.replay_task, {"id": task_id}).rowcount != 1:
-            current = get_task(conn, task_id)
-            raise TaskNotFailedError(task_id, current.status)
-        notify(conn, TASKS_CHANNEL, str(task_id))
-    return get_task(conn, task_id)
+def shards_table(shards: Sequence[FanOutShard]) -> Listing:
+    """One row per shard: its UserId range (lower exclusive, upper inclusive) and progress."""
+    return Listing.of(shards, _SHARD_COLUMNS, title="shards")

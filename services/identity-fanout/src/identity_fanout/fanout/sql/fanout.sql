@@ -1,4 +1,5 @@
--- What a batch reads of the role model: the page of a role's users and their snapshots.
+-- What the fan-out reads of the role model (identity_fanout.fanout.assignments): counts, the
+-- shard bounds, the page of a role's users and their snapshots; and a batch's one statement.
 
 -- name: page_users --
 -- One page of the role's users: distinct UserIds of Active assignments after the cursor, up
@@ -43,15 +44,30 @@ SELECT count(*) FROM (
 SELECT count(DISTINCT user_id) FROM identity.role_assignments
 WHERE role_id = %(role_id)s AND status = 'Active'
 
+-- name: split_bounds --
+-- The inner shard bounds: every step-th of the role's distinct users in UserId order, so
+-- the shards hold about equal numbers of users. The index-only scan already yields them in
+-- order: numbering them costs no sort (percentile_disc would sort them all).
+SELECT user_id FROM (
+    SELECT user_id, row_number() OVER (ORDER BY user_id) AS rn
+    FROM (
+        SELECT DISTINCT user_id FROM identity.role_assignments
+        WHERE role_id = %(role_id)s AND status = 'Active'
+    ) AS users
+) AS numbered
+WHERE rn %% %(step)s = 0
+ORDER BY rn
+LIMIT %(bounds)s
+
 -- name: write_page --
 -- One batch of the worker, built inside PostgreSQL: the next page of the role's users
--- ({page}: page_users, composed in by page_writer.py), each user's UserAccessChanged
--- envelope (as snapshot_rows + snapshot.py + pin_contracts.encode build it in Python), its
--- headers, MessageId, key and lane slot, INSERTed into the outbox in page order. Returns the page's size and its last user (the
--- checkpoint's cursor). The JSON is written compact, in pin_contracts' field order, so the
+-- ({page}: page_users, composed in by batch.py), each user's UserAccessChanged envelope (as
+-- snapshot_rows + inline.py + pin_contracts.encode build it in Python), its headers,
+-- MessageId, key and lane slot, INSERTed into the outbox in page order. Returns the page's
+-- size and its last user (the checkpoint's cursor). The JSON is written compact, in pin_contracts' field order, so the
 -- value is the bytes msgspec would write; tests/test_page_writer_integration.py proves it
 -- decodes to the Python builder's event for the same rows.
--- Per-batch constants come as parameters, already JSON-encoded by Python (page_writer.py):
+-- Per-batch constants come as parameters, already JSON-encoded by Python (batch.py):
 -- the event type, contract version, aggregate type, change reason, OccurredAt, CorrelationId,
 -- the header names and the batch's trace-context headers.
 -- Timestamps are formatted in UTC whatever the session's TimeZone ("Z", microseconds only

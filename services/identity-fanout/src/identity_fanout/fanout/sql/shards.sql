@@ -1,21 +1,6 @@
 -- Shards of a large task: the split, the roll-up onto the task row, the runbook's view.
 -- Claiming, fencing, checkpoints, failures and hand-backs of a shard are in units.sql.
 
--- name: split_bounds --
--- The inner shard bounds: every step-th of the role's distinct users in UserId order, so
--- the shards hold about equal numbers of users. The index-only scan already yields them in
--- order: numbering them costs no sort (percentile_disc would sort them all).
-SELECT user_id FROM (
-    SELECT user_id, row_number() OVER (ORDER BY user_id) AS rn
-    FROM (
-        SELECT DISTINCT user_id FROM identity.role_assignments
-        WHERE role_id = %(role_id)s AND status = 'Active'
-    ) AS users
-) AS numbered
-WHERE rn %% %(step)s = 0
-ORDER BY rn
-LIMIT %(bounds)s
-
 -- name: mark_split --
 -- The task stays InProgress without a lease of its own: its shards carry the leases. With
 -- shard_count > 0 the task claim never takes it as a unit again.
@@ -61,7 +46,7 @@ WHERE id = %(id)s
 RETURNING created_at, started_at
 
 -- name: select_shards --
--- The shards of a task in range order ({columns}: identity_fanout.fanout.shards.FanOutShard).
+-- The shards of a task in range order ({columns}: identity_fanout.fanout.queue.FanOutShard).
 SELECT {columns} FROM identity.access_fanout_shards
 WHERE task_id = %(task_id)s ORDER BY shard_no
 

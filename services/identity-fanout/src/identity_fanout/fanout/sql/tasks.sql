@@ -44,7 +44,7 @@ INSERT INTO identity.access_fanout_tasks (id, role_id, company_id, role_version,
 VALUES (%(task_id)s, %(role_id)s, %(company_id)s, %(version)s, %(reason)s, %(status)s)
 
 -- name: select_tasks --
--- Tasks ({columns}: identity_fanout.fanout.tasks.FanOutTask) {filter}: one of the fragments below.
+-- Tasks ({columns}: identity_fanout.fanout.queue.FanOutTask) {filter}: one of the fragments below.
 SELECT {columns} FROM identity.access_fanout_tasks {filter}
 
 -- name: newest_first --

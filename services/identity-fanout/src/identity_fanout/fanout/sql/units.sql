@@ -1,7 +1,7 @@
 -- A unit of work is a task walked whole or one shard of a large task. Both walk the same
 -- way (spec "Алгоритм", "Идемпотентность и retry"), so their statements are written once,
 -- with {unit} the table (identity.access_fanout_tasks or identity.access_fanout_shards),
--- composed at import by identity_fanout.fanout.claim.
+-- composed at import by identity_fanout.fanout.queue.
 
 -- name: claim --
 -- Claim one unit: the {candidate} row, Pending or InProgress with an expired lease.
@@ -28,6 +28,20 @@ FROM poisoned AS p
 WHERE u.id = p.id
 RETURNING {returning}
 
+-- name: task_returning --
+-- A claimed task as its walk sees it (identity_fanout.fanout.queue.Unit). Only a task that
+-- never started as one unit may be split: a cursor or a count means it had.
+u.id, u.attempt_count AS attempt, u.id AS task_id, u.role_id, u.company_id, u.role_version,
+u.created_at AS task_created_at, u.started_at AS task_started_at,
+p.poisoned, u.last_error,
+(u.shard_count = 0 AND u.cursor IS NULL AND u.processed_count = 0) AS splittable
+
+-- name: shard_returning --
+-- A claimed shard, with what its batches need of its task (the candidate read it).
+u.id, u.attempt_count AS attempt, u.task_id, p.role_id, p.company_id, p.role_version,
+p.task_created_at, coalesce(p.task_started_at, p.task_created_at) AS task_started_at,
+p.poisoned, u.last_error, u.shard_no, u.lower_bound, u.upper_bound
+
 -- name: task_candidate --
 -- The oldest task that is Pending or whose lease expired (its worker died or stalled), not
 -- split into shards. The first condition repeats the partial index's predicate so the
@@ -51,7 +65,8 @@ FOR UPDATE SKIP LOCKED
 -- one, whatever the large role's size, and claims stay in CreatedAt order otherwise.
 -- fair = false drops that condition: the whole task it yields to is being claimed by
 -- another worker right now.
-SELECT s.id, t.role_id, t.company_id, t.role_version
+SELECT s.id, t.role_id, t.company_id, t.role_version,
+       t.created_at AS task_created_at, t.started_at AS task_started_at
 FROM identity.access_fanout_shards AS s
 JOIN identity.access_fanout_tasks AS t ON t.id = s.task_id
 CROSS JOIN LATERAL (

@@ -1,10 +1,9 @@
 """Walking one unit of work batch by batch: a whole task, or one shard of a large task.
 
-Both walk the same way (spec "Алгоритм", "Идемпотентность и retry"): a failed batch is
-rolled back, its reason kept on the unit and its lease shortened so it is retried soon; a
-lost lease drops the unit at once (the batch in hand rolled back, nothing emitted); a newer
-version of the role supersedes the unit (it stops where it is); a stop request is honoured
-between batches by handing the unit back.
+Both walk the same way: a failed batch is rolled back, its reason kept on the unit and its
+lease shortened so it is retried soon; a lost lease drops the unit at once (the batch in
+hand rolled back, nothing emitted); a newer version of the role supersedes the unit (it
+stops where it is); a stop request is honoured between batches by handing the unit back.
 
 Whose fault a failure is decides whether it brings the unit closer to poison
 (`classify_failure`, `counts_against_unit`): a unit's own failure counts an attempt; an
@@ -42,11 +41,11 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from identity_fanout.errors import LeaseLostError, TaskSupersededError
-from identity_fanout.fanout.batch import BatchResult, lost_claim
-from identity_fanout.fanout.claim import Claim, retry_delay
-from identity_fanout.fanout.config import WorkerConfig
+from identity_fanout.fanout.batch import BatchResult, run_batch
 from identity_fanout.fanout.metrics import FanoutMetrics
+from identity_fanout.fanout.queue import FanoutQueue, Unit, retry_delay
 from identity_fanout.outbox.writer import OutboxDepth, outbox_depth
+from identity_fanout.settings import Settings
 from pin_runtime.backoff import Backoff
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import is_retriable
@@ -132,49 +131,42 @@ class WalkEnd(StrEnum):
     """A failure that was not the unit's: the worker backs off before it claims again."""
 
 
-class Unit(msgspec.Struct, frozen=True, kw_only=True):
-    """What a walk logs, traces and fences by."""
-
-    task_id: UUID
-    role_id: UUID
-    attempt: int
-    shard_no: int | None = None
-    """None: the task as one unit."""
-
-    def ids(self) -> dict[str, Any]:
-        ids: dict[str, Any] = {"taskId": str(self.task_id), "roleId": str(self.role_id)}
-        if self.shard_no is not None:
-            ids["shardNo"] = self.shard_no
-        return ids
-
-    @property
-    def kind(self) -> str:
-        return "task" if self.shard_no is None else "shard"
-
-
 class _Unrecorded(msgspec.Struct, frozen=True):
     """A failure whose record did not reach the database (it was down): tried again before
     the next claim, so an outage that also refused the record still gives the attempt back
     (unless the lease ran out and another worker claimed the unit meanwhile)."""
 
     unit: Unit
-    claim: Claim
     reason: str
     retry_in: timedelta
     counted: bool
 
 
+@dataclass(frozen=True)
+class WorkerSignals:
+    """Where a test watches or steers a worker; a service leaves them all at their default.
+
+    One object for the whole worker instead of hooks threaded through each constructor.
+    """
+
+    batch: Callable[[Unit, BatchResult], None] | None = None
+    """Called after each committed batch, with its unit and result."""
+    clock: Callable[[], float] = time.monotonic
+    """The monotonic clock of the waits (the polling interval, the backpressure's touch)."""
+
+
 @dataclass(eq=False)
-class UnitRunner:
-    """Walks units to their end; shared by the task and shard paths of the worker."""
+class Walker:
+    """Walks units to their end; the same walk for a whole task and for a shard."""
 
     pool: ConnectionPool[Conn]
-    config: WorkerConfig
+    queue: FanoutQueue
+    settings: Settings
     metrics: FanoutMetrics
     _: KW_ONLY
     stop: threading.Event
     beat: Callable[[], None]
-    clock: Callable[[], float] = time.monotonic
+    signals: WorkerSignals = field(default_factory=WorkerSignals)
     tracer: InitVar[trace.Tracer | None] = None
     _tracer: trace.Tracer = field(init=False)
     _last_committed: UUID | None = field(init=False, default=None)
@@ -191,7 +183,7 @@ class UnitRunner:
     def __post_init__(self, tracer: trace.Tracer | None) -> None:
         self._tracer = tracer or trace.get_tracer("identity_fanout.fanout.worker")
 
-    def walk(self, unit: Unit, claim: Claim, batch: Callable[[Conn, str], BatchResult]) -> WalkEnd:
+    def walk(self, unit: Unit) -> WalkEnd:
         """Walk ``unit`` from its Cursor to the end, or until stopped, fenced, or failing."""
         job_run_id = str(uuid.uuid4())
         log_event(_log, "job started", jobRunId=job_run_id)
@@ -200,7 +192,7 @@ class UnitRunner:
         )
         attributes: dict[str, Any] = {
             "jobRunId": job_run_id,
-            "batchSize": self.config.batch_size,
+            "batchSize": self.settings.batch_size,
             "attempt": unit.attempt,
             **unit.ids(),
         }
@@ -210,18 +202,26 @@ class UnitRunner:
             while True:
                 self.beat()
                 if self.stop.is_set():
-                    self._release(unit, claim, job_run_id)
+                    self._release(unit, job_run_id)
                     return WalkEnd.STOPPED
                 try:
-                    if not self._wait_for_room(claim, unit, job_run_id):
-                        self._release(unit, claim, job_run_id)
+                    if not self._wait_for_room(unit, job_run_id):
+                        self._release(unit, job_run_id)
                         return WalkEnd.STOPPED
                     with self._tracer.start_as_current_span(
-                        "access-fanout batch", attributes={"batchSize": self.config.batch_size}
+                        "access-fanout batch", attributes={"batchSize": self.settings.batch_size}
                     ) as batch_span:
                         with self.pool.connection() as conn:
-                            step = batch(conn, job_run_id)
+                            step = run_batch(
+                                conn,
+                                self.queue,
+                                unit,
+                                batch_size=self.settings.batch_size,
+                                correlation_id=job_run_id,
+                            )
                         batch_span.set_attribute("rows", step.users)
+                    if self.signals.batch is not None:
+                        self.signals.batch(unit, step)
                 except TaskSupersededError as superseded:
                     self._count(unit, "superseded")
                     log_event(
@@ -250,8 +250,8 @@ class UnitRunner:
                     # A bug in the data (not only an outage) fails the batch the same way:
                     # the unit is retried up to MaxAttempts and then parked as Failed,
                     # instead of crash-looping the worker and blocking every other task.
-                    return self.on_failure(unit, claim, job_run_id, exc)
-                self.committed(claim.id)
+                    return self.on_failure(unit, job_run_id, exc)
+                self.committed(unit.id)
                 span.set_attribute("processedCount", step.task_processed_count)
                 self.metrics.batches.inc()
                 self.metrics.users.inc(step.users)
@@ -290,14 +290,14 @@ class UnitRunner:
         self.observe_outbox(depth)
         return depth
 
-    def _wait_for_room(self, claim: Claim, unit: Unit, job_run_id: str) -> bool:
+    def _wait_for_room(self, unit: Unit, job_run_id: str) -> bool:
         """Return once the outbox holds fewer than MaxOutboxBacklog rows; False if stopped
         meanwhile. LeaseLostError (or TaskSupersededError) if the claim is lost meanwhile."""
-        limit = self.config.max_outbox_backlog
+        limit = self.settings.max_outbox_backlog
         depth = self._outbox_depth()
         if depth.rows < limit:
             return True
-        started = touched = self.clock()
+        started = touched = self.signals.clock()
         self.metrics.throttled.set(1)
         log_event(
             _log,
@@ -314,14 +314,13 @@ class UnitRunner:
                 self.metrics.last_success.set(time.time())
                 if self.stop.wait(THROTTLE_POLL_SECONDS):
                     return False
-                if self.clock() - touched >= self.config.max_lease_duration.total_seconds() / 3:
+                if self.signals.clock() - touched >= self.queue.lease.total_seconds() / 3:
                     with self.pool.connection() as conn:
-                        if not claim.touch(conn, self.config.max_lease_duration):
-                            raise lost_claim(conn, claim, unit.task_id)
-                    touched = self.clock()
+                        self.queue.touch(conn, unit)
+                    touched = self.signals.clock()
                 depth = self._outbox_depth()
         finally:
-            waited = self.clock() - started
+            waited = self.signals.clock() - started
             self.metrics.throttled.set(0)
             self.metrics.throttled_seconds.inc(waited)
         log_event(
@@ -343,8 +342,8 @@ class UnitRunner:
     def _on_completed(self, unit: Unit, job_run_id: str, step: BatchResult) -> None:
         now = datetime.now(UTC)
         # From the task's first claim, whole or sharded alike (the row's StartedAt).
-        duration_ms = max((now - step.task_started_at).total_seconds() * 1000, 0.0)
-        lag = (now - step.created_at).total_seconds()
+        duration_ms = max((now - unit.task_started_at).total_seconds() * 1000, 0.0)
+        lag = (now - unit.task_created_at).total_seconds()
         self.metrics.task_duration_ms.observe(duration_ms)
         self.metrics.task_lag_seconds.observe(max(lag, 0.0))
         self.metrics.size.observe(step.task_processed_count)
@@ -356,12 +355,12 @@ class UnitRunner:
                 "access-fanout task",
                 context=otel_context.Context(),
                 links=[trace.Link(trace.get_current_span().get_span_context())],
-                start_time=int(step.task_started_at.timestamp() * 1e9),
+                start_time=int(unit.task_started_at.timestamp() * 1e9),
                 attributes={
                     "jobRunId": job_run_id,
                     "taskId": str(unit.task_id),
                     "roleId": str(unit.role_id),
-                    "batchSize": self.config.batch_size,
+                    "batchSize": self.settings.batch_size,
                     "processedCount": step.task_processed_count,
                 },
             )
@@ -376,14 +375,14 @@ class UnitRunner:
             durationMs=round(duration_ms, 1),
         )
 
-    def on_failure(self, unit: Unit, claim: Claim, job_run_id: str, exc: BaseException) -> WalkEnd:
+    def on_failure(self, unit: Unit, job_run_id: str, exc: BaseException) -> WalkEnd:
         """A batch (or the split) failed: log it, keep the reason, retry the unit soon.
 
         Counted (the unit's own failure): retried after a delay that doubles with its
         attempts. Not counted: the attempt is given back and the worker backs off.
         """
         failure = classify_failure(exc)
-        others_succeed = self._last_committed not in (None, claim.id)
+        others_succeed = self._last_committed not in (None, unit.id)
         counted = counts_against_unit(failure, others_succeed=others_succeed)
         self._last_committed = None
         self.failing = True
@@ -403,23 +402,23 @@ class UnitRunner:
         if counted:
             retry_in = retry_delay(
                 unit.attempt,
-                polling_interval=self.config.polling_interval,
-                lease=self.config.max_lease_duration,
+                polling_interval=self.settings.polling_interval,
+                lease=self.queue.lease,
             )
         else:
             # The unit stays out of reach twice as long as the worker waits, so the next
             # claim takes another unit: whether others succeed is what tells an outage from
             # this unit's own contention.
             self.retry_after = self._outage.next_delay()
-            retry_in = min(timedelta(seconds=2 * self.retry_after), self.config.max_lease_duration)
-        self._record(_Unrecorded(unit, claim, reason, retry_in, counted))
+            retry_in = min(timedelta(seconds=2 * self.retry_after), self.queue.lease)
+        self._record(_Unrecorded(unit, reason, retry_in, counted))
         return WalkEnd.FAILED if counted else WalkEnd.OUTAGE
 
     def _record(self, failure: _Unrecorded) -> bool:
         try:
             with self.pool.connection() as conn:
-                failure.claim.record_failure(
-                    conn, failure.reason, failure.retry_in, counted=failure.counted
+                self.queue.record_failure(
+                    conn, failure.unit, failure.reason, failure.retry_in, counted=failure.counted
                 )
         except Exception as record_exc:
             log_event(
@@ -440,7 +439,7 @@ class UnitRunner:
         for failure in pending:
             self._record(failure)
 
-    def on_poisoned(self, unit: Unit, last_error: str | None) -> None:
+    def on_poisoned(self, unit: Unit) -> None:
         """A unit that reached MaxAttempts was marked Failed (and, for a shard, its task)."""
         self.metrics.errors.labels(kind="poison").inc()
         self.metrics.tasks.labels(outcome="failed").inc()
@@ -452,14 +451,14 @@ class UnitRunner:
             logging.ERROR,
             attempt=unit.attempt,
             exception=f"poison: {unit.attempt} attempts reached MaxAttempts; "
-            f"last error: {last_error}",
+            f"last error: {unit.last_error}",
             **unit.ids(),
         )
 
-    def _release(self, unit: Unit, claim: Claim, job_run_id: str) -> None:
+    def _release(self, unit: Unit, job_run_id: str) -> None:
         try:
             with self.pool.connection() as conn:
-                released = claim.release(conn)
+                released = self.queue.release(conn, unit)
         except Exception as exc:
             released = False
             log_event(_log, "task release failed", logging.WARNING, exception=repr(exc))

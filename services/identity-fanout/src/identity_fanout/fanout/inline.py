@@ -1,35 +1,25 @@
-"""Building each user's UserAccessChanged event from the snapshot rows of a page. Pure."""
+"""The inline fan-out's events, built in Python: each user's UserAccessChanged event from
+the snapshot rows of the users (`assignments.snapshot_rows`). Pure.
+
+A small role's change (set-role-permissions) builds its few events here; the worker's
+batches build the same JSON inside PostgreSQL (`batch`), and
+`tests/test_page_writer_integration.py` proves the two agree byte for byte.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
-from typing import NamedTuple
+from datetime import UTC
 from uuid import UUID
 
+from identity_fanout.fanout.assignments import AssignmentRow
 from pin_contracts import (
     AccessChangeReason,
     ActiveRoleAssignmentSnapshot,
     UserAccessChangedKafkaEvent,
 )
 from pin_runtime.structs import built_from
-
-
-class AssignmentRow(NamedTuple):
-    """A row of `snapshot_rows` (sql/fanout.sql), read by column name (class_row)."""
-
-    user_id: UUID
-    assignment_id: UUID
-    role_id: UUID
-    role_code: str
-    company_id: UUID | None
-    scope_type: str
-    scope_organization_id: UUID | None
-    scope_project_group_id: UUID | None
-    scope_project_id: UUID | None
-    expires_at: datetime | None
-    """In UTC without a zone, null beyond what the wire carries (the query says why)."""
 
 
 def _snapshot(row: AssignmentRow) -> ActiveRoleAssignmentSnapshot:
