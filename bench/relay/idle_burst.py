@@ -32,8 +32,9 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
-from identity_fanout.outbox.relay import OutboxRelay
+from identity_fanout.outbox.relay import OutboxRelay, RelayConfig
 from identity_fanout.schema import migrate_database
+from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_testkit.bench import cpu_seconds
 from pin_testkit.databases import temporary_database
@@ -75,9 +76,14 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, idle: float) -> tuple
     """Seconds from the burst's commit to its last row published, and the PostgreSQL
     backends' CPU seconds meanwhile, for a relay that idled `idle` seconds before."""
     registry = CollectorRegistry()
-    relay = OutboxRelay(
-        dsn=dsn, bootstrap=bootstrap, registry=registry, poll_interval=POLL_INTERVAL
+    config = RelayConfig(
+        dsn=dsn,
+        bootstrap=bootstrap,
+        client_id="identity-fanout-relay",
+        poll_interval=POLL_INTERVAL,
+        message_max_bytes=RELAY_MESSAGE_MAX_BYTES,
     )
+    relay = OutboxRelay(config, registry=registry)
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop,), name="relay")
     with psycopg.connect(dsn, autocommit=True) as db:

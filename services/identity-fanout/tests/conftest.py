@@ -15,10 +15,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
-from relay_support import RELAY_TEST_OPTIONS, RelayFactory
+from relay_support import RELAY_TEST_OPTIONS, RelayFactory, new_relay
 
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
 from identity_fanout.outbox.relay import OutboxRelay
@@ -58,14 +57,10 @@ def make_relay(relay_dsn: str, kafka_bootstrap: str) -> Iterator[RelayFactory]:
     relays: list[OutboxRelay] = []
 
     def make(**overrides: Any) -> OutboxRelay:
-        options: dict[str, Any] = {
-            "dsn": relay_dsn,
-            "bootstrap": kafka_bootstrap,
-            "registry": CollectorRegistry(),
-            **RELAY_TEST_OPTIONS,
-            **overrides,
-        }
-        relay = OutboxRelay(**options)
+        options = RELAY_TEST_OPTIONS | overrides
+        relay = new_relay(
+            options.pop("dsn", relay_dsn), options.pop("bootstrap", kafka_bootstrap), **options
+        )
         relays.append(relay)
         return relay
 

@@ -14,9 +14,12 @@ from dataclasses import replace
 from typing import Any
 
 import psycopg
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry
 
-from identity_fanout.outbox.relay import OutboxRelay
+from identity_fanout.outbox.relay import OutboxRelay, RelayConfig, RelaySignals
 from identity_fanout.outbox.writer import OutboxMessage, write_outbox
+from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import (
     USER_ACCESS_CHANGED,
     AccessChangeReason,
@@ -25,6 +28,7 @@ from pin_contracts import (
     UserAccessChangedKafkaEvent,
     envelope_for,
 )
+from pin_runtime.http import ComponentState, Heartbeat
 
 __all__ = [
     "RELAY_TEST_OPTIONS",
@@ -32,6 +36,7 @@ __all__ = [
     "RelayThread",
     "access_event",
     "access_topic",
+    "new_relay",
     "outbox_count",
     "write",
 ]
@@ -47,6 +52,34 @@ RELAY_TEST_OPTIONS: dict[str, Any] = {
     "backoff_initial": 0.1,
     "backoff_maximum": 0.5,
 }
+
+
+def new_relay(
+    dsn: str,
+    bootstrap: str,
+    *,
+    registry: CollectorRegistry | None = None,
+    state: ComponentState | None = None,
+    heartbeat: Heartbeat | None = None,
+    tracer_provider: trace.TracerProvider | None = None,
+    probe: Callable[[str, int], None] | None = None,
+    **config: Any,
+) -> OutboxRelay:
+    """A relay as the service builds one (`RelayConfig`, its client id and record limit
+    the service's), with ``config`` overriding the rest; a registry of its own by default."""
+    options: dict[str, Any] = {
+        "client_id": "identity-fanout-relay",
+        "message_max_bytes": RELAY_MESSAGE_MAX_BYTES,
+        **config,
+    }
+    return OutboxRelay(
+        RelayConfig(dsn=dsn, bootstrap=bootstrap, **options),
+        registry=registry or CollectorRegistry(),
+        state=state,
+        heartbeat=heartbeat,
+        tracer_provider=tracer_provider,
+        signals=RelaySignals(probe=probe),
+    )
 
 
 def access_topic(name: str, partitions: int = 3) -> Topic:

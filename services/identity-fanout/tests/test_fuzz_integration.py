@@ -18,10 +18,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
+from relay_support import new_relay
 
-from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.outbox.writer import OutboxMessage, write_outbox
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED
 from pin_testkit.fuzzing import fuzz_settings, fuzz_timeout
@@ -100,10 +99,9 @@ def test_any_outbox_row_is_published_or_quarantined_and_never_blocks(
     db: Conn, relay_dsn: str, kafka_bootstrap: str, kafka_topic: Callable[..., str]
 ) -> None:
     topic = kafka_topic(partitions=PARTITIONS, config=AGENT_MEMBERSHIP_CHANGED.config())
-    relay = OutboxRelay(
-        dsn=relay_dsn,
-        bootstrap=kafka_bootstrap,
-        registry=CollectorRegistry(),
+    relay = new_relay(
+        relay_dsn,
+        kafka_bootstrap,
         delivery_timeout=20.0,
         poll_interval=0.05,
         lock_retry_interval=0.1,

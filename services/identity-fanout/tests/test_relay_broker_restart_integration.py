@@ -12,10 +12,9 @@ import uuid
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
-from relay_support import RelayThread, access_event, access_topic, outbox_count
+from relay_support import RelayThread, access_event, access_topic, new_relay, outbox_count
 
 from identity_fanout.outbox.quarantine import list_quarantined
-from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.outbox.writer import OutboxMessage, outbox_message, write_outbox
 from pin_contracts import (
     MESSAGE_ID_HEADER,
@@ -89,9 +88,9 @@ def test_relay_loses_nothing_while_the_broker_is_down(
     topic = access_topic(private_kafka.create_topic(partitions=3))
     writer = Writer(worker_dsn, topic)
     registry, state = CollectorRegistry(), ComponentState()
-    relay = OutboxRelay(
-        dsn=relay_dsn,
-        bootstrap=private_kafka.bootstrap,
+    relay = new_relay(
+        relay_dsn,
+        private_kafka.bootstrap,
         registry=registry,
         state=state,
         batch_size=10,  # many rounds: the broker goes down between and during them

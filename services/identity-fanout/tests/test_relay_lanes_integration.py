@@ -15,8 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client import CollectorRegistry
-from relay_support import RELAY_TEST_OPTIONS, RelayThread, access_topic, outbox_count
+from relay_support import RELAY_TEST_OPTIONS, RelayThread, access_topic, new_relay, outbox_count
 
 from identity_fanout.outbox.lanes import lane_of_slot
 from identity_fanout.outbox.relay import OutboxRelay
@@ -143,16 +142,13 @@ def relay_process(
 
 def make_relay(dsn: str, bootstrap: str, name: str, **overrides: Any) -> OutboxRelay:
     options: dict[str, Any] = {
-        "dsn": dsn,
-        "bootstrap": bootstrap,
-        "registry": CollectorRegistry(),
         "client_id": name,
         "lanes": LANES,
         "poll_interval": 0.2,
         **RELAY_TEST_OPTIONS,
         **overrides,
     }
-    return OutboxRelay(**options)
+    return new_relay(dsn, bootstrap, **options)
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,14 @@ from relay_support import (
     RelayThread,
     access_event,
     access_topic,
+    new_relay,
     outbox_count,
     write,
 )
 
+from identity_fanout.app import relay_config
 from identity_fanout.membership import join_agency
-from identity_fanout.outbox.relay import OutboxRelay, relay_from_settings
+from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.outbox.writer import outbox_message
 from identity_fanout.settings import ENV_PREFIX, Settings
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, decode_access_changed, decode_membership_changed
@@ -55,7 +57,7 @@ def test_relay_publishes_over_scram_and_tls(
     with psycopg.connect(producer_dsn) as conn:
         join_agency(conn, agent, uuid.uuid4())
 
-    with relay_from_settings(settings, registry=CollectorRegistry()) as relay:
+    with OutboxRelay(relay_config(settings), registry=CollectorRegistry()) as relay:
         assert relay.run_once() == 1
 
     consumer = create_consumer(
@@ -118,9 +120,9 @@ def test_a_topic_the_relay_may_not_write_pauses_it_and_every_row_follows_in_orde
     acl.deny()  # an ACL mistake: the relay's principal lost WRITE on the topic
 
     registry, state = CollectorRegistry(), ComponentState()
-    relay = OutboxRelay(
-        dsn=relay_dsn,
-        bootstrap=secured_kafka.bootstrap,
+    relay = new_relay(
+        relay_dsn,
+        secured_kafka.bootstrap,
         registry=registry,
         state=state,
         kafka_extra=security,

@@ -16,7 +16,7 @@ from typing import Final
 
 from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.fanout.worker import FanoutWorker
-from identity_fanout.outbox.relay import run_relay, tune_relay_gc
+from identity_fanout.outbox.relay import OutboxRelay, RelayConfig, tune_relay_gc
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from pin_runtime.composition import Runtime, long_running
 from pin_runtime.http import ComponentState, Heartbeat
@@ -58,6 +58,24 @@ def runtime(settings: Settings, command: str, *, kafka: bool) -> Iterator[Runtim
             log_event(_log, "process stopped", command=command)
 
 
+def relay_config(settings: Settings) -> RelayConfig:
+    """The relay the service's settings describe: the one way a relay is configured."""
+    return RelayConfig(
+        dsn=settings.database_dsn.reveal(),
+        bootstrap=settings.kafka_bootstrap,
+        client_id=f"{SERVICE_NAME}-relay",
+        lanes=settings.outbox_lanes,
+        batch_size=settings.relay_batch_size,
+        window_records=settings.relay_window_records,
+        window_bytes=settings.relay_window_bytes,
+        poll_interval=settings.relay_poll_interval.total_seconds(),
+        delivery_timeout=settings.relay_delivery_timeout.total_seconds(),
+        message_max_bytes=settings.relay_message_max_bytes,
+        kafka_extra=dict(settings.kafka_security()),
+        session=settings.database_session(),
+    )
+
+
 def _relay_thread(settings: Settings, rt: Runtime) -> None:
     """The worker's relay thread: the worker's registry and stop event, readiness "relay".
 
@@ -65,7 +83,7 @@ def _relay_thread(settings: Settings, rt: Runtime) -> None:
     """
     state = ComponentState()
     rt.ops.add_check("relay", state)
-    run_relay(settings, registry=rt.registry, stop=rt.stop, state=state)
+    OutboxRelay(relay_config(settings), registry=rt.registry, state=state).run(rt.stop)
 
 
 def run_relay_process(settings: Settings) -> None:
@@ -74,7 +92,10 @@ def run_relay_process(settings: Settings) -> None:
     with runtime(settings, "relay", kafka=True) as rt:
         state = ComponentState()
         rt.ops.add_check("relay", state)
-        run_relay(settings, registry=rt.registry, stop=rt.stop, state=state, heartbeat=rt.heartbeat)
+        relay = OutboxRelay(
+            relay_config(settings), registry=rt.registry, state=state, heartbeat=rt.heartbeat
+        )
+        relay.run(rt.stop)
 
 
 def run_worker(settings: Settings, *, with_relay: bool) -> None:

@@ -25,10 +25,11 @@ import gc
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Final, Self
+from typing import Final, Self
 
+import msgspec
 import psycopg
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
@@ -50,7 +51,6 @@ from identity_fanout.outbox.window import (
     DEFAULT_WINDOW_RECORDS,
     InflightWindow,
 )
-from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES, SERVICE_NAME, Settings
 from pin_runtime.backoff import Backoff
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.kafka import Compression, ConfigValue
@@ -60,10 +60,10 @@ from pin_runtime.postgres import SessionLimits, connect
 __all__ = [
     "DEFAULT_LANES",
     "OutboxRelay",
+    "RelayConfig",
     "RelayMetrics",
+    "RelaySignals",
     "RoundResult",
-    "relay_from_settings",
-    "run_relay",
     "tune_relay_gc",
 ]
 
@@ -133,79 +133,120 @@ class Rounds:
         return result
 
 
+class RelayConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one relay instance is configured with, durations in seconds.
+
+    The service builds it from its settings (`identity_fanout.app.relay_config`); a test or a
+    benchmark builds it directly. Checked on construction: a bad value never reaches a loop.
+    """
+
+    dsn: str
+    bootstrap: str
+    client_id: str
+    """The producer's client.id, and the prefix of the sessions' application_name."""
+    lanes: int = DEFAULT_LANES
+    batch_size: int = 5000
+    """Rows per read (and per delete), within what is left of the window."""
+    window_records: int = DEFAULT_WINDOW_RECORDS
+    window_bytes: int = DEFAULT_WINDOW_BYTES
+    poll_interval: float = 1.0
+    """How often the outbox is looked at when no NOTIFY came."""
+    delivery_timeout: float = 30.0
+    lock_retry_interval: float = LOCK_RETRY_INTERVAL
+    backoff_initial: float = 1.0
+    backoff_maximum: float = 60.0
+    message_max_bytes: int = 1_000_000
+    """The producer's `message.max.bytes`: a larger row is quarantined at once."""
+    compression: Compression = COMPRESSION
+    kafka_extra: dict[str, ConfigValue] = msgspec.field(default_factory=dict)
+    """More producer properties: the cluster's security settings."""
+    session: SessionLimits = msgspec.field(default_factory=SessionLimits)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.lanes <= MAX_LANES:
+            raise ValueError(f"lanes must be within 1..{MAX_LANES}, got {self.lanes}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        for name in ("poll_interval", "delivery_timeout", "lock_retry_interval"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class RelaySignals:
+    """Where a test watches a relay; a service leaves them unset."""
+
+    probe: Callable[[str, int], None] | None = None
+    """`probe(event, lane or slot)`: "acquired", "releasing", "lost" of a lane
+    (`LaneSession`), "produced", "settled" of a slot (`Pump`)."""
+
+
 class OutboxRelay:
     """Publishes its lanes of `identity.outbox` to Kafka; see the module docstring.
 
-    Build with `relay_from_settings(...)` or explicit arguments (durations in
-    seconds). Drive it with `run(stop)` in its own thread (pipelined), or `run_once()` from
-    tests (one batch, waited for). Not thread-safe: one thread per instance.
+    Drive it with `run(stop)` in its own thread (pipelined), or `run_once()` from tests
+    (one batch, waited for). Not thread-safe: one thread per instance.
     """
 
     def __init__(
         self,
+        config: RelayConfig,
         *,
-        dsn: str,
-        bootstrap: str,
         registry: CollectorRegistry,
         state: ComponentState | None = None,
         heartbeat: Heartbeat | None = None,
-        lanes: int = DEFAULT_LANES,
-        batch_size: int = 5000,
-        window_records: int = DEFAULT_WINDOW_RECORDS,
-        window_bytes: int = DEFAULT_WINDOW_BYTES,
-        poll_interval: float = 1.0,
-        delivery_timeout: float = 30.0,
-        lock_retry_interval: float = LOCK_RETRY_INTERVAL,
-        backoff_initial: float = 1.0,
-        backoff_maximum: float = 60.0,
-        message_max_bytes: int = RELAY_MESSAGE_MAX_BYTES,
-        compression: Compression = COMPRESSION,
-        kafka_extra: Mapping[str, ConfigValue] | None = None,
-        session: SessionLimits | None = None,
-        client_id: str = f"{SERVICE_NAME}-relay",
         tracer_provider: trace.TracerProvider | None = None,
-        probe: Callable[[str, int], None] | None = None,
+        signals: RelaySignals | None = None,
     ) -> None:
-        _check(lanes, batch_size, poll_interval, delivery_timeout, lock_retry_interval)
-        self._batch_size = batch_size
-        self._poll_interval = poll_interval
-        self._lock_retry_interval = lock_retry_interval
-        self._db_backoff = Backoff(initial=backoff_initial, maximum=backoff_maximum)
-        self._kafka_backoff = Backoff(initial=backoff_initial, maximum=backoff_maximum)
+        probe = (signals or RelaySignals()).probe
+        self.config = config
+        self._db_backoff = Backoff(initial=config.backoff_initial, maximum=config.backoff_maximum)
+        self._kafka_backoff = Backoff(
+            initial=config.backoff_initial, maximum=config.backoff_maximum
+        )
         self.metrics = RelayMetrics(registry)
         self.state = state if state is not None else ComponentState()
-        limits = session or SessionLimits()
+        host = socket.gethostname()
         self._session = LaneSession(
-            dsn,
-            lanes=lanes,
+            config.dsn,
+            lanes=config.lanes,
             channel=OUTBOX_CHANNEL,
-            application_name=f"{client_id}@{socket.gethostname()}",
-            limits=limits,
+            application_name=f"{config.client_id}@{host}",
+            limits=config.session,
             on_change=self.metrics.set_lanes,
             on_foreign=self.metrics.foreign_lock_holders.set,
             probe=probe,
         )
+        # The deleter's own autocommit sessions, named apart from the lanes' session.
+        delete_name = f"{config.client_id}-delete@{host}"
         self._pump = Pump(
             Publisher(
-                bootstrap=bootstrap,
-                client_id=client_id,
-                message_max_bytes=message_max_bytes,
-                compression=compression,
-                extra=kafka_extra,
-                delivery_timeout=delivery_timeout,
+                bootstrap=config.bootstrap,
+                client_id=config.client_id,
+                message_max_bytes=config.message_max_bytes,
+                compression=config.compression,
+                extra=config.kafka_extra,
+                delivery_timeout=config.delivery_timeout,
                 tracer=(tracer_provider or trace.get_tracer_provider()).get_tracer(__name__),
             ),
-            InflightWindow(max_records=window_records, max_bytes=window_bytes),
+            InflightWindow(max_records=config.window_records, max_bytes=config.window_bytes),
             self.metrics,
-            Deleter(_connector(dsn, f"{client_id}-delete", limits), self.metrics),
-            lanes=lanes,
-            batch_size=batch_size,
-            delivery_timeout=delivery_timeout,
+            Deleter(
+                lambda: connect(config.dsn, config.session, application_name=delete_name),
+                self.metrics,
+            ),
+            lanes=config.lanes,
+            batch_size=config.batch_size,
+            delivery_timeout=config.delivery_timeout,
             probe=probe,
         )
         self._pace = Pacer(heartbeat)
         self._rounds = Rounds(
-            self._session, self._pump, self.metrics, self.state, look_interval=lock_retry_interval
+            self._session,
+            self._pump,
+            self.metrics,
+            self.state,
+            look_interval=config.lock_retry_interval,
         )
 
     @property
@@ -240,7 +281,7 @@ class OutboxRelay:
         degraded readiness and catches up when they return.
         """
         self._pace.stop = stop
-        log_event(_log, "relay started", batchSize=self._batch_size)
+        log_event(_log, "relay started", batchSize=self.config.batch_size)
         try:
             while not stop.is_set():
                 self._pace.beat()
@@ -281,7 +322,7 @@ class OutboxRelay:
         conn = self._rounds.start(force=False)
         if not self.active:
             self._rounds.finish(conn)
-            return self._lock_retry_interval
+            return self.config.lock_retry_interval
         read = self._pump.cycle(
             conn,
             self._session.readable_lanes(),
@@ -298,7 +339,7 @@ class OutboxRelay:
             self._kafka_backoff.reset()
         elif not len(self._pump.window):
             self._session.wait_for_notify(
-                self._poll_interval, stop=self._pace.stop, on_tick=self._pace.beat
+                self.config.poll_interval, stop=self._pace.stop, on_tick=self._pace.beat
             )
         return 0.0
 
@@ -336,77 +377,3 @@ def tune_relay_gc() -> None:
     """For the relay's own process only (`identity-fanout relay`), never the worker's."""
     gc.freeze()  # what start-up made is permanent: never walked again
     gc.set_threshold(*GC_THRESHOLD)
-
-
-def _connector(
-    dsn: str, name: str, limits: SessionLimits
-) -> Callable[[], psycopg.Connection[TupleRow]]:
-    """Connections of the deleter: autocommit, the service's session limits."""
-    return lambda: connect(dsn, limits, application_name=f"{name}@{socket.gethostname()}")
-
-
-def _options(settings: Settings) -> dict[str, Any]:
-    """`OutboxRelay` arguments from the service's settings."""
-    return {
-        "dsn": settings.database_dsn.reveal(),
-        "bootstrap": settings.kafka_bootstrap,
-        "lanes": settings.outbox_lanes,
-        "batch_size": settings.relay_batch_size,
-        "window_records": settings.relay_window_records,
-        "window_bytes": settings.relay_window_bytes,
-        "poll_interval": settings.relay_poll_interval.total_seconds(),
-        "delivery_timeout": settings.relay_delivery_timeout.total_seconds(),
-        "message_max_bytes": settings.relay_message_max_bytes,
-        "kafka_extra": settings.kafka_security(),
-        "session": settings.database_session(),
-    }
-
-
-def _check(
-    lanes: int,
-    batch_size: int,
-    poll_interval: float,
-    delivery_timeout: float,
-    lock_retry_interval: float,
-) -> None:
-    if not 1 <= lanes <= MAX_LANES:
-        raise ValueError(f"lanes must be within 1..{MAX_LANES}, got {lanes}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    for name, value in (
-        ("poll_interval", poll_interval),
-        ("delivery_timeout", delivery_timeout),
-        ("lock_retry_interval", lock_retry_interval),
-    ):
-        if value <= 0:
-            raise ValueError(f"{name} must be > 0, got {value}")
-
-
-def relay_from_settings(
-    settings: Settings,
-    *,
-    registry: CollectorRegistry,
-    state: ComponentState | None = None,
-    heartbeat: Heartbeat | None = None,
-    tracer_provider: trace.TracerProvider | None = None,
-) -> OutboxRelay:
-    """The relay the service's settings describe (what both entry points run)."""
-    return OutboxRelay(
-        **_options(settings),
-        registry=registry,
-        state=state,
-        heartbeat=heartbeat,
-        tracer_provider=tracer_provider,
-    )
-
-
-def run_relay(
-    settings: Settings,
-    *,
-    registry: CollectorRegistry,
-    stop: threading.Event,
-    state: ComponentState | None = None,
-    heartbeat: Heartbeat | None = None,
-) -> None:
-    """Run the relay until `stop` is set (the body of both entry points below)."""
-    relay_from_settings(settings, registry=registry, state=state, heartbeat=heartbeat).run(stop)
