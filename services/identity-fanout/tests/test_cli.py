@@ -163,7 +163,7 @@ def test_database_down_is_one_line_not_a_traceback() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["identity_fanout.cli", "identity_fanout.outbox.status", "identity_fanout.outbox.quarantine"],
+    ["identity_fanout.cli", "identity_fanout.ops.outbox", "identity_fanout.outbox.quarantine"],
 )
 def test_operator_commands_load_no_kafka_client(module: str) -> None:
     # The runbook commands never talk to Kafka: librdkafka stays out of their process.

@@ -12,10 +12,10 @@ from rich.console import Console, RenderableType
 
 from identity_fanout.fanout.queue import FanOutShard, FanOutTask
 from identity_fanout.fanout.shards import START
+from identity_fanout.ops.outbox import OutboxStatus, RelayHolder, status_table
 from identity_fanout.ops.quarantine import quarantine_table
 from identity_fanout.ops.tasks import shards_table, tasks_table
 from identity_fanout.outbox.quarantine import QuarantinedRow
-from identity_fanout.outbox.status import OutboxStatus, RelayHolder, status_table
 
 AT = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 TASK, ROLE, KEY, CURSOR = (uuid.uuid4() for _ in range(4))

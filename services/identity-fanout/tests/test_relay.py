@@ -24,9 +24,9 @@ from relay_support import (
     write,
 )
 
+from identity_fanout.ops.outbox import outbox_status
 from identity_fanout.outbox.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS
 from identity_fanout.outbox.relay import OutboxRelay
-from identity_fanout.outbox.status import outbox_status
 from identity_fanout.outbox.writer import outbox_message
 from pin_contracts import (
     MESSAGE_ID_HEADER,

@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from relay_support import RELAY_TEST_OPTIONS, RelayThread, access_topic, new_relay, outbox_count
 
+from identity_fanout.ops.outbox import OutboxStatus, outbox_status
 from identity_fanout.outbox.lanes import lane_of_slot
 from identity_fanout.outbox.relay import OutboxRelay
-from identity_fanout.outbox.status import OutboxStatus, outbox_status
 from identity_fanout.outbox.writer import outbox_message, write_outbox
 from pin_contracts import (
     AccessChangeReason,

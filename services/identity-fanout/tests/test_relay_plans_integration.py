@@ -15,7 +15,7 @@ import pytest
 from psycopg.rows import TupleRow
 
 from identity_fanout.outbox.lanes import slots_of
-from identity_fanout.outbox.reader import ReadRequest, fetch
+from identity_fanout.outbox.pump import ReadRequest, fetch
 from pin_runtime.postgres import SessionLimits, connect
 from pin_runtime.sql import load_queries
 

@@ -22,6 +22,7 @@ from identity_fanout.errors import DiscardNeedsForceError, IdentityFanoutError
 from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.fanout.queue import get_task, list_shards, list_tasks, replay_task
 from identity_fanout.membership import command as membership_command
+from identity_fanout.ops.outbox import outbox_status, status_table
 from identity_fanout.ops.quarantine import (
     discarded_line,
     quarantine_detail,
@@ -30,7 +31,6 @@ from identity_fanout.ops.quarantine import (
 )
 from identity_fanout.ops.tasks import shards_table, task_detail, tasks_table
 from identity_fanout.outbox import quarantine as q
-from identity_fanout.outbox.status import outbox_status, status_table
 from identity_fanout.schema import migrate_database
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, LagWatchSettings, Settings
 from pin_contracts import FanOutTaskStatus

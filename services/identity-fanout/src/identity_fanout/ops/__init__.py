@@ -1,2 +1,2 @@
-"""What the operator's commands show: the queue (`tasks`: tasks, one task, its shards) and the
-quarantine (`quarantine`), as tables."""
+"""What the operator's commands show: the queue (`tasks`: tasks, one task, its shards), the
+outbox (`outbox`: `outbox status`) and the quarantine (`quarantine`), as tables."""

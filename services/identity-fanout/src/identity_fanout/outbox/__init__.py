@@ -6,5 +6,10 @@ table by lane, one publisher per slot at a time, in id order per key. The relay
 (`relay`, its database `session`, the `pump` that reads, produces and deletes, the
 in-flight `window` and its `settlement`, the Kafka `publisher`) publishes rows after
 commit and deletes them once acknowledged; rows Kafka refuses for good go to the
-`quarantine`; `status` is what `outbox status` prints.
+`quarantine`. What `outbox status` prints is `identity_fanout.ops.outbox`.
 """
+
+import logging
+
+log = logging.getLogger("identity_fanout.outbox.relay")
+"""The relay's one logger: every part of the relay logs its events under this name."""

@@ -1,5 +1,9 @@
 """One relay instance's flow through its lanes: read, produce, settle, delete, pipelined.
 
+The reads and the deletes run beside the flow, each on a session of its own thread
+(`Reader`: the next read already under way while the rows before it are produced;
+`Deleter`: the DELETE of what the broker acknowledged), so the loop waits for neither.
+
 The pump reads the next rows of the held lanes (id order, after the last one in flight),
 produces them at once and reads on while their acknowledgements are pending, as long as
 the in-flight window has room. Settled prefixes of the window are deleted in batches
@@ -14,28 +18,30 @@ row of a key never overtakes one that may yet be delivered.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout.outbox.deleter import Deleter
+from identity_fanout.outbox import log as _log
 from identity_fanout.outbox.lanes import slots_of
-from identity_fanout.outbox.log import log as _log
 from identity_fanout.outbox.metrics import RelayMetrics
-from identity_fanout.outbox.pacing import SHUTDOWN_GRACE
 from identity_fanout.outbox.pause import Pause, refusal_of
 from identity_fanout.outbox.publisher import FLUSH_MARGIN, Publisher
 from identity_fanout.outbox.quarantine import quarantine_rows
-from identity_fanout.outbox.reader import Reader, ReadRequest
-from identity_fanout.outbox.records import OutboxRecord
-from identity_fanout.outbox.report import report_refusals, report_stopped
+from identity_fanout.outbox.records import OutboxRecord, records_from_rows
+from identity_fanout.outbox.report import report_published, report_refusals, report_stopped
 from identity_fanout.outbox.settlement import Settlement
 from identity_fanout.outbox.window import InflightWindow
 from pin_runtime.logging import log_event
+from pin_runtime.postgres import LazyConnection
+from pin_runtime.sql import load_queries
 
 Conn = psycopg.Connection[TupleRow]
 Tick = Callable[[], None]
@@ -43,7 +49,13 @@ Tick = Callable[[], None]
 GiveUp = Callable[[], bool]
 """Asked while waiting: True once the process is stopping."""
 
-__all__ = ["Pump", "RoundResult"]
+__all__ = ["SHUTDOWN_GRACE", "Deleter", "Pump", "ReadRequest", "Reader", "RoundResult", "fetch"]
+
+_q = load_queries("identity_fanout", "outbox/sql/relay.sql")
+
+SHUTDOWN_GRACE: Final = 5.0
+"""On stop, how long in-flight deliveries may still take before the relay gives up on them
+(they stay in the outbox and go out again later)."""
 
 
 BUSY_WAIT: Final = 0.05
@@ -260,3 +272,167 @@ class Pump:
         ids, self._to_delete = self._to_delete, []
         topics, self._topics = sorted(self._topics), set()
         self._deleter.submit(ids, topics)
+
+
+# -- reading ahead -------------------------------------------------------------------------
+
+
+class ReadRequest(NamedTuple):
+    """Up to `limit` rows of `slots` after `after`, within `budget` payload bytes."""
+
+    slots: tuple[int, ...]
+    after: int
+    limit: int
+    budget: int
+
+    def same_rows(self, other: ReadRequest) -> bool:
+        """Whether `other` reads from the same place (its limit and budget may differ)."""
+        return (self.slots, self.after) == (other.slots, other.after)
+
+
+class Reader:
+    """`read(...)` the rows after a cursor; `ahead(...)` starts the following read."""
+
+    def __init__(self) -> None:
+        self._executor: ThreadPoolExecutor | None = None
+        self._ahead: tuple[ReadRequest, Future[list[OutboxRecord]]] | None = None
+
+    def read(self, conn: psycopg.Connection[TupleRow], request: ReadRequest) -> list[OutboxRecord]:
+        """The rows `request` asks for: those read ahead if they are what is asked (same
+        slots, same cursor), else read now."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            asked, future = ahead
+            records = future.result()
+            if asked.same_rows(request) and records:
+                return records[: request.limit]
+        return fetch(conn, request)
+
+    def ahead(self, conn: psycopg.Connection[TupleRow], request: ReadRequest) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-reader")
+        self._ahead = (request, self._executor.submit(fetch, conn, request))
+
+    def forget(self) -> None:
+        """Drop what was read ahead (a reset cursor, lost lanes)."""
+        self._ahead = None
+
+    def close(self) -> None:
+        self._ahead = None
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
+def fetch(conn: psycopg.Connection[TupleRow], request: ReadRequest) -> list[OutboxRecord]:
+    params = request._asdict() | {"slots": list(request.slots)}
+    # Binary: the payload (bytea) arrives as is instead of hex text to decode.
+    # Never prepared, so PostgreSQL plans every read for its own parameters and the outbox
+    # as it is now. Prepared (psycopg does it after `prepare_threshold` runs), the read is
+    # soon served by a generic plan, and an idle relay makes that plan while the outbox is
+    # empty: a sequential scan and a sort of the whole outbox, kept for the next burst
+    # (every read of 5,000 rows of 200,000 then sorted all of them). Planning costs ~0.3 ms
+    # per read of up to RELAY_BATCH_SIZE rows (docs/design/identity-fanout.md "Outbox relay",
+    # "Plans of the read").
+    rows = conn.execute(_q.read_lanes, params, binary=True, prepare=False).fetchall()
+    return records_from_rows(rows)
+
+
+# -- deleting beside the flow --------------------------------------------------------------
+
+RETRY_PAUSE: Final = 0.5
+
+
+class Deleter:
+    """A thread deleting submitted batches of acknowledged ids, in submission order."""
+
+    def __init__(
+        self, connect: Callable[[], psycopg.Connection[TupleRow]], metrics: RelayMetrics
+    ) -> None:
+        self._metrics = metrics
+        self._queue: deque[tuple[list[int], list[str]]] = deque()
+        self._pending = 0
+        self._done = threading.Condition()
+        self._closing = False
+        self._conn = LazyConnection(connect)
+        self._thread: threading.Thread | None = None
+        self.published = 0
+        self.last_id: int | None = None
+        self.error: str | None = None
+
+    @property
+    def pending(self) -> int:
+        """Acknowledged rows submitted and not deleted yet."""
+        return self._pending
+
+    def submit(self, ids: list[int], topics: Sequence[str]) -> None:
+        with self._done:
+            self._queue.append((ids, list(topics)))
+            self._pending += len(ids)
+            self._done.notify_all()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="outbox-deleter", daemon=True)
+            self._thread.start()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything submitted is deleted; False if `timeout` ran out first."""
+        with self._done:
+            return self._done.wait_for(lambda: self._pending == 0, timeout)
+
+    def take_published(self) -> tuple[int, int | None]:
+        """Rows deleted and the highest id since the last call."""
+        with self._done:
+            published, last = self.published, self.last_id
+            self.published, self.last_id = 0, None
+        return published, last
+
+    def close(self, timeout: float) -> None:
+        self.flush(timeout)
+        with self._done:
+            self._closing = True
+            self._done.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        with self._done:
+            self._closing = False
+        self._conn.discard()
+
+    def _run(self) -> None:
+        while True:
+            with self._done:
+                self._done.wait_for(lambda: bool(self._queue) or self._closing)
+                if not self._queue:
+                    return
+                ids, topics = self._queue[0]
+            try:
+                deleted = self._delete(ids)
+            except Exception as exc:  # an outage: keep the ids, try again
+                log_event(_log, "outbox delete failed", logging.WARNING, error=str(exc))
+                self.error = str(exc)
+                self._conn.discard()
+                with self._done:
+                    if self._done.wait_for(lambda: self._closing, RETRY_PAUSE):
+                        return
+                continue
+            if deleted != len(ids):
+                log_event(
+                    _log,
+                    "outbox rows already gone",
+                    logging.WARNING,
+                    expected=len(ids),
+                    deleted=deleted,
+                )
+            report_published(self._metrics, ids, topics)
+            with self._done:
+                self._queue.popleft()
+                self.error = None
+                self._pending -= len(ids)
+                self.published += len(ids)
+                self.last_id = max(self.last_id or 0, *ids)
+                self._done.notify_all()
+
+    def _delete(self, ids: list[int]) -> int:
+        # An array literal built in C: psycopg would dump a list of ints element by element.
+        literal = "{" + ",".join(map(str, ids)) + "}"
+        return self._conn.get().execute(_q.delete_published, {"ids": literal}).rowcount

@@ -36,16 +36,14 @@ from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 
 from identity_fanout.channels import OUTBOX_CHANNEL
-from identity_fanout.outbox.deleter import Deleter
+from identity_fanout.outbox import log as _log
 from identity_fanout.outbox.lanes import DEFAULT_LANES, MAX_LANES
-from identity_fanout.outbox.log import log as _log
 from identity_fanout.outbox.metrics import RelayMetrics
-from identity_fanout.outbox.pacing import Pacer
 from identity_fanout.outbox.pause import Pause, next_pause
 from identity_fanout.outbox.publisher import Publisher
-from identity_fanout.outbox.pump import Pump, RoundResult
+from identity_fanout.outbox.pump import SHUTDOWN_GRACE, Deleter, Pump, RoundResult
 from identity_fanout.outbox.report import refresh_gauges, report_failed_round, report_pause
-from identity_fanout.outbox.session import LaneSession
+from identity_fanout.outbox.session import WAKE_SLICE, LaneSession
 from identity_fanout.outbox.window import (
     DEFAULT_WINDOW_BYTES,
     DEFAULT_WINDOW_RECORDS,
@@ -377,3 +375,34 @@ def tune_relay_gc() -> None:
     """For the relay's own process only (`identity-fanout relay`), never the worker's."""
     gc.freeze()  # what start-up made is permanent: never walked again
     gc.set_threshold(*GC_THRESHOLD)
+
+
+# -- pacing --------------------------------------------------------------------------------
+
+
+class Pacer:
+    """Sleeps that end at a stop request and beat the heartbeat (if any) meanwhile."""
+
+    def __init__(self, heartbeat: Heartbeat | None) -> None:
+        self._heartbeat = heartbeat
+        self.stop = threading.Event()
+        self._stop_seen_at: float | None = None
+
+    def beat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.beat()
+
+    def sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self.stop.wait(min(remaining, WAKE_SLICE)):
+                return
+            self.beat()
+
+    def give_up(self) -> bool:
+        """During a stop, in-flight deliveries get SHUTDOWN_GRACE more, then waits end."""
+        if not self.stop.is_set():
+            return False
+        now = time.monotonic()
+        self._stop_seen_at = self._stop_seen_at or now
+        return now >= self._stop_seen_at + SHUTDOWN_GRACE

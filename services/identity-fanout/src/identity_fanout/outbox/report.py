@@ -11,7 +11,7 @@ from typing import Final
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout.outbox.log import log as _log
+from identity_fanout.outbox import log as _log
 from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.pause import Pause
 from identity_fanout.outbox.quarantine import MovedRow, quarantine_counts

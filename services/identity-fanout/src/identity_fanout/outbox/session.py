@@ -20,6 +20,7 @@ import psycopg
 from psycopg.rows import TupleRow, class_row
 
 from identity_fanout.channels import listen
+from identity_fanout.outbox import log as _log
 from identity_fanout.outbox.lanes import (
     LANE_LOCK_CLASS,
     MEMBER_LOCK_CLASS,
@@ -30,7 +31,6 @@ from identity_fanout.outbox.lanes import (
     relay_instances,
     slots_of,
 )
-from identity_fanout.outbox.log import log as _log
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import LazyConnection, SessionLimits, connect
 from pin_runtime.sql import load_queries
