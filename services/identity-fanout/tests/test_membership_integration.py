@@ -15,7 +15,7 @@ from relay_support import RelayFactory
 
 from identity_fanout.errors import IdentityFanoutError
 from identity_fanout.membership import (
-    MembershipChange,
+    RecordedMembershipChange,
     join_agency,
     leave_agency,
     record_membership_change,
@@ -213,7 +213,7 @@ def test_rolled_back_caller_transaction_takes_the_event_with_it(conn: Conn, db: 
 def test_concurrent_first_joins_of_one_pair_record_one(db: Conn, producer_dsn: str) -> None:
     agent, agency = uuid.uuid4(), uuid.uuid4()
 
-    def join(start: threading.Barrier) -> MembershipChange | IdentityFanoutError:
+    def join(start: threading.Barrier) -> RecordedMembershipChange | IdentityFanoutError:
         with psycopg.connect(producer_dsn) as connection:
             start.wait()
             try:
@@ -223,7 +223,7 @@ def test_concurrent_first_joins_of_one_pair_record_one(db: Conn, producer_dsn: s
 
     outcomes = run_together(join, 4, timeout=30)
     assert len(outcomes) == 4
-    recorded = [o for o in outcomes if isinstance(o, MembershipChange)]
+    recorded = [o for o in outcomes if isinstance(o, RecordedMembershipChange)]
     assert len(recorded) == 1
     assert counts(db) == (1, 1)
 

@@ -20,8 +20,7 @@ from pin_contracts import (
 )
 from pin_runtime.settings import Secret
 from rewards_membership.consumer.lag import offset_lag
-from rewards_membership.consumer.ledger import OffsetLedger
-from rewards_membership.consumer.pauser import PartitionPauser
+from rewards_membership.consumer.partitions import OffsetLedger, PartitionPauser
 from rewards_membership.dlq.reference import (
     MAX_KEPT_HEADER_BYTES,
     decode_reference,

@@ -13,12 +13,12 @@ shares only the outbox (and with it the relay). Its parts:
 
 from __future__ import annotations
 
-from identity_fanout.membership.decisions import Membership, MembershipChange
+from identity_fanout.membership.decisions import Membership, RecordedMembershipChange
 from identity_fanout.membership.record import join_agency, leave_agency, record_membership_change
 
 __all__ = [
     "Membership",
-    "MembershipChange",
+    "RecordedMembershipChange",
     "join_agency",
     "leave_agency",
     "record_membership_change",

@@ -10,7 +10,7 @@ from uuid import UUID
 from psycopg import Connection
 from psycopg.rows import TupleRow
 
-from identity_fanout.membership.decisions import MembershipChange
+from identity_fanout.membership.decisions import RecordedMembershipChange
 from identity_fanout.membership.record import join_agency, leave_agency
 
 __all__ = ["add_commands", "change_line", "run"]
@@ -49,7 +49,7 @@ def add_commands(
     )
 
 
-def run(conn: Connection[TupleRow], args: argparse.Namespace) -> MembershipChange:
+def run(conn: Connection[TupleRow], args: argparse.Namespace) -> RecordedMembershipChange:
     """Record the join or leave the arguments ask for."""
     if args.memberships_command == "join":
         return join_agency(conn, args.agent_user_id, args.company_id, invitation_id=args.invitation)
@@ -62,7 +62,7 @@ def run(conn: Connection[TupleRow], args: argparse.Namespace) -> MembershipChang
     )
 
 
-def change_line(change: MembershipChange) -> str:
+def change_line(change: RecordedMembershipChange) -> str:
     """What the command prints: one line, never wrapped (scripts parse it)."""
     m = change.membership
     line = (

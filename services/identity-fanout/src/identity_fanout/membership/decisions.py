@@ -42,8 +42,8 @@ from pin_runtime.structs import built_from
 __all__ = [
     "ChangeDetails",
     "Membership",
-    "MembershipChange",
     "MembershipRequest",
+    "RecordedMembershipChange",
     "membership_event",
     "membership_message",
     "next_membership",
@@ -80,7 +80,7 @@ class MembershipRequest:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MembershipChange:
+class RecordedMembershipChange:
     """What ``record_membership_change`` committed: the row and the event in the outbox."""
 
     membership: Membership

@@ -20,8 +20,8 @@ from psycopg.rows import TupleRow, kwargs_row
 from identity_fanout.membership.decisions import (
     ChangeDetails,
     Membership,
-    MembershipChange,
     MembershipRequest,
+    RecordedMembershipChange,
     membership_message,
     next_membership,
     parse_request,
@@ -82,7 +82,7 @@ def record_membership_change(
     *,
     correlation_id: str | None = None,
     **details: Unpack[ChangeDetails],
-) -> MembershipChange:
+) -> RecordedMembershipChange:
     """Record a join (Active) or a leave (Left) and put its event into the outbox.
 
     ``details``: Reason, EffectiveAt, InvitationId and OccurredAt, checked by
@@ -111,7 +111,7 @@ def record_membership_change(
             updated, occurred_at=request.occurred_at, correlation_id=correlation
         )
         write_outbox(conn, [message])
-    return MembershipChange(membership=updated, envelope=envelope, message=message)
+    return RecordedMembershipChange(membership=updated, envelope=envelope, message=message)
 
 
 class Recorded(TypedDict, total=False):
@@ -128,7 +128,7 @@ def join_agency(
     *,
     invitation_id: UUID | None = None,
     **recorded: Unpack[Recorded],
-) -> MembershipChange:
+) -> RecordedMembershipChange:
     """accept-invitation / become-agent: the agent becomes Active in the agency."""
     active = AgentMembershipStatus.ACTIVE
     return record_membership_change(
@@ -144,7 +144,7 @@ def leave_agency(
     reason: LeaveReason | str,
     effective_at: datetime | None = None,
     **recorded: Unpack[Recorded],
-) -> MembershipChange:
+) -> RecordedMembershipChange:
     """leave-agency / become-investor: the agent's membership becomes Left."""
     left = AgentMembershipStatus.LEFT
     return record_membership_change(

@@ -276,6 +276,12 @@ class Pump:
 
 # -- reading ahead -------------------------------------------------------------------------
 
+# Reading a lane group's next rows, with the following read already under way.
+#
+# The next read runs on the lanes' own connection (psycopg serializes its use) in a thread of
+# its own while the rows before it are produced: the database's latency and the producing
+# overlap, and a lost connection still shows at the next read (its error surfaces there).
+
 
 class ReadRequest(NamedTuple):
     """Up to `limit` rows of `slots` after `after`, within `budget` payload bytes."""
@@ -339,6 +345,16 @@ def fetch(conn: psycopg.Connection[TupleRow], request: ReadRequest) -> list[Outb
 
 
 # -- deleting beside the flow --------------------------------------------------------------
+
+# Deleting acknowledged outbox rows beside the relay's flow, on a connection of its own.
+#
+# The relay's loop reads, produces and settles; the DELETE of what the broker acknowledged
+# runs in this thread meanwhile, so the loop never waits for it. Deleting an acknowledged row
+# is right whoever holds its lane, so this connection needs no lock. Until its DELETE is done
+# a row still counts as pending (`pending`): the loop does not read its lanes from the head
+# again nor hand them over before `flush()`, which keeps a row from being sent twice by
+# this relay or by the next holder. A failed DELETE is retried (the rows are only sent again
+# if the relay stops first: at-least-once).
 
 RETRY_PAUSE: Final = 0.5
 

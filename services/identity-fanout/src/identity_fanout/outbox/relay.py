@@ -379,6 +379,8 @@ def tune_relay_gc() -> None:
 
 # -- pacing --------------------------------------------------------------------------------
 
+# The relay loop's waits: interruptible sleeps, the liveness heartbeat, the stop grace.
+
 
 class Pacer:
     """Sleeps that end at a stop request and beat the heartbeat (if any) meanwhile."""

@@ -1,11 +1,11 @@
 """Finishing an in-flight batch: its transaction's outcome, dead letters, marks, commit.
 
 Runs on the poll thread (it owns every call on the Kafka consumer): it waits for the
-batch's transaction on the database lane, then
+batch's transaction on the database thread, then
 
 1. writes the dead letters (`DeadLetterer`): each once, a reference record when the DLQ
    refuses the copy for good; a retriable failure fails only that record's partition;
-2. marks the acknowledged dead letters in the inbox (on the lane);
+2. marks the acknowledged dead letters in the inbox (on the database thread);
 3. commits the offsets of every partition that finished: only now, after the database
    committed, so an offset never passes an uncommitted transaction;
 4. pauses and seeks back the partitions that did not, each with its own backoff.
@@ -27,7 +27,7 @@ from opentelemetry.trace import Status, StatusCode
 from pin_runtime.errors import DeliveryError
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import is_retriable
-from rewards_membership.consumer.db_lane import DatabaseLane
+from rewards_membership.consumer.db_thread import DatabaseThread
 from rewards_membership.consumer.inflight import Finished, InFlight, finished_records
 from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl
 from rewards_membership.consumer.records import offset_of, partition_of
@@ -41,7 +41,7 @@ __all__ = ["BatchFinisher"]
 
 @dataclass(eq=False, kw_only=True)
 class BatchFinisher:
-    lane: DatabaseLane
+    database: DatabaseThread
     dead_letters: DeadLetterer
     partitions: PartitionControl
     database_state: ComponentState
@@ -107,7 +107,7 @@ class BatchFinisher:
         ]
         letters = self.dead_letters.write(dead)
         acknowledged = [item.key for m, item in dead if item.key and _at(m) in letters.acknowledged]
-        self.lane.mark_dead_lettered(acknowledged)
+        self.database.mark_dead_lettered(acknowledged)
         receipts = {
             _at(m): receipt
             for m, item, _ in kept
@@ -123,7 +123,7 @@ class BatchFinisher:
         dependency = _dependency(exc)
         reason = f"{type(exc).__name__}: {exc}".strip()[:300]
         if dependency == POSTGRESQL:
-            self.lane.discard()
+            self.database.discard()
             self.database_state.degraded(reason)
         else:
             self.kafka_state.degraded(reason)

@@ -1,7 +1,7 @@
 """A batch between poll and commit, and the pure decisions about which records stay ours.
 
-The loop keeps at most one batch in flight (its transaction running on the database lane)
-and one prefetched batch (polled and decoded meanwhile, not yet handed to the lane). What
+The loop keeps at most one batch in flight (its transaction running on the database thread)
+and one prefetched batch (polled and decoded meanwhile, not yet handed to the database thread). What
 the prefetched batch may keep depends on what happened while it waited: records of a
 partition that was revoked or lost, or paused by the failure of the batch before it, are
 dropped, never applied or committed by this instance.
@@ -34,7 +34,7 @@ __all__ = [
 
 @dataclass(slots=True, kw_only=True)
 class InFlight:
-    """A batch handed to the database lane, waiting to be finished (DLQ, marks, commit)."""
+    """A batch handed to the database thread, waiting to be finished (DLQ, marks, commit)."""
 
     records: Sequence[Message]
     items: Sequence[Item]

@@ -1,10 +1,11 @@
 """The membership consumer loop: batches from Kafka, Kafka and PostgreSQL overlapped.
 
-While the database lane (`db_lane.py`) applies batch N in its transaction, this thread
+While the database thread (`db_thread.py`) applies batch N in its transaction, this thread
 reports batch N-1, polls batch N+1 and decodes it; then it finishes N (`finish.py`: dead
 letters, inbox marks, offset commit, or pause and seek back on failure) and only then hands
-N+1 to the lane. The batch in flight and the finished ones waiting to be reported are kept
-by `pipeline.BatchPipeline`; this loop polls, validates and hands over. So:
+N+1 to the database thread. The batch in flight and the finished ones waiting to be
+reported are kept by `pipeline.BatchPipeline`; this loop polls, validates and hands over.
+So:
 
 - offsets are committed only after their batch's transaction committed, and one batch at
   a time is in the database (inbox + projection in one transaction per batch, in order);
@@ -34,12 +35,11 @@ from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
 from pin_runtime.shutdown import GracefulShutdown
 from rewards_membership.consumer.applier import BatchApplier
-from rewards_membership.consumer.db_lane import DatabaseLane
+from rewards_membership.consumer.db_thread import DatabaseThread
 from rewards_membership.consumer.finish import BatchFinisher
 from rewards_membership.consumer.inflight import keep_partitions
 from rewards_membership.consumer.lag import LagReporter
-from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl
-from rewards_membership.consumer.pauser import PartitionPauser
+from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl, PartitionPauser
 from rewards_membership.consumer.pipeline import BatchPipeline
 from rewards_membership.consumer.rebalance import RebalanceGuard
 from rewards_membership.consumer.records import offset_of, partition_of, topic_of
@@ -85,7 +85,7 @@ class MembershipConsumer:
         self.kafka_state = kafka_state or ComponentState()
         tracer = tracer or trace.get_tracer("rewards_membership")
         self._clock = clock
-        self._lane = DatabaseLane(BatchApplier(store, tracer))
+        self._database = DatabaseThread(BatchApplier(store, tracer))
         self._lag = LagReporter(
             offsets_reader,
             topic=settings.topic,
@@ -107,7 +107,7 @@ class MembershipConsumer:
             on_forget=self._forget,
         )
         finisher = BatchFinisher(
-            lane=self._lane,
+            database=self._database,
             dead_letters=dead_letters,
             partitions=self._partitions,
             database_state=self.database_state,
@@ -156,7 +156,7 @@ class MembershipConsumer:
                 self._consumer.close()
             finally:
                 self._lag.close()
-                self._lane.close()
+                self._database.close()
         log_event(_log, "consumer closed", topic=self._topic)
 
     @property
@@ -175,7 +175,7 @@ class MembershipConsumer:
         self._rebalances.poll_started()
         messages = self._consumer.consume(num_messages=self._batch_size, timeout=self._poll_timeout)
         records = self._rebalances.keep_polled([m for m in messages if _is_record(m)])
-        # Decoded while the batch before is in its transaction on the lane.
+        # Decoded while the batch before is in its transaction on the database thread.
         items: list[Item] = [_keyed(m, validate(m.value())) for m in records]
         self._batches.settle()
         pauser, assigned = self._partitions.pauser, self._partitions.assigned
@@ -198,10 +198,10 @@ class MembershipConsumer:
         # Not while the database is known down: a connect attempt would stall the loop.
         if self._partitions.pauser.down(POSTGRESQL) is not None:
             return None
-        return self._lane.count_unreplayed()
+        return self._database.count_unreplayed()
 
     def _probe_database(self) -> bool:
-        error = self._lane.probe()
+        error = self._database.probe()
         if error is not None:
             self.database_state.degraded(f"{type(error).__name__}: {error}".strip()[:300])
             return False

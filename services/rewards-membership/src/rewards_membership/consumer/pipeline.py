@@ -27,7 +27,7 @@ __all__ = ["BatchPipeline"]
 @dataclass(eq=False, kw_only=True)
 class BatchPipeline:
     finisher: BatchFinisher
-    """Owns the database lane the batches are submitted to."""
+    """Owns the database thread the batches are submitted to."""
     reporter: BatchReporter
     """Starts a batch's spans too (`reporter.spans`)."""
     clock: Callable[[], float] = time.monotonic
@@ -35,10 +35,10 @@ class BatchPipeline:
     _unreported: list[Finished] = field(init=False, default_factory=list)
 
     def start(self, records: Sequence[Message], items: Sequence[Item]) -> None:
-        """Hand the batch to the database lane; its transaction runs while the loop polls."""
+        """Hand the batch to the database thread; its transaction runs while the loop polls."""
         receive, process = self.reporter.spans.start(records)
         with trace.use_span(process, end_on_exit=False):
-            plan = self.finisher.lane.submit(items)
+            plan = self.finisher.database.submit(items)
         first, last = bounds(records)
         self.in_flight = InFlight(
             records=records,

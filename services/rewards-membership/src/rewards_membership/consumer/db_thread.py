@@ -1,9 +1,9 @@
 """The consumer's one database thread: every statement of the consumer runs on it, in order.
 
-The poll loop hands a validated batch to the lane and goes on polling and decoding the
+The poll loop hands a validated batch to the database thread and goes on polling and decoding the
 next one while PostgreSQL applies this one (psycopg waits on the socket without holding
 the GIL). Everything else the loop asks of the database (dead-letter marks, the recovery
-probe, the unreplayed gauge, dropping a broken connection) goes through the same lane and
+probe, the unreplayed gauge, dropping a broken connection) goes through the same thread and
 waits for it, so the one connection is never used by two threads and a later statement
 never overtakes the batch before it.
 """
@@ -21,24 +21,24 @@ from rewards_membership.consumer.applier import BatchApplier
 from rewards_membership.rules.plan import BatchPlan
 from rewards_membership.rules.validation import InvalidEvent, MembershipChange
 
-__all__ = ["DatabaseLane"]
+__all__ = ["DatabaseThread"]
 
 T = TypeVar("T")
 
 
-class DatabaseLane:
+class DatabaseThread:
     def __init__(self, applier: BatchApplier) -> None:
         self._applier = applier
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="membership-db")
 
     def submit(self, items: Sequence[MembershipChange | InvalidEvent]) -> Future[BatchPlan]:
-        """Apply the batch in its own transaction on the lane; the caller's trace context
+        """Apply the batch in its own transaction on the database thread; the caller's trace context
         (its current span) becomes the parent of the `pg apply batch` span."""
         context = contextvars.copy_context()
         return self._executor.submit(context.run, self._applier.apply, items)
 
     def run(self, call: Callable[[BatchApplier], T]) -> T:
-        """Run `call` on the lane after whatever was submitted before, and wait for it."""
+        """Run `call` on the thread after whatever was submitted before, and wait for it."""
         context = contextvars.copy_context()
         return self._executor.submit(context.run, call, self._applier).result()
 
