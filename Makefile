@@ -77,8 +77,8 @@ test: lint infra-check up pact ## lint, infra checks, pact, then every test on r
 UNIT_PATHS := contracts/tests $(wildcard packages/*/tests) $(wildcard services/*/tests)
 
 .PHONY: unit
-unit: sync ## the tests that need no PostgreSQL or Kafka (pure logic, settings, parsers)
-	$(RUN) pytest -q -m "not integration" $(UNIT_PATHS) \
+unit: sync ## the tests that need no PostgreSQL or Kafka (pure logic, settings, parsers, CLI refusals), on every core
+	$(RUN) pytest -q -n auto -m "not integration" $(UNIT_PATHS) \
 		$(addprefix --ignore=,$(PACT_CONSUMER_TESTS) $(PACT_PROVIDER_TESTS))
 
 .PHONY: test-one

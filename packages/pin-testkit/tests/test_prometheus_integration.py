@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from pin_testkit.local.prometheus import PrometheusServer, repository_rule_files
 from pin_testkit.waiting import wait_until
+
+# Real servers started here (Toxiproxy, a private broker, Prometheus): not a unit test.
+pytestmark = pytest.mark.integration
 
 RULES = """
 groups:

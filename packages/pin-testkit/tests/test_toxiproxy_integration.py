@@ -16,6 +16,9 @@ from pin_runtime.kafka import create_admin, ensure_topics
 from pin_testkit.local.toxiproxy import Proxy, ToxiproxyServer
 from pin_testkit.private import PrivateKafka
 
+# Real servers started here (Toxiproxy, a private broker, Prometheus): not a unit test.
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def toxiproxy(tmp_path: Path) -> Iterator[ToxiproxyServer]:

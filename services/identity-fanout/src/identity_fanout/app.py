@@ -1,7 +1,7 @@
 """The composition root of the long-lived processes: `worker` (with the relay) and `relay`.
 
 One function per command builds the world on pin-runtime's shape (`long_running`: logging,
-tracing, signals, ops server; `kafka_or_exit` first where the command publishes), then
+tracing, signals, ops server; then `kafka_or_exit` where the command publishes), then
 hands explicit dependencies to the loops. Nothing here is built at import time. It imports
 the relay and with it the Kafka client: `cli` imports this module only for these commands.
 """
@@ -39,7 +39,10 @@ def _heartbeat(settings: Settings) -> Heartbeat:
 @contextmanager
 def runtime(settings: Settings, command: str, *, kafka: bool) -> Iterator[Runtime]:
     """The pin-runtime shape around a long-lived command; `kafka`: it publishes, so the
-    brokers must accept its settings before anything starts."""
+    brokers must accept its settings before anything starts.
+
+    The ops server listens first: a metrics address this host cannot listen on is refused
+    at once (exit 2), not after the brokers' check has waited out its timeout."""
     with long_running(
         SERVICE_NAME,
         log_level=settings.log_level,
@@ -48,9 +51,9 @@ def runtime(settings: Settings, command: str, *, kafka: bool) -> Iterator[Runtim
         env_prefix=ENV_PREFIX,
         heartbeat=_heartbeat(settings),
     ) as rt:
+        rt.serve()
         if kafka:
             kafka_or_exit(settings, ENV_PREFIX, command=command)
-        rt.serve()
         log_event(_log, "process started", command=command, settings=settings_for_log(settings))
         try:
             yield rt
