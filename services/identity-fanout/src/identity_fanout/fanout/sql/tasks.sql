@@ -57,8 +57,8 @@ WHERE status = %(status)s ORDER BY created_at DESC, id LIMIT %(limit)s
 WHERE id = %(id)s
 
 -- name: replay_task --
--- Spec runbook "Failed-задачи (poison)": Status -> Pending, AttemptCount = 0, after the
--- cause is fixed. The snapshot semantics make a repeat safe. The Cursor is kept: users
+-- The replay of a poisoned task, after its cause is fixed: Status -> Pending,
+-- AttemptCount = 0. The snapshot semantics make a repeat safe. The Cursor is kept: users
 -- before it already received this RoleVersion's events. A sharded task returns to
 -- InProgress instead, the state whose shards are claimable (Pending would let the task
 -- claim take it as one unit); its shards are replayed first (shards.sql replay_shards).

@@ -1,5 +1,5 @@
--- A unit of work is a task walked whole or one shard of a large task. Both walk the same
--- way (spec "Алгоритм", "Идемпотентность и retry"), so their statements are written once,
+-- A unit of work is a task walked whole or one shard of a large task. Both are claimed,
+-- fenced, checkpointed and retried the same way, so their statements are written once,
 -- with {unit} the table (identity.access_fanout_tasks or identity.access_fanout_shards),
 -- composed at import by identity_fanout.fanout.queue.
 
