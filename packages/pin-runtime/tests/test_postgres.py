@@ -6,7 +6,7 @@ import pytest
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout, TooManyRequests
 
 from pin_runtime.errors import MigrationError
-from pin_runtime.postgres import create_pool, is_retriable
+from pin_runtime.postgres import causes, create_pool, is_retriable
 
 RETRIABLE: list[BaseException] = [
     psycopg.OperationalError("connection refused"),  # client side, no SQLSTATE
@@ -112,3 +112,14 @@ def test_create_pool_overrides() -> None:
 def test_create_pool_validates(min_size: int, max_size: int, timeout: float) -> None:
     with pytest.raises(ValueError, match=r"must be|need"):
         create_pool("", name="x", min_size=min_size, max_size=max_size, timeout=timeout)
+
+
+def test_causes_walks_the_raise_from_chain_once_even_in_a_cycle() -> None:
+    inner = pe.AdminShutdown()
+    middle = RuntimeError("wrapped")
+    middle.__cause__ = inner
+    outer = ValueError("outer")
+    outer.__cause__ = middle
+    inner.__cause__ = outer  # a cycle: the walk must still end
+    assert list(causes(outer)) == [outer, middle, inner]
+    assert is_retriable(outer)

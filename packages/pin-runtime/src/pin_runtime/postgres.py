@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -31,6 +31,7 @@ __all__ = [
     "Pool",
     "SessionLimitError",
     "SessionLimits",
+    "causes",
     "check_dsn",
     "connect",
     "create_pool",
@@ -61,16 +62,23 @@ RETRIABLE_SQLSTATES: Final = {
 }
 
 
-def is_retriable(exc: BaseException) -> bool:
-    """True when `exc` (or an exception it was raised `from`) is an infrastructure failure."""
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then each exception it was raised `from` (explicit `raise X from psycopg_error`
+    wrappers), once each: a cycle in the chain ends the walk."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        yield current
+        current = current.__cause__
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """True when `exc` (or an exception it was raised `from`) is an infrastructure failure."""
+    for current in causes(exc):
         verdict = _classify(current)
         if verdict is not None:
             return verdict
-        current = current.__cause__  # follow explicit `raise X from psycopg_error` wrappers
     return False
 
 

@@ -48,7 +48,7 @@ from identity_fanout.outbox.writer import OutboxDepth, outbox_depth
 from identity_fanout.settings import Settings
 from pin_runtime.backoff import Backoff
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import is_retriable
+from pin_runtime.postgres import causes, is_retriable
 
 _log = logging.getLogger(__name__)
 
@@ -93,16 +93,12 @@ _CONTENTION_SQLSTATES: Final = {
 
 def classify_failure(exc: BaseException) -> Failure:
     """The class of a failed batch, from the first psycopg error in its cause chain."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in causes(exc):
         if isinstance(current, psycopg.Error) and current.sqlstate is not None:
             if current.sqlstate in _CONTENTION_SQLSTATES:
                 return Failure.CONTENTION
             if current.sqlstate in _SCHEMA_SQLSTATES:
                 return Failure.OUTAGE
-        current = current.__cause__
     return Failure.OUTAGE if is_retriable(exc) else Failure.UNIT
 
 
