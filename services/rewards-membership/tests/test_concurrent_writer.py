@@ -20,7 +20,7 @@ from psycopg.rows import TupleRow
 
 from pin_contracts import AgentMembershipChanged, encode, envelope_for
 from pin_runtime.postgres import SessionLimits
-from rewards_membership.consumer.applier import BatchApplier
+from rewards_membership.consumer.database import BatchApplier
 from rewards_membership.rules.guard import MembershipRow
 from rewards_membership.rules.plan import Outcome, RowKey
 from rewards_membership.rules.validation import MembershipChange, validate

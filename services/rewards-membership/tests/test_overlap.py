@@ -18,8 +18,7 @@ from confluent_kafka import Message, TopicPartition
 
 from pin_contracts import AgentMembershipChanged
 from pin_runtime.kafka import create_consumer
-from rewards_membership.consumer.inflight import bounds, keep_partitions, reseek_offsets
-from rewards_membership.consumer.pipeline import BatchPipeline
+from rewards_membership.consumer.batch import BatchPipeline, bounds, keep_partitions, reseek_offsets
 from rewards_membership.rules.validation import InvalidEvent
 from rewards_membership.settings import Settings
 

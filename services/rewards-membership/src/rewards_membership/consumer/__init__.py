@@ -1,6 +1,7 @@
 """The Kafka side of the consumer: the `loop` (batches polled, applied and committed, Kafka
-and PostgreSQL overlapped), the batch in flight (`inflight`, `pipeline`, `finish`, the
-database thread `db_thread` and what it runs, `applier`), the partitions (`partitions`:
-pause, seek back, resume, commit, with the pure `PartitionPauser` and `OffsetLedger` that
-decide them; `rebalance`), the stall gauges (`lag`), and the telemetry of a committed
-batch (`report`, `spans`); `records` reads a consumed message's fields."""
+and PostgreSQL overlapped), the batch in flight (`batch`: which records stay ours,
+finishing and reporting it), the database side (`database`: the one thread every statement
+runs on and the transaction that applies a batch), the partitions (`partitions`: pause,
+seek back, resume, commit, with the pure `PartitionPauser` and `OffsetLedger` that decide
+them; `rebalance`), the stall gauges (`lag`), and the telemetry of a committed batch
+(`report`, `spans`); `records` reads a consumed message's fields."""

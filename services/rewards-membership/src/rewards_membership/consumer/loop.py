@@ -1,10 +1,10 @@
 """The membership consumer loop: batches from Kafka, Kafka and PostgreSQL overlapped.
 
-While the database thread (`db_thread.py`) applies batch N in its transaction, this thread
-reports batch N-1, polls batch N+1 and decodes it; then it finishes N (`finish.py`: dead
+While the database thread (`database.py`) applies batch N in its transaction, this thread
+reports batch N-1, polls batch N+1 and decodes it; then it finishes N (`batch.py`: dead
 letters, inbox marks, offset commit, or pause and seek back on failure) and only then hands
 N+1 to the database thread. The batch in flight and the finished ones waiting to be
-reported are kept by `pipeline.BatchPipeline`; this loop polls, validates and hands over.
+reported are kept by `batch.BatchPipeline`; this loop polls, validates and hands over.
 So:
 
 - offsets are committed only after their batch's transaction committed, and one batch at
@@ -34,13 +34,10 @@ from opentelemetry import trace
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
 from pin_runtime.shutdown import GracefulShutdown
-from rewards_membership.consumer.applier import BatchApplier
-from rewards_membership.consumer.db_thread import DatabaseThread
-from rewards_membership.consumer.finish import BatchFinisher
-from rewards_membership.consumer.inflight import keep_partitions
+from rewards_membership.consumer.batch import BatchFinisher, BatchPipeline, keep_partitions
+from rewards_membership.consumer.database import BatchApplier, DatabaseThread
 from rewards_membership.consumer.lag import LagReporter
 from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl, PartitionPauser
-from rewards_membership.consumer.pipeline import BatchPipeline
 from rewards_membership.consumer.rebalance import RebalanceGuard
 from rewards_membership.consumer.records import offset_of, partition_of, topic_of
 from rewards_membership.consumer.report import BatchReporter

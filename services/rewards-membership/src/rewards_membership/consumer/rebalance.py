@@ -17,7 +17,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from pin_runtime.logging import log_event
-from rewards_membership.consumer.inflight import reseek_offsets
+from rewards_membership.consumer.batch import reseek_offsets
 from rewards_membership.consumer.partitions import PartitionControl, seek_back
 from rewards_membership.consumer.records import partition_of
 

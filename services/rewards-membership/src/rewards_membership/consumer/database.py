@@ -1,18 +1,30 @@
-"""The database side of a batch: one transaction deciding and writing it, dead-letter marks.
+"""The consumer's database side: the one thread every statement runs on, and the one
+transaction that applies a batch.
 
-A batch is read (inbox keys, rows, unlocked), decided in memory (`plan_batch`) and written
-in ONE transaction; a row another writer changed meanwhile (the update's compare-and-set on
-its version) or a row or key another instance inserted meanwhile makes it re-read and
-re-decide at once, a few times, before it counts as an outage. Every statement runs under
-the session limits of `settings.database_session()`, so a lock held elsewhere fails the
-batch within the lock timeout instead of stalling the loop.
+Every statement of the consumer runs on the database thread (`DatabaseThread`), in order.
+The poll loop hands a validated batch to it and goes on polling and decoding the next one
+while PostgreSQL applies this one (psycopg waits on the socket without holding the GIL).
+Everything else the loop asks of the database (dead-letter marks, the recovery probe, the
+unreplayed gauge, dropping a broken connection) goes through the same thread and waits for
+it, so the one connection is never used by two threads and a later statement never
+overtakes the batch before it.
+
+On that thread a batch is applied (`BatchApplier`): read (inbox keys, rows, unlocked),
+decided in memory (`plan_batch`) and written in ONE transaction; a row another writer
+changed meanwhile (the update's compare-and-set on its version) or a row or key another
+instance inserted meanwhile makes it re-read and re-decide at once, a few times, before it
+counts as an outage. Every statement runs under the session limits of
+`settings.database_session()`, so a lock held elsewhere fails the batch within the lock
+timeout instead of stalling the loop.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Final, TypeVar
 
 import psycopg
 from opentelemetry import trace
@@ -24,10 +36,49 @@ from rewards_membership.rules.plan import BatchPlan, inbox_keys, plan_batch, row
 from rewards_membership.rules.validation import InvalidEvent, MembershipChange
 from rewards_membership.store import MembershipStore
 
-__all__ = ["BatchApplier"]
+__all__ = ["BatchApplier", "DatabaseThread"]
 
 _log = logging.getLogger("rewards_membership.consumer.loop")
 _CONCURRENT_RETRIES: Final = 5
+
+T = TypeVar("T")
+
+
+class DatabaseThread:
+    def __init__(self, applier: BatchApplier) -> None:
+        self._applier = applier
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="membership-db")
+
+    def submit(self, items: Sequence[MembershipChange | InvalidEvent]) -> Future[BatchPlan]:
+        """Apply the batch in its own transaction on the database thread; the caller's trace context
+        (its current span) becomes the parent of the `pg apply batch` span."""
+        context = contextvars.copy_context()
+        return self._executor.submit(context.run, self._applier.apply, items)
+
+    def run(self, call: Callable[[BatchApplier], T]) -> T:
+        """Run `call` on the thread after whatever was submitted before, and wait for it."""
+        context = contextvars.copy_context()
+        return self._executor.submit(context.run, call, self._applier).result()
+
+    def mark_dead_lettered(self, keys: Sequence[str]) -> None:
+        if keys:
+            self.run(lambda applier: applier.mark_dead_lettered(keys))
+
+    def probe(self) -> psycopg.Error | None:
+        return self.run(BatchApplier.probe)
+
+    def count_unreplayed(self) -> int | None:
+        return self.run(BatchApplier.count_unreplayed)
+
+    def discard(self) -> None:
+        self.run(BatchApplier.discard)
+
+    def close(self) -> None:
+        """Wait for what was submitted, close the connection, stop the thread."""
+        try:
+            self.run(BatchApplier.close)
+        finally:
+            self._executor.shutdown(wait=True)
 
 
 class BatchApplier:

@@ -1,0 +1,314 @@
+"""A batch in flight: which records stay ours, finishing it (dead letters, marks, offset
+commit, pause and seek back), reporting it.
+
+The loop keeps at most one batch in flight (its transaction running on the database thread)
+and one prefetched batch (polled and decoded meanwhile, not yet handed to the database
+thread). `BatchPipeline` holds the batch in flight and the finished batches waiting to be
+reported: the poll loop hands a decoded batch over (`start`) and later asks for it to be
+finished (`settle`); `start` is only called after `settle`. Metrics, logs and spans of a
+committed batch are written by `report`, after the next batch has started, so they are
+never on the path from poll to commit.
+
+Which records stay ours is decided by the plain functions at the top of this module (pure,
+no I/O). What the prefetched batch may keep depends on what happened while it waited:
+records of a partition that was revoked or lost, or paused by the failure of the batch
+before it, are dropped, never applied or committed by this instance.
+
+Finishing a batch (`BatchFinisher`) runs on the poll thread (it owns every call on the
+Kafka consumer): it waits for the batch's transaction on the database thread, then
+
+1. writes the dead letters (`DeadLetterer`): each once, a reference record when the DLQ
+   refuses the copy for good; a retriable failure fails only that record's partition;
+2. marks the acknowledged dead letters in the inbox (on the database thread);
+3. commits the offsets of every partition that finished: only now, after the database
+   committed, so an offset never passes an uncommitted transaction;
+4. pauses and seeks back the partitions that did not, each with its own backoff.
+
+A database failure concerns the whole batch: every partition of it is paused and retried
+after a `SELECT 1` probe. Partitions that left this instance meanwhile (`exclude`: lost)
+are neither dead-lettered nor committed here: their next owner reads them again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import psycopg
+from confluent_kafka import KafkaException, Message
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
+
+from pin_runtime.errors import DeliveryError
+from pin_runtime.http import ComponentState
+from pin_runtime.postgres import is_retriable
+from rewards_membership.consumer.database import DatabaseThread
+from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl
+from rewards_membership.consumer.records import offset_of, partition_of
+from rewards_membership.consumer.report import BatchReporter
+from rewards_membership.dlq.writer import DeadLetterer, DeadLetterResult, Position, Receipt
+from rewards_membership.errors import ConcurrentApplyError, is_infrastructure
+from rewards_membership.rules.plan import BatchPlan, Outcome
+from rewards_membership.rules.validation import InvalidEvent, Item
+
+__all__ = [
+    "BatchFinisher",
+    "BatchPipeline",
+    "Finished",
+    "InFlight",
+    "bounds",
+    "finished_records",
+    "first_offsets",
+    "keep_partitions",
+    "reseek_offsets",
+]
+
+
+@dataclass(slots=True, kw_only=True)
+class InFlight:
+    """A batch handed to the database thread, waiting to be finished (DLQ, marks, commit)."""
+
+    records: Sequence[Message]
+    items: Sequence[Item]
+    first: dict[int, int]
+    """Partition -> first offset of the batch: where a failed partition is sought back to."""
+    last: dict[int, int]
+    """Partition -> last offset of the batch."""
+    started: float
+    receive: Span
+    process: Span
+    plan: Future[BatchPlan]
+
+
+@dataclass(slots=True, kw_only=True)
+class Finished:
+    """A committed batch whose metrics, logs and spans are written after the next one
+    started (they are not on the path from poll to commit)."""
+
+    done: list[tuple[Message, Item, Outcome]]
+    receipts: dict[Position, Receipt] = field(default_factory=dict)
+    elapsed_ms: float
+    receive: Span
+
+
+def first_offsets(records: Sequence[Message]) -> dict[int, int]:
+    return bounds(records)[0]
+
+
+def bounds(records: Sequence[Message]) -> tuple[dict[int, int], dict[int, int]]:
+    """Partition -> (first offset, last offset) of the records, in one pass."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for message in records:
+        partition, offset = partition_of(message), offset_of(message)
+        if partition not in first:
+            first[partition] = offset
+        last[partition] = offset
+    return first, last
+
+
+def keep_partitions(
+    records: Sequence[Message], items: Sequence[Item], keep: Callable[[int], bool]
+) -> tuple[list[Message], list[Item]]:
+    """The records (and their decoded items) of the partitions `keep` accepts, in order."""
+    if all(keep(p) for p in {m.partition() for m in records} if p is not None):
+        return list(records), list(items)
+    kept = [(m, i) for m, i in zip(records, items, strict=True) if keep(partition_of(m))]
+    return [m for m, _ in kept], [i for _, i in kept]
+
+
+def reseek_offsets(
+    records: Sequence[Message],
+    touched: Collection[int],
+    assigned: Collection[int],
+    paused: Collection[int],
+) -> dict[int, int]:
+    """Where to seek the partitions whose prefetched records are dropped although they are
+    ours again (revoked or lost and assigned back during the same poll): their first dropped
+    offset. A paused partition keeps the position its pause sought it to."""
+    first = first_offsets([m for m in records if partition_of(m) in touched])
+    return {p: o for p, o in first.items() if p in assigned and p not in paused}
+
+
+def finished_records(
+    records: Sequence[Message],
+    items: Sequence[Item],
+    outcomes: Sequence[Outcome],
+    done: Mapping[int, int],
+    receipts: Mapping[Position, Receipt],
+) -> list[tuple[Message, Item, Outcome]]:
+    """The committed records with the outcomes to report."""
+    if not receipts and all(p in done for p in {m.partition() for m in records}):
+        return list(zip(records, items, outcomes, strict=True))  # the usual whole batch
+    finished = []
+    for m, item, outcome in zip(records, items, outcomes, strict=True):
+        if partition_of(m) not in done:
+            continue
+        # A duplicate we dead-lettered ourselves in an earlier try of this batch (marked,
+        # then the batch failed): it is the dead letter it was.
+        at = (partition_of(m), offset_of(m))
+        reported = Outcome.DEAD_LETTERED if at in receipts else outcome
+        finished.append((m, item, reported))
+    return finished
+
+
+@dataclass(eq=False, kw_only=True)
+class BatchPipeline:
+    finisher: BatchFinisher
+    """Owns the database thread the batches are submitted to."""
+    reporter: BatchReporter
+    """Starts a batch's spans too (`reporter.spans`)."""
+    clock: Callable[[], float] = time.monotonic
+    in_flight: InFlight | None = field(init=False, default=None)
+    _unreported: list[Finished] = field(init=False, default_factory=list)
+
+    def start(self, records: Sequence[Message], items: Sequence[Item]) -> None:
+        """Hand the batch to the database thread; its transaction runs while the loop polls."""
+        receive, process = self.reporter.spans.start(records)
+        with trace.use_span(process, end_on_exit=False):
+            plan = self.finisher.database.submit(items)
+        first, last = bounds(records)
+        self.in_flight = InFlight(
+            records=records,
+            items=items,
+            first=first,
+            last=last,
+            started=self.clock(),
+            receive=receive,
+            process=process,
+            plan=plan,
+        )
+
+    def settle(self, exclude: Sequence[int] = ()) -> None:
+        """Finish the batch in flight, if any (waits for its transaction); `exclude` are
+        partitions lost meanwhile, neither dead-lettered nor committed here."""
+        batch, self.in_flight = self.in_flight, None
+        if batch is None:
+            return
+        finished = self.finisher.finish(batch, now=self.clock(), exclude=exclude)
+        if finished is not None:
+            self._unreported.append(finished)
+
+    def settle_and_report(self, exclude: Sequence[int]) -> None:
+        self.settle(exclude)
+        self.report()
+
+    def report(self) -> None:
+        """Write the metrics, logs and spans of every batch finished since the last call."""
+        unreported, self._unreported = self._unreported, []
+        for finished in unreported:
+            try:
+                self.reporter.report(
+                    finished.done,
+                    finished.receipts,
+                    elapsed_ms=finished.elapsed_ms,
+                    batch_context=finished.receive.get_span_context(),
+                )
+            finally:
+                finished.receive.end()
+
+
+@dataclass(eq=False, kw_only=True)
+class BatchFinisher:
+    database: DatabaseThread
+    dead_letters: DeadLetterer
+    partitions: PartitionControl
+    database_state: ComponentState
+    kafka_state: ComponentState
+
+    def finish(
+        self, batch: InFlight, *, now: float, exclude: Collection[int] = ()
+    ) -> Finished | None:
+        """The committed batch to report, or None when it failed (its partitions paused)."""
+        assigned = self.partitions.assigned
+
+        def ours(partition: int) -> bool:
+            return partition in assigned and partition not in exclude
+
+        try:
+            plan = batch.plan.result()
+            partitions = [p for p in batch.first if ours(p)]
+            # The invalid records of our partitions (dead letters, and duplicates of ones
+            # this process dead-lettered in an earlier try of the batch).
+            kept = [
+                (m, item, outcome)
+                for m, item, outcome in zip(batch.records, batch.items, plan.outcomes, strict=True)
+                if type(item) is InvalidEvent and partition_of(m) in partitions
+            ]
+            letters, receipts = self._dead_letter(kept)
+            done = {p: batch.last[p] + 1 for p in partitions if p not in letters.failed}
+            self.partitions.ledger.applied(done)
+            self.partitions.commit(done, raise_errors=True)
+        except Exception as exc:
+            batch.process.end()
+            if not is_infrastructure(exc):
+                batch.receive.record_exception(exc)
+                batch.receive.end()
+                raise
+            batch.receive.set_status(Status(StatusCode.ERROR, str(exc)))
+            batch.receive.end()
+            self.fail({p: o for p, o in batch.first.items() if ours(p)}, exc)
+            return None
+        batch.process.end()
+        for partition, failure in letters.failed.items():
+            # Only this partition: its dead letter could not be written.
+            self.fail({partition: batch.first[partition]}, DeliveryError(str(failure)), batch=False)
+        self.partitions.pauser.succeeded(done)
+        self.database_state.ok()
+        if "kafka" not in self.partitions.pauser.dependencies():
+            self.kafka_state.ok()
+        return Finished(
+            done=finished_records(batch.records, batch.items, plan.outcomes, done, receipts),
+            receipts=receipts,
+            elapsed_ms=(now - batch.started) * 1000.0,
+            receive=batch.receive,
+        )
+
+    def _dead_letter(
+        self, kept: Sequence[tuple[Message, Item, Outcome]]
+    ) -> tuple[DeadLetterResult, dict[Position, Receipt]]:
+        """Write the batch's dead letters, mark the acknowledged ones in the inbox; say where
+        every invalid record of the batch is in the DLQ (taken now: a commit forgets it)."""
+        dead = [
+            (m, item)
+            for m, item, outcome in kept
+            if isinstance(item, InvalidEvent) and outcome is Outcome.DEAD_LETTERED
+        ]
+        letters = self.dead_letters.write(dead)
+        acknowledged = [item.key for m, item in dead if item.key and _at(m) in letters.acknowledged]
+        self.database.mark_dead_lettered(acknowledged)
+        receipts = {
+            _at(m): receipt
+            for m, item, _ in kept
+            if isinstance(item, InvalidEvent)
+            and (receipt := self.dead_letters.receipt(_at(m))) is not None
+        }
+        return letters, receipts
+
+    def fail(self, first: dict[int, int], exc: BaseException, *, batch: bool = True) -> None:
+        """Pause the partitions of `first` and seek them back to those offsets."""
+        if not first:
+            return
+        dependency = _dependency(exc)
+        reason = f"{type(exc).__name__}: {exc}".strip()[:300]
+        if dependency == POSTGRESQL:
+            self.database.discard()
+            self.database_state.degraded(reason)
+        else:
+            self.kafka_state.degraded(reason)
+        event = "batch rolled back, partitions paused" if batch else "dead letter not written"
+        self.partitions.pause(first, dependency=dependency, reason=reason, event=event)
+
+
+def _at(message: Message) -> Position:
+    return (partition_of(message), offset_of(message))
+
+
+def _dependency(exc: BaseException) -> str:
+    if isinstance(exc, psycopg.Error | ConcurrentApplyError) or (
+        not isinstance(exc, KafkaException | DeliveryError) and is_retriable(exc)
+    ):
+        return POSTGRESQL
+    return "kafka"
