@@ -45,7 +45,8 @@ from psycopg import sql
 from rich.table import Table
 
 from identity_fanout.fanout.enqueue import set_role_permissions
-from identity_fanout.outbox.lanes import LANE_LOCK_CLASS, SLOTS
+from identity_fanout.outbox.lanes import SLOTS
+from identity_fanout.schema import OUTBOX_TABLES
 from identity_fanout.settings import Settings
 from pin_contracts import ScopeType
 from pin_testkit.bench import Comparison, Figure, cpu_seconds, record
@@ -172,7 +173,9 @@ def seed(dsn: str, users: int) -> tuple[UUID, UUID]:
 
 
 def relays_settled(db: psycopg.Connection[tuple[object, ...]], relays: int) -> bool:
-    held = [int(str(n)) for _, n in db.execute(SLOT_HOLDERS, {"class": LANE_LOCK_CLASS})]
+    held = [
+        int(str(n)) for _, n in db.execute(SLOT_HOLDERS, {"class": OUTBOX_TABLES.lane_lock_class})
+    ]
     most = math.ceil(LANES / relays) * SLOTS // LANES
     return len(held) == relays and sum(held) == SLOTS and max(held) <= most
 

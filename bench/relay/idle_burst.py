@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from identity_fanout.outbox.relay import OutboxRelay, RelayConfig
-from identity_fanout.schema import migrate_database
+from identity_fanout.schema import OUTBOX_TABLES, migrate_database
 from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_testkit.bench import cpu_seconds
@@ -79,6 +79,7 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, idle: float) -> tuple
     config = RelayConfig(
         dsn=dsn,
         bootstrap=bootstrap,
+        tables=OUTBOX_TABLES,
         client_id="identity-fanout-relay",
         poll_interval=POLL_INTERVAL,
         message_max_bytes=RELAY_MESSAGE_MAX_BYTES,

@@ -30,8 +30,8 @@ from rich.table import Table
 
 from identity_fanout.outbox.publisher import BATCH_SIZE_BYTES
 from identity_fanout.outbox.relay import COMPRESSION
-from identity_fanout.outbox.writer import OutboxMessage, outbox_message, write_outbox
-from identity_fanout.schema import migrate_database
+from identity_fanout.outbox.writer import OutboxMessage, outbox_message
+from identity_fanout.schema import OUTBOX, migrate_database
 from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import (
     AccessChangeReason,
@@ -176,7 +176,7 @@ def relay_drain(
         relay.wait_ready(60)
         time.sleep(1.0)  # its first look at the lanes (they are free: it takes them all)
         with db.transaction():
-            write_outbox(db, batch)
+            OUTBOX.write(db, batch)
         started, cpu_before = time.monotonic(), cpu_seconds(relay.pid)
         database_before = backend_cpu(db)
         # Watched on its metrics (`identity_outbox_published_total`, counted after each

@@ -1,4 +1,4 @@
-"""The runtime's own named statements (migrations and runtime roles)."""
+"""The runtime's own named statements (migrations, runtime roles, LISTEN/NOTIFY)."""
 
 from __future__ import annotations
 
@@ -7,4 +7,4 @@ from pin_testkit.sql_checks import SqlFileChecks
 
 class TestSqlFiles(SqlFileChecks):
     PACKAGE = "pin_runtime"
-    EXPECTED = ("queries/migrations.sql", "queries/roles.sql")
+    EXPECTED = ("queries/channels.sql", "queries/migrations.sql", "queries/roles.sql")

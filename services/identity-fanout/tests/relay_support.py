@@ -17,8 +17,10 @@ import psycopg
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
+from identity_fanout.outbox.quarantine import Quarantine
 from identity_fanout.outbox.relay import OutboxRelay, RelayConfig, RelaySignals
-from identity_fanout.outbox.writer import OutboxMessage, write_outbox
+from identity_fanout.outbox.writer import OutboxMessage
+from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
 from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import (
     USER_ACCESS_CHANGED,
@@ -53,6 +55,9 @@ RELAY_TEST_OPTIONS: dict[str, Any] = {
     "backoff_maximum": 0.5,
 }
 
+QUARANTINE = Quarantine(OUTBOX_TABLES)
+"""The service's quarantine, as the CLI and the relay use it."""
+
 
 def new_relay(
     dsn: str,
@@ -68,6 +73,7 @@ def new_relay(
     """A relay as the service builds one (`RelayConfig`, its client id and record limit
     the service's), with ``config`` overriding the rest; a registry of its own by default."""
     options: dict[str, Any] = {
+        "tables": OUTBOX_TABLES,
         "client_id": "identity-fanout-relay",
         "message_max_bytes": RELAY_MESSAGE_MAX_BYTES,
         **config,
@@ -106,7 +112,7 @@ def access_event(
 def write(dsn: str, messages: list[OutboxMessage]) -> None:
     """The rows in one transaction, committed."""
     with psycopg.connect(dsn) as conn:  # committed on exit
-        write_outbox(conn, messages)
+        OUTBOX.write(conn, messages)
 
 
 def outbox_count(dsn: str) -> int:

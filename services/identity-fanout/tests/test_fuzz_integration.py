@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from psycopg.rows import TupleRow
 from relay_support import new_relay
 
-from identity_fanout.outbox.writer import OutboxMessage, write_outbox
+from identity_fanout.outbox.writer import OutboxMessage
+from identity_fanout.schema import OUTBOX
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED
 from pin_testkit.fuzzing import fuzz_settings, fuzz_timeout
 
@@ -114,7 +115,7 @@ def test_any_outbox_row_is_published_or_quarantined_and_never_blocks(
     @given(batch=st.lists(rows(topic), min_size=1, max_size=4))
     def example(batch: list[OutboxMessage]) -> None:
         with db.transaction():
-            write_outbox(db, batch)
+            OUTBOX.write(db, batch)
         written.extend(batch)
         deadline = time.monotonic() + 30
         while count(db, "outbox"):  # never blocks: the outbox empties every time

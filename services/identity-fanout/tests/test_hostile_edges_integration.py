@@ -22,8 +22,8 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
-from identity_fanout.outbox.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS, SLOTS
-from identity_fanout.schema import migrate_database
+from identity_fanout.outbox.lanes import SLOTS
+from identity_fanout.schema import OUTBOX_TABLES, migrate_database
 from pin_contracts import decode_access_changed
 from pin_testkit.hostile import make_hostile
 from pin_testkit.ports import free_port
@@ -235,9 +235,13 @@ def hold_locks(dsn: str, *, slots: Sequence[int], members: int) -> list[Conn]:
     sessions = [psycopg.connect(dsn, autocommit=True) for _ in range(max(1, members))]
     for number, session in enumerate(sessions):
         if number < members:
-            session.execute("SELECT pg_advisory_lock_shared(%s, 0)", (MEMBER_LOCK_CLASS,))
+            session.execute(
+                "SELECT pg_advisory_lock_shared(%s, 0)", (OUTBOX_TABLES.member_lock_class,)
+            )
     for slot in slots:
-        sessions[0].execute("SELECT pg_advisory_lock(%s, %s)", (LANE_LOCK_CLASS, slot))
+        sessions[0].execute(
+            "SELECT pg_advisory_lock(%s, %s)", (OUTBOX_TABLES.lane_lock_class, slot)
+        )
     return sessions
 
 

@@ -7,8 +7,6 @@ import uuid
 import pytest
 
 from identity_fanout.outbox.lanes import (
-    LANE_LOCK_CLASS,
-    MEMBER_LOCK_CLASS,
     SLOTS,
     ForeignHolder,
     LaneLock,
@@ -84,19 +82,19 @@ def test_more_instances_than_lanes_leaves_the_surplus_idle() -> None:
     assert plan_lanes(2, 3, set(), {0, 1}) == LanePlan()
 
 
-def lock(cls: int, key: int, pid: int, *, relay: bool, user: str = "relay_login") -> LaneLock:
-    return LaneLock(cls, key, pid, "app", None, user, relay)
+def lock(member: bool, key: int, pid: int, *, relay: bool, user: str = "relay_login") -> LaneLock:
+    return LaneLock(member, key, pid, "app", None, user, relay)
 
 
 def test_only_relay_logins_are_instances_and_the_others_are_reported_by_session() -> None:
     locks = [
-        lock(MEMBER_LOCK_CLASS, 0, 10, relay=True),
-        lock(LANE_LOCK_CLASS, 3, 10, relay=True),
+        lock(True, 0, 10, relay=True),
+        lock(False, 3, 10, relay=True),
         # A foreign login's member locks from 7 sessions would have made 8 instances (the
         # real relay's share: 1 lane of 8); its slot locks keep those slots unpublished.
-        *(lock(MEMBER_LOCK_CLASS, 0, pid, relay=False, user="rewards") for pid in range(20, 27)),
-        lock(LANE_LOCK_CLASS, 9, 20, relay=False, user="rewards"),
-        lock(LANE_LOCK_CLASS, 1, 20, relay=False, user="rewards"),
+        *(lock(True, 0, pid, relay=False, user="rewards") for pid in range(20, 27)),
+        lock(False, 9, 20, relay=False, user="rewards"),
+        lock(False, 1, 20, relay=False, user="rewards"),
     ]
     assert relay_instances(locks) == 1
     holders = foreign_holders(locks)

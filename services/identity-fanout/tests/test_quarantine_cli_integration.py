@@ -11,11 +11,12 @@ import msgspec
 import psycopg
 import pytest
 from psycopg.rows import TupleRow, dict_row
+from relay_support import QUARANTINE
 
-from identity_fanout.outbox.quarantine import list_quarantined, quarantine_rows
 from identity_fanout.outbox.records import OutboxRecord
 from identity_fanout.outbox.settlement import Refusal
-from identity_fanout.outbox.writer import OutboxMessage, write_outbox
+from identity_fanout.outbox.writer import OutboxMessage
+from identity_fanout.schema import OUTBOX
 from pin_runtime.delivery import DeliveryFailure
 from pin_testkit.service import CommandResult, run_cli, service_environment
 
@@ -51,7 +52,7 @@ def refuse(
 ) -> int:
     """Write one outbox row and quarantine it as the relay would; its outbox id."""
     with db.transaction():
-        write_outbox(
+        OUTBOX.write(
             db,
             [
                 OutboxMessage(
@@ -66,7 +67,7 @@ def refuse(
         )
     [(outbox_id,)] = db.execute("SELECT max(id) FROM identity.outbox").fetchall()
     record = OutboxRecord(id=outbox_id, topic=topic, key=str(key).encode(), value=b"", headers=[])
-    [moved] = quarantine_rows(db, [Refusal(record, failure)])
+    [moved] = QUARANTINE.move(db, [Refusal(record, failure)])
     assert moved.outbox_id == outbox_id
     return int(outbox_id)
 
@@ -84,7 +85,7 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn
     refuse(db, "pin.identity.access.v1", first_user, TOO_LARGE)
     refuse(db, "pin.identity.access.v1", second_user, DENIED)
     assert outbox_ids(db) == []
-    first, second = list_quarantined(db)
+    first, second = QUARANTINE.rows(db)
 
     listed = run(operator_dsn, "list")
     assert listed.returncode == 0, listed.stderr
@@ -145,12 +146,12 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn
         "SELECT quarantine_attempts, first_failed_at, payload FROM identity.outbox"
     ).fetchall()
     assert (row[0], row[1], bytes(row[2])) == (1, first.first_failed_at, b"x" * 5000)
-    assert [q.id for q in list_quarantined(db)] == [second.id]
+    assert [q.id for q in QUARANTINE.rows(db)] == [second.id]
 
     everything = run(operator_dsn, "retry", "--all")
     assert everything.returncode == 0, everything.stderr
     assert "1 row(s) back in the outbox" in everything.stdout
-    assert list_quarantined(db) == []
+    assert QUARANTINE.rows(db) == []
     assert len(outbox_ids(db)) == 2
     nothing = run(operator_dsn, "retry", "--all")
     assert (nothing.returncode, nothing.stdout.strip()) == (0, "0 row(s) back in the outbox")
@@ -176,7 +177,7 @@ def test_discarding_an_access_event_needs_force_and_leaves_an_audit(
     first_user, second_user, third_user = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     for user in (first_user, second_user, third_user):
         refuse(db, "pin.identity.access.v1", user, TOO_LARGE)
-    first, second, third = list_quarantined(db)
+    first, second, third = QUARANTINE.rows(db)
 
     for bad in (
         ["discard", str(first.id)],
@@ -200,7 +201,7 @@ def test_discarding_an_access_event_needs_force_and_leaves_an_audit(
     everything = run(operator_dsn, "discard", "--all", "--reason", "drill")
     assert everything.returncode == 2, everything.stderr
     assert f"row(s) {first.id}, {second.id}, {third.id} carry access events" in (everything.stderr)
-    assert [q.id for q in list_quarantined(db)] == [first.id, second.id, third.id]
+    assert [q.id for q in QUARANTINE.rows(db)] == [first.id, second.id, third.id]
     assert audit_rows(db) == []
 
     one = run(
@@ -248,13 +249,13 @@ def test_discarding_an_access_event_needs_force_and_leaves_an_audit(
         line["osUser"],
         "too-large",
     )
-    assert {r.key for r in list_quarantined(db)} == {str(second_user), str(third_user)}
+    assert {r.key for r in QUARANTINE.rows(db)} == {str(second_user), str(third_user)}
 
     rest = run(operator_dsn, "discard", "--all", "--reason", "drill", "--force")
     assert rest.returncode == 0, rest.stderr
     assert "2 row(s) discarded" in rest.stdout
     assert len(audit_lines(rest)) == 2
-    assert list_quarantined(db) == []
+    assert QUARANTINE.rows(db) == []
     assert outbox_ids(db) == []  # discarded, not sent again
     assert [a["quarantine_id"] for a in audit_rows(db)] == [first.id, second.id, third.id]
 
@@ -266,7 +267,7 @@ def test_discarding_another_topics_row_needs_no_force_and_is_audited(
     refuse(
         db, "pin.identity.agent-membership-changed.v1", agent, TOO_LARGE, "AgentMembershipChanged"
     )
-    [row] = list_quarantined(db)
+    [row] = QUARANTINE.rows(db)
     gone = run(operator_dsn, "discard", str(row.id), "--reason", "membership recorded again")
     assert gone.returncode == 0, gone.stderr
     [line] = audit_lines(gone)
@@ -277,4 +278,4 @@ def test_discarding_another_topics_row_needs_no_force_and_is_audited(
     )
     [audit] = audit_rows(db)
     assert (audit["quarantine_id"], audit["forced"]) == (row.id, False)
-    assert list_quarantined(db) == []
+    assert QUARANTINE.rows(db) == []

@@ -25,9 +25,9 @@ from relay_support import (
 )
 
 from identity_fanout.ops.outbox import outbox_status
-from identity_fanout.outbox.lanes import LANE_LOCK_CLASS, MEMBER_LOCK_CLASS
 from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.outbox.writer import outbox_message
+from identity_fanout.schema import OUTBOX_TABLES
 from pin_contracts import (
     MESSAGE_ID_HEADER,
     TRACEPARENT_HEADER,
@@ -198,7 +198,7 @@ def cut_relay_session(dsn: str, postgres_admin_dsn: str) -> Cut:
 
     def cut() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            status = outbox_status(conn)
+            status = outbox_status(conn, OUTBOX_TABLES)
         assert status.relay is not None
         with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (status.relay.pid,))
@@ -321,7 +321,7 @@ def test_outbox_status_figures(
     dsn: str, topic: Topic, kafka_topic: Callable[..., str], make_relay: RelayFactory
 ) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        empty = outbox_status(conn)
+        empty = outbox_status(conn, OUTBOX_TABLES)
     assert (empty.backlog, empty.by_topic, empty.relay_active) == (0, {}, False)
     assert empty.oldest_created_at is None
     assert empty.oldest_age_seconds is None
@@ -332,7 +332,7 @@ def test_outbox_status_figures(
     write(dsn, [outbox_message(access_event(), topic) for _ in range(3)])
     write(dsn, [outbox_message(access_event(), other) for _ in range(2)])
     with psycopg.connect(dsn, autocommit=True) as conn:
-        status = outbox_status(conn)
+        status = outbox_status(conn, OUTBOX_TABLES)
         head = conn.execute("SELECT created_at FROM identity.outbox ORDER BY id LIMIT 1")
         [(head_created_at,)] = head.fetchall()
     assert status.backlog == 5
@@ -347,16 +347,16 @@ def test_outbox_status_figures(
 
     relay.close()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        assert not outbox_status(conn).relay_active
+        assert not outbox_status(conn, OUTBOX_TABLES).relay_active
 
 
 def test_lock_classes_are_documented_recipe_and_distinct() -> None:
     for name, cls in (
-        (b"pin-outbox-relay:identity.outbox", LANE_LOCK_CLASS),
-        (b"pin-outbox-relay-members:identity.outbox", MEMBER_LOCK_CLASS),
+        (b"pin-outbox-relay:identity.outbox", OUTBOX_TABLES.lane_lock_class),
+        (b"pin-outbox-relay-members:identity.outbox", OUTBOX_TABLES.member_lock_class),
     ):
         assert int.from_bytes(hashlib.sha256(name).digest()[:4], "big") & 0x7FFFFFFF == cls
-    assert LANE_LOCK_CLASS != MEMBER_LOCK_CLASS
+    assert OUTBOX_TABLES.lane_lock_class != OUTBOX_TABLES.member_lock_class
     # The migration lock is a bigint key (objsubid 1), these are two-int4 keys (objsubid 2):
     # they can never be the same lock, whatever the numbers.
     assert isinstance(advisory_lock_key("identity"), int)

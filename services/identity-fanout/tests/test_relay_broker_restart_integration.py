@@ -12,10 +12,17 @@ import uuid
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
-from relay_support import RelayThread, access_event, access_topic, new_relay, outbox_count
+from relay_support import (
+    QUARANTINE,
+    RelayThread,
+    access_event,
+    access_topic,
+    new_relay,
+    outbox_count,
+)
 
-from identity_fanout.outbox.quarantine import list_quarantined
-from identity_fanout.outbox.writer import OutboxMessage, outbox_message, write_outbox
+from identity_fanout.outbox.writer import OutboxMessage, outbox_message
+from identity_fanout.schema import OUTBOX
 from pin_contracts import (
     MESSAGE_ID_HEADER,
     Topic,
@@ -62,7 +69,7 @@ class Writer:
                     event = access_event(uuid.uuid4(), 1, correlation_id=CORRELATION)
                 messages.append(outbox_message(event, self.topic))
             with psycopg.connect(self.dsn) as conn:  # one transaction, committed on exit
-                write_outbox(conn, messages)
+                OUTBOX.write(conn, messages)
             self.written.extend(messages)
 
 
@@ -145,7 +152,7 @@ def test_relay_loses_nothing_while_the_broker_is_down(
     ]
     assert sum(quarantined) == 0
     with psycopg.connect(operator_dsn, autocommit=True) as conn:
-        assert list_quarantined(conn) == []
+        assert QUARANTINE.rows(conn) == []
     written = writer.written
     assert len(written) == 16 * ROWS_PER_TRANSACTION
     assert sample(registry, "identity_outbox_published_total") >= len(written)

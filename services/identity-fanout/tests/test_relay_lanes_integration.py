@@ -20,7 +20,8 @@ from relay_support import RELAY_TEST_OPTIONS, RelayThread, access_topic, new_rel
 from identity_fanout.ops.outbox import OutboxStatus, outbox_status
 from identity_fanout.outbox.lanes import lane_of_slot
 from identity_fanout.outbox.relay import OutboxRelay
-from identity_fanout.outbox.writer import outbox_message, write_outbox
+from identity_fanout.outbox.writer import outbox_message
+from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
 from pin_contracts import (
     AccessChangeReason,
     Topic,
@@ -60,12 +61,12 @@ def write_versions(dsn: str, topic: Topic, users: list[uuid.UUID], versions: ran
             for user in users
         ]
         with psycopg.connect(dsn) as conn:
-            write_outbox(conn, messages)
+            OUTBOX.write(conn, messages)
 
 
 def status(dsn: str) -> OutboxStatus:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return outbox_status(conn, lanes=LANES)
+        return outbox_status(conn, OUTBOX_TABLES, lanes=LANES)
 
 
 def lanes_of(dsn: str, app_prefix: str) -> set[int]:

@@ -16,6 +16,7 @@ from psycopg.rows import TupleRow
 
 from identity_fanout.outbox.lanes import slots_of
 from identity_fanout.outbox.pump import ReadRequest, fetch
+from identity_fanout.schema import OUTBOX_TABLES
 from pin_runtime.postgres import SessionLimits, connect
 from pin_runtime.sql import load_queries
 
@@ -28,6 +29,7 @@ IDLE_READS = 40
 EVERY_SLOT = ReadRequest(tuple(slots_of(range(8), 8)), 0, 5000, 32 * 1024 * 1024)
 
 _q = load_queries("identity_fanout", "outbox/sql/relay.sql")
+READ_LANES = OUTBOX_TABLES.compose(_q, "read_lanes")
 
 
 def write_burst(db: Conn, rows: int) -> None:
@@ -56,7 +58,7 @@ def read_statements(conn: Conn) -> list[tuple[str, int, int]]:
 def plan_of_read(conn: Conn, request: ReadRequest) -> str:
     """EXPLAIN of the exact read with these parameters, as this session plans it."""
     params = request._asdict() | {"slots": list(request.slots)}
-    lines = conn.execute(b"EXPLAIN " + _q.read_lanes.encode(), params, prepare=False)
+    lines = conn.execute(b"EXPLAIN " + READ_LANES.encode(), params, prepare=False)
     return "\n".join(str(line[0]) for line in lines)
 
 
@@ -66,11 +68,11 @@ def test_an_idle_relay_reads_a_burst_along_an_index_never_with_a_generic_plan(
     db.execute("VACUUM ANALYZE identity.outbox")  # empty, as autovacuum leaves it
     with connect(relay_dsn, SessionLimits()) as relay:
         for _ in range(IDLE_READS):  # an idle relay: one empty read per poll
-            assert fetch(relay, EVERY_SLOT) == []
+            assert fetch(relay, READ_LANES, EVERY_SLOT) == []
         write_burst(db, BURST)
 
-        first = fetch(relay, EVERY_SLOT)
-        after = fetch(relay, EVERY_SLOT._replace(after=first[-1].id))
+        first = fetch(relay, READ_LANES, EVERY_SLOT)
+        after = fetch(relay, READ_LANES, EVERY_SLOT._replace(after=first[-1].id))
         assert (len(first), len(after)) == (5000, 5000)
         assert first[-1].id < after[0].id
 

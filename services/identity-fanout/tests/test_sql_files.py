@@ -18,5 +18,4 @@ class TestSqlFiles(SqlFileChecks):
         "outbox/sql/outbox.sql",
         "outbox/sql/quarantine.sql",
         "outbox/sql/relay.sql",
-        "sql/channels.sql",
     )

@@ -24,7 +24,8 @@ from psycopg.rows import TupleRow
 from identity_fanout.errors import IdentityFanoutError
 from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.membership import join_agency, leave_agency
-from identity_fanout.outbox.writer import OutboxMessage, write_outbox
+from identity_fanout.outbox.writer import OutboxMessage
+from identity_fanout.schema import OUTBOX
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, LeaveReason
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 
@@ -66,7 +67,7 @@ def write_relay_poison(identity_dsn: str, size: int) -> UUID:
         event_type="AgentMembershipChanged",
     )
     with psycopg.connect(identity_dsn) as conn:
-        write_outbox(conn, [message])
+        OUTBOX.write(conn, [message])
     return message.message_id
 
 

@@ -1,4 +1,5 @@
-"""PostgreSQL connection pool and the one place psycopg errors are classified.
+"""PostgreSQL connections and pool, LISTEN/NOTIFY, and the one place psycopg errors are
+classified.
 
 `is_retriable` splits failures into infrastructure (wait, back off, retry the unit of work)
 and bugs (stop, or dead-letter the input): retrying a bug loops forever, giving up on an
@@ -15,11 +16,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout, TooManyRequests
 
 from pin_runtime.errors import PinRuntimeError, TemplatedError
+from pin_runtime.sql import load_queries
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -36,9 +39,12 @@ __all__ = [
     "connect",
     "create_pool",
     "is_retriable",
+    "listen",
+    "notify",
 ]
 
 _log = logging.getLogger(__name__)
+_channels = load_queries("pin_runtime", "queries/channels.sql")
 
 Pool = ConnectionPool[psycopg.Connection[TupleRow]]
 Connection = psycopg.Connection[TupleRow]
@@ -416,3 +422,13 @@ def create_pool(
 
 def _usable(conn: Connection) -> bool:
     return not conn.closed and not conn.broken
+
+
+def listen(conn: psycopg.Connection[Any], channel: str) -> None:
+    """Subscribe an autocommit connection to `channel` (quoted as an identifier)."""
+    conn.execute(_channels.compose("listen", channel=sql.Identifier(channel)))
+
+
+def notify(conn: psycopg.Connection[Any], channel: str, payload: str = "") -> None:
+    """Wake the listeners of `channel` when the caller's transaction commits."""
+    conn.execute(_channels.notify, {"channel": channel, "payload": payload})

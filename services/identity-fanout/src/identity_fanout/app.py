@@ -17,6 +17,7 @@ from typing import Final
 from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.fanout.worker import FanoutWorker
 from identity_fanout.outbox.relay import OutboxRelay, RelayConfig, tune_relay_gc
+from identity_fanout.schema import OUTBOX_TABLES
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from pin_runtime.composition import Runtime, long_running
 from pin_runtime.http import ComponentState, Heartbeat
@@ -66,6 +67,7 @@ def relay_config(settings: Settings) -> RelayConfig:
     return RelayConfig(
         dsn=settings.database_dsn.reveal(),
         bootstrap=settings.kafka_bootstrap,
+        tables=OUTBOX_TABLES,
         client_id=f"{SERVICE_NAME}-relay",
         lanes=settings.outbox_lanes,
         batch_size=settings.relay_batch_size,

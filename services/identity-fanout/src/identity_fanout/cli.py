@@ -18,7 +18,7 @@ import psycopg
 from psycopg.rows import TupleRow
 from rich.console import Console
 
-from identity_fanout.errors import DiscardNeedsForceError, IdentityFanoutError
+from identity_fanout.errors import IdentityFanoutError
 from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.fanout.queue import get_task, list_shards, list_tasks, replay_task
 from identity_fanout.membership import command as membership_command
@@ -30,8 +30,9 @@ from identity_fanout.ops.quarantine import (
     requeued_line,
 )
 from identity_fanout.ops.tasks import shards_table, task_detail, tasks_table
-from identity_fanout.outbox import quarantine as q
-from identity_fanout.schema import migrate_database
+from identity_fanout.outbox.errors import DiscardNeedsForceError, OutboxError
+from identity_fanout.outbox.quarantine import Operator, Quarantine
+from identity_fanout.schema import OUTBOX_TABLES, migrate_database
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, LagWatchSettings, Settings
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.composition import Cli, error_line, uuid_argument
@@ -43,7 +44,7 @@ from pin_runtime.lag_watch.cli import LagWatchCommand
 _console = Console(soft_wrap=True)
 
 
-_CLI: Final = Cli(SERVICE_NAME, Settings, ENV_PREFIX, errors=(IdentityFanoutError,))
+_CLI: Final = Cli(SERVICE_NAME, Settings, ENV_PREFIX, errors=(IdentityFanoutError, OutboxError))
 USAGE_EXIT_CODE: Final = 2
 """argparse's code for bad usage: a flag the command needs for these rows was not given."""
 # The consumer groups of the access topic, measured at the brokers; its own settings (no DSN).
@@ -161,23 +162,24 @@ def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
 def _outbox(
     conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lanes: int
 ) -> int | None:
+    quarantine = Quarantine(OUTBOX_TABLES)
     if args.outbox_command == "status":
-        _console.print(status_table(outbox_status(conn, lanes=lanes)))
+        _console.print(status_table(outbox_status(conn, OUTBOX_TABLES, lanes=lanes)))
     elif args.quarantine_command == "list":
-        listed = q.list_quarantined(conn, limit=args.limit)
+        listed = quarantine.rows(conn, limit=args.limit)
         if args.json:
             sys.stdout.writelines(msgspec.json.encode(r).decode() + "\n" for r in listed)
         else:
             _console.print(quarantine_table(listed))
     elif args.quarantine_command == "show":
-        _console.print(quarantine_detail(q.get_quarantined(conn, args.row_id)))
+        _console.print(quarantine_detail(quarantine.get(conn, args.row_id)))
     elif args.quarantine_command == "discard":
         try:
-            discarded = q.discard_quarantined(
+            discarded = quarantine.discard(
                 conn,
                 None if args.all else args.row_id,
                 reason=args.reason,
-                operator=q.Operator.of_this_process(),
+                operator=Operator.of_this_process(),
                 force=args.force,
             )
         except DiscardNeedsForceError as exc:  # a flag missing for these rows: bad usage
@@ -187,12 +189,12 @@ def _outbox(
             _console.print(discarded_line(gone), markup=False, highlight=False)
         _console.print(f"{len(discarded)} row(s) discarded", markup=False)
     elif args.all:
-        requeued = q.retry_all(conn)
+        requeued = quarantine.retry_all(conn)
         for row in requeued:
             _console.print(requeued_line(row), markup=False, highlight=False)
         _console.print(f"{len(requeued)} row(s) back in the outbox", markup=False)
     else:
-        row = q.retry_quarantined(conn, args.row_id)
+        row = quarantine.retry(conn, args.row_id)
         _console.print(requeued_line(row), markup=False, highlight=False)
     return None
 

@@ -2,7 +2,8 @@
 
 Each carries its values as typed fields and says them in its `template`
 (`pin_runtime.errors.TemplatedError`). The membership producer's refusals live with it
-(`identity_fanout.membership.errors`).
+(`identity_fanout.membership.errors`), the outbox's with the outbox
+(`identity_fanout.outbox.errors`).
 """
 
 from __future__ import annotations
@@ -66,26 +67,3 @@ class TaskSupersededError(LeaseLostError):
 
     template = "task {task_id} (attempt {attempt}) was superseded by role version {version}"
     version: int
-
-
-class QuarantinedRowNotFoundError(IdentityFanoutError):
-    """`outbox quarantine show/retry` of an id that is not (or no longer) quarantined."""
-
-    template = "no quarantined row {row_id}"
-    row_id: int
-
-
-class DiscardNeedsForceError(IdentityFanoutError):
-    """`outbox quarantine discard` of access events without `--force`: each is a user's
-    access snapshot, possibly the one that takes access away, and gone for good its
-    consumers keep the access they had. Nothing was discarded."""
-
-    row_ids: list[int]
-
-    def describe(self) -> str:
-        ids = ", ".join(map(str, self.row_ids))
-        return (
-            f"quarantined row(s) {ids} carry access events (pin.identity.access.v1): "
-            "discarding one may drop a revocation for good; deal with each user's access "
-            "first (runbook IdentityOutboxQuarantined), then discard again with --force"
-        )

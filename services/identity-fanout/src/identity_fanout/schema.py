@@ -1,4 +1,5 @@
-"""The `identity` schema of the `pin_identity` database, migrated by `identity-fanout migrate`."""
+"""The `identity` schema of the `pin_identity` database, migrated by `identity-fanout migrate`,
+and the service's outbox in it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,32 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from identity_fanout.db_roles import RUNTIME_ROLES
+from identity_fanout.outbox.tables import OutboxTables
+from identity_fanout.outbox.writer import Outbox
+from pin_contracts import AGENT_MEMBERSHIP_CHANGED, USER_ACCESS_CHANGED
 from pin_runtime.migrations import migrate
 
 SCHEMA: Final = "identity"
 MIGRATIONS: Final = files("identity_fanout") / "migrations"
+
+OUTBOX_TABLES: Final = OutboxTables(
+    schema=SCHEMA,
+    channel="identity_outbox",
+    # A quarantined row's key in logs is the id it is (ids only, never PII).
+    key_fields={
+        USER_ACCESS_CHANGED.event_type: "userId",
+        AGENT_MEMBERSHIP_CHANGED.event_type: "agentUserId",
+    },
+    # An access event (a user's snapshot, possibly the one that takes access away) dropped
+    # for good leaves its consumers with the access they had before.
+    guarded_topics=frozenset({USER_ACCESS_CHANGED.name}),
+    guarded_event_types=frozenset({USER_ACCESS_CHANGED.event_type}),
+    guard=f"carry access events ({USER_ACCESS_CHANGED.name}): discarding one may drop a "
+    "revocation for good; deal with each user's access first (runbook "
+    "IdentityOutboxQuarantined)",
+)
+OUTBOX: Final = Outbox(OUTBOX_TABLES)
+"""The writers' gateway to the outbox (the fan-out, the inline path, membership changes)."""
 
 
 def migrate_database(

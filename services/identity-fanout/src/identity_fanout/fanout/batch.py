@@ -33,11 +33,11 @@ import msgspec
 from psycopg import Connection, sql
 from psycopg.rows import TupleRow
 
-from identity_fanout.channels import OUTBOX_CHANNEL, notify
 from identity_fanout.fanout.queue import FanoutQueue, Unit
 from identity_fanout.fanout.shards import END, START
 from identity_fanout.outbox.lanes import SLOTS
 from identity_fanout.outbox.writer import current_trace_context
+from identity_fanout.schema import OUTBOX
 from pin_contracts import (
     CONTRACT_VERSION_HEADER,
     EVENT_TYPE_HEADER,
@@ -100,7 +100,7 @@ def run_batch(
             conn, unit, cursor=written.last_user, users=written.users, last=last
         )
         if written.users:
-            notify(conn, OUTBOX_CHANNEL)  # the relays wake on commit
+            OUTBOX.wake_relays(conn)  # on commit
         task_completed, task_processed = last, processed
         if unit.shard_no is not None:
             rollup = queue.roll_up(conn, unit)

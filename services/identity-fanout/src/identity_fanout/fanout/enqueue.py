@@ -26,7 +26,8 @@ from identity_fanout.errors import RoleArchivedError, RoleNotFoundError, Unknown
 from identity_fanout.fanout.assignments import count_users_up_to, page_users, snapshot_rows
 from identity_fanout.fanout.inline import build_events
 from identity_fanout.fanout.queue import enqueue_task, supersede_older_tasks
-from identity_fanout.outbox.writer import current_trace_context, outbox_message, write_outbox
+from identity_fanout.outbox.writer import current_trace_context, outbox_message
+from identity_fanout.schema import OUTBOX
 from pin_contracts import USER_ACCESS_CHANGED, UserAccessChangedKafkaEvent, envelope_for
 from pin_runtime.sql import load_queries
 
@@ -69,7 +70,7 @@ def write_events(
 ) -> int:
     """Put the events into the outbox of the caller's transaction."""
     trace_context = current_trace_context()
-    return write_outbox(
+    return OUTBOX.write(
         conn,
         [
             outbox_message(

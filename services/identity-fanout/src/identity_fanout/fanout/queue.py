@@ -22,7 +22,6 @@ import msgspec
 from psycopg import Connection, sql
 from psycopg.rows import TupleRow, class_row
 
-from identity_fanout.channels import TASKS_CHANNEL, notify
 from identity_fanout.errors import (
     LeaseLostError,
     TaskNotFailedError,
@@ -40,9 +39,11 @@ from identity_fanout.fanout.shards import (
 )
 from pin_contracts import AccessChangeReason, FanOutTaskStatus
 from pin_runtime.logging import log_event
+from pin_runtime.postgres import notify
 from pin_runtime.sql import columns, load_queries
 
 __all__ = [
+    "TASKS_CHANNEL",
     "FanOutShard",
     "FanOutTask",
     "FanoutQueue",
@@ -58,6 +59,10 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+TASKS_CHANNEL: Final = "identity_access_fanout_tasks"
+"""Notified on enqueue, on a split and on a replay (the payload is the task id); idle workers
+LISTEN and claim at once instead of at their next poll."""
 _units = load_queries("identity_fanout", "fanout/sql/units.sql")
 _shards = load_queries("identity_fanout", "fanout/sql/shards.sql")
 _tasks = load_queries("identity_fanout", "fanout/sql/tasks.sql")

@@ -44,7 +44,8 @@ from identity_fanout.errors import LeaseLostError, TaskSupersededError
 from identity_fanout.fanout.batch import BatchResult, run_batch
 from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.fanout.queue import FanoutQueue, Unit, retry_delay
-from identity_fanout.outbox.writer import OutboxDepth, outbox_depth
+from identity_fanout.outbox.writer import OutboxDepth
+from identity_fanout.schema import OUTBOX
 from identity_fanout.settings import Settings
 from pin_runtime.backoff import Backoff
 from pin_runtime.logging import log_event
@@ -282,7 +283,7 @@ class Walker:
 
     def _outbox_depth(self) -> OutboxDepth:
         with self.pool.connection() as conn:
-            depth = outbox_depth(conn)
+            depth = OUTBOX.depth(conn)
         self.observe_outbox(depth)
         return depth
 

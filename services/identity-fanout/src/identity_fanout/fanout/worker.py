@@ -27,16 +27,15 @@ from opentelemetry import trace
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from identity_fanout.channels import TASKS_CHANNEL, listen
 from identity_fanout.fanout.metrics import FanoutMetrics
-from identity_fanout.fanout.queue import FanoutQueue, Unit, queue_state
+from identity_fanout.fanout.queue import TASKS_CHANNEL, FanoutQueue, Unit, queue_state
 from identity_fanout.fanout.walk import WalkEnd, Walker, WorkerSignals, classify_failure
-from identity_fanout.outbox.writer import outbox_depth
+from identity_fanout.schema import OUTBOX
 from identity_fanout.settings import Settings
 from pin_runtime.backoff import Backoff
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import LazyConnection, SessionLimits, connect
+from pin_runtime.postgres import LazyConnection, SessionLimits, connect, listen
 
 __all__ = ["FanoutWorker", "WorkerSignals"]
 
@@ -178,7 +177,7 @@ class FanoutWorker:
         reports them, so they survive every relay being down."""
         with self._pool.connection() as conn:
             state = queue_state(conn)
-            depth = outbox_depth(conn)
+            depth = OUTBOX.depth(conn)
         self._walker.observe_outbox(depth)
         self._metrics.queue_backlog.set(state.backlog)
         self._metrics.leased_tasks.set(state.leased)

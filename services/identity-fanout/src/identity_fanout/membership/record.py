@@ -26,7 +26,7 @@ from identity_fanout.membership.decisions import (
     next_membership,
     parse_request,
 )
-from identity_fanout.outbox.writer import write_outbox
+from identity_fanout.schema import OUTBOX
 from pin_contracts import AgentMembershipStatus, LeaveReason
 from pin_runtime.sql import columns, load_queries
 
@@ -110,7 +110,7 @@ def record_membership_change(
         envelope, message = membership_message(
             updated, occurred_at=request.occurred_at, correlation_id=correlation
         )
-        write_outbox(conn, [message])
+        OUTBOX.write(conn, [message])
     return RecordedMembershipChange(membership=updated, envelope=envelope, message=message)
 
 

@@ -11,8 +11,6 @@ from psycopg.rows import TupleRow, class_row
 
 from identity_fanout.outbox.lanes import (
     DEFAULT_LANES,
-    LANE_LOCK_CLASS,
-    MEMBER_LOCK_CLASS,
     ForeignHolder,
     LaneLock,
     foreign_holders,
@@ -20,7 +18,8 @@ from identity_fanout.outbox.lanes import (
     relay_instances,
     slots_of,
 )
-from identity_fanout.outbox.quarantine import quarantine_counts
+from identity_fanout.outbox.quarantine import Quarantine
+from identity_fanout.outbox.tables import OutboxTables
 from pin_runtime.listing import Fields
 from pin_runtime.sql import load_queries
 
@@ -63,18 +62,21 @@ class OutboxStatus(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def outbox_status(
-    conn: psycopg.Connection[TupleRow], *, lanes: int = DEFAULT_LANES
+    conn: psycopg.Connection[TupleRow], tables: OutboxTables, *, lanes: int = DEFAULT_LANES
 ) -> OutboxStatus:
     """Backlog, head age, per-topic and per-lane counts, who holds which lane, quarantine."""
-    by_topic: dict[str, int] = dict(conn.execute(_outbox.status_by_topic).fetchall())
-    head = conn.execute(_outbox.status_head).fetchone()
+    by_topic: dict[str, int] = dict(
+        conn.execute(tables.compose(_outbox, "status_by_topic")).fetchall()
+    )
+    head = conn.execute(tables.compose(_outbox, "status_head")).fetchone()
     with conn.cursor(row_factory=class_row(LaneLock)) as cur:
         locks = cur.execute(
-            _lanes.lane_locks, {"class": LANE_LOCK_CLASS, "members": MEMBER_LOCK_CLASS}
+            tables.compose(_lanes, "lane_locks"),
+            {"class": tables.lane_lock_class, "members": tables.member_lock_class},
         ).fetchall()
     holders = _holders([lk for lk in locks if lk.relay_login], lanes)
     by_lane: dict[int, int] = {}
-    for slot, count in conn.execute(_outbox.slot_backlog).fetchall():
+    for slot, count in conn.execute(tables.compose(_outbox, "slot_backlog")).fetchall():
         by_lane[lane_of_slot(slot, lanes)] = by_lane.get(lane_of_slot(slot, lanes), 0) + count
     return OutboxStatus(
         backlog=sum(by_topic.values()),
@@ -87,7 +89,7 @@ def outbox_status(
         holders=tuple(holders),
         instances=relay_instances(locks),
         backlog_by_lane=dict(sorted(by_lane.items())),
-        quarantined=quarantine_counts(conn),
+        quarantined=Quarantine(tables).counts(conn),
         foreign=tuple(foreign_holders(locks)),
     )
 
@@ -96,7 +98,7 @@ def _holders(locks: list[LaneLock], lanes: int) -> list[RelayHolder]:
     slots: dict[int, set[int]] = {}
     who: dict[int, tuple[str | None, str | None]] = {}
     for lk in locks:
-        if lk.lock_class == LANE_LOCK_CLASS:
+        if not lk.member:
             slots.setdefault(lk.pid, set()).add(lk.key)
             who[lk.pid] = (lk.application_name, lk.client_addr)
     holders = [

@@ -1,8 +1,10 @@
-"""The transactional outbox of the identity database and its relay to Kafka.
+"""A transactional outbox and its relay to Kafka, knowing no service: where its tables live,
+its channel and lock names and what it must know of the events are the service's
+(`tables.OutboxTables`; identity-fanout's is `identity_fanout.schema.OUTBOX_TABLES`).
 
-Writers put one row per event into `identity.outbox` inside their own transaction
-(`writer`); each row carries the slot of its key (`lanes`), so relay instances share the
-table by lane, one publisher per slot at a time, in id order per key. The relay
+Writers put one row per event into the outbox inside their own transaction (`writer`); each
+row carries the slot of its key (`lanes`), so relay instances share the table by lane, one
+publisher per slot at a time, in id order per key. The relay
 (`relay`, its database `session`, the `pump` that reads, produces and deletes, the
 in-flight `window` and its `settlement`, the Kafka `publisher`) publishes rows after
 commit and deletes them once acknowledged; rows Kafka refuses for good go to the

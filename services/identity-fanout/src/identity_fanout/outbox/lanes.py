@@ -31,9 +31,7 @@ from typing import Final, NamedTuple
 
 __all__ = [
     "DEFAULT_LANES",
-    "LANE_LOCK_CLASS",
     "MAX_LANES",
-    "MEMBER_LOCK_CLASS",
     "SLOTS",
     "ForeignHolder",
     "LaneLock",
@@ -58,14 +56,9 @@ DEFAULT_LANES: Final = 8
 
 def lock_class(name: str) -> int:
     """A positive int4 advisory-lock class from a name: sha256's first 4 bytes, top bit off
-    (positive, so it reads the same in `pg_locks.classid`, an unsigned oid)."""
+    (positive, so it reads the same in `pg_locks.classid`, an unsigned oid). The lanes'
+    classes are named after the outbox table (`OutboxTables.lane_lock_class`)."""
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") & 0x7FFFFFFF
-
-
-LANE_LOCK_CLASS: Final = lock_class("pin-outbox-relay:identity.outbox")
-"""First key of a slot's advisory lock `(LANE_LOCK_CLASS, slot)`."""
-MEMBER_LOCK_CLASS: Final = lock_class("pin-outbox-relay-members:identity.outbox")
-"""First key of the shared lock `(MEMBER_LOCK_CLASS, 0)` every running relay holds."""
 
 
 def key_slot(key: str) -> int:
@@ -95,8 +88,8 @@ def share(lanes: int, instances: int) -> int:
 class LaneLock(NamedTuple):
     """One advisory lock of the lanes and the session holding it (`lane_locks`)."""
 
-    lock_class: int
-    """`MEMBER_LOCK_CLASS` (an instance) or `LANE_LOCK_CLASS` (a slot)."""
+    member: bool
+    """The shared member lock (an instance), else a slot's lock."""
     key: int
     """The slot, for a slot lock."""
     pid: int
@@ -124,7 +117,7 @@ class ForeignHolder:
 
 def relay_instances(locks: Iterable[LaneLock]) -> int:
     """Running relay instances: the relay logins' sessions holding the member lock."""
-    return len({lk.pid for lk in locks if lk.lock_class == MEMBER_LOCK_CLASS and lk.relay_login})
+    return len({lk.pid for lk in locks if lk.member and lk.relay_login})
 
 
 def foreign_holders(locks: Iterable[LaneLock]) -> list[ForeignHolder]:
@@ -136,7 +129,7 @@ def foreign_holders(locks: Iterable[LaneLock]) -> list[ForeignHolder]:
         if lk.relay_login:
             continue
         first.setdefault(lk.pid, lk)
-        if lk.lock_class == MEMBER_LOCK_CLASS:
+        if lk.member:
             member.add(lk.pid)
         else:
             slots.setdefault(lk.pid, []).append(lk.key)

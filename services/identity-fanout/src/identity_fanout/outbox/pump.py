@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Final, LiteralString, NamedTuple
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -34,10 +34,11 @@ from identity_fanout.outbox.lanes import slots_of
 from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.pause import Pause, refusal_of
 from identity_fanout.outbox.publisher import FLUSH_MARGIN, Publisher
-from identity_fanout.outbox.quarantine import quarantine_rows
+from identity_fanout.outbox.quarantine import Quarantine
 from identity_fanout.outbox.records import OutboxRecord, records_from_rows
 from identity_fanout.outbox.report import report_published, report_refusals, report_stopped
 from identity_fanout.outbox.settlement import Settlement
+from identity_fanout.outbox.tables import OutboxTables
 from identity_fanout.outbox.window import InflightWindow
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import LazyConnection
@@ -93,6 +94,7 @@ class Pump:
         metrics: RelayMetrics,
         deleter: Deleter,
         *,
+        tables: OutboxTables,
         lanes: int,
         batch_size: int,
         delivery_timeout: float,
@@ -110,7 +112,8 @@ class Pump:
         self._probe = probe
         self._lanes = lanes
         self._cursors: dict[int, int] = {}
-        self._reader = Reader()
+        self.quarantine = Quarantine(tables)
+        self._reader = Reader(tables.compose(_q, "read_lanes"))
         self._to_delete: list[int] = []
         self._topics: set[str] = set()
         self.tally = RoundResult()
@@ -249,8 +252,8 @@ class Pump:
     def _settle(self, conn: Conn, *, flush: bool) -> Settlement:
         settlement = self.window.settle()
         if settlement.quarantine:
-            moved = quarantine_rows(conn, settlement.quarantine)
-            report_refusals(self._metrics, settlement.quarantine, moved)
+            moved = self.quarantine.move(conn, settlement.quarantine)
+            report_refusals(self._metrics, self.quarantine.tables, settlement.quarantine, moved)
             self.tally.quarantined += len(moved)
         topics, slots = self.window.take_settled()
         self._topics.update(topics)
@@ -299,7 +302,8 @@ class ReadRequest(NamedTuple):
 class Reader:
     """`read(...)` the rows after a cursor; `ahead(...)` starts the following read."""
 
-    def __init__(self) -> None:
+    def __init__(self, statement: LiteralString) -> None:
+        self._statement = statement
         self._executor: ThreadPoolExecutor | None = None
         self._ahead: tuple[ReadRequest, Future[list[OutboxRecord]]] | None = None
 
@@ -312,12 +316,12 @@ class Reader:
             records = future.result()
             if asked.same_rows(request) and records:
                 return records[: request.limit]
-        return fetch(conn, request)
+        return fetch(conn, self._statement, request)
 
     def ahead(self, conn: psycopg.Connection[TupleRow], request: ReadRequest) -> None:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-reader")
-        self._ahead = (request, self._executor.submit(fetch, conn, request))
+        self._ahead = (request, self._executor.submit(fetch, conn, self._statement, request))
 
     def forget(self) -> None:
         """Drop what was read ahead (a reset cursor, lost lanes)."""
@@ -330,7 +334,10 @@ class Reader:
             executor.shutdown(wait=True, cancel_futures=True)
 
 
-def fetch(conn: psycopg.Connection[TupleRow], request: ReadRequest) -> list[OutboxRecord]:
+def fetch(
+    conn: psycopg.Connection[TupleRow], statement: LiteralString, request: ReadRequest
+) -> list[OutboxRecord]:
+    """`request`'s rows by `statement` (`read_lanes` of the service's outbox)."""
     params = request._asdict() | {"slots": list(request.slots)}
     # Binary: the payload (bytea) arrives as is instead of hex text to decode.
     # Never prepared, so PostgreSQL plans every read for its own parameters and the outbox
@@ -340,7 +347,7 @@ def fetch(conn: psycopg.Connection[TupleRow], request: ReadRequest) -> list[Outb
     # (every read of 5,000 rows of 200,000 then sorted all of them). Planning costs ~0.3 ms
     # per read of up to RELAY_BATCH_SIZE rows (docs/design/identity-fanout.md "Outbox relay",
     # "Plans of the read").
-    rows = conn.execute(_q.read_lanes, params, binary=True, prepare=False).fetchall()
+    rows = conn.execute(statement, params, binary=True, prepare=False).fetchall()
     return records_from_rows(rows)
 
 
@@ -363,9 +370,13 @@ class Deleter:
     """A thread deleting submitted batches of acknowledged ids, in submission order."""
 
     def __init__(
-        self, connect: Callable[[], psycopg.Connection[TupleRow]], metrics: RelayMetrics
+        self,
+        connect: Callable[[], psycopg.Connection[TupleRow]],
+        metrics: RelayMetrics,
+        tables: OutboxTables,
     ) -> None:
         self._metrics = metrics
+        self._statement = tables.compose(_q, "delete_published")
         self._queue: deque[tuple[list[int], list[str]]] = deque()
         self._pending = 0
         self._done = threading.Condition()
@@ -451,4 +462,4 @@ class Deleter:
     def _delete(self, ids: list[int]) -> int:
         # An array literal built in C: psycopg would dump a list of ints element by element.
         literal = "{" + ",".join(map(str, ids)) + "}"
-        return self._conn.get().execute(_q.delete_published, {"ids": literal}).rowcount
+        return self._conn.get().execute(self._statement, {"ids": literal}).rowcount

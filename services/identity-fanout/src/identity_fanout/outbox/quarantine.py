@@ -1,4 +1,4 @@
-"""The outbox quarantine (`identity.outbox_quarantine`): rows refused for good, kept whole.
+"""The outbox quarantine: rows refused for good, kept whole (`Quarantine`, its one gateway).
 
 The relay moves a refused row here in ONE statement with its DELETE from the outbox (the
 payload never leaves the server), so the row is either still in the outbox or in the
@@ -6,7 +6,8 @@ quarantine, never lost and never in both. An operator lists it, fixes the cause 
 limit) and retries it: the row goes back to the tail of the outbox under a new id,
 carrying its attempt count and first failure, in one transaction with a NOTIFY for the relay.
 A row that can never go out is discarded, with an audit row and an audit log line naming who
-and why; an access event (possibly a revocation) only with `force`.
+and why; the rows the service guards (`OutboxTables.needs_force`: an access event, possibly
+a revocation) only with `force`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import socket
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import msgspec
@@ -25,10 +26,10 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow, class_row, kwargs_row
 
-from identity_fanout.channels import OUTBOX_CHANNEL, notify
-from identity_fanout.errors import DiscardNeedsForceError, QuarantinedRowNotFoundError
-from pin_contracts import USER_ACCESS_CHANGED
+from identity_fanout.outbox.errors import DiscardNeedsForceError, QuarantinedRowNotFoundError
+from identity_fanout.outbox.tables import OutboxTables
 from pin_runtime.logging import log_event
+from pin_runtime.postgres import notify
 from pin_runtime.sql import load_queries
 
 if TYPE_CHECKING:  # the relay's type only: the operator commands load no Kafka client
@@ -38,27 +39,14 @@ __all__ = [
     "DiscardedRow",
     "MovedRow",
     "Operator",
+    "Quarantine",
     "QuarantineEntry",
     "QuarantinedRow",
     "RequeuedRow",
-    "discard_quarantined",
-    "get_quarantined",
-    "list_quarantined",
-    "needs_force",
-    "quarantine_counts",
-    "quarantine_rows",
-    "retry_all",
-    "retry_quarantined",
 ]
 
 _log = logging.getLogger("identity_fanout.outbox.quarantine")
 _q = load_queries("identity_fanout", "outbox/sql/quarantine.sql")
-_LIST: Final = _q.compose("select_quarantined", filter=sql.SQL(_q.oldest_first))
-_GET: Final = _q.compose("select_quarantined", filter=sql.SQL(_q.by_id))
-
-
-# The log field naming a quarantined row's key, by event type (ids only, never PII).
-_KEY_FIELDS: Final = {"UserAccessChanged": "userId", "AgentMembershipChanged": "agentUserId"}
 
 
 class QuarantineEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,14 +59,15 @@ class QuarantineEntry(msgspec.Struct, frozen=True, kw_only=True):
     message_id: UUID
     event_type: str
 
-    def log_fields(self) -> dict[str, object]:
-        """The row's log fields; the key under the name of the id it is (`userId`, ...)."""
+    def log_fields(self, tables: OutboxTables) -> dict[str, object]:
+        """The row's log fields; the key under the name of the id it is
+        (`OutboxTables.key_field`: `userId`, ...)."""
         return {
             "quarantineId": self.quarantine_id,
             "topic": self.topic,
             "eventType": self.event_type,
             "messageId": str(self.message_id),
-            _KEY_FIELDS.get(self.event_type, "messageKey"): self.key,
+            tables.key_field(self.event_type): self.key,
         }
 
 
@@ -94,8 +83,8 @@ class DiscardedRow(QuarantineEntry, frozen=True, kw_only=True):
     database_role: str
     """current_user: the role the delete ran as."""
 
-    def log_fields(self) -> dict[str, object]:
-        return super().log_fields() | {
+    def log_fields(self, tables: OutboxTables) -> dict[str, object]:
+        return super().log_fields(tables) | {
             "outboxId": self.outbox_id,
             "errorCode": self.error_code,
             "errorReason": self.error_reason,
@@ -123,16 +112,6 @@ class Operator(msgspec.Struct, frozen=True, kw_only=True):
         return cls(os_user=user, host=socket.gethostname())
 
 
-def needs_force(entry: QuarantineEntry) -> bool:
-    """Whether discarding `entry` needs `force`: an access event (a user's access snapshot,
-    possibly the one that takes access away) dropped for good leaves its consumers with the
-    access they had before."""
-    return (
-        entry.topic == USER_ACCESS_CHANGED.name
-        or entry.event_type == USER_ACCESS_CHANGED.event_type
-    )
-
-
 class MovedRow(QuarantineEntry, frozen=True, kw_only=True):
     """A row the relay has just quarantined (what its log line names)."""
 
@@ -140,9 +119,9 @@ class MovedRow(QuarantineEntry, frozen=True, kw_only=True):
     attempts: int
     size: int
 
-    def log_fields(self) -> dict[str, object]:
+    def log_fields(self, tables: OutboxTables) -> dict[str, object]:
         fields = {"outboxId": self.outbox_id, "attempts": self.attempts, "sizeBytes": self.size}
-        return super().log_fields() | fields
+        return super().log_fields(tables) | fields
 
 
 class QuarantinedRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -176,26 +155,6 @@ class RequeuedRow(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int
 
 
-def quarantine_rows(
-    conn: psycopg.Connection[TupleRow], refusals: Sequence[Refusal]
-) -> list[MovedRow]:
-    """Move the refused rows into the quarantine (autocommit: one statement, atomic)."""
-    if not refusals:
-        return []
-    params = {
-        "ids": [r.record.id for r in refusals],
-        "codes": [r.failure.code for r in refusals],
-        "reasons": [r.failure.reason for r in refusals],
-        "messages": [r.failure.message for r in refusals],
-    }
-    with conn.cursor(row_factory=class_row(MovedRow)) as cur:
-        return cur.execute(_q.move, params).fetchall()
-
-
-def quarantine_counts(conn: psycopg.Connection[TupleRow]) -> dict[str, int]:
-    return dict(conn.execute(_q.count_by_topic).fetchall())
-
-
 def _quarantined(*, headers: Any, **fields: Any) -> QuarantinedRow:
     # Headers are stored as a JSON array of [name, value] pairs; an object is read as well.
     pairs = headers.items() if isinstance(headers, dict) else (headers or [])
@@ -204,85 +163,118 @@ def _quarantined(*, headers: Any, **fields: Any) -> QuarantinedRow:
     )
 
 
-def list_quarantined(
-    conn: psycopg.Connection[TupleRow], *, limit: int = 100
-) -> list[QuarantinedRow]:
-    """The quarantine in the order rows were refused (oldest first)."""
-    with conn.cursor(row_factory=kwargs_row(_quarantined)) as cur:
-        return cur.execute(_LIST, {"limit": limit}).fetchall()
+class Quarantine:
+    """Every statement on the quarantine of one service's outbox (`tables`)."""
 
+    __slots__ = ("_counts", "_discard", "_get", "_list", "_move", "_requeue", "tables")
 
-def get_quarantined(conn: psycopg.Connection[TupleRow], row_id: int) -> QuarantinedRow:
-    with conn.cursor(row_factory=kwargs_row(_quarantined)) as cur:
-        row = cur.execute(_GET, {"id": row_id}).fetchone()
-    if row is None:
-        raise QuarantinedRowNotFoundError(row_id)
-    return row
+    def __init__(self, tables: OutboxTables) -> None:
+        self.tables = tables
+        self._move = tables.compose(_q, "move")
+        self._counts = tables.compose(_q, "count_by_topic")
+        self._list = tables.compose(_q, "select_quarantined", filter=sql.SQL(_q.oldest_first))
+        self._get = tables.compose(_q, "select_quarantined", filter=sql.SQL(_q.by_id))
+        self._requeue = tables.compose(_q, "requeue")
+        self._discard = tables.compose(_q, "discard")
 
+    def needs_force(self, entry: QuarantineEntry) -> bool:
+        """Whether discarding `entry` needs `force` (`OutboxTables.needs_force`)."""
+        return self.tables.needs_force(entry.topic, entry.event_type)
 
-def _requeue(
-    conn: psycopg.Connection[TupleRow], *, ids: list[int], everything: bool
-) -> list[RequeuedRow]:
-    with conn.transaction():
-        with conn.cursor(row_factory=class_row(RequeuedRow)) as cur:
-            rows = cur.execute(_q.requeue, {"all": everything, "ids": ids}).fetchall()
-        if rows:
-            notify(conn, OUTBOX_CHANNEL)
-    return rows
+    def move(
+        self, conn: psycopg.Connection[TupleRow], refusals: Sequence[Refusal]
+    ) -> list[MovedRow]:
+        """Move the refused rows into the quarantine (autocommit: one statement, atomic)."""
+        if not refusals:
+            return []
+        params = {
+            "ids": [r.record.id for r in refusals],
+            "codes": [r.failure.code for r in refusals],
+            "reasons": [r.failure.reason for r in refusals],
+            "messages": [r.failure.message for r in refusals],
+        }
+        with conn.cursor(row_factory=class_row(MovedRow)) as cur:
+            return cur.execute(self._move, params).fetchall()
 
+    def counts(self, conn: psycopg.Connection[TupleRow]) -> dict[str, int]:
+        """Quarantined rows by topic."""
+        return dict(conn.execute(self._counts).fetchall())
 
-def retry_quarantined(conn: psycopg.Connection[TupleRow], row_id: int) -> RequeuedRow:
-    """Row `row_id` back to the tail of the outbox; `QuarantinedRowNotFoundError` if absent."""
-    moved = _requeue(conn, ids=[row_id], everything=False)
-    if not moved:
-        raise QuarantinedRowNotFoundError(row_id)
-    return moved[0]
+    def rows(self, conn: psycopg.Connection[TupleRow], *, limit: int = 100) -> list[QuarantinedRow]:
+        """The quarantine in the order rows were refused (oldest first)."""
+        with conn.cursor(row_factory=kwargs_row(_quarantined)) as cur:
+            return cur.execute(self._list, {"limit": limit}).fetchall()
 
+    def get(self, conn: psycopg.Connection[TupleRow], row_id: int) -> QuarantinedRow:
+        with conn.cursor(row_factory=kwargs_row(_quarantined)) as cur:
+            row = cur.execute(self._get, {"id": row_id}).fetchone()
+        if row is None:
+            raise QuarantinedRowNotFoundError(row_id)
+        return row
 
-def retry_all(conn: psycopg.Connection[TupleRow]) -> list[RequeuedRow]:
-    """Every quarantined row back to the tail of the outbox, in the order they were refused."""
-    return _requeue(conn, ids=[], everything=True)
+    def _requeue_rows(
+        self, conn: psycopg.Connection[TupleRow], *, ids: list[int], everything: bool
+    ) -> list[RequeuedRow]:
+        with conn.transaction():
+            with conn.cursor(row_factory=class_row(RequeuedRow)) as cur:
+                rows = cur.execute(self._requeue, {"all": everything, "ids": ids}).fetchall()
+            if rows:
+                notify(conn, self.tables.channel)
+        return rows
 
+    def retry(self, conn: psycopg.Connection[TupleRow], row_id: int) -> RequeuedRow:
+        """Row `row_id` back to the tail of the outbox; `QuarantinedRowNotFoundError` if absent."""
+        moved = self._requeue_rows(conn, ids=[row_id], everything=False)
+        if not moved:
+            raise QuarantinedRowNotFoundError(row_id)
+        return moved[0]
 
-def discard_quarantined(
-    conn: psycopg.Connection[TupleRow],
-    row_id: int | None,
-    *,
-    reason: str,
-    operator: Operator,
-    force: bool = False,
-) -> list[DiscardedRow]:
-    """Delete quarantined row `row_id` (None: every row) for good: one transaction that
-    writes an audit row per row (`identity.outbox_quarantine_discards`), then one WARNING
-    log line per row naming it, its key, who (`operator`, the database login) and the
-    operator's `reason` (the audit trail).
+    def retry_all(self, conn: psycopg.Connection[TupleRow]) -> list[RequeuedRow]:
+        """Every quarantined row back to the tail of the outbox, in the order they were refused."""
+        return self._requeue_rows(conn, ids=[], everything=True)
 
-    `DiscardNeedsForceError` without `force` when an access event is among them (nothing
-    is discarded); `QuarantinedRowNotFoundError` when `row_id` is not there."""
-    params = {
-        "all": row_id is None,
-        "ids": [] if row_id is None else [row_id],
-        "forced": force,
-        "reason": reason,
-        "os_user": operator.os_user,
-        "host": operator.host,
-    }
-    with conn.transaction(), conn.cursor(row_factory=class_row(DiscardedRow)) as cur:
-        rows = cur.execute(_q.discard, params).fetchall()
-        protected = [row for row in rows if needs_force(row)]
-        if protected and not force:  # raised inside the transaction: nothing was deleted
-            raise DiscardNeedsForceError([row.quarantine_id for row in protected])
-    if row_id is not None and not rows:
-        raise QuarantinedRowNotFoundError(row_id)
-    for row in rows:
-        log_event(
-            _log,
-            "outbox quarantined row discarded",
-            logging.WARNING,
-            **row.log_fields(),
-            forced=force,
-            osUser=operator.os_user,
-            host=operator.host,
-            reason=reason,
-        )
-    return rows
+    def discard(
+        self,
+        conn: psycopg.Connection[TupleRow],
+        row_id: int | None,
+        *,
+        reason: str,
+        operator: Operator,
+        force: bool = False,
+    ) -> list[DiscardedRow]:
+        """Delete quarantined row `row_id` (None: every row) for good: one transaction that
+        writes an audit row per row (the `discards` table), then one WARNING log line per row
+        naming it, its key, who (`operator`, the database login) and the operator's `reason`
+        (the audit trail).
+
+        `DiscardNeedsForceError` without `force` when a guarded row is among them (nothing
+        is discarded); `QuarantinedRowNotFoundError` when `row_id` is not there."""
+        params = {
+            "all": row_id is None,
+            "ids": [] if row_id is None else [row_id],
+            "forced": force,
+            "reason": reason,
+            "os_user": operator.os_user,
+            "host": operator.host,
+        }
+        with conn.transaction(), conn.cursor(row_factory=class_row(DiscardedRow)) as cur:
+            rows = cur.execute(self._discard, params).fetchall()
+            protected = [row for row in rows if self.needs_force(row)]
+            if protected and not force:  # raised inside the transaction: nothing was deleted
+                raise DiscardNeedsForceError(
+                    [row.quarantine_id for row in protected], self.tables.guard
+                )
+        if row_id is not None and not rows:
+            raise QuarantinedRowNotFoundError(row_id)
+        for row in rows:
+            log_event(
+                _log,
+                "outbox quarantined row discarded",
+                logging.WARNING,
+                **row.log_fields(self.tables),
+                forced=force,
+                osUser=operator.os_user,
+                host=operator.host,
+                reason=reason,
+            )
+        return rows

@@ -1,8 +1,8 @@
 """The outbox relay: the service's only publisher, any number of instances at once.
 
-It moves committed rows of `identity.outbox` to Kafka and deletes a row only after the
-broker acknowledged it: at-least-once, never loss. A row Kafka refuses for good (too large,
-invalid, not authorized) is moved to `identity.outbox_quarantine` in the same statement
+It moves committed rows of the outbox (the service's `OutboxTables`) to Kafka and deletes a
+row only after the broker acknowledged it: at-least-once, never loss. A row Kafka refuses for
+good (too large, invalid, not authorized) is moved to the quarantine in the same statement
 that deletes it, so no single row stops the flow.
 
 The outbox is split into lanes by message key (`lanes`); each instance holds the advisory
@@ -35,15 +35,15 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 
-from identity_fanout.channels import OUTBOX_CHANNEL
 from identity_fanout.outbox import log as _log
 from identity_fanout.outbox.lanes import DEFAULT_LANES, MAX_LANES
 from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.pause import Pause, next_pause
 from identity_fanout.outbox.publisher import Publisher
 from identity_fanout.outbox.pump import SHUTDOWN_GRACE, Deleter, Pump, RoundResult
-from identity_fanout.outbox.report import refresh_gauges, report_failed_round, report_pause
+from identity_fanout.outbox.report import Gauges, report_failed_round, report_pause
 from identity_fanout.outbox.session import WAKE_SLICE, LaneSession
+from identity_fanout.outbox.tables import OutboxTables
 from identity_fanout.outbox.window import (
     DEFAULT_WINDOW_BYTES,
     DEFAULT_WINDOW_RECORDS,
@@ -87,6 +87,7 @@ class Rounds:
     session: LaneSession
     pump: Pump
     metrics: RelayMetrics
+    gauges: Gauges
     state: ComponentState
     _: KW_ONLY
     look_interval: float
@@ -114,7 +115,7 @@ class Rounds:
         # After the step (the backlog it left): at each look, on a quarantine, when idle.
         if self._gauges_due or result.quarantined or idle:
             self._gauges_due = False
-            refresh_gauges(conn, self.metrics)
+            self.gauges.refresh(conn)
         result.active = bool(self.session.lanes)
         before, self.pause = (
             self.pause,
@@ -140,6 +141,8 @@ class RelayConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     dsn: str
     bootstrap: str
+    tables: OutboxTables
+    """Where the outbox lives and what the relay must know of its events (the service's)."""
     client_id: str
     """The producer's client.id, and the prefix of the sessions' application_name."""
     lanes: int = DEFAULT_LANES
@@ -180,7 +183,7 @@ class RelaySignals:
 
 
 class OutboxRelay:
-    """Publishes its lanes of `identity.outbox` to Kafka; see the module docstring.
+    """Publishes its lanes of the outbox to Kafka; see the module docstring.
 
     Drive it with `run(stop)` in its own thread (pipelined), or `run_once()` from tests
     (one batch, waited for). Not thread-safe: one thread per instance.
@@ -208,7 +211,7 @@ class OutboxRelay:
         self._session = LaneSession(
             config.dsn,
             lanes=config.lanes,
-            channel=OUTBOX_CHANNEL,
+            tables=config.tables,
             application_name=f"{config.client_id}@{host}",
             limits=config.session,
             on_change=self.metrics.set_lanes,
@@ -232,7 +235,9 @@ class OutboxRelay:
             Deleter(
                 lambda: connect(config.dsn, config.session, application_name=delete_name),
                 self.metrics,
+                config.tables,
             ),
+            tables=config.tables,
             lanes=config.lanes,
             batch_size=config.batch_size,
             delivery_timeout=config.delivery_timeout,
@@ -243,6 +248,7 @@ class OutboxRelay:
             self._session,
             self._pump,
             self.metrics,
+            Gauges(self.metrics, self._pump.quarantine),
             self.state,
             look_interval=config.lock_retry_interval,
         )

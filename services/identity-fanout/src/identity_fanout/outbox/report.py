@@ -14,8 +14,9 @@ from psycopg.rows import TupleRow
 from identity_fanout.outbox import log as _log
 from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.pause import Pause
-from identity_fanout.outbox.quarantine import MovedRow, quarantine_counts
+from identity_fanout.outbox.quarantine import MovedRow, Quarantine
 from identity_fanout.outbox.settlement import Refusal, Settlement
+from identity_fanout.outbox.tables import OutboxTables
 from pin_runtime.delivery import DeliveryFailure
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import is_retriable
@@ -23,7 +24,7 @@ from pin_runtime.sql import load_queries
 
 __all__ = [
     "BACKLOG_EXACT_UP_TO",
-    "refresh_gauges",
+    "Gauges",
     "report_failed_round",
     "report_pause",
     "report_published",
@@ -58,11 +59,14 @@ def report_published(metrics: RelayMetrics, ids: Sequence[int], topics: Sequence
 
 
 def report_refusals(
-    metrics: RelayMetrics, refusals: Sequence[Refusal], moved: Sequence[MovedRow]
+    metrics: RelayMetrics,
+    tables: OutboxTables,
+    refusals: Sequence[Refusal],
+    moved: Sequence[MovedRow],
 ) -> None:
     failures = {r.record.id: r.failure for r in refusals}
     for row in moved:
-        report_quarantined(metrics, row, failures[row.outbox_id])
+        report_quarantined(metrics, tables, row, failures[row.outbox_id])
 
 
 def report_stopped(
@@ -94,14 +98,16 @@ def report_stopped(
     )
 
 
-def report_quarantined(metrics: RelayMetrics, row: MovedRow, failure: DeliveryFailure) -> None:
+def report_quarantined(
+    metrics: RelayMetrics, tables: OutboxTables, row: MovedRow, failure: DeliveryFailure
+) -> None:
     """`outbox row quarantined`: which row, whose (the key: an id), and why."""
     metrics.quarantined.labels(topic=row.topic, reason=failure.reason).inc()
     log_event(
         _log,
         "outbox row quarantined",
         logging.ERROR,
-        **row.log_fields(),
+        **row.log_fields(tables),
         errorCode=failure.code,
         reason=failure.reason,
         error=failure.message,
@@ -154,12 +160,20 @@ def report_failed_round(exc: Exception, retry_in: float) -> str:
     return f"postgres: {reason}" if retriable else reason
 
 
-def refresh_gauges(conn: psycopg.Connection[TupleRow], metrics: RelayMetrics) -> None:
-    """Backlog, head age and quarantine gauges, read from the database (every look at the
-    lanes). Every instance reports the whole outbox, whatever lanes it holds."""
-    row = conn.execute(_q.backlog, {"exact_up_to": BACKLOG_EXACT_UP_TO}).fetchone()
-    if row is not None:
-        counted, span, _oldest, age = row
-        metrics.backlog.set(counted if counted < BACKLOG_EXACT_UP_TO else (span or counted))
-        metrics.oldest_age_seconds.set(max(0.0, age) if age is not None else 0.0)
-    metrics.set_quarantine_rows(quarantine_counts(conn))
+class Gauges:
+    """Backlog, head age and quarantine gauges, read from the database (`refresh`, at every
+    look at the lanes). Every instance reports the whole outbox, whatever lanes it holds."""
+
+    def __init__(self, metrics: RelayMetrics, quarantine: Quarantine) -> None:
+        self._metrics = metrics
+        self._quarantine = quarantine
+        self._backlog = quarantine.tables.compose(_q, "backlog")
+
+    def refresh(self, conn: psycopg.Connection[TupleRow]) -> None:
+        metrics = self._metrics
+        row = conn.execute(self._backlog, {"exact_up_to": BACKLOG_EXACT_UP_TO}).fetchone()
+        if row is not None:
+            counted, span, _oldest, age = row
+            metrics.backlog.set(counted if counted < BACKLOG_EXACT_UP_TO else (span or counted))
+            metrics.oldest_age_seconds.set(max(0.0, age) if age is not None else 0.0)
+        metrics.set_quarantine_rows(self._quarantine.counts(conn))

@@ -19,11 +19,8 @@ from typing import Final
 import psycopg
 from psycopg.rows import TupleRow, class_row
 
-from identity_fanout.channels import listen
 from identity_fanout.outbox import log as _log
 from identity_fanout.outbox.lanes import (
-    LANE_LOCK_CLASS,
-    MEMBER_LOCK_CLASS,
     ForeignHolder,
     LaneLock,
     foreign_holders,
@@ -31,8 +28,9 @@ from identity_fanout.outbox.lanes import (
     relay_instances,
     slots_of,
 )
+from identity_fanout.outbox.tables import OutboxTables
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import LazyConnection, SessionLimits, connect
+from pin_runtime.postgres import LazyConnection, SessionLimits, connect, listen
 from pin_runtime.sql import load_queries
 
 __all__ = ["WAKE_SLICE", "LaneSession"]
@@ -48,7 +46,8 @@ are given back, "lost" when the connection (and every lock) is gone. For tests."
 
 
 class LaneSession:
-    """An autocommit connection, the member lock, LISTEN `channel`, and the held lanes.
+    """An autocommit connection, the member lock, LISTEN to the outbox's channel, and the
+    held lanes (the advisory-lock classes are the outbox's: `OutboxTables`).
 
     `connection()` (re)connects lazily; `rebalance()` moves towards this instance's share
     of the lanes; `drop()` after any error forgets the connection and with it every lock.
@@ -61,7 +60,7 @@ class LaneSession:
         dsn: str,
         *,
         lanes: int,
-        channel: str,
+        tables: OutboxTables,
         application_name: str,
         limits: SessionLimits,
         on_change: Callable[[frozenset[int]], None] | None = None,
@@ -69,7 +68,10 @@ class LaneSession:
         probe: Probe | None = None,
     ) -> None:
         self._lanes = lanes
-        self._channel = channel
+        self._channel = tables.channel
+        self._lane_class = tables.lane_lock_class
+        self._member_class = tables.member_lock_class
+        self._lane_locks = tables.compose(_q, "lane_locks")
         # Autocommit: each statement its own transaction; LISTEN delivers at once.
         self._conn = LazyConnection(
             lambda: connect(dsn, limits, application_name=application_name), prepare=self._join
@@ -102,7 +104,7 @@ class LaneSession:
         return self._conn.get()
 
     def _join(self, conn: psycopg.Connection[TupleRow]) -> None:
-        conn.execute(_q.join_members, {"members": MEMBER_LOCK_CLASS})
+        conn.execute(_q.join_members, {"members": self._member_class})
         # LISTEN before the first read: a row committed after the read still wakes us.
         listen(conn, self._channel)
 
@@ -113,16 +115,12 @@ class LaneSession:
         me = conn.info.backend_pid
         with conn.cursor(row_factory=class_row(LaneLock)) as cur:
             locks = cur.execute(
-                _q.lane_locks, {"class": LANE_LOCK_CLASS, "members": MEMBER_LOCK_CLASS}
+                self._lane_locks, {"class": self._lane_class, "members": self._member_class}
             ).fetchall()
         members = relay_instances(locks)
         # A slot any other session holds is not free, whoever holds it: a foreign holder is
         # reported, never raced.
-        others = {
-            lk.key % self._lanes
-            for lk in locks
-            if lk.lock_class == LANE_LOCK_CLASS and lk.pid != me
-        }
+        others = {lk.key % self._lanes for lk in locks if not lk.member and lk.pid != me}
         self._report_foreign(foreign_holders(locks))
         plan = plan_lanes(self._lanes, members, self._held, others)
         self._releasing.update(plan.release)
@@ -165,7 +163,7 @@ class LaneSession:
         for lane in idle:
             self._probe("releasing", lane)
         conn.execute(
-            _q.unlock_slots, {"class": LANE_LOCK_CLASS, "slots": slots_of(idle, self._lanes)}
+            _q.unlock_slots, {"class": self._lane_class, "slots": slots_of(idle, self._lanes)}
         )
         self._held.difference_update(idle)
         self._releasing.difference_update(idle)
@@ -177,7 +175,7 @@ class LaneSession:
         got = {
             s
             for s, ok in conn.execute(
-                _q.try_lock_slots, {"class": LANE_LOCK_CLASS, "slots": slots}
+                _q.try_lock_slots, {"class": self._lane_class, "slots": slots}
             ).fetchall()
             if ok
         }
@@ -186,7 +184,7 @@ class LaneSession:
         # change of the setting) is given back whole: a slot has one publisher or none.
         partial = sorted(got - set(slots_of(taken, self._lanes)))
         if partial:
-            conn.execute(_q.unlock_slots, {"class": LANE_LOCK_CLASS, "slots": partial})
+            conn.execute(_q.unlock_slots, {"class": self._lane_class, "slots": partial})
         if not taken:
             return
         self._held.update(taken)

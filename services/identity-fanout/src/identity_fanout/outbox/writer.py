@@ -1,4 +1,4 @@
-"""Writing events into the transactional outbox (`identity.outbox`).
+"""Writing events into the transactional outbox (the service's `OutboxTables`).
 
 A row commits with the change that caused it, or not at all; the relay publishes it after
 commit. Rows go in with one binary COPY per batch: a fan-out batch writes hundreds of rows
@@ -17,10 +17,11 @@ from psycopg import Connection
 from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
-from identity_fanout.channels import OUTBOX_CHANNEL, notify
 from identity_fanout.outbox.lanes import key_slot
+from identity_fanout.outbox.tables import OutboxTables
 from pin_contracts import Envelope, EventPayload, encode, headers_for, kafka_key
 from pin_contracts.topics import Topic
+from pin_runtime.postgres import notify
 from pin_runtime.sql import load_queries
 
 _q = load_queries("identity_fanout", "outbox/sql/outbox.sql")
@@ -82,28 +83,42 @@ class OutboxDepth(NamedTuple):
     oldest_age_seconds: float
 
 
-def outbox_depth(conn: Connection[TupleRow]) -> OutboxDepth:
-    row = conn.execute(_q.depth).fetchone()
-    return OutboxDepth(0, 0.0) if row is None else OutboxDepth(int(row[0]), float(row[1]))
+class Outbox:
+    """The outbox table as its writers use it: rows in, and how far the relays are behind."""
 
+    __slots__ = ("_copy", "_depth", "tables")
 
-def write_outbox(conn: Connection[tuple[object, ...]], messages: Sequence[OutboxMessage]) -> int:
-    """Add ``messages`` to the outbox in the caller's transaction; the number written."""
-    if not messages:
-        return 0
-    with conn.cursor() as cur, cur.copy(_q.copy_outbox) as copy:
-        copy.set_types(_COPY_TYPES)
-        for m in messages:
-            copy.write_row(
-                (
-                    m.topic,
-                    m.key,
-                    m.value,
-                    Jsonb(m.headers, dumps=_json_text),
-                    m.message_id,
-                    m.event_type,
-                    key_slot(m.key),  # its lane, for good (identity_fanout.outbox.lanes)
+    def __init__(self, tables: OutboxTables) -> None:
+        self.tables = tables
+        self._copy = tables.compose(_q, "copy_outbox")
+        self._depth = tables.compose(_q, "depth")
+
+    def depth(self, conn: Connection[TupleRow]) -> OutboxDepth:
+        row = conn.execute(self._depth).fetchone()
+        return OutboxDepth(0, 0.0) if row is None else OutboxDepth(int(row[0]), float(row[1]))
+
+    def wake_relays(self, conn: Connection[tuple[object, ...]]) -> None:
+        """NOTIFY the relays when the caller's transaction commits (a writer that put rows
+        in by its own statement calls this)."""
+        notify(conn, self.tables.channel)
+
+    def write(self, conn: Connection[tuple[object, ...]], messages: Sequence[OutboxMessage]) -> int:
+        """Add ``messages`` to the outbox in the caller's transaction; the number written."""
+        if not messages:
+            return 0
+        with conn.cursor() as cur, cur.copy(self._copy) as copy:
+            copy.set_types(_COPY_TYPES)
+            for m in messages:
+                copy.write_row(
+                    (
+                        m.topic,
+                        m.key,
+                        m.value,
+                        Jsonb(m.headers, dumps=_json_text),
+                        m.message_id,
+                        m.event_type,
+                        key_slot(m.key),  # its lane, for good (identity_fanout.outbox.lanes)
+                    )
                 )
-            )
-    notify(conn, OUTBOX_CHANNEL)
-    return len(messages)
+        self.wake_relays(conn)
+        return len(messages)

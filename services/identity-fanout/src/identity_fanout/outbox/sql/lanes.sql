@@ -1,5 +1,6 @@
 -- The advisory locks of the outbox lanes (identity_fanout.outbox.lanes): which relay instance
 -- publishes which slots. Session-level locks on the relay's own connection: they end with it.
+-- {outbox_name}: the outbox table's qualified name (identity_fanout.outbox.tables).
 
 -- name: join_members --
 -- Session-level and shared: every running relay instance holds it, so the holders counted
@@ -19,9 +20,9 @@ SELECT count(*) FILTER (WHERE pg_advisory_unlock(%(class)s, s)) FROM unnest(%(sl
 -- the holder's login may be a relay at all (it may delete published rows): any other
 -- session holding these locks is foreign, counted as no instance and reported. Read as
 -- identity_fanout.outbox.lanes.LaneLock.
-SELECT l.classid::bigint AS lock_class, l.objid::bigint AS key, l.pid,
+SELECT l.classid::bigint = %(members)s AS member, l.objid::bigint AS key, l.pid,
        a.application_name, a.client_addr::text AS client_addr, a.usename::text AS user_name,
-       coalesce(has_table_privilege(a.usesysid, 'identity.outbox', 'DELETE'), false)
+       coalesce(has_table_privilege(a.usesysid, {outbox_name}, 'DELETE'), false)
            AS relay_login
   FROM pg_locks AS l
   LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid

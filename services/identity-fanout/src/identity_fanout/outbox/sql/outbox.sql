@@ -1,22 +1,23 @@
 -- The transactional outbox: how rows go in, and what `outbox status` reads.
+-- {outbox}, {quarantine}, {discards}: the service's tables (identity_fanout.outbox.tables).
 
 -- name: copy_outbox --
 -- One binary COPY per batch: a fan-out batch writes hundreds of rows and a per-row INSERT
 -- round trip would dominate its cost. key_slot is the row's lane for good.
-COPY identity.outbox (topic, message_key, payload, headers, message_id, event_type, key_slot)
+COPY {outbox} (topic, message_key, payload, headers, message_id, event_type, key_slot)
 FROM STDIN (FORMAT BINARY)
 
 -- name: status_by_topic --
-SELECT topic, count(*) FROM identity.outbox GROUP BY topic ORDER BY topic
+SELECT topic, count(*) FROM {outbox} GROUP BY topic ORDER BY topic
 
 -- name: status_head --
 SELECT created_at, extract(epoch FROM clock_timestamp() - created_at)::float8
-  FROM identity.outbox
+  FROM {outbox}
  ORDER BY id
  LIMIT 1
 
 -- name: slot_backlog --
-SELECT key_slot, count(*) FROM identity.outbox GROUP BY key_slot
+SELECT key_slot, count(*) FROM {outbox} GROUP BY key_slot
 
 -- name: depth --
 -- How far the relays are behind, as the fan-out worker checks it before every batch: the id
@@ -26,5 +27,5 @@ SELECT key_slot, count(*) FROM identity.outbox GROUP BY key_slot
 -- lookups and one row: cheap next to a batch.
 SELECT coalesce(max(id) - min(id) + 1, 0),
        coalesce(extract(epoch FROM clock_timestamp() - (
-           SELECT created_at FROM identity.outbox ORDER BY id LIMIT 1))::float8, 0)
-FROM identity.outbox
+           SELECT created_at FROM {outbox} ORDER BY id LIMIT 1))::float8, 0)
+FROM {outbox}

@@ -1,4 +1,5 @@
 -- The outbox quarantine: rows Kafka refused for good, kept whole with why.
+-- {outbox}, {quarantine}, {discards}: the service's tables (identity_fanout.outbox.tables).
 
 -- name: move --
 -- Refused rows out of the outbox and into the quarantine, one statement (one transaction).
@@ -8,12 +9,12 @@ WITH refused AS (
       FROM unnest(%(ids)s::bigint[], %(codes)s::text[], %(reasons)s::text[], %(messages)s::text[])
            AS r (outbox_id, error_code, error_reason, error_message)
 ), moved AS (
-    DELETE FROM identity.outbox AS o
+    DELETE FROM {outbox} AS o
      USING refused AS r
      WHERE o.id = r.outbox_id
     RETURNING o.*, r.error_code, r.error_reason, r.error_message
 )
-INSERT INTO identity.outbox_quarantine (
+INSERT INTO {quarantine} (
     outbox_id, topic, message_key, payload, headers, message_id, event_type, created_at,
     error_code, error_reason, error_message, attempts, first_failed_at, last_failed_at, key_slot
 )
@@ -29,7 +30,7 @@ RETURNING id AS quarantine_id, outbox_id, topic, message_key AS key, message_id,
           attempts, octet_length(payload) AS size
 
 -- name: count_by_topic --
-SELECT topic, count(*) FROM identity.outbox_quarantine GROUP BY topic ORDER BY topic
+SELECT topic, count(*) FROM {quarantine} GROUP BY topic ORDER BY topic
 
 -- name: select_quarantined --
 -- A quarantined row as `outbox quarantine list/show` print it (the payload by size only);
@@ -37,7 +38,7 @@ SELECT topic, count(*) FROM identity.outbox_quarantine GROUP BY topic ORDER BY t
 SELECT id, outbox_id, topic, message_key AS key, message_id, event_type, created_at,
        error_code, error_reason, error_message, attempts, first_failed_at, last_failed_at,
        octet_length(payload) AS size, headers
-  FROM identity.outbox_quarantine
+  FROM {quarantine}
 {filter}
 
 -- name: oldest_first --
@@ -50,11 +51,11 @@ WHERE id = %(id)s
 -- Quarantined rows back to the tail of the outbox (new ids, in quarantine order, the same
 -- key slot), keeping their attempt count and first failure so that a second refusal counts on.
 WITH moved AS (
-    DELETE FROM identity.outbox_quarantine
+    DELETE FROM {quarantine}
      WHERE (%(all)s OR id = ANY(%(ids)s))
     RETURNING *
 ), requeued AS (
-    INSERT INTO identity.outbox (
+    INSERT INTO {outbox} (
         topic, message_key, payload, headers, message_id, event_type,
         quarantine_attempts, first_failed_at, key_slot
     )
@@ -75,11 +76,11 @@ SELECT m.id AS quarantine_id, r.id AS outbox_id, m.topic, m.message_key AS key, 
 -- same statement (who: the login and role of this session, the CLI's OS user and host; why:
 -- the operator's reason); what they were, for the audit log line.
 WITH gone AS (
-    DELETE FROM identity.outbox_quarantine
+    DELETE FROM {quarantine}
      WHERE (%(all)s OR id = ANY(%(ids)s))
     RETURNING *
 ), audited AS (
-    INSERT INTO identity.outbox_quarantine_discards (
+    INSERT INTO {discards} (
         quarantine_id, outbox_id, topic, message_key, message_id, event_type, error_code,
         error_reason, attempts, forced, reason, database_login, database_role, os_user, host
     )

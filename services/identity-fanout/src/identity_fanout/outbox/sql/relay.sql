@@ -1,5 +1,6 @@
 -- The outbox relay's reads and deletes. Every statement runs on an autocommit connection,
 -- so each is its own short transaction and nothing holds row locks between reads.
+-- {outbox}, {quarantine}, {discards}: the service's tables (identity_fanout.outbox.tables).
 
 -- name: read_lanes --
 -- The next rows of the held lanes after the last one in flight (after 0: from the head),
@@ -10,7 +11,7 @@
 SELECT id, topic, message_key, payload, headers, key_slot
   FROM (SELECT *, sum(octet_length(payload)) OVER (ORDER BY id) - octet_length(payload) AS before
           FROM (SELECT id, topic, message_key, payload, headers::text AS headers, key_slot
-                  FROM identity.outbox
+                  FROM {outbox}
                  WHERE key_slot = ANY(%(slots)s::smallint[])
                    AND id > %(after)s
                  ORDER BY id
@@ -21,7 +22,7 @@ SELECT id, topic, message_key, payload, headers, key_slot
 -- name: delete_published --
 -- Exactly the acknowledged ids, never a range: a writer that took a lower id may commit
 -- after this round read higher ones, and id <= last would delete its unpublished row.
-DELETE FROM identity.outbox WHERE id = ANY(%(ids)s::bigint[])
+DELETE FROM {outbox} WHERE id = ANY(%(ids)s::bigint[])
 
 -- name: backlog --
 -- Cheap every round: an exact count up to a cap, the id span beyond it (an upper bound,
@@ -31,10 +32,10 @@ DELETE FROM identity.outbox WHERE id = ANY(%(ids)s::bigint[])
 -- every idle step (after each batch a writer commits), 40-130 ms for 100,000 dead rows and
 -- growing with the table; the index skips entries already found dead (~2 ms).
 WITH head AS (
-    SELECT id, created_at FROM identity.outbox ORDER BY id LIMIT 1
+    SELECT id, created_at FROM {outbox} ORDER BY id LIMIT 1
 )
 SELECT (SELECT count(*) FROM (
-            SELECT 1 FROM identity.outbox ORDER BY id LIMIT %(exact_up_to)s) AS s),
-       (SELECT max(id) FROM identity.outbox) - (SELECT id FROM head) + 1,
+            SELECT 1 FROM {outbox} ORDER BY id LIMIT %(exact_up_to)s) AS s),
+       (SELECT max(id) FROM {outbox}) - (SELECT id FROM head) + 1,
        (SELECT created_at FROM head),
        extract(epoch FROM clock_timestamp() - (SELECT created_at FROM head))::float8

@@ -1,7 +1,7 @@
--- LISTEN/NOTIFY: how a writer wakes the worker (tasks) or the relay (outbox) at once.
+-- LISTEN/NOTIFY: how a writer wakes a waiting worker or relay at once, on commit.
 
 -- name: listen --
--- {channel}: the channel name as an identifier (identity_fanout.channels).
+-- {channel}: the channel name as an identifier (pin_runtime.postgres.listen).
 LISTEN {channel}
 
 -- name: notify --

@@ -1,0 +1,79 @@
+"""The outbox knows no service: every name it uses comes from the `OutboxTables` it is given."""
+
+from __future__ import annotations
+
+import ast
+from importlib.resources import files
+
+import pytest
+from psycopg import sql
+
+from identity_fanout.outbox.tables import OutboxTables
+from identity_fanout.schema import OUTBOX_TABLES
+from pin_contracts import USER_ACCESS_CHANGED
+from pin_runtime.sql import load_queries
+
+ELSEWHERE = OutboxTables(
+    schema="billing",
+    outbox="events",
+    quarantine="refused",
+    discards="refused_audit",
+    channel="billing_events",
+    key_fields={"InvoiceIssued": "invoiceId"},
+    guarded_event_types=frozenset({"InvoiceIssued"}),
+    guard="carry invoices",
+)
+OUTBOX_SQL = ("lanes.sql", "outbox.sql", "quarantine.sql", "relay.sql")
+
+
+def test_no_module_of_the_outbox_imports_the_service() -> None:
+    package = files("identity_fanout") / "outbox"
+    offenders = []
+    for module in package.iterdir():
+        if not module.name.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module is not None:
+                name = node.module
+            elif isinstance(node, ast.Import):
+                name = node.names[0].name
+            else:
+                continue
+            if name.startswith("identity_fanout") and not name.startswith("identity_fanout.outbox"):
+                offenders.append(f"{module.name}: {name}")
+    assert offenders == []
+
+
+@pytest.mark.parametrize("filename", OUTBOX_SQL)
+def test_every_statement_names_only_the_tables_it_is_given(filename: str) -> None:
+    queries = load_queries("identity_fanout", f"outbox/sql/{filename}")
+    fragments = {"oldest_first", "by_id"}  # spliced into select_quarantined, never run alone
+    for name in queries:
+        if name in fragments:
+            continue
+        parts = {"filter": sql.SQL(queries.by_id)} if "{filter}" in queries[name] else {}
+        statement = ELSEWHERE.compose(queries, name, **parts)
+        assert "identity" not in statement, (filename, name)
+        assert "{" not in statement, (filename, name)
+
+
+def test_lock_classes_follow_the_table_so_two_outboxes_never_share_a_lane() -> None:
+    classes = {
+        OUTBOX_TABLES.lane_lock_class,
+        OUTBOX_TABLES.member_lock_class,
+        ELSEWHERE.lane_lock_class,
+        ELSEWHERE.member_lock_class,
+    }
+    assert len(classes) == 4
+    assert all(0 < c < 2**31 for c in classes)
+
+
+def test_the_service_says_which_rows_need_force_and_how_keys_are_logged() -> None:
+    assert OUTBOX_TABLES.needs_force(USER_ACCESS_CHANGED.name, "anything")
+    assert OUTBOX_TABLES.needs_force("another.topic", USER_ACCESS_CHANGED.event_type)
+    assert not OUTBOX_TABLES.needs_force("pin.identity.membership.v1", "AgentMembershipChanged")
+    assert OUTBOX_TABLES.key_field("UserAccessChanged") == "userId"
+    assert OUTBOX_TABLES.key_field("AgentMembershipChanged") == "agentUserId"
+    assert OUTBOX_TABLES.key_field("SomethingNew") == "messageKey"
+    assert ELSEWHERE.key_field("UserAccessChanged") == "messageKey"
+    assert ELSEWHERE.needs_force("any", "InvoiceIssued")
