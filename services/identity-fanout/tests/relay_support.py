@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from identity_fanout.outbox.quarantine import Quarantine
 from identity_fanout.outbox.relay import OutboxRelay, RelayConfig, RelaySignals
+from identity_fanout.outbox.tables import OutboxTables
 from identity_fanout.outbox.writer import OutboxMessage
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
 from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
@@ -57,6 +58,18 @@ RELAY_TEST_OPTIONS: dict[str, Any] = {
 
 QUARANTINE = Quarantine(OUTBOX_TABLES)
 """The service's quarantine, as the CLI and the relay use it."""
+
+BILLING = OutboxTables(
+    schema="billing",
+    outbox="events",
+    quarantine="refused",
+    discards="refused_audit",
+    channel="billing_events",
+    key_fields={"InvoiceIssued": "invoiceId"},
+    guarded_event_types=frozenset({"InvoiceIssued"}),
+    guard="carry invoices",
+)
+"""Another service's outbox: every name differs from the identity outbox's."""
 
 
 def new_relay(

@@ -7,22 +7,12 @@ from importlib.resources import files
 
 import pytest
 from psycopg import sql
+from relay_support import BILLING
 
-from identity_fanout.outbox.tables import OutboxTables
 from identity_fanout.schema import OUTBOX_TABLES
 from pin_contracts import USER_ACCESS_CHANGED
 from pin_runtime.sql import load_queries
 
-ELSEWHERE = OutboxTables(
-    schema="billing",
-    outbox="events",
-    quarantine="refused",
-    discards="refused_audit",
-    channel="billing_events",
-    key_fields={"InvoiceIssued": "invoiceId"},
-    guarded_event_types=frozenset({"InvoiceIssued"}),
-    guard="carry invoices",
-)
 OUTBOX_SQL = ("lanes.sql", "outbox.sql", "quarantine.sql", "relay.sql")
 
 
@@ -52,7 +42,7 @@ def test_every_statement_names_only_the_tables_it_is_given(filename: str) -> Non
         if name in fragments:
             continue
         parts = {"filter": sql.SQL(queries.by_id)} if "{filter}" in queries[name] else {}
-        statement = ELSEWHERE.compose(queries, name, **parts)
+        statement = BILLING.compose(queries, name, **parts)
         assert "identity" not in statement, (filename, name)
         assert "{" not in statement, (filename, name)
 
@@ -61,8 +51,8 @@ def test_lock_classes_follow_the_table_so_two_outboxes_never_share_a_lane() -> N
     classes = {
         OUTBOX_TABLES.lane_lock_class,
         OUTBOX_TABLES.member_lock_class,
-        ELSEWHERE.lane_lock_class,
-        ELSEWHERE.member_lock_class,
+        BILLING.lane_lock_class,
+        BILLING.member_lock_class,
     }
     assert len(classes) == 4
     assert all(0 < c < 2**31 for c in classes)
@@ -75,5 +65,5 @@ def test_the_service_says_which_rows_need_force_and_how_keys_are_logged() -> Non
     assert OUTBOX_TABLES.key_field("UserAccessChanged") == "userId"
     assert OUTBOX_TABLES.key_field("AgentMembershipChanged") == "agentUserId"
     assert OUTBOX_TABLES.key_field("SomethingNew") == "messageKey"
-    assert ELSEWHERE.key_field("UserAccessChanged") == "messageKey"
-    assert ELSEWHERE.needs_force("any", "InvoiceIssued")
+    assert BILLING.key_field("UserAccessChanged") == "messageKey"
+    assert BILLING.needs_force("any", "InvoiceIssued")

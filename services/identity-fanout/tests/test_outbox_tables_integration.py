@@ -11,12 +11,18 @@ from io import StringIO
 
 import psycopg
 import pytest
-from relay_support import RelayFactory, access_event, access_topic, outbox_count, write
+from relay_support import (
+    BILLING,
+    RelayFactory,
+    access_event,
+    access_topic,
+    outbox_count,
+    write,
+)
 
 from identity_fanout.ops.outbox import outbox_status
 from identity_fanout.outbox.errors import DiscardNeedsForceError
 from identity_fanout.outbox.quarantine import Operator, Quarantine
-from identity_fanout.outbox.tables import OutboxTables
 from identity_fanout.outbox.writer import Outbox, OutboxMessage, outbox_message
 from identity_fanout.schema import OUTBOX_TABLES
 from pin_testkit.records import consume
@@ -24,16 +30,6 @@ from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-BILLING = OutboxTables(
-    schema="billing",
-    outbox="events",
-    quarantine="refused",
-    discards="refused_audit",
-    channel="billing_events",
-    key_fields={"InvoiceIssued": "invoiceId"},
-    guarded_event_types=frozenset({"InvoiceIssued"}),
-    guard="carry invoices",
-)
 MAX_BYTES = 4096
 
 

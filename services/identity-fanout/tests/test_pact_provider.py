@@ -34,6 +34,7 @@ from identity_fanout.fanout.queue import FanoutQueue
 from identity_fanout.membership import join_agency, leave_agency
 from identity_fanout.outbox.lanes import SLOTS
 from identity_fanout.outbox.records import record_from_row
+from identity_fanout.schema import OUTBOX_TABLES
 from pin_contracts import LeaveReason
 from pin_runtime.sql import load_queries
 from pin_testkit.seeding import Assignment, add_assignments, add_permissions, add_role
@@ -45,15 +46,16 @@ PROVIDER = "identity-fanout"
 PACTS = sorted(PACT_DIR.glob(f"*-{PROVIDER}.json"))
 
 Conn = psycopg.Connection[TupleRow]
+READ_LANES = OUTBOX_TABLES.compose(
+    load_queries("identity_fanout", "outbox/sql/relay.sql"), "read_lanes"
+)
 Mutation = Callable[[dict[str, Any]], None]
 
 
 def outbox_record(conn: Conn, message_id: uuid.UUID | None = None) -> Message:
     """The outbox row as the relay publishes it (its own row -> record conversion)."""
     every_slot = {"slots": list(range(SLOTS)), "after": 0, "limit": 10_000, "budget": 1 << 40}
-    rows = conn.execute(
-        load_queries("identity_fanout", "outbox/sql/relay.sql").read_lanes, every_slot
-    ).fetchall()
+    rows = conn.execute(READ_LANES, every_slot).fetchall()
     records = [record_from_row(row) for row in rows]
     if message_id is not None:
         records = [
