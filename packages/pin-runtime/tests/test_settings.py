@@ -142,6 +142,22 @@ def test_a_refusal_never_quotes_a_value_that_holds_a_password(value: str) -> Non
     assert "looks like it holds a password" in info.value.reason
 
 
+class Checked(msgspec.Struct, frozen=True, kw_only=True):
+    endpoint: str = ""
+
+    def __post_init__(self) -> None:
+        if "/" in self.endpoint:
+            raise ValueError(f"ENDPOINT: expected host:port, got {self.endpoint!r}")
+
+
+def test_a_structs_own_check_never_quotes_a_password_it_refused() -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(Checked, P, {P + "ENDPOINT": "postgresql://u:hunter22@[db:5432/x"})
+    assert info.value.variable == P + "ENDPOINT"
+    assert "hunter22" not in info.value.reason
+    assert "expected host:port" in info.value.reason
+
+
 class SecretLast(msgspec.Struct, frozen=True):
     batch_size: int
     database_dsn: Secret

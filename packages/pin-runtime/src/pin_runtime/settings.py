@@ -189,7 +189,14 @@ def load_settings(cls: type[S], prefix: str, environ: Mapping[str, str] | None =
 
 def _qualified(reason: str, cls: type[msgspec.Struct], prefix: str) -> str:
     """`reason` with each other setting it mentions by field (`RETRY_INITIAL`) spelled as
-    the operator's variable (`<PREFIX>RETRY_INITIAL`): the line names both variables."""
+    the operator's variable (`<PREFIX>RETRY_INITIAL`): the line names both variables.
+
+    A struct's own check may quote the value it refused; a password in it (a DSN pasted
+    into the wrong variable) is masked: the value was not declared secret, so `redact`
+    does not know it."""
+    for password in _dsn_passwords(reason):
+        if password:
+            reason = reason.replace(password, "***")
     names = sorted((f.name.upper() for f in msgspec.structs.fields(cls)), key=len, reverse=True)
     pattern = re.compile(r"(?<![A-Z0-9_])(" + "|".join(map(re.escape, names)) + r")(?![A-Z0-9_])")
     return pattern.sub(lambda match: prefix + match.group(1), reason)
