@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -19,22 +18,42 @@ def record(id_: int, *, slot: int = 0, size: int = 10) -> OutboxRecord:
     return OutboxRecord(id=id_, topic="t", key=key, value=b"v" * (size - 1), headers=[], slot=slot)
 
 
-Callbacks = dict[int, Callable[[Any, Any], None]]
+Callbacks = dict[int, Callable[[KafkaError | None], None]]
+
+
+class Report:
+    """What the window reads of a delivery report: the record's key."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def key(self) -> bytes:
+        return self._key
+
+
+def reports(window: InflightWindow, records: list[OutboxRecord]) -> Callbacks:
+    """For each record, its delivery report as the producer would call the window with it."""
+    on_delivery = window.on_delivery
+
+    def report(key: bytes) -> Callable[[KafkaError | None], None]:
+        return lambda error: on_delivery(error, Report(key))  # type: ignore[arg-type]
+
+    return {r.id: report(r.key) for r in records}
 
 
 def fill(window: InflightWindow, *ids: int, slot: int = 0, size: int = 10) -> Callbacks:
     records = [record(i, slot=slot, size=size) for i in ids]
     window.add(records, now=100.0)
-    return {r.id: window.expect(r) for r in records}
+    return reports(window, records)
 
 
 def ack(callbacks: Callbacks, *ids: int) -> None:
     for i in ids:
-        callbacks[i](None, None)
+        callbacks[i](None)
 
 
 def fail(callbacks: Callbacks, id_: int, code: int) -> None:
-    callbacks[id_](KafkaError(code), None)
+    callbacks[id_](KafkaError(code))
 
 
 def test_room_is_bounded_by_records_and_by_bytes() -> None:
@@ -101,7 +120,6 @@ def test_produce_refusals_and_busy_slots() -> None:
     fill(window, 2, slot=9)
     refused = record(3, slot=9)
     window.add([refused], now=100.0)
-    window.expect(refused)
     failure = window.refused(refused, KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)))
     assert not failure.retriable
     assert window.busy_slots() == {5, 9}
@@ -123,10 +141,10 @@ def test_one_record_per_key_in_flight_the_rest_of_the_read_waits() -> None:
     read = [keyed(1, "a"), keyed(2, "b"), keyed(3, "a"), keyed(4, "c")]
     assert window.admissible(read) == 2  # "a" again at id 3: stop before it
     window.add(read[:2], 0.0)
-    callbacks = {r.id: window.expect(r) for r in read[:2]}
+    callbacks = reports(window, read[:2])
     assert window.admissible([keyed(3, "a"), keyed(4, "c")]) == 0  # "a" still in flight
     assert window.admissible([keyed(4, "c"), keyed(3, "a")]) == 1
-    callbacks[1](None, None)  # type: ignore[arg-type]
+    callbacks[1](None)
     window.settle()
     assert window.admissible([keyed(3, "a"), keyed(4, "c")]) == 2  # "a" settled: it may go
     window.clear()
@@ -149,7 +167,7 @@ def test_head_age_follows_the_batches_as_their_records_settle() -> None:
     second = [record(i) for i in (4, 5)]
     window.add(first, 10.0)
     window.add(second, 20.0)
-    callbacks = {r.id: window.expect(r) for r in first + second}
+    callbacks = reports(window, first + second)
     ack(callbacks, 1, 2)
     window.settle()
     assert window.oldest_age(30.0) == 20.0  # 3 is left of the first batch
@@ -159,3 +177,26 @@ def test_head_age_follows_the_batches_as_their_records_settle() -> None:
     ack(callbacks, 5)
     window.settle()
     assert (len(window), window.oldest_age(30.0), window.busy_slots()) == (0, 0.0, set())
+
+
+def test_a_late_report_of_a_record_given_up_on_never_settles_a_later_one_of_its_key() -> None:
+    window = InflightWindow(max_records=100, max_bytes=10_000)
+    given_up = fill(window, 1)  # key b"\x01", no outcome: the failure path clears it
+    window.clear()
+    window.add([OutboxRecord(2, "t", bytes([1]), b"v", [], 0)], now=100.0)
+    ack(given_up, 1)  # the first record's ack arrives now
+    settlement = window.settle()
+    assert settlement.delete == ()
+    assert settlement.stopped_at is not None
+    assert settlement.stopped_at.id == 2
+    assert window.tracker.pending == 1  # the later record still waits for its own report
+
+
+def test_records_never_produced_are_not_waited_for() -> None:
+    window = InflightWindow(max_records=100, max_bytes=10_000)
+    callbacks = fill(window, 1, 2, 3)
+    window.not_produced(1)  # a retriable refusal of 2 stopped the read before 3
+    window.refused(record(2), KafkaException(KafkaError(KafkaError._QUEUE_FULL)))
+    ack(callbacks, 1)
+    assert window.tracker.pending == 0
+    assert window.settle().delete == (1,)

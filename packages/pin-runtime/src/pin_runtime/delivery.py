@@ -148,13 +148,22 @@ class DeliveryTracker(Generic[K]):
         self.pending += 1
 
         def on_delivery(error: KafkaError | None, _message: Message) -> None:
-            self.pending -= 1
-            if error is None:
-                self.acknowledged.add(token)
-            else:
-                self.failures[token] = classify(error)
+            self.report(token, error)
 
         return on_delivery
+
+    def expect_many(self, count: int) -> None:
+        """`count` more records whose outcomes a caller's own callback passes to `report`:
+        one callback for every record instead of a closure each (a producer's hot path)."""
+        self.pending += count
+
+    def report(self, token: K, error: KafkaError | None) -> None:
+        """The outcome of the record `token` (expected before)."""
+        self.pending -= 1
+        if error is None:
+            self.acknowledged.add(token)
+        else:
+            self.failures[token] = classify(error)
 
     def refused(self, token: K, exc: KafkaException | BufferError) -> DeliveryFailure:
         """Record that `produce()` raised for `token` (after `expect` was called for it)."""

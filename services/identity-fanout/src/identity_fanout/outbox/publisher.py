@@ -100,8 +100,8 @@ class Publisher:
             name, kind=SpanKind.PRODUCER, attributes=attributes, links=span_links(records)
         ) as span:
             window.add(records, now)
-            expect, send = window.tracker.expect, producer.produce  # bound once per read
-            for record in records:
+            send, report = producer.produce, window.on_delivery  # bound once per read
+            for index, record in enumerate(records):
                 try:
                     # Headers go out as stored: their traceparent is the writer's context.
                     send(
@@ -109,7 +109,7 @@ class Publisher:
                         key=record.key,
                         value=record.value,
                         headers=record.headers,
-                        on_delivery=expect(record.id),
+                        on_delivery=report,
                     )
                 except (BufferError, KafkaException) as exc:
                     # Too large for message.max.bytes: refused for good, the next goes on.
@@ -117,6 +117,7 @@ class Publisher:
                     failure = window.refused(record, exc)
                     if failure.retriable:
                         span.set_status(Status(StatusCode.ERROR, str(failure)))
+                        window.not_produced(len(records) - index - 1)
                         produced = False
                         break
             producer.poll(0)  # serve the reports already there; never blocks

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from operator import attrgetter, methodcaller
+from itertools import chain
+from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, Final, NamedTuple, cast
 
 import msgspec
@@ -103,11 +104,16 @@ def _headers(raw: object) -> Headers:
 def span_links(records: Sequence[OutboxRecord]) -> list[Link]:
     """Links to the transactions that wrote the rows (their stored `traceparent`).
 
-    A read of a fan-out shares one or a few traceparents: each row's is looked up in bulk
-    (`map` over dicts of its headers, no Python step per row) and each distinct value is
-    parsed once, from the headers of the first row that carries it, in read order.
+    Whether any row carries a traceparent is decided first, in one C-level pass over the
+    header names (a read written without a trace context, the common case where tracing is
+    off, costs only that). Then a read of a fan-out shares one or a few traceparents: each
+    row's is looked up in bulk (`map` over dicts of its headers, no Python step per row) and
+    each distinct value is parsed once, from the headers of the first row that carries it,
+    in read order.
     """
     headers = list(map(_HEADERS, records))
+    if not any(map(TRACEPARENT.__eq__, map(_NAME, chain.from_iterable(headers)))):
+        return []
     traceparents = list(map(_TRACEPARENT, map(dict, headers)))
     links: list[Link] = []
     seen: set[tuple[int, int]] = set()
@@ -124,5 +130,7 @@ def span_links(records: Sequence[OutboxRecord]) -> list[Link]:
     return links
 
 
+TRACEPARENT: Final = "traceparent"
 _HEADERS = attrgetter("headers")
-_TRACEPARENT = methodcaller("get", "traceparent")
+_NAME = itemgetter(0)
+_TRACEPARENT = methodcaller("get", TRACEPARENT)

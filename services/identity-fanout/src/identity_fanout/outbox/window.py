@@ -11,13 +11,18 @@ that row and all behind it go out again). Pure: no producer, no database.
 
 Its bookkeeping runs for every record the relay publishes, so it is done per read and per
 settled prefix, in bulk (`map` over attribute getters, set and Counter operations in C),
-never with a Python step per record where a bulk one does.
+never with a Python step per record where a bulk one does. Every record is produced with
+the same callback (`on_delivery`), which finds the record by its key: at most one record
+per key is in flight, so the key names it. A closure per record cost about as much as the
+`produce()` call itself. Each generation of outcomes (a new one after `clear`) has its own
+callback and key map, so a late report of a record given up on never settles a later
+record of the same key.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from operator import attrgetter
 from typing import Final
 
@@ -58,11 +63,26 @@ class InflightWindow:
         """[when, records left] per produced batch, oldest first (one entry per read)."""
         self._bytes = 0
         self._slots: Counter[int] = Counter()
-        self._keys: set[bytes] = set()
-        """Keys in flight: at most one record each (`admissible`, checked by `add`)."""
-        self.tracker: DeliveryTracker[int] = DeliveryTracker()
         self._settled_topics: set[str] = set()
         self._settled_slots: set[int] = set()
+        self._new_generation()
+
+    def _new_generation(self) -> None:
+        """A fresh tracker, key map and delivery callback (at start and after `clear`)."""
+        tracker: DeliveryTracker[int] = DeliveryTracker()
+        ids_by_key: dict[bytes, int] = {}
+        """The id of the record in flight for each key: at most one (`admissible`, `add`)."""
+        report, id_of = tracker.report, ids_by_key.get
+
+        def on_delivery(error: KafkaError | None, message: Message) -> None:
+            id_ = id_of(message.key())  # type: ignore[arg-type]
+            if id_ is not None:  # a key this generation never produced: not ours to settle
+                report(id_, error)
+
+        self.tracker = tracker
+        self._keys = ids_by_key
+        self.on_delivery = on_delivery
+        """The `on_delivery` callback of every record produced into this window."""
 
     def __len__(self) -> int:
         return len(self._records)
@@ -90,23 +110,26 @@ class InflightWindow:
         """
         if not records:
             return
-        keys = set(map(_KEY, records))
-        if len(keys) != len(records) or not self._keys.isdisjoint(keys):
+        keys = list(map(_KEY, records))
+        if len(set(keys)) != len(records) or not self._keys.keys().isdisjoint(keys):
             raise ValueError("a key would be in flight twice; produce admissible() rows only")
-        self._keys |= keys
+        ids = list(map(_ID, records))
+        self._keys.update(zip(keys, ids, strict=True))
+        self.tracker.expect_many(len(records))
         self._records.extend(records)
-        self._ids.extend(map(_ID, records))
+        self._ids.extend(ids)
         self._produced.append([now, len(records)])
         self._bytes += _size(records)
         self._slots.update(map(_SLOT, records))
 
-    def expect(self, record: OutboxRecord) -> Callable[[KafkaError | None, Message], None]:
-        """The `on_delivery` callback of `record` (added before)."""
-        return self.tracker.expect(record.id)
-
     def refused(self, record: OutboxRecord, exc: KafkaException | BufferError) -> DeliveryFailure:
         """`produce()` raised for `record` (added just before)."""
         return self.tracker.refused(record.id, exc)
+
+    def not_produced(self, count: int) -> None:
+        """The last `count` records added were never handed to the producer (a retriable
+        refusal stopped the read): no outcome will come for them."""
+        self.tracker.pending -= count
 
     def admissible(self, records: Sequence[OutboxRecord]) -> int:
         """How many of `records` (a read, in id order) may be produced now: the prefix up to
@@ -119,7 +142,7 @@ class InflightWindow:
         """
         keys = self._keys
         read = list(map(_KEY, records))
-        if keys.isdisjoint(read) and len(set(read)) == len(read):
+        if keys.keys().isdisjoint(read) and len(set(read)) == len(read):
             return len(records)  # the usual case, decided in C
         seen: set[bytes] = set()
         for index, record in enumerate(records):
@@ -159,9 +182,8 @@ class InflightWindow:
         self._ids.clear()
         self._produced.clear()
         self._slots.clear()
-        self._keys.clear()
         self._bytes = 0
-        self.tracker = DeliveryTracker()
+        self._new_generation()
 
     def _pop(self, count: int) -> None:
         """Take `count` settled records off the front (bulk operations: the hot path)."""
@@ -184,7 +206,7 @@ class InflightWindow:
         for slot in slots:  # a few dozen slots at most
             if self._slots[slot] <= 0:
                 del self._slots[slot]
-        self._keys.difference_update(map(_KEY, popped))
+        deque(map(self._keys.pop, map(_KEY, popped)), maxlen=0)  # each key's entry, in C
         self._settled_slots.update(slots)
         self._settled_topics.update(map(_TOPIC, popped))
         self.tracker.acknowledged.difference_update(ids)
