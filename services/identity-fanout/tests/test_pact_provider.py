@@ -33,10 +33,10 @@ from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.fanout.queue import FanoutQueue
 from identity_fanout.membership import join_agency, leave_agency
 from identity_fanout.outbox.lanes import SLOTS
-from identity_fanout.outbox.pump import read_statement
 from identity_fanout.outbox.records import record_from_row
 from identity_fanout.schema import OUTBOX_TABLES
 from pin_contracts import LeaveReason
+from pin_runtime.sql import load_queries
 from pin_testkit.seeding import Assignment, add_assignments, add_permissions, add_role
 
 pytestmark = pytest.mark.integration
@@ -46,7 +46,9 @@ PROVIDER = "identity-fanout"
 PACTS = sorted(PACT_DIR.glob(f"*-{PROVIDER}.json"))
 
 Conn = psycopg.Connection[TupleRow]
-READ_LANES = read_statement(OUTBOX_TABLES, range(SLOTS))
+READ_LANES = OUTBOX_TABLES.compose(
+    load_queries("identity_fanout", "outbox/sql/relay.sql"), "read_lanes"
+)
 Mutation = Callable[[dict[str, Any]], None]
 
 

@@ -15,9 +15,10 @@ import pytest
 from psycopg.rows import TupleRow
 
 from identity_fanout.outbox.lanes import slots_of
-from identity_fanout.outbox.pump import MERGED_UP_TO, ReadRequest, fetch, read_statement
+from identity_fanout.outbox.pump import ReadRequest, fetch
 from identity_fanout.schema import OUTBOX_TABLES
 from pin_runtime.postgres import SessionLimits, connect
+from pin_runtime.sql import load_queries
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +28,8 @@ IDLE_READS = 40
 """Far more than psycopg's prepare_threshold (5) plus PostgreSQL's five custom plans."""
 EVERY_SLOT = ReadRequest(tuple(slots_of(range(8), 8)), 0, 5000, 32 * 1024 * 1024)
 
-READ_LANES = read_statement(OUTBOX_TABLES, EVERY_SLOT.slots)
+_q = load_queries("identity_fanout", "outbox/sql/relay.sql")
+READ_LANES = OUTBOX_TABLES.compose(_q, "read_lanes")
 
 
 def write_burst(db: Conn, rows: int) -> None:
@@ -48,7 +50,7 @@ def read_statements(conn: Conn) -> list[tuple[str, int, int]]:
     """The plan cache's counters of the lane read, if this session prepared it."""
     rows = conn.execute(
         "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements"
-        " WHERE statement LIKE '%%key_slot = 0 AND%%'"
+        " WHERE statement LIKE '%%key_slot = ANY%%'"
     ).fetchall()
     return [(str(name), int(str(g)), int(str(c))) for name, g, c in rows]
 
@@ -56,8 +58,7 @@ def read_statements(conn: Conn) -> list[tuple[str, int, int]]:
 def plan_of_read(conn: Conn, request: ReadRequest) -> str:
     """EXPLAIN of the exact read with these parameters, as this session plans it."""
     params = request._asdict() | {"slots": list(request.slots)}
-    statement = read_statement(OUTBOX_TABLES, request.slots)
-    lines = conn.execute(b"EXPLAIN " + statement.encode(), params, prepare=False)
+    lines = conn.execute(b"EXPLAIN " + READ_LANES.encode(), params, prepare=False)
     return "\n".join(str(line[0]) for line in lines)
 
 
@@ -81,24 +82,3 @@ def test_an_idle_relay_reads_a_burst_along_an_index_never_with_a_generic_plan(
         assert "Index Scan" in plan, plan
         assert "Seq Scan" not in plan, plan
         assert "Sort" not in plan, plan
-
-
-def test_a_relay_holding_few_slots_merges_their_index_ranges_and_reads_the_same_rows(
-    db: Conn, relay_dsn: str
-) -> None:
-    write_burst(db, 20_000)
-    db.execute("VACUUM ANALYZE identity.outbox")
-    few = ReadRequest(tuple(slots_of([1, 5], 8)), 0, 3000, 32 * 1024 * 1024)  # 2 lanes of 8
-    assert len(few.slots) <= MERGED_UP_TO < len(EVERY_SLOT.slots)
-    with connect(relay_dsn, SessionLimits()) as relay:
-        merged = fetch(relay, read_statement(OUTBOX_TABLES, few.slots), few)
-        walked = [
-            r
-            for r in fetch(relay, READ_LANES, EVERY_SLOT._replace(limit=20_000))
-            if r.slot in few.slots
-        ][: few.limit]
-        assert merged == walked  # the same rows, in id order
-        plan = plan_of_read(relay, few._replace(after=merged[100].id))
-        assert "Merge Append" in plan, plan
-        assert "Seq Scan" not in plan, plan
-        assert "Sort  (" not in plan, plan  # merged in id order, never sorted

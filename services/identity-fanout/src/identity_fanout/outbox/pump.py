@@ -28,11 +28,10 @@ from operator import attrgetter
 from typing import Final, LiteralString, NamedTuple
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import TupleRow
 
 from identity_fanout.outbox import log as _log
-from identity_fanout.outbox.lanes import SLOTS, slots_of
+from identity_fanout.outbox.lanes import slots_of
 from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.pause import Pause, refusal_of
 from identity_fanout.outbox.publisher import FLUSH_MARGIN, Publisher
@@ -52,17 +51,7 @@ Tick = Callable[[], None]
 GiveUp = Callable[[], bool]
 """Asked while waiting: True once the process is stopping."""
 
-__all__ = [
-    "MERGED_UP_TO",
-    "SHUTDOWN_GRACE",
-    "Deleter",
-    "Pump",
-    "ReadRequest",
-    "Reader",
-    "RoundResult",
-    "fetch",
-    "read_statement",
-]
+__all__ = ["SHUTDOWN_GRACE", "Deleter", "Pump", "ReadRequest", "Reader", "RoundResult", "fetch"]
 
 _q = load_queries("identity_fanout", "outbox/sql/relay.sql")
 _VALUE = attrgetter("value")
@@ -126,7 +115,7 @@ class Pump:
         self._lanes = lanes
         self._cursors: dict[int, int] = {}
         self.quarantine = Quarantine(tables)
-        self._reader = Reader(tables)
+        self._reader = Reader(tables.compose(_q, "read_lanes"))
         self._to_delete: list[int] = []
         self._topics: set[str] = set()
         self.tally = RoundResult()
@@ -312,34 +301,11 @@ class ReadRequest(NamedTuple):
         return (self.slots, self.after) == (other.slots, other.after)
 
 
-READ_STATEMENTS: Final = 64
-"""Lane reads kept composed (one per set of slots read): a relay reads a handful of sets."""
-MERGED_UP_TO: Final = SLOTS // 4
-"""A read of at most this many slots merges one index range per slot; of more, it walks the
-primary key. The backend's CPU per read of 5,000 rows of 1.3 KB from 200,000: walk 21.5 ms
-for all 64 slots, 27.0 for 32, 33.0 for 16 (it fetches every other relay's rows too), 53.0
-for 8; merge 38.0, 35.5, 29.5 and 26.5 ms (planning and merging grow with the slots)."""
-
-
-def read_statement(tables: OutboxTables, slots: Sequence[int]) -> LiteralString:
-    """`read_lanes` of `slots` (sql/relay.sql): the walk of the primary key, or a merge of
-    the slots' own index ranges when they are few (`MERGED_UP_TO`)."""
-    if len(slots) > MERGED_UP_TO:
-        head = sql.SQL(tables.compose(_q, "scan_head"))
-    else:
-        heads = sql.SQL(" UNION ALL ").join(
-            sql.SQL(tables.compose(_q, "slot_head", slot=sql.Literal(slot))) for slot in slots
-        )
-        head = sql.SQL(tables.compose(_q, "merged_heads", heads=heads))
-    return tables.compose(_q, "read_lanes", head=head)
-
-
 class Reader:
     """`read(...)` the rows after a cursor; `ahead(...)` starts the following read."""
 
-    def __init__(self, tables: OutboxTables) -> None:
-        self._tables = tables
-        self._statements: dict[tuple[int, ...], LiteralString] = {}
+    def __init__(self, statement: LiteralString) -> None:
+        self._statement = statement
         self._executor: ThreadPoolExecutor | None = None
         self._ahead: tuple[ReadRequest, Future[list[OutboxRecord]]] | None = None
 
@@ -352,21 +318,12 @@ class Reader:
             records = future.result()
             if asked.same_rows(request) and records:
                 return records[: request.limit]
-        return fetch(conn, self._statement(request.slots), request)
+        return fetch(conn, self._statement, request)
 
     def ahead(self, conn: psycopg.Connection[TupleRow], request: ReadRequest) -> None:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-reader")
-        statement = self._statement(request.slots)
-        self._ahead = (request, self._executor.submit(fetch, conn, statement, request))
-
-    def _statement(self, slots: tuple[int, ...]) -> LiteralString:
-        statement = self._statements.get(slots)
-        if statement is None:
-            if len(self._statements) >= READ_STATEMENTS:
-                self._statements.clear()
-            statement = self._statements[slots] = read_statement(self._tables, slots)
-        return statement
+        self._ahead = (request, self._executor.submit(fetch, conn, self._statement, request))
 
     def forget(self) -> None:
         """Drop what was read ahead (a reset cursor, lost lanes)."""
@@ -382,7 +339,7 @@ class Reader:
 def fetch(
     conn: psycopg.Connection[TupleRow], statement: LiteralString, request: ReadRequest
 ) -> list[OutboxRecord]:
-    """`request`'s rows by `statement` (`read_statement` of its slots)."""
+    """`request`'s rows by `statement` (`read_lanes` of the service's outbox)."""
     params = request._asdict() | {"slots": list(request.slots)}
     # Binary: the payload (bytea) arrives as is instead of hex text to decode.
     # Never prepared, so PostgreSQL plans every read for its own parameters and the outbox

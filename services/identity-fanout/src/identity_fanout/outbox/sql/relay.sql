@@ -8,39 +8,16 @@
 -- Only committed rows are visible (read committed, autocommit). A row committed late under a
 -- lower id than the cursor is read once the window is empty again (the cursor then restarts
 -- from the head).
--- {head}: where the rows come from, in id order, at most limit of them: `scan_head` for a
--- relay holding most slots, else one `slot_head` per slot joined by UNION ALL.
 SELECT id, topic, message_key, payload, headers, key_slot
   FROM (SELECT *, sum(octet_length(payload)) OVER (ORDER BY id) - octet_length(payload) AS before
-          FROM ({head}) AS head) AS sized
+          FROM (SELECT id, topic, message_key, payload, headers::text AS headers, key_slot
+                  FROM {outbox}
+                 WHERE key_slot = ANY(%(slots)s::smallint[])
+                   AND id > %(after)s
+                 ORDER BY id
+                 LIMIT %(limit)s) AS head) AS sized
  WHERE before < %(budget)s
  ORDER BY id
-
--- name: scan_head --
--- One walk of the primary key from the cursor, the slots a filter: the fewest pages (rows
--- in id order share them) when most rows are this relay's.
-SELECT id, topic, message_key, payload, headers::text AS headers, key_slot
-  FROM {outbox}
- WHERE key_slot = ANY(%(slots)s::smallint[])
-   AND id > %(after)s
- ORDER BY id
- LIMIT %(limit)s
-
--- name: merged_heads --
--- {heads}: a `slot_head` per slot. Each is a range of the (key_slot, id) index in id order
--- and PostgreSQL merges them (Merge Append) under the LIMIT, so a relay holding a few slots
--- touches its own rows only, not every other relay's as the walk of the primary key would.
-SELECT * FROM ({heads}) AS heads ORDER BY id LIMIT %(limit)s
-
--- name: slot_head --
--- {slot}: the slot, a literal (the statement is made once per set of slots held). Its own
--- ORDER BY and LIMIT make each head an index range read in id order whatever the planner
--- estimates, which the Merge Append above reads lazily (about limit rows in all).
-(SELECT id, topic, message_key, payload, headers::text AS headers, key_slot
-   FROM {outbox}
-  WHERE key_slot = {slot} AND id > %(after)s
-  ORDER BY id
-  LIMIT %(limit)s)
 
 -- name: delete_published --
 -- Exactly the acknowledged ids, never a range: a writer that took a lower id may commit
