@@ -29,6 +29,10 @@ from pin_testkit.service import ServiceProcess, service_environment
 console = Console(width=max(150, Console().width))
 """Wide enough for the tables when the output is a file or a pipe (`make bench | tee`)."""
 
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+"""The cgroup v1 `cpu` controller: where a pod's `resources.limits.cpu` becomes a CFS quota."""
+CFS_PERIOD_US = 100_000
+
 WORKER = ("worker", "--no-relay")
 RELAY = ("relay",)
 """The chart's topology: the fan-out and the relay as separate Deployments."""
@@ -168,3 +172,31 @@ def launched(
         for process in processes:  # measured from idle, ready processes
             process.wait_ready(60)
         yield processes
+
+
+@contextlib.contextmanager
+def cpu_limited(pids: Sequence[int], millicores: int) -> Iterator[None]:
+    """Each process in a cgroup of its own with a CFS quota of `millicores` (as a chart's
+    `resources.limits.cpu: <n>m` gives a pod); PostgreSQL and Kafka stay unlimited. Every
+    thread of a process moves with it. The groups are removed again afterwards."""
+    if not os.access(CPU_CGROUP / "cgroup.procs", os.W_OK):
+        raise RuntimeError(
+            f"{CPU_CGROUP} is not writable: CPU limits need the cgroup v1 cpu controller, as root"
+        )
+    groups: list[Path] = []
+    try:
+        for pid in pids:
+            group = CPU_CGROUP / f"pin-bench-{pid}"
+            group.mkdir(exist_ok=True)
+            groups.append(group)
+            (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(millicores * CFS_PERIOD_US // 1000))
+            (group / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        for group in groups:
+            for member in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    (CPU_CGROUP / "cgroup.procs").write_text(member)
+            with contextlib.suppress(OSError):
+                group.rmdir()

@@ -10,7 +10,14 @@ size). Targets on this 2-core machine (PostgreSQL, Kafka and every process share
 role size (peak RSS of one instance on the 1,000,000-user role at most 1.25x its peak on a
 role a tenth of the size). 4 instances are shown for information.
 
-    uv run python bench/fanout/scale.py [--users 1000000] [--instances 1 2 4]
+With `--cpu-limit M`, every worker and relay process runs in a cgroup with a CPU quota of M
+millicores, as a chart's `resources.limits.cpu` gives each pod (PostgreSQL and Kafka stay
+unlimited): then the instances do not compete for the machine's two cores and the
+scale-out is the service's own. Targets there: 8 instances at least 6.5x faster than 1, and
+the CPU per 1,000 users of every component (workers, relays, PostgreSQL, the broker) at the
+most instances at most 1.15x that of 1 instance. Needs root (the cgroup v1 `cpu` controller).
+
+    uv run python bench/fanout/scale.py [--users 1000000] [--instances 1 2 4] [--cpu-limit 50]
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Final, NamedTuple
 from uuid import UUID
 
@@ -30,6 +38,7 @@ from procs import (
     WORKER,
     busy_share,
     console,
+    cpu_limited,
     database_cpu,
     database_cpu_since,
     launched,
@@ -56,6 +65,10 @@ from pin_testkit.waiting import wait_until
 
 USERS: Final = 1_000_000
 SPEED_UP_TARGET: Final = 1.3
+LIMITED_SPEED_UP_TARGETS: Final = {8: 6.5}
+"""With a CPU quota per process: the speed-up over 1 instance each instance count must reach."""
+CPU_PER_USER_TARGET: Final = 1.15
+"""With a CPU quota per process: each component's CPU per user, most instances vs 1."""
 RSS_TARGET: Final = 1.25
 SMALL_SHARE: Final = 10
 """The RSS comparison's small role holds USERS / SMALL_SHARE users."""
@@ -103,6 +116,8 @@ class Options(NamedTuple):
     users: int = USERS
     batch_size: int = 500
     instances: tuple[int, ...] = (1, 2, 4)
+    cpu_limit: int | None = None
+    """Millicores per worker and relay process (None: unlimited, the cores are shared)."""
 
 
 class Result(NamedTuple):
@@ -181,7 +196,15 @@ def relays_settled(db: psycopg.Connection[tuple[object, ...]], relays: int) -> b
 
 
 def measure(
-    dsn: str, bootstrap: str, role: UUID, *, users: int, instances: int, batch_size: int, run: int
+    dsn: str,
+    bootstrap: str,
+    role: UUID,
+    *,
+    users: int,
+    instances: int,
+    batch_size: int,
+    run: int,
+    cpu_limit: int | None = None,
 ) -> Result:
     env = {
         "IDENTITY_FANOUT_KAFKA_BOOTSTRAP": bootstrap,
@@ -193,6 +216,7 @@ def measure(
     with (
         launched(dsn, commands, env) as processes,
         psycopg.connect(runtime_dsn(dsn, "identity_fanout_operator"), autocommit=True) as db,
+        cpu_limited([p.pid for p in processes], cpu_limit) if cpu_limit else nullcontext(),
     ):
         workers, relays = processes[:instances], processes[instances:]
         wait_until(
@@ -270,14 +294,37 @@ def _rest_of_machine(r: Result) -> str:
     return f"{r.machine_cpu_s - ours:.1f}"
 
 
-def report(results: list[Result], small: Result) -> None:
+def _speed_up_targets(cpu_limit: int | None) -> dict[int, float]:
+    return dict(LIMITED_SPEED_UP_TARGETS) if cpu_limit else {2: SPEED_UP_TARGET}
+
+
+def _per_thousand(cpu_s: float, users: int) -> float:
+    return cpu_s * 1000 / users
+
+
+def _components(r: Result) -> dict[str, float | None]:
+    """CPU seconds per 1,000 users of each component of a run."""
+    return {
+        "workers": _per_thousand(sum(r.worker_cpu_s), r.users),
+        "relays": _per_thousand(sum(r.relay_cpu_s), r.users),
+        "PostgreSQL": _per_thousand(r.postgres_cpu_s, r.users),
+        "Kafka broker": None if r.kafka_cpu_s is None else _per_thousand(r.kafka_cpu_s, r.users),
+    }
+
+
+def report(results: list[Result], small: Result, cpu_limit: int | None = None) -> None:
     base = next(r for r in results if r.instances == 1)
     runs = [small, *results]
-    targets = {2: f">= {SPEED_UP_TARGET:g}x", 4: "(information)"}
+    targets = {n: f">= {t:g}x" for n, t in _speed_up_targets(cpu_limit).items()}
+    where = (
+        f"each process limited to {cpu_limit}m of CPU, PostgreSQL and Kafka unlimited"
+        if cpu_limit
+        else "shared with PostgreSQL and Kafka"
+    )
     title = (
         f"identity-fanout: a {base.users:,}-user role by N instances of worker + relay, "
         f"commit -> last event acked (SHARD_SIZE {SHARD_SIZE:,}, {LANES} lanes; "
-        f"{os.cpu_count()} cores shared with PostgreSQL and Kafka)"
+        f"{os.cpu_count()} cores, {where})"
     )
     speed: Cells = {
         "instances": lambda r: _label(r, small),
@@ -286,7 +333,7 @@ def report(results: list[Result], small: Result) -> None:
         "commit -> last ack": lambda r: f"{r.seconds:.1f} s",
         "users/s": lambda r: f"{r.users / r.seconds:,.0f}",
         "speed-up vs 1": lambda r: "" if r is small else f"{base.seconds / r.seconds:.2f}x",
-        "target": lambda r: "" if r is small else targets.get(r.instances, ""),
+        "target": lambda r: "" if r is small else targets.get(r.instances, "(information)"),
         "worker peak RSS MiB": lambda r: _each(r.worker_rss_mib),
         "relay peak RSS MiB": lambda r: _each(r.relay_rss_mib),
     }
@@ -312,25 +359,68 @@ def report(results: list[Result], small: Result) -> None:
         "load average": lambda r: f"{r.load:.1f}",
     }
     console.print(_figures("CPU seconds during each run", runs, cpu))
+    most = max(results, key=lambda r: r.instances)
+    per_user: Cells = {"instances": lambda r: str(r.instances)}
+    for component in _components(base):
+        per_user[f"{component} CPU-s / 1,000 users"] = _per_user_cell(component, base, most)
+    console.print(
+        _figures(
+            f"CPU per 1,000 users by component (vs 1 instance; target at {most.instances}: "
+            f"<= {CPU_PER_USER_TARGET:g}x)",
+            results,
+            per_user,
+        )
+    )
 
 
-def record_all(results: list[Result], small: Result) -> None:
+def _per_user_cell(component: str, base: Result, most: Result) -> Callable[[Result], str]:
+    """A component's CPU per 1,000 users, and at the most instances its ratio to 1."""
+
+    def cell(r: Result) -> str:
+        value, before = _components(r)[component], _components(base)[component]
+        if value is None:
+            return "(not local)"
+        if r is not most or r is base or not before:
+            return f"{value:.3f}"
+        return f"{value:.3f} ({value / before:.2f}x)"
+
+    return cell
+
+
+def record_all(results: list[Result], small: Result, cpu_limit: int | None = None) -> None:
     base = next(r for r in results if r.instances == 1)
-    name = f"identity-fanout: {base.users:,}-user role, commit -> last event acked"
+    limited = f", {cpu_limit}m per process" if cpu_limit else ""
+    name = f"identity-fanout: {base.users:,}-user role{limited}, commit -> last event acked"
+    targets = _speed_up_targets(cpu_limit)
     for r in results:
         if r.instances == 1:
             continue
-        informational = r.instances != 2  # noqa: PLR2004
+        target = targets.get(r.instances)
         record(
             Comparison.duration(
                 name,
                 Figure(f"{r.instances} instances (worker + relay each)", r.seconds),
                 Figure("1 instance", base.seconds),
-                # 4 instances: shown against "not slower than one"; on 2 cores no promise.
-                target=1.0 if informational else round(1 / SPEED_UP_TARGET, 3),
-                note="information only" if informational else f">= {SPEED_UP_TARGET:g}x faster",
+                # Other counts: shown against "not slower than one", no promise.
+                target=1.0 if target is None else round(1 / target, 3),
+                note="information only" if target is None else f">= {target:g}x faster",
             )
         )
+    most = max(results, key=lambda r: r.instances)
+    if cpu_limit and most is not base:
+        for component, value in _components(most).items():
+            before = _components(base)[component]
+            if value is None or not before:
+                continue
+            record(
+                Comparison.duration(
+                    f"identity-fanout: {component} CPU per 1,000 users{limited}",
+                    Figure(f"{most.instances} instances", value),
+                    Figure("1 instance", before),
+                    target=CPU_PER_USER_TARGET,
+                    note=f"<= {CPU_PER_USER_TARGET:g}x of 1 instance",
+                )
+            )
     record(
         Comparison.memory(
             "identity-fanout: worker peak RSS, flat in role size (1 instance)",
@@ -357,6 +447,7 @@ def run(options: Options) -> None:
                 instances=1,
                 batch_size=options.batch_size,
                 run=0,
+                cpu_limit=options.cpu_limit,
             )
         results = []
         for run_no, instances in enumerate(options.instances):
@@ -369,11 +460,12 @@ def run(options: Options) -> None:
                     instances=instances,
                     batch_size=options.batch_size,
                     run=run_no,
+                    cpu_limit=options.cpu_limit,
                 )
             console.print(f"{instances} instance(s): {result.seconds:.1f} s")
             results.append(result)
-    report(results, small)
-    record_all(results, small)
+    report(results, small, options.cpu_limit)
+    record_all(results, small, options.cpu_limit)
 
 
 def main() -> None:
@@ -381,8 +473,22 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=USERS)
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--instances", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument(
+        "--cpu-limit",
+        type=int,
+        default=None,
+        metavar="MILLICORES",
+        help="a CPU quota per worker and relay process, as a pod's limit (needs root)",
+    )
     args = parser.parse_args()
-    run(Options(users=args.users, batch_size=args.batch_size, instances=tuple(args.instances)))
+    run(
+        Options(
+            users=args.users,
+            batch_size=args.batch_size,
+            instances=tuple(args.instances),
+            cpu_limit=args.cpu_limit,
+        )
+    )
 
 
 if __name__ == "__main__":
