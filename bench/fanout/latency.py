@@ -20,12 +20,8 @@ size. Each figure is taken three times in a row during the fan-out; the worst on
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import time
-import uuid
-from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Final, NamedTuple
 from uuid import UUID
 
@@ -53,8 +49,6 @@ LOADED_AFTER: Final = 50_000
 """Events the fan-out has published before the loaded samples start: the outbox is full."""
 RELAY_MILLICORES: Final = 100
 """A relay pod's CPU limit in the limited scenario."""
-CPU_CGROUP: Final = Path("/sys/fs/cgroup/cpu")
-PERIOD_US: Final = 100_000
 
 Conn = psycopg.Connection[tuple[object, ...]]
 
@@ -69,42 +63,6 @@ class Scenario(NamedTuple):
     samples: list[Sample]
     fanout_running: bool
     """The large role's task was still InProgress when the last sample ended."""
-
-
-@contextlib.contextmanager
-def cpu_limited(pids: Sequence[int], millicores: int) -> Iterator[bool]:
-    """Each of ``pids`` in a cgroup of its own with a CFS quota of ``millicores`` (as a
-    pod's CPU limit); yields False where the cgroup v1 `cpu` controller is not writable."""
-    groups: list[Path] = []
-    try:
-        for pid in pids:
-            group = CPU_CGROUP / f"pin-bench-{uuid.uuid4().hex[:8]}"
-            group.mkdir()
-            groups.append(group)
-            (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (group / "cpu.cfs_quota_us").write_text(str(PERIOD_US * millicores // 1000))
-            (group / "cgroup.procs").write_text(str(pid))
-    except OSError as exc:
-        procs.console.print(f"[yellow]no CPU limits here ({exc}): that scenario is skipped")
-        for group in groups:
-            _remove(group)
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        for group in groups:
-            _remove(group)
-
-
-def _remove(group: Path) -> None:
-    """Move what is left in the group back to the root group, then remove it."""
-    with contextlib.suppress(OSError):
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError):
-                (CPU_CGROUP / "cgroup.procs").write_text(pid)
-    with contextlib.suppress(OSError):
-        group.rmdir()
 
 
 def seed(dsn: str, users: int) -> tuple[UUID, UUID, UUID, list[UUID]]:
@@ -227,7 +185,7 @@ def run(users: int, millicores: int) -> list[Scenario]:
                 )
             with procs.console.status("waiting for that fan-out to finish"):
                 wait_until(lambda: _idle(db), 1800, "the fan-out finished", interval=0.5)
-            with cpu_limited([r.pid for r in relays], millicores) as limited:
+            with procs.cpu_limited([r.pid for r in relays], millicores) as limited:
                 if limited:
                     with procs.console.status(f"during a fan-out, relays at {millicores}m"):
                         scenarios.append(

@@ -175,28 +175,38 @@ def launched(
 
 
 @contextlib.contextmanager
-def cpu_limited(pids: Sequence[int], millicores: int) -> Iterator[None]:
-    """Each process in a cgroup of its own with a CFS quota of `millicores` (as a chart's
-    `resources.limits.cpu: <n>m` gives a pod); PostgreSQL and Kafka stay unlimited. Every
-    thread of a process moves with it. The groups are removed again afterwards."""
-    if not os.access(CPU_CGROUP / "cgroup.procs", os.W_OK):
-        raise RuntimeError(
-            f"{CPU_CGROUP} is not writable: CPU limits need the cgroup v1 cpu controller, as root"
-        )
+def cpu_limited(pids: Sequence[int], millicores: int) -> Iterator[bool]:
+    """Each of ``pids`` in a cgroup of its own with a CFS quota of ``millicores`` (as a
+    chart's `resources.limits.cpu: <n>m` gives a pod; every thread of a process moves with
+    it; PostgreSQL and Kafka stay unlimited); yields False where the cgroup v1 `cpu`
+    controller is not writable. The groups are removed again afterwards."""
     groups: list[Path] = []
     try:
         for pid in pids:
-            group = CPU_CGROUP / f"pin-bench-{pid}"
-            group.mkdir(exist_ok=True)
+            group = CPU_CGROUP / f"pin-bench-{uuid.uuid4().hex[:8]}"
+            group.mkdir()
             groups.append(group)
             (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
-            (group / "cpu.cfs_quota_us").write_text(str(millicores * CFS_PERIOD_US // 1000))
+            (group / "cpu.cfs_quota_us").write_text(str(CFS_PERIOD_US * millicores // 1000))
             (group / "cgroup.procs").write_text(str(pid))
-        yield
+    except OSError as exc:
+        console.print(f"[yellow]no CPU limits here ({exc})")
+        for group in groups:
+            _remove_group(group)
+        yield False
+        return
+    try:
+        yield True
     finally:
         for group in groups:
-            for member in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):  # gone meanwhile
-                    (CPU_CGROUP / "cgroup.procs").write_text(member)
+            _remove_group(group)
+
+
+def _remove_group(group: Path) -> None:
+    """Move what is left in the group back to the root group, then remove it."""
+    with contextlib.suppress(OSError):
+        for pid in (group / "cgroup.procs").read_text().split():
             with contextlib.suppress(OSError):
-                group.rmdir()
+                (CPU_CGROUP / "cgroup.procs").write_text(pid)
+    with contextlib.suppress(OSError):
+        group.rmdir()

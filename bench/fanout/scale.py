@@ -216,8 +216,12 @@ def measure(
     with (
         launched(dsn, commands, env) as processes,
         psycopg.connect(runtime_dsn(dsn, "identity_fanout_operator"), autocommit=True) as db,
-        cpu_limited([p.pid for p in processes], cpu_limit) if cpu_limit else nullcontext(),
+        cpu_limited([p.pid for p in processes], cpu_limit)
+        if cpu_limit
+        else nullcontext(True) as limited,
     ):
+        if not limited:
+            raise RuntimeError("--cpu-limit needs the cgroup v1 cpu controller, writable (root)")
         workers, relays = processes[:instances], processes[instances:]
         wait_until(
             lambda: relays_settled(db, instances), 60, "relays hold their lanes", interval=0.2
