@@ -8,12 +8,13 @@ acknowledged it). Its limit, measured in the same run on the same rows: the data
 floor, ONE statement building every snapshot of the role (the JSON payload the worker
 writes per user) with its result fetched. Target: the chart's topology within 3x of it.
 
-Then runs the 1,000,000-user scale-out benchmark (`scale.py`) unless `--scale-users 0`, and
-the revocation latency under a 1,000,000-user fan-out (`latency.py`) unless
-`--latency-users 0`.
+Then runs the 1,000,000-user scale-out benchmark (`scale.py`) unless `--scale-users 0`, the
+same with every worker and relay process limited to `--cpu-limit` millicores (1, 2, 4 and
+8 instances, as pods with a CPU limit) unless `--limited-scale-users 0`, and the revocation
+latency under a 1,000,000-user fan-out (`latency.py`) unless `--latency-users 0`.
 
     uv run python bench/fanout/run.py [--users 50000] [--batch-size 500] [--scale-users N]
-        [--latency-users N]
+        [--limited-scale-users N] [--cpu-limit 50] [--latency-users N]
 """
 
 from __future__ import annotations
@@ -220,6 +221,19 @@ def main() -> None:
         help="users of the scale-out benchmark's role (0: do not run it)",
     )
     parser.add_argument(
+        "--limited-scale-users",
+        type=int,
+        default=scale.USERS,
+        help="users of the scale-out with a CPU limit per process (0: do not run it)",
+    )
+    parser.add_argument(
+        "--cpu-limit",
+        type=int,
+        default=scale.POD_MILLICORES,
+        metavar="MILLICORES",
+        help="the CPU limit per worker and relay process of that scale-out",
+    )
+    parser.add_argument(
         "--latency-users",
         type=int,
         default=latency.USERS,
@@ -255,6 +269,15 @@ def main() -> None:
     )
     if args.scale_users:
         scale.run(scale.Options(users=args.scale_users, batch_size=args.batch_size))
+    if args.limited_scale_users:
+        scale.run(
+            scale.Options(
+                users=args.limited_scale_users,
+                batch_size=args.batch_size,
+                instances=scale.LIMITED_INSTANCES,
+                cpu_limit=args.cpu_limit,
+            )
+        )
     if args.latency_users:
         scenarios = latency.run(args.latency_users, latency.RELAY_MILLICORES)
         latency.report(args.latency_users, scenarios)

@@ -69,6 +69,9 @@ LIMITED_SPEED_UP_TARGETS: Final = {8: 6.5}
 """With a CPU quota per process: the speed-up over 1 instance each instance count must reach."""
 CPU_PER_USER_TARGET: Final = 1.15
 """With a CPU quota per process: each component's CPU per user, most instances vs 1."""
+POD_MILLICORES: Final = 50
+LIMITED_INSTANCES: Final = (1, 2, 4, 8)
+"""`make bench`'s scale-out with a CPU limit: these instance counts at POD_MILLICORES each."""
 RSS_TARGET: Final = 1.25
 SMALL_SHARE: Final = 10
 """The RSS comparison's small role holds USERS / SMALL_SHARE users."""
