@@ -96,10 +96,12 @@ chaos: up ## chaos campaign: 50 random faults, then the long ones, invariants an
 	eval "$$($(RUN) pin-local -q env)" && PIN_CHAOS_FAULTS=$${PIN_CHAOS_FAULTS:-50} \
 		PIN_CHAOS_LONG=$${PIN_CHAOS_LONG:-1} $(RUN) pytest tests-e2e/test_10_chaos_campaign.py
 
-# Whole-path fuzzing with many more examples than `make test` runs (a few hundred each).
-FUZZ_TESTS := $(wildcard services/*/tests/test_fuzz_integration.py)
+# Whole-path fuzzing with many more examples than `make test` runs (a few hundred each),
+# and the consumer's batch statement proved against the pure plan on as many batches.
+FUZZ_TESTS := $(wildcard services/*/tests/test_fuzz_integration.py) \
+	services/rewards-membership/tests/test_batch_sql_integration.py
 .PHONY: fuzz
-fuzz: up ## fuzz the consumer and the relay through real Kafka and PostgreSQL (10,000 examples each)
+fuzz: up ## fuzz the consumer, the relay and the batch statement against real Kafka and PostgreSQL (10,000 examples each)
 	eval "$$($(RUN) pin-local -q env)" && PIN_FUZZ_EXAMPLES=$${PIN_FUZZ_EXAMPLES:-10000} \
 		$(RUN) pytest $(FUZZ_TESTS)
 

@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
 import psycopg
 from confluent_kafka import Consumer
 from psycopg import sql
@@ -52,13 +53,7 @@ from pin_testkit.bench import Comparison, Figure, record
 from pin_testkit.events import membership_event
 from pin_testkit.runtime_roles import ensure_login, runtime_dsn
 from rewards_membership.app import build_consumer, run_migrations
-from rewards_membership.batch_sql import (
-    INSERT_INBOX,
-    ROW_DOCUMENT,
-    ROW_KEY,
-    inbox_document,
-    rows_document,
-)
+from rewards_membership.batch_sql import ROW_KEY
 from rewards_membership.metrics import Metrics
 from rewards_membership.rules.guard import MembershipRow
 from rewards_membership.rules.plan import RowKey, plan_batch
@@ -74,18 +69,29 @@ BENCHMARK = "4. membership consumer"
 
 Record = tuple[bytes, bytes, list[tuple[str, str | bytes | None]]]
 
+# The floor's row document: MembershipRow's fields, in order, with their column types
+# (json_to_recordset's column definition), so the floor writes exactly the consumer's columns.
+FLOOR_ROW_DOCUMENT: Final = sql.SQL(
+    "agent_user_id uuid, company_id uuid, membership_status text, leave_reason text,"
+    " left_at timestamptz, effective_at timestamptz, first_activity_at timestamptz,"
+    " last_activity_at timestamptz, last_membership_version bigint, version bigint"
+)
 # The floor's one statement for a batch's rows: a plain upsert of their final state (no row
-# lock, no version guard). It writes the consumer's row document, read the consumer's way:
-# MembershipRow's columns and `json_to_recordset` fragment, so both write the same columns.
+# lock, no version guard, no inbox lookup), the rows as ONE JSON document of MembershipRows.
 FLOOR_UPSERT: Final = sql.SQL(
     "INSERT INTO rewards.agent_performance ({columns})"
     " SELECT * FROM json_to_recordset(%(rows)s::json) AS r ({row_document})"
     " ON CONFLICT ({key}) DO UPDATE SET {assignments}, updated_at = now()"
 ).format(
     columns=columns(MembershipRow),
-    row_document=ROW_DOCUMENT,
+    row_document=FLOOR_ROW_DOCUMENT,
     key=sql.SQL(", ").join(map(sql.Identifier, ROW_KEY)),
     assignments=assignments(MembershipRow, "excluded", keep=ROW_KEY),
+)
+# And one for its inbox marks: `[[key, outcome], ...]`.
+FLOOR_INBOX: Final = sql.SQL(
+    "INSERT INTO rewards.inbox (idempotency_key, outcome)"
+    " SELECT m->>0, m->>1 FROM json_array_elements(%(marks)s::json) AS m"
 )
 
 
@@ -234,7 +240,9 @@ def floor_batches(args: argparse.Namespace, bootstrap: str) -> list[tuple[str, s
             seen.update(key for key, _ in plan.inbox)
             changed = plan.updates + plan.inserts
             rows.update((row.key, row) for row in changed)
-            batches.append((rows_document(changed), inbox_document(plan.inbox)))
+            batches.append(
+                (msgspec.json.encode(changed).decode(), msgspec.json.encode(plan.inbox).decode())
+            )
     finally:
         consumer.close()
     return batches
@@ -248,7 +256,7 @@ def measure_floor(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
         for rows_doc, marks_doc in batches:
             with conn.transaction(), conn.pipeline():
                 conn.execute(FLOOR_UPSERT, {"rows": rows_doc})
-                conn.execute(INSERT_INBOX, {"marks": marks_doc})
+                conn.execute(FLOOR_INBOX, {"marks": marks_doc})
         elapsed = time.monotonic() - started
     return {"seconds": elapsed, "records": args.events, "batches": len(batches)}
 

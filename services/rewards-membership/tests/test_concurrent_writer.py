@@ -1,15 +1,23 @@
 """Another writer changes a row between a batch's read and its write.
 
-The consumer reads the batch's rows without locking them and updates each only if its
-version is still the one read (compare-and-set). A row changed in between fails the
-batch, which is decided again on the fresh row: the guard always ran against the row the
-update replaces, so nothing another writer did is lost.
+The consumer's batch statement reads the batch's rows without locking them (its snapshot)
+and updates each only if its version is still the one read (compare-and-set). A row
+changed in between fails the batch, which is decided again on the fresh row: the guard
+always ran against the row the update replaces, so nothing another writer did is lost. A
+row or inbox key another instance inserted in between fails it likewise (unique
+violation).
+
+The race is made exact: the other session makes its change first without committing, so
+the statement's snapshot still has the row as it was; it commits once the statement waits
+for the row (or key) the change holds, after the statement read and decided.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +29,7 @@ from psycopg.rows import TupleRow
 from pin_contracts import AgentMembershipChanged, encode, envelope_for
 from pin_runtime.postgres import SessionLimits
 from rewards_membership.consumer.database import BatchApplier
-from rewards_membership.rules.guard import MembershipRow
-from rewards_membership.rules.plan import Outcome, RowKey
+from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import MembershipChange, validate
 from rewards_membership.store import MembershipStore
 
@@ -30,7 +37,8 @@ Row = dict[str, Any]
 
 
 class RacingStore(MembershipStore):
-    """A store after whose first read another session commits `interloper` (SQL)."""
+    """A store whose first batch statement another session races with `interloper` (SQL),
+    committed after the statement read the row and while it waits to write it."""
 
     def __init__(self, dsn: str, owner_dsn: str, interloper: str, params: dict[str, Any]) -> None:
         super().__init__(dsn, application_name="test-racing-store", session=SessionLimits())
@@ -38,20 +46,40 @@ class RacingStore(MembershipStore):
         self._interloper = interloper
         self._params = params
         self.reads = 0
+        """Batch statements run: each reads the rows and inbox keys afresh."""
 
-    def read(  # type: ignore[override]  # the parent's is static; this one counts its calls
-        self,
-        conn: psycopg.Connection[TupleRow],
-        keys: Sequence[str],
-        row_keys: Sequence[RowKey],
-    ) -> tuple[set[str], dict[RowKey, MembershipRow]]:
-        result = MembershipStore.read(conn, keys, row_keys)
+    def apply(  # type: ignore[override]  # the parent's is static; this one counts its calls
+        self, conn: psycopg.Connection[TupleRow], document: str
+    ) -> list[Outcome]:
         self.reads += 1
-        if self.reads == 1:
-            # Committed at once: the batch's transaction holds no lock on the row.
-            with psycopg.connect(self._owner_dsn, autocommit=True) as other:
-                other.execute(self._interloper.encode(), self._params)
-        return result
+        if self.reads > 1:
+            return MembershipStore.apply(conn, document)
+        with psycopg.connect(self._owner_dsn) as other:
+            other.execute(self._interloper.encode(), self._params)  # holds the row, uncommitted
+            committer = threading.Thread(
+                target=_commit_once_waited_for, args=(other, self._owner_dsn, conn.info.backend_pid)
+            )
+            committer.start()
+            try:
+                return MembershipStore.apply(conn, document)
+            finally:
+                committer.join()
+
+
+def _commit_once_waited_for(
+    other: psycopg.Connection[TupleRow], owner_dsn: str, waiter: int
+) -> None:
+    """Commit `other` once the session `waiter` waits for a lock (what `other` holds)."""
+    deadline = time.monotonic() + 10.0
+    with psycopg.connect(owner_dsn, autocommit=True) as probe:
+        while time.monotonic() < deadline:
+            waiting = probe.execute(
+                "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted", (waiter,)
+            ).fetchone()
+            if waiting is not None and waiting[0] > 0:
+                break
+            time.sleep(0.01)
+    other.commit()
 
 
 def _change(payload: AgentMembershipChanged) -> MembershipChange:
@@ -112,13 +140,13 @@ def test_a_row_changed_after_the_read_redecides_the_batch(
     version, status, reason = race.change
     try:
         BatchApplier(seed, tracer).apply([_change(event(agent, company, 1))])
-        plan = BatchApplier(racing, tracer).apply(
+        outcomes = BatchApplier(racing, tracer).apply(
             [_change(event(agent, company, version, status, reason=reason))]
         )
     finally:
         seed.close()
         racing.close()
-    assert (plan.outcomes, racing.reads) == ([race.outcome], 2)
+    assert (outcomes, racing.reads) == ([race.outcome], 2)
     (row,) = rows("agent_user_id = %(agent)s", {"agent": agent})
     assert (
         row["membership_status"],
@@ -126,3 +154,61 @@ def test_a_row_changed_after_the_read_redecides_the_batch(
         row["version"],
         row["deals_closed_count"],
     ) == race.row
+
+
+@dataclass(frozen=True)
+class Creation:
+    interloper: str
+    """What another session commits right after the batch read that there was none."""
+    outcome: Outcome
+    row: tuple[str, int, int] | None
+    """The row afterwards: status, LastMembershipVersion, Version (None: no row)."""
+
+
+CREATIONS = {
+    # Another instance created the row (its first event, version 2) meanwhile: this batch
+    # read no row, so its insert fails; decided again, its version 1 is stale.
+    "row created meanwhile": Creation(
+        "INSERT INTO rewards.agent_performance (agent_user_id, company_id,"
+        " membership_status, last_membership_version, version)"
+        " VALUES (%(agent)s, %(company)s, 'Left', 2, 1)",
+        Outcome.STALE,
+        ("Left", 2, 1),
+    ),
+    # Another instance recorded this very message meanwhile (and applied it elsewhere):
+    # decided again, it is a duplicate and the row is not created.
+    "inbox key recorded meanwhile": Creation(
+        "INSERT INTO rewards.inbox (idempotency_key, outcome)"
+        " VALUES (%(key)s, 'membership-applied')",
+        Outcome.DUPLICATE,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("creation", CREATIONS.values(), ids=CREATIONS.keys())
+def test_a_row_or_key_created_after_the_read_redecides_the_batch(
+    creation: Creation,
+    consumer_dsn: str,
+    database: str,
+    event: Callable[..., AgentMembershipChanged],
+    rows: Callable[..., list[Row]],
+) -> None:
+    agent, company = uuid.uuid4(), uuid.uuid4()
+    change = _change(event(agent, company, 1))
+    racing = RacingStore(
+        consumer_dsn,
+        database,
+        creation.interloper,
+        {"agent": agent, "company": company, "key": change.key},
+    )
+    try:
+        outcomes = BatchApplier(racing, trace.get_tracer("test")).apply([change])
+    finally:
+        racing.close()
+    assert (outcomes, racing.reads) == ([creation.outcome], 2)
+    found = [
+        (r["membership_status"], r["last_membership_version"], r["version"])
+        for r in rows("agent_user_id = %(agent)s", {"agent": agent})
+    ]
+    assert found == ([] if creation.row is None else [creation.row])

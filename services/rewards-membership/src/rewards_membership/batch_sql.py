@@ -1,85 +1,104 @@
-"""The statements of one batch, each set-based, with its rows passed as ONE JSON document.
+"""The batch statement, set-based, with the batch passed as ONE JSON document.
 
-The statements live in `sql/projection.sql` and `sql/inbox.sql`; here they are composed
-once (the row type's columns) and their documents encoded.
+The statement lives in `sql/batch.sql`; here it is composed once (the row type's columns)
+and its document encoded and its answer decoded.
 
-A batch of 5,000 records is one statement per step (inbox lookup, row read, row update,
-row insert, inbox insert), whatever its size. Parameters are JSON documents encoded by
-msgspec (C speed) and expanded by PostgreSQL (`json_array_elements`, `json_to_recordset`):
-binary array parameters are dumped element by element in Python, which cost the consumer
-more than the statements themselves. The rows read come back the same way, as one JSON
-array decoded straight into `MembershipRow`s.
+A batch of 5,000 records is one statement whatever its size: the inbox lookup, the version
+guard and transitions, the row update and insert and the inbox insert, deciding as
+`rules.plan.plan_batch` does. The document is encoded by msgspec (C speed) and expanded by
+PostgreSQL (`json_to_recordset`): binary array parameters are dumped element by element in
+Python, which cost the consumer more than the statements themselves. The answer is one
+letter per record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Final
+from uuid import UUID
 
 import msgspec
 from psycopg import sql
 
+from pin_contracts import AgentMembershipStatus, LeaveReason
 from pin_runtime.sql import assignments, columns, load_queries
 from rewards_membership.rules.guard import MembershipRow
-from rewards_membership.rules.plan import Outcome, RowKey
+from rewards_membership.rules.plan import Outcome
+from rewards_membership.rules.validation import Item, MembershipChange
 
 __all__ = [
-    "INSERT_INBOX",
-    "INSERT_ROWS",
-    "READ_ROWS",
-    "ROW_DOCUMENT",
+    "APPLY_BATCH",
     "ROW_KEY",
-    "SELECT_SEEN_KEYS",
-    "UPDATE_ROWS",
-    "decode_rows",
-    "inbox_document",
-    "keys_document",
-    "row_keys_document",
-    "rows_document",
+    "BatchRecord",
+    "decode_outcomes",
+    "records_document",
 ]
 
 _ENCODER: Final = msgspec.json.Encoder()
-_ROWS_DECODER: Final = msgspec.json.Decoder(list[MembershipRow])
 
-_q = load_queries("rewards_membership", "sql/projection.sql")
-_inbox = load_queries("rewards_membership", "sql/inbox.sql")
-ROW_DOCUMENT: Final = sql.SQL(_q.row_document)
-"""A row document's columns for `json_to_recordset`: MembershipRow's fields, typed once in
-projection.sql."""
+_q = load_queries("rewards_membership", "sql/batch.sql")
 ROW_KEY: Final = ("agent_user_id", "company_id")
 """The columns that find a row; an update writes every other field of MembershipRow."""
 
-SELECT_SEEN_KEYS: Final = _inbox.select_seen_keys
-READ_ROWS: Final = _q.compose("read_rows", columns=columns(MembershipRow, prefix="ap"))
-UPDATE_ROWS: Final = _q.compose(
-    "update_rows",
-    assignments=assignments(MembershipRow, "u", keep=ROW_KEY),
-    row_document=ROW_DOCUMENT,
+
+class BatchRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One record of the batch document, as `validate` mapped it (the names are the
+    `record_document` fragment's). A dead letter carries its inbox key only."""
+
+    key: str | None = None
+    agent_user_id: UUID | None = None
+    company_id: UUID | None = None
+    status: AgentMembershipStatus | None = None
+    """The effective Status: an unknown wire Status is already LEFT (fail closed)."""
+    leave_reason: LeaveReason | None = None
+    """None for Active, an absent and an unknown Reason (soft degradation)."""
+    version: int | None = None
+    joined_at: datetime | None = None
+    left_at: datetime | None = None
+    effective_at: datetime | None = None
+
+
+APPLY_BATCH: Final = _q.compose(
+    "apply_batch",
+    record_document=sql.SQL(_q.record_document),
+    assignments=assignments(MembershipRow, "f", keep=ROW_KEY),
+    columns=columns(MembershipRow),
 )
-INSERT_ROWS: Final = _q.compose(
-    "insert_rows", columns=columns(MembershipRow), row_document=ROW_DOCUMENT
-)
-INSERT_INBOX: Final = _inbox.insert_inbox
+
+_OUTCOMES: Final = {
+    "a": Outcome.APPLIED,
+    "s": Outcome.STALE,
+    "d": Outcome.DUPLICATE,
+    "x": Outcome.DEAD_LETTERED,
+}
 
 
-def keys_document(keys: Sequence[str]) -> str:
-    return _ENCODER.encode(keys).decode()
+def _record(item: Item) -> BatchRecord:
+    if type(item) is MembershipChange:
+        event = item.payload
+        # Positional: the fields' order (a constructor call per record of the batch).
+        return BatchRecord(
+            item.key,
+            event.agent_user_id,
+            event.company_id,
+            item.status,
+            item.leave_reason,
+            event.version,
+            event.joined_at,
+            event.left_at,
+            event.effective_at,
+        )
+    return BatchRecord(item.key)
 
 
-def row_keys_document(keys: Sequence[RowKey]) -> str:
-    """`[[agent, company], ...]`."""
-    return _ENCODER.encode(keys).decode()
+def records_document(items: Sequence[Item]) -> str:
+    """`[{key, agent_user_id, ...}, ...]` in consume order: the records `json_to_recordset`
+    reads (nulls left out)."""
+    return _ENCODER.encode([_record(item) for item in items]).decode()
 
 
-def rows_document(rows: Sequence[MembershipRow]) -> str:
-    """`[{agent_user_id, company_id, ...}, ...]`: the columns `json_to_recordset` reads."""
-    return _ENCODER.encode(rows).decode()
-
-
-def inbox_document(marks: Sequence[tuple[str, Outcome]]) -> str:
-    """`[[key, outcome], ...]`."""
-    return _ENCODER.encode(marks).decode()
-
-
-def decode_rows(document: str | bytes) -> list[MembershipRow]:
-    return _ROWS_DECODER.decode(document)
+def decode_outcomes(letters: str) -> list[Outcome]:
+    """The statement's outcome letters, one per record, as Outcomes."""
+    outcomes = _OUTCOMES
+    return [outcomes[letter] for letter in letters]

@@ -24,8 +24,9 @@ from pin_runtime.settings import Secret
 ENV_PREFIX: Final = "REWARDS_MEMBERSHIP_"
 SERVICE_NAME: Final = "rewards-membership"
 
-# Statements of the longest batch: inbox lookup, row read, update, insert, inbox insert
-# (pipelined, each bounded on its own), the dead-letter marks, and a recovery probe.
+# Statements of the longest batch: the batch statement tried up to 5 times (concurrent
+# writers make it decide again, consumer/database.py), the dead-letter marks, and a
+# recovery probe.
 _STATEMENTS_PER_BATCH: Final = 7
 # Rounds of DLQ waits per batch: the copies, then the reference records of refused ones.
 _DLQ_ROUNDS: Final = 2

@@ -1,11 +1,13 @@
 """The rewards schema's reads and writes, and the one connection the consumer applies batches on.
 
-The statements live in `sql/*.sql` (one file per aggregate), loaded once at import.
+The statements live in `sql/*.sql` (one file per aggregate, and `sql/batch.sql` for the batch
+statement), loaded once at import.
 
-A batch is five set-based statements whatever its size (`batch_sql.py`), in two round trips:
-read the inbox keys it carries and the rows it touches (pipelined), then update/insert rows
-and insert inbox keys (pipelined). The rows are not locked: the update is a compare-and-set
-on each row's version, and a row another writer changed in between fails the batch, which
+A batch is ONE set-based statement whatever its size (`batch_sql.py`): it looks the batch's
+keys up in the inbox, reads the rows it touches, decides every record (the guard and the
+transitions, as `rules.plan.plan_batch` does), writes the rows and the inbox marks and
+returns every record's outcome. The rows are not locked: the update is a compare-and-set
+on each row's version, and a row another writer changed meanwhile fails the batch, which
 is decided again.
 """
 
@@ -23,21 +25,9 @@ from psycopg.rows import TupleRow, class_row
 
 from pin_runtime.postgres import LazyConnection, SessionLimits, connect
 from pin_runtime.sql import columns, load_queries
-from rewards_membership.batch_sql import (
-    INSERT_INBOX,
-    INSERT_ROWS,
-    READ_ROWS,
-    SELECT_SEEN_KEYS,
-    UPDATE_ROWS,
-    decode_rows,
-    inbox_document,
-    keys_document,
-    row_keys_document,
-    rows_document,
-)
+from rewards_membership.batch_sql import APPLY_BATCH, decode_outcomes
 from rewards_membership.errors import ConcurrentApplyError
-from rewards_membership.rules.guard import MembershipRow
-from rewards_membership.rules.plan import BatchPlan, RowKey
+from rewards_membership.rules.plan import Outcome
 
 __all__ = [
     "AgentRow",
@@ -108,57 +98,34 @@ class MembershipStore:
         self._conn.discard()
 
     @staticmethod
-    def read(
-        conn: psycopg.Connection[TupleRow], keys: Sequence[str], row_keys: Sequence[RowKey]
-    ) -> tuple[set[str], dict[RowKey, MembershipRow]]:
-        """The batch's keys already in the inbox, and its existing rows: one round trip
-        (both statements pipelined)."""
-        seen_cursor, rows_cursor = conn.cursor(), conn.cursor()
-        try:
-            with conn.pipeline():
-                if keys:
-                    seen_cursor.execute(SELECT_SEEN_KEYS, {"keys": keys_document(keys)})
-                if row_keys:
-                    rows_cursor.execute(READ_ROWS, {"keys": row_keys_document(row_keys)})
-            seen = {key for (key,) in seen_cursor} if keys else set()
-            rows: dict[RowKey, MembershipRow] = {}
-            if row_keys:
-                (document,) = rows_cursor.fetchone() or ("[]",)
-                rows = {row.key: row for row in decode_rows(document)}
-        finally:
-            seen_cursor.close()
-            rows_cursor.close()
-        return seen, rows
-
-    @staticmethod
-    def write(conn: psycopg.Connection[TupleRow], plan: BatchPlan) -> None:
-        """Rows and inbox marks of a decided batch, one statement each, pipelined.
+    def apply(conn: psycopg.Connection[TupleRow], document: str) -> list[Outcome]:
+        """Apply a batch (its `batch_sql.records_document`) in the caller's transaction, in
+        one statement; every record's outcome, in order.
 
         Raises `ConcurrentApplyError` when another writer changed, created or recorded
-        something of the batch after `read`: the caller rolls back and decides again.
+        something of the batch after the statement's snapshot: the caller rolls back and
+        decides again.
         """
-        updates, cursor = conn.cursor(), conn.cursor()
         try:
-            with conn.pipeline():
-                if plan.updates:
-                    updates.execute(
-                        UPDATE_ROWS,
-                        {"rows": rows_document(plan.updates), "read_versions": plan.read_versions},
-                    )
-                if plan.inserts:
-                    cursor.execute(INSERT_ROWS, {"rows": rows_document(plan.inserts)})
-                if plan.inbox:
-                    cursor.execute(INSERT_INBOX, {"marks": inbox_document(plan.inbox)})
-            updated = updates.rowcount  # known once the pipeline synced
+            answer = conn.execute(APPLY_BATCH, {"records": document}).fetchone()
         except psycopg.errors.UniqueViolation as exc:
-            # Another instance created the row or recorded the key after our read.
+            # Another instance created the row or recorded the key after our snapshot.
             raise ConcurrentApplyError(str(exc)) from exc
-        finally:
-            updates.close()
-            cursor.close()
-        if plan.updates and updated != len(plan.updates):
-            changed = len(plan.updates) - updated
-            raise ConcurrentApplyError(f"{changed} row(s) changed by another writer since read")
+        if answer is None:  # pragma: no cover - the statement always answers one row
+            raise AssertionError("the batch statement returned no row")
+        letters, changed, updated = answer
+        if updated != changed:
+            raise ConcurrentApplyError(
+                f"{changed - updated} row(s) changed by another writer since read"
+            )
+        return decode_outcomes(letters or "")
+
+    @staticmethod
+    def seen_keys(conn: psycopg.Connection[TupleRow], keys: Sequence[str]) -> set[str]:
+        """Those of `keys` already in the inbox (read only)."""
+        if not keys:
+            return set()
+        return {str(key) for (key,) in conn.execute(_inbox.select_seen_keys, {"keys": list(keys)})}
 
     @staticmethod
     def mark_dead_lettered(conn: psycopg.Connection[TupleRow], keys: Sequence[str]) -> None:

@@ -50,7 +50,7 @@ from rewards_membership.consumer.records import offset_of, partition_of
 from rewards_membership.consumer.report import BatchReporter
 from rewards_membership.dlq.writer import DeadLetterer, DeadLetterResult, Position, Receipt
 from rewards_membership.errors import ConcurrentApplyError, is_infrastructure
-from rewards_membership.rules.plan import BatchPlan, Outcome
+from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import InvalidEvent, Item
 
 __all__ = [
@@ -79,7 +79,8 @@ class InFlight:
     started: float
     receive: Span
     process: Span
-    plan: Future[BatchPlan]
+    outcomes: Future[list[Outcome]]
+    """Every record's outcome, in order, once the batch's transaction committed."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -164,11 +165,14 @@ class BatchPipeline:
     in_flight: InFlight | None = field(init=False, default=None)
     _unreported: list[Finished] = field(init=False, default_factory=list)
 
-    def start(self, records: Sequence[Message], items: Sequence[Item]) -> None:
-        """Hand the batch to the database thread; its transaction runs while the loop polls."""
+    def start(
+        self, records: Sequence[Message], items: Sequence[Item], document: str | None = None
+    ) -> None:
+        """Hand the batch (and its document, when encoded already) to the database thread;
+        its transaction runs while the loop polls."""
         receive, process = self.reporter.spans.start(records)
         with trace.use_span(process, end_on_exit=False):
-            plan = self.finisher.database.submit(items)
+            outcomes = self.finisher.database.submit(items, document)
         first, last = bounds(records)
         self.in_flight = InFlight(
             records=records,
@@ -178,7 +182,7 @@ class BatchPipeline:
             started=self.clock(),
             receive=receive,
             process=process,
-            plan=plan,
+            outcomes=outcomes,
         )
 
     def settle(self, exclude: Sequence[int] = ()) -> None:
@@ -228,13 +232,13 @@ class BatchFinisher:
             return partition in assigned and partition not in exclude
 
         try:
-            plan = batch.plan.result()
+            outcomes = batch.outcomes.result()
             partitions = [p for p in batch.first if ours(p)]
             # The invalid records of our partitions (dead letters, and duplicates of ones
             # this process dead-lettered in an earlier try of the batch).
             kept = [
                 (m, item, outcome)
-                for m, item, outcome in zip(batch.records, batch.items, plan.outcomes, strict=True)
+                for m, item, outcome in zip(batch.records, batch.items, outcomes, strict=True)
                 if type(item) is InvalidEvent and partition_of(m) in partitions
             ]
             letters, receipts = self._dead_letter(kept)
@@ -260,7 +264,7 @@ class BatchFinisher:
         if "kafka" not in self.partitions.pauser.dependencies():
             self.kafka_state.ok()
         return Finished(
-            done=finished_records(batch.records, batch.items, plan.outcomes, done, receipts),
+            done=finished_records(batch.records, batch.items, outcomes, done, receipts),
             receipts=receipts,
             elapsed_ms=(now - batch.started) * 1000.0,
             receive=batch.receive,

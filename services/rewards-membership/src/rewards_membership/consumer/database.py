@@ -9,11 +9,12 @@ unreplayed gauge, dropping a broken connection) goes through the same thread and
 it, so the one connection is never used by two threads and a later statement never
 overtakes the batch before it.
 
-On that thread a batch is applied (`BatchApplier`): read (inbox keys, rows, unlocked),
-decided in memory (`plan_batch`) and written in ONE transaction; a row another writer
-changed meanwhile (the update's compare-and-set on its version) or a row or key another
-instance inserted meanwhile makes it re-read and re-decide at once, a few times, before it
-counts as an outage. Every statement runs under the session limits of
+On that thread a batch is applied (`BatchApplier`): ONE statement in ONE transaction reads
+the inbox keys and rows (unlocked), decides every record as `plan_batch` does and writes
+the rows and marks (`store.MembershipStore.apply`); a row another writer changed meanwhile
+(the update's compare-and-set on its version) or a row or key another instance inserted
+meanwhile makes it roll back and decide again at once on fresh rows, a few times, before
+it counts as an outage. Every statement runs under the session limits of
 `settings.database_session()`, so a lock held elsewhere fails the batch within the lock
 timeout instead of stalling the loop.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Final, TypeVar
@@ -31,8 +33,9 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from pin_runtime.logging import log_event
+from rewards_membership.batch_sql import records_document
 from rewards_membership.errors import ConcurrentApplyError
-from rewards_membership.rules.plan import BatchPlan, inbox_keys, plan_batch, row_keys
+from rewards_membership.rules.plan import Outcome, inbox_keys, plan_batch
 from rewards_membership.rules.validation import InvalidEvent, MembershipChange
 from rewards_membership.store import MembershipStore
 
@@ -40,20 +43,38 @@ __all__ = ["BatchApplier", "DatabaseThread"]
 
 _log = logging.getLogger("rewards_membership.consumer.loop")
 _CONCURRENT_RETRIES: Final = 5
+_SWITCH_INTERVAL_S: Final = 0.0005
+"""The interpreter's GIL switch interval while a database thread runs (default 5 ms)."""
 
 T = TypeVar("T")
 
 
 class DatabaseThread:
     def __init__(self, applier: BatchApplier) -> None:
+        # Each time PostgreSQL answers, this thread needs the GIL back from the poll loop,
+        # which holds it for CPU-bound decoding: by default for up to 5 ms a hand-off, a
+        # few hand-offs a batch, all on the batch's path to its commit (1.2-1.7 s of a
+        # 300,000-event drain, docs/design "Overlap"). Hand-offs only happen when a thread
+        # waits for the GIL, so a shorter interval costs the loop nothing otherwise.
+        # Process-wide: lowered, never raised.
+        sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL_S))
         self._applier = applier
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="membership-db")
 
-    def submit(self, items: Sequence[MembershipChange | InvalidEvent]) -> Future[BatchPlan]:
+    def submit(
+        self, items: Sequence[MembershipChange | InvalidEvent], document: str | None = None
+    ) -> Future[list[Outcome]]:
         """Apply the batch in its own transaction on the database thread; the caller's trace context
-        (its current span) becomes the parent of the `pg apply batch` span."""
+        (its current span) becomes the parent of the `pg apply batch` span.
+
+        `document` is the batch's `records_document(items)`, encoded by the caller (the poll
+        loop encodes it while the batch before is in its transaction); without it, it is
+        encoded here, on the caller's thread. Either way the database thread only waits on
+        PostgreSQL: Python work there would wait for the GIL behind the poll loop's."""
+        if document is None:
+            document = records_document(items)
         context = contextvars.copy_context()
-        return self._executor.submit(context.run, self._applier.apply, items)
+        return self._executor.submit(context.run, self._applier.apply, items, document)
 
     def run(self, call: Callable[[BatchApplier], T]) -> T:
         """Run `call` on the thread after whatever was submitted before, and wait for it."""
@@ -86,21 +107,30 @@ class BatchApplier:
         self._store = store
         self._tracer = tracer
 
-    def apply(self, items: Sequence[MembershipChange | InvalidEvent]) -> BatchPlan:
+    def apply(
+        self, items: Sequence[MembershipChange | InvalidEvent], document: str | None = None
+    ) -> list[Outcome]:
+        """Every record's outcome, in order, once the batch's transaction committed;
+        `document` is `records_document(items)` when the caller encoded it already."""
+        if document is None:
+            document = records_document(items)
         for attempt in range(1, _CONCURRENT_RETRIES + 1):
             try:
-                return self._apply(items)
+                return self._apply(items, document)
             except ConcurrentApplyError:
-                # The store dropped its transaction; re-read the rows and the inbox.
+                # Rolled back; decided again on the rows and the inbox as they are now.
                 if attempt == _CONCURRENT_RETRIES:
                     raise
                 log_event(_log, "concurrent apply, re-deciding batch", attempt=attempt)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _apply(self, items: Sequence[MembershipChange | InvalidEvent]) -> BatchPlan:
+    def _apply(
+        self, items: Sequence[MembershipChange | InvalidEvent], document: str
+    ) -> list[Outcome]:
         keys = inbox_keys(items)
         if not keys:
-            return plan_batch(items, set(), {})
+            # Only dead letters without a key: nothing to look up or write.
+            return plan_batch(items, set(), {}).outcomes
         with self._tracer.start_as_current_span(
             "pg apply batch",
             kind=SpanKind.CLIENT,
@@ -113,11 +143,13 @@ class BatchApplier:
             },
         ):
             conn = self._store.connection()
-            with conn.transaction():
-                seen, rows = self._store.read(conn, keys, row_keys(items))
-                plan = plan_batch(items, seen, rows)
-                self._store.write(conn, plan)
-        return plan
+            if not any(type(item) is MembershipChange for item in items):
+                # Only dead letters: their inbox lookup alone (no write, no write lock),
+                # decided by the pure plan.
+                return plan_batch(items, self._store.seen_keys(conn, keys), {}).outcomes
+            # Pipelined: BEGIN goes with the statement, one round trip, then COMMIT.
+            with conn.pipeline(), conn.transaction():
+                return self._store.apply(conn, document)
 
     def mark_dead_lettered(self, keys: Sequence[str]) -> None:
         """Inbox marks of dead letters the broker acknowledged (one statement)."""

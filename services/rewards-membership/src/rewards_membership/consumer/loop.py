@@ -34,6 +34,7 @@ from opentelemetry import trace
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
 from pin_runtime.shutdown import GracefulShutdown
+from rewards_membership.batch_sql import records_document
 from rewards_membership.consumer.batch import BatchFinisher, BatchPipeline, keep_partitions
 from rewards_membership.consumer.database import BatchApplier, DatabaseThread
 from rewards_membership.consumer.lag import LagReporter
@@ -172,18 +173,23 @@ class MembershipConsumer:
         self._rebalances.poll_started()
         messages = self._consumer.consume(num_messages=self._batch_size, timeout=self._poll_timeout)
         records = self._rebalances.keep_polled([m for m in messages if _is_record(m)])
-        # Decoded while the batch before is in its transaction on the database thread.
+        # Decoded, and the batch statement's document encoded, while the batch before is in
+        # its transaction on the database thread.
         items: list[Item] = [_keyed(m, validate(m.value())) for m in records]
+        document: str | None = records_document(items) if items else None
         self._batches.settle()
         pauser, assigned = self._partitions.pauser, self._partitions.assigned
         # A partition paused meanwhile (the batch before failed) was sought back: its
         # records are read again after the pause.
+        polled = len(items)
         records, items = keep_partitions(
             records, items, lambda p: p in assigned and not pauser.is_paused(p)
         )
+        if len(items) != polled:
+            document = None  # records were dropped: encoded again for those kept
         self._lag.maybe_report(assigned, pauser.paused_for(self._clock()), self._unreplayed)
         if records:
-            self._batches.start(records, items)
+            self._batches.start(records, items, document)
         self._batches.report()
         return len(records)
 

@@ -1,9 +1,11 @@
 """A whole batch decided in memory: inbox, guard and transitions, in consume order.
 
 Pure: given the inbox keys and rows the database already holds, it says what happens to
-every message and which rows and inbox keys to write. The consumer reads those with one
-query each and writes them with one statement each, so a batch costs a fixed number of
-round trips whatever its size.
+every message and which rows and inbox keys to write. It is the spec's executable
+definition of a batch: the consumer makes the same decisions inside its one batch
+statement (`sql/batch.sql`, so a batch costs one statement whatever its size), and
+tests/test_batch_sql_integration.py proves on generated batches against PostgreSQL that
+the statement decides exactly as `plan_batch` does.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class BatchPlan:
     updates: list[MembershipRow] = field(default_factory=list)
     """Existing rows the batch changed, in their state after the batch."""
     read_versions: list[int] = field(default_factory=list)
-    """The `version` each of `updates` had when read, in the same order: the update applies
+    """The `version` each of `updates` had when read, in the same order: a write applies
     only to a row that still has it (compare-and-set; the rows are not locked)."""
     inbox: list[tuple[str, Outcome]] = field(default_factory=list)
     """Idempotency keys to record now (applied and stale; never duplicates). Dead letters
@@ -51,10 +53,6 @@ class BatchPlan:
 def inbox_keys(items: Iterable[MembershipChange | InvalidEvent]) -> list[str]:
     """Every key the batch looks up: valid records' and dead letters' (spec step 1 first)."""
     return [item.key for item in items if item.key is not None]
-
-
-def row_keys(items: Iterable[MembershipChange | InvalidEvent]) -> list[RowKey]:
-    return list(dict.fromkeys(i.row_key for i in items if isinstance(i, MembershipChange)))
 
 
 def plan_batch(

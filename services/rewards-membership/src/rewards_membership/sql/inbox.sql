@@ -1,17 +1,12 @@
 -- rewards.inbox: the idempotency marks (spec step 1) and the dead-letter marks.
--- The batch statements take their keys as ONE JSON document (encoded by msgspec, expanded
--- by PostgreSQL in C); the tooling's statements take binary array parameters (%(x)b).
+-- A batch looks its keys up and records its marks within ONE statement together with its
+-- rows (`apply_batch`, batch.sql); the statements here take binary array parameters (%(x)b).
 
 -- name: select_seen_keys --
--- Which of the batch's idempotency keys were already processed.
-SELECT idempotency_key FROM rewards.inbox
-WHERE idempotency_key = ANY(ARRAY(SELECT json_array_elements_text(%(keys)s::json)))
-
--- name: insert_inbox --
--- Idempotency marks of a decided batch; a key another instance recorded first fails the
--- batch (unique violation), which is then re-decided.
-INSERT INTO rewards.inbox (idempotency_key, outcome)
-SELECT m->>0, m->>1 FROM json_array_elements(%(marks)s::json) AS m
+-- Which of a batch's keys are in the inbox, for a batch of dead letters only: it has no row
+-- or mark to write, so it takes no write lock (`apply_batch`'s INSERTs would, even for no
+-- rows: its dead letters would then wait for an inbox another session locked for writes).
+SELECT idempotency_key FROM rewards.inbox WHERE idempotency_key = ANY(%(keys)b::text[])
 
 -- name: mark_dead_lettered --
 -- Marks of dead letters whose DLQ copy the broker acknowledged. ON CONFLICT: a mark already
