@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from relay_support import (
 
 from identity_fanout.ops.outbox import outbox_status
 from identity_fanout.outbox.relay import OutboxRelay
+from identity_fanout.outbox.session import LaneSession
 from identity_fanout.outbox.writer import outbox_message
 from identity_fanout.schema import OUTBOX_TABLES
 from pin_contracts import (
@@ -37,6 +39,7 @@ from pin_contracts import (
 )
 from pin_runtime.http import ComponentState
 from pin_runtime.migrations import advisory_lock_key
+from pin_runtime.postgres import SessionLimits, notify
 from pin_testkit.ports import free_port
 from pin_testkit.records import consume
 from pin_testkit.waiting import wait_until
@@ -360,3 +363,26 @@ def test_lock_classes_are_documented_recipe_and_distinct() -> None:
     # The migration lock is a bigint key (objsubid 1), these are two-int4 keys (objsubid 2):
     # they can never be the same lock, whatever the numbers.
     assert isinstance(advisory_lock_key("identity"), int)
+
+
+def test_one_wake_takes_every_notify_the_session_received_meanwhile(relay_dsn: str) -> None:
+    # Each writer commit NOTIFYs once. Those that come while the relay runs statements are
+    # kept by psycopg; taken one per wait, every one of them cost each relay another read
+    # and backlog count, so the relays' statements per row grew with the writers.
+    session = LaneSession(
+        relay_dsn,
+        lanes=8,
+        tables=OUTBOX_TABLES,
+        application_name="notify-drain-test",
+        limits=SessionLimits(),
+    )
+    try:
+        conn = session.connection()
+        for _ in range(5):  # its own NOTIFYs reach it at each commit, before the answer
+            notify(conn, OUTBOX_TABLES.channel)
+        ticks: list[None] = []
+        session.wait_for_notify(30.0, stop=threading.Event(), on_tick=lambda: ticks.append(None))
+        assert ticks == []  # woken at once
+        assert list(conn.notifies(timeout=0)) == []  # and nothing left for another look
+    finally:
+        session.close()

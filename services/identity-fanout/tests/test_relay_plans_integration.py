@@ -1,22 +1,30 @@
-"""The relay's lane read keeps a plan fit for a burst after idling on an empty outbox.
+"""Every frequent statement on the outbox keeps a plan fit for a burst after idling on an
+empty outbox.
 
-An idle relay runs its read on the same connection at every poll and finds nothing. Had
-psycopg prepared it, PostgreSQL's plan cache would switch it to a generic plan made while
-the outbox was empty (a sequential scan and a sort of the whole table) and keep it for the
-next burst. The read is therefore never prepared: every read is planned for its own
-parameters and the outbox as it is. Checked on the relay's own connection (its runtime
-role), with the plan cache's counters and EXPLAIN, never with a clock.
+An idle relay runs its read on the same connection at every poll and finds nothing; a
+worker checks the outbox's depth before every batch from the first. Had psycopg prepared
+them, PostgreSQL's plan cache would switch them to generic plans made while the outbox was
+empty (sequential scans of the whole table, a sort) and keep them for the next burst. They
+are therefore never prepared: each run is planned for its own parameters and the outbox as
+it is. Checked on the runtime roles' own connections, with the plan cache's counters and
+EXPLAIN, never with a clock.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import psycopg
 import pytest
+from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 
 from identity_fanout.outbox.lanes import slots_of
-from identity_fanout.outbox.pump import ReadRequest, fetch
-from identity_fanout.schema import OUTBOX_TABLES
+from identity_fanout.outbox.metrics import RelayMetrics
+from identity_fanout.outbox.pump import Deleter, ReadRequest, fetch
+from identity_fanout.outbox.quarantine import Quarantine
+from identity_fanout.outbox.report import Gauges
+from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
 from pin_runtime.postgres import SessionLimits, connect
 from pin_runtime.sql import load_queries
 
@@ -29,6 +37,7 @@ IDLE_READS = 40
 EVERY_SLOT = ReadRequest(tuple(slots_of(range(8), 8)), 0, 5000, 32 * 1024 * 1024)
 
 _q = load_queries("identity_fanout", "outbox/sql/relay.sql")
+_outbox = load_queries("identity_fanout", "outbox/sql/outbox.sql")
 READ_LANES = OUTBOX_TABLES.compose(_q, "read_lanes")
 
 
@@ -46,13 +55,19 @@ def write_burst(db: Conn, rows: int) -> None:
     )
 
 
-def read_statements(conn: Conn) -> list[tuple[str, int, int]]:
-    """The plan cache's counters of the lane read, if this session prepared it."""
+def outbox_statements(conn: Conn) -> list[str]:
+    """The statements on the outbox this session prepared (none should be)."""
     rows = conn.execute(
-        "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements"
-        " WHERE statement LIKE '%%key_slot = ANY%%'"
+        "SELECT statement FROM pg_prepared_statements"
+        " WHERE statement ~ '\"outbox\"([^_]|$)'"  # the outbox table, not its quarantine
     ).fetchall()
-    return [(str(name), int(str(g)), int(str(c))) for name, g, c in rows]
+    return [str(statement) for (statement,) in rows]
+
+
+def plan_of(conn: Conn, statement: str, params: Mapping[str, object] | None = None) -> str:
+    """EXPLAIN of `statement` with these parameters, as this session plans it."""
+    lines = conn.execute(("EXPLAIN " + statement).encode(), params, prepare=False)
+    return "\n".join(str(line[0]) for line in lines)
 
 
 def plan_of_read(conn: Conn, request: ReadRequest) -> str:
@@ -77,8 +92,49 @@ def test_an_idle_relay_reads_a_burst_along_an_index_never_with_a_generic_plan(
         assert first[-1].id < after[0].id
 
         # No generic plan ever served the read: it is not prepared at all.
-        assert [s for s in read_statements(relay) if s[1] > 0] == []
+        assert outbox_statements(relay) == []
         plan = plan_of_read(relay, EVERY_SLOT._replace(after=first[-1].id))
         assert "Index Scan" in plan, plan
         assert "Seq Scan" not in plan, plan
         assert "Sort" not in plan, plan
+
+
+def test_the_depth_backlog_and_deletes_are_never_prepared_so_a_burst_finds_them_on_the_index(
+    db: Conn, relay_dsn: str, worker_dsn: str
+) -> None:
+    db.execute("VACUUM ANALYZE identity.outbox")  # empty, as autovacuum leaves it
+    registry = CollectorRegistry()
+    metrics = RelayMetrics(registry)
+    gauges = Gauges(metrics, Quarantine(OUTBOX_TABLES))
+    deleter = Deleter(lambda: connect(relay_dsn, SessionLimits()), metrics, OUTBOX_TABLES)
+    with (
+        connect(relay_dsn, SessionLimits()) as relay,
+        connect(worker_dsn, SessionLimits()) as worker,
+    ):
+        for _ in range(IDLE_READS):  # idle: every check finds the outbox empty
+            assert OUTBOX.depth(worker).rows == 0
+            gauges.refresh(relay)
+            deleter.submit([1, 2, 3], [])
+        assert deleter.flush(30.0)
+        write_burst(db, BURST)
+
+        assert OUTBOX.depth(worker).rows == BURST
+        gauges.refresh(relay)
+        assert registry.get_sample_value("identity_outbox_backlog") == BURST
+        head = db.execute("SELECT id FROM identity.outbox ORDER BY id LIMIT 500").fetchall()
+        deleter.submit([int(str(i)) for (i,) in head], ["pin.identity.access.v1"])
+        assert deleter.flush(30.0)
+        assert OUTBOX.depth(worker).rows == BURST - 500
+
+        # None of them was prepared, so no generic plan made on the empty outbox serves
+        # the burst; as planned now, each finds its rows along the primary key.
+        assert outbox_statements(worker) == []
+        assert outbox_statements(relay) == []
+        for conn, statement, params in (
+            (worker, OUTBOX_TABLES.compose(_outbox, "depth"), None),
+            (relay, OUTBOX_TABLES.compose(_q, "backlog"), {"exact_up_to": 10_000}),
+            (relay, OUTBOX_TABLES.compose(_q, "delete_published"), {"ids": "{1,2,3}"}),
+        ):
+            plan = plan_of(conn, statement, params)
+            assert "Seq Scan" not in plan, plan
+    deleter.close(5.0)

@@ -347,8 +347,10 @@ def fetch(
     # soon served by a generic plan, and an idle relay makes that plan while the outbox is
     # empty: a sequential scan and a sort of the whole outbox, kept for the next burst
     # (every read of 5,000 rows of 200,000 then sorted all of them). Planning costs ~0.3 ms
-    # per read of up to RELAY_BATCH_SIZE rows (docs/design/identity-fanout.md "Outbox relay",
-    # "Plans of the read").
+    # per read of up to RELAY_BATCH_SIZE rows. The same holds for every statement run often
+    # on the outbox, a table that is empty one moment and holds millions of rows the next:
+    # the deletes, the backlog count, the writers' depth (docs/design/identity-fanout.md
+    # "Outbox relay", "Plans on the outbox").
     rows = conn.execute(statement, params, binary=True, prepare=False).fetchall()
     return records_from_rows(rows)
 
@@ -464,4 +466,5 @@ class Deleter:
     def _delete(self, ids: list[int]) -> int:
         # An array literal built in C: psycopg would dump a list of ints element by element.
         literal = "{" + ",".join(map(str, ids)) + "}"
-        return self._conn.get().execute(self._statement, {"ids": literal}).rowcount
+        # Unprepared, as every statement of the relay on the outbox (`fetch`).
+        return self._conn.get().execute(self._statement, {"ids": literal}, prepare=False).rowcount

@@ -194,7 +194,8 @@ class Quarantine:
             "messages": [r.failure.message for r in refusals],
         }
         with conn.cursor(row_factory=class_row(MovedRow)) as cur:
-            return cur.execute(self._move, params).fetchall()
+            # Unprepared, as every statement of the relay that finds outbox rows by id.
+            return cur.execute(self._move, params, prepare=False).fetchall()
 
     def counts(self, conn: psycopg.Connection[TupleRow]) -> dict[str, int]:
         """Quarantined rows by topic."""

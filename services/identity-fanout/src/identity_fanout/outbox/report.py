@@ -171,7 +171,10 @@ class Gauges:
 
     def refresh(self, conn: psycopg.Connection[TupleRow]) -> None:
         metrics = self._metrics
-        row = conn.execute(self._backlog, {"exact_up_to": BACKLOG_EXACT_UP_TO}).fetchone()
+        # Unprepared, as every frequent statement on the outbox (pump.fetch says why).
+        row = conn.execute(
+            self._backlog, {"exact_up_to": BACKLOG_EXACT_UP_TO}, prepare=False
+        ).fetchone()
         if row is not None:
             counted, span, _oldest, age = row
             metrics.backlog.set(counted if counted < BACKLOG_EXACT_UP_TO else (span or counted))

@@ -203,7 +203,14 @@ class LaneSession:
     def wait_for_notify(
         self, timeout: float, *, stop: threading.Event, on_tick: Callable[[], None]
     ) -> None:
-        """Sleep until a writer's NOTIFY, `timeout` or `stop`, whichever comes first."""
+        """Sleep until a writer's NOTIFY, `timeout` or `stop`, whichever comes first.
+
+        Woken, it also takes every NOTIFY already received: psycopg keeps those that came
+        while the session ran statements, and one look at the lanes answers them all. Taken
+        one per wait, each writer's commit during a round cost one more read and backlog
+        count of every relay, so the relays' statements per row grew with the writers
+        (docs/design/identity-fanout.md "Relays side by side").
+        """
         conn = self._conn.current
         if conn is None:
             return
@@ -213,7 +220,14 @@ class LaneSession:
             if remaining <= 0:
                 return
             try:
+                woken = False
+                # Run to its end (never left early): it yields every NOTIFY kept meanwhile
+                # before it stops after one, then the poll below takes those on the wire.
                 for _ in conn.notifies(timeout=min(remaining, WAKE_SLICE), stop_after=1):
+                    woken = True
+                if woken:
+                    for _ in conn.notifies(timeout=0):
+                        pass
                     return
             except Exception:
                 self.drop()
