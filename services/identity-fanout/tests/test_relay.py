@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from relay_support import (
 )
 
 from identity_fanout.ops.outbox import outbox_status
+from identity_fanout.outbox.lanes import key_slot
 from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.outbox.session import LaneSession
 from identity_fanout.outbox.writer import outbox_message
@@ -386,3 +388,33 @@ def test_one_wake_takes_every_notify_the_session_received_meanwhile(relay_dsn: s
         assert list(conn.notifies(timeout=0)) == []  # and nothing left for another look
     finally:
         session.close()
+
+
+def test_commits_during_the_cooldown_after_a_caught_up_read_go_out_in_one_read(
+    dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory
+) -> None:
+    # Every key in one slot, so each read that produces any of them probes the slot once.
+    users: list[uuid.UUID] = []
+    while len(users) < 5:
+        user = uuid.uuid4()
+        if key_slot(str(user)) == 0:
+            users.append(user)
+    produced: list[int] = []
+
+    def probe(event: str, slot: int) -> None:
+        if event == "produced" and slot == 0:
+            produced.append(slot)
+
+    relay = make_relay(read_cooldown=5.0, poll_interval=0.2, probe=probe)
+    with RelayThread(relay):
+        wait_until(lambda: relay.active, 10, "relay active")
+        # After a quiet spell the first row is read at once, the cooldown notwithstanding.
+        write(dsn, [outbox_message(access_event(users[0]), topic)])
+        wait_until(lambda: outbox_count(dsn) == 0, 4, "the first row, at once")
+        # Four more commits, each woken for (NOTIFY), spread over a second of the cooldown.
+        for user in users[1:]:
+            write(dsn, [outbox_message(access_event(user), topic)])
+            time.sleep(0.25)  # spacing the commits, not waiting for anything
+        wait_until(lambda: outbox_count(dsn) == 0, 15, "the four after the cooldown")
+    assert len(produced) == 2  # one read for the first row, one for the four
+    consume(kafka_bootstrap, topic.name, 5)

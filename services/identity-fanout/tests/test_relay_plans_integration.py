@@ -21,7 +21,7 @@ from psycopg.rows import TupleRow
 
 from identity_fanout.outbox.lanes import slots_of
 from identity_fanout.outbox.metrics import RelayMetrics
-from identity_fanout.outbox.pump import Deleter, ReadRequest, fetch
+from identity_fanout.outbox.pump import MERGED_UP_TO, Deleter, LaneRead, ReadRequest, fetch
 from identity_fanout.outbox.quarantine import Quarantine
 from identity_fanout.outbox.report import Gauges
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
@@ -138,3 +138,37 @@ def test_the_depth_backlog_and_deletes_are_never_prepared_so_a_burst_finds_them_
             plan = plan_of(conn, statement, params)
             assert "Seq Scan" not in plan, plan
     deleter.close(5.0)
+
+
+def test_a_relay_holding_few_slots_merges_their_heads_and_reads_what_the_walk_reads(
+    db: Conn, relay_dsn: str
+) -> None:
+    write_burst(db, 20_000)
+    reads = LaneRead(OUTBOX_TABLES)
+    one_lane = tuple(slots_of([3], 8))  # 8 slots: one instance of eight
+    assert len(one_lane) <= MERGED_UP_TO < len(EVERY_SLOT.slots)
+    assert reads.statement(EVERY_SLOT.slots) == READ_LANES
+    merged = reads.statement(one_lane)
+    assert merged != READ_LANES
+    with connect(relay_dsn, SessionLimits()) as relay:
+        middle = fetch(relay, READ_LANES, EVERY_SLOT._replace(limit=10_000))[-1].id
+        for after, limit, budget in (
+            (0, 5000, 32 * 1024 * 1024),
+            (middle, 5000, 32 * 1024 * 1024),
+            (0, 700, 32 * 1024 * 1024),
+            (0, 5000, 100_000),  # cut by payload bytes
+            (0, 5000, 1),  # at least one row
+        ):
+            request = ReadRequest(one_lane, after, limit, budget)
+            walked = fetch(relay, READ_LANES, request)
+            assert walked, request
+            assert fetch(relay, merged, request) == walked, request
+        assert fetch(relay, merged, ReadRequest(one_lane, 10**12, 5000, 1)) == []
+
+        plan = plan_of(
+            relay,
+            merged,
+            {"slots": list(one_lane), "after": 0, "limit": 5000, "budget": 32 * 1024 * 1024},
+        )
+        assert "Merge Append" in plan, plan
+        assert "Seq Scan" not in plan, plan

@@ -74,6 +74,7 @@ def relay_config(settings: Settings) -> RelayConfig:
         window_records=settings.relay_window_records,
         window_bytes=settings.relay_window_bytes,
         poll_interval=settings.relay_poll_interval.total_seconds(),
+        read_cooldown=settings.relay_read_cooldown.total_seconds(),
         delivery_timeout=settings.relay_delivery_timeout.total_seconds(),
         message_max_bytes=settings.relay_message_max_bytes,
         kafka_extra=dict(settings.kafka_security()),

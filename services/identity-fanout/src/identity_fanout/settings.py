@@ -72,6 +72,12 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
     for no more than what is left)."""
     relay_poll_interval: timedelta = timedelta(seconds=1)
     """How often the relay looks at the outbox when no NOTIFY woke it."""
+    relay_read_cooldown: timedelta = timedelta(milliseconds=100)
+    """After a read that found the relay's lanes caught up, how long before it reads them
+    again: the writers' commits meanwhile go out together, one read for many, instead of
+    one read per commit of every writer. It delays a row by at most this much, and only
+    while rows keep coming; after a quiet spell the first row is read at once
+    (docs/design/identity-fanout.md "Relays side by side"). 0 turns it off."""
     relay_delivery_timeout: timedelta = timedelta(seconds=30)
     """How long a record may wait for the broker's acknowledgement before it fails (and
     goes out again after a backoff)."""
@@ -93,6 +99,8 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
             raise ValueError("IDENTITY_FANOUT_MAX_LEASE_DURATION: must be at least 1s")
         if self.relay_poll_interval <= timedelta(0):
             raise ValueError("IDENTITY_FANOUT_RELAY_POLL_INTERVAL: must be positive")
+        if not timedelta(0) <= self.relay_read_cooldown <= timedelta(seconds=10):
+            raise ValueError("IDENTITY_FANOUT_RELAY_READ_COOLDOWN: must be within 0..10s")
         if self.relay_delivery_timeout < timedelta(milliseconds=1):
             raise ValueError("IDENTITY_FANOUT_RELAY_DELIVERY_TIMEOUT: must be at least 1ms")
 

@@ -28,6 +28,7 @@ from operator import attrgetter
 from typing import Final, LiteralString, NamedTuple
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import TupleRow
 
 from identity_fanout.outbox import log as _log
@@ -63,6 +64,13 @@ SHUTDOWN_GRACE: Final = 5.0
 
 BUSY_WAIT: Final = 0.05
 """How long to wait for reports when the window is full or nothing new was read."""
+READ_COOLDOWN: Final = 0.1
+"""After a read that found the lanes caught up, seconds before the next one (the setting
+IDENTITY_FANOUT_RELAY_READ_COOLDOWN): while writers keep committing, one read takes all
+their commits of that time. Without it a relay that keeps up read once per commit of any
+writer, and with 8 instances each read found about 80 rows, so the relays' CPU and their
+statements per row grew with the instances (docs/design/identity-fanout.md "Relays side
+by side"). River's producer waits the same way between fetches (FetchCooldown, 100 ms)."""
 
 
 @dataclass(slots=True)
@@ -100,6 +108,7 @@ class Pump:
         lanes: int,
         batch_size: int,
         delivery_timeout: float,
+        read_cooldown: float = READ_COOLDOWN,
         probe: Callable[[str, int], None] | None = None,
     ) -> None:
         """`probe(event, slot)`: "produced" before rows of `slot` are produced, "settled"
@@ -113,9 +122,12 @@ class Pump:
         self._stale_after = delivery_timeout + FLUSH_MARGIN
         self._probe = probe
         self._lanes = lanes
+        self._read_cooldown = read_cooldown
+        self._next_read = 0.0
+        """monotonic() before which `cycle` does not read (a caught-up read's cooldown)."""
         self._cursors: dict[int, int] = {}
         self.quarantine = Quarantine(tables)
-        self._reader = Reader(tables.compose(_q, "read_lanes"))
+        self._reader = Reader(LaneRead(tables))
         self._to_delete: list[int] = []
         self._topics: set[str] = set()
         self.tally = RoundResult()
@@ -143,13 +155,17 @@ class Pump:
         for lane, after in self._cursors.items():
             groups.setdefault(after, []).append(lane)
         read = read_bytes = 0
+        caught_up = True
         for after, group in sorted(groups.items()):
             limit = room - read
             if limit <= 0:
+                caught_up = False
                 break
             slots = tuple(slots_of(group, self._lanes))
             budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
             records = self._reader.read(conn, ReadRequest(slots, after, limit, budget))
+            # Fewer rows than asked, and not for the budget: the lanes hold no more now.
+            caught_up &= len(records) < limit and 2 * sum(map(len, map(_VALUE, records))) < budget
             # At most one record per key in flight (InflightWindow.admissible): the rest of
             # the read waits, and is read again, from after the last one produced.
             records = records[: self.window.admissible(records)]
@@ -164,7 +180,16 @@ class Pump:
                 following = ReadRequest(slots, records[-1].id, self._batch_size, budget)
                 self._reader.ahead(conn, following)
             self._produce(records)
+        if caught_up and read and self._read_cooldown:
+            # Rows came, and no more are there: more are likely on their way, and read
+            # together after the cooldown. An empty read sets none: after a quiet spell
+            # the next commit is read at once.
+            self._next_read = time.monotonic() + self._read_cooldown
         return read
+
+    def cooldown_left(self) -> float:
+        """Seconds until `cycle` reads again after a caught-up read (0: at once)."""
+        return max(0.0, self._next_read - time.monotonic())
 
     def _produce(self, records: Sequence[OutboxRecord]) -> None:
         self.tally.read += len(records)
@@ -182,8 +207,9 @@ class Pump:
         return self._deleter.flush(self._flush_timeout)
 
     def cycle(self, conn: Conn, lanes: Collection[int], *, on_tick: Tick, give_up: GiveUp) -> int:
-        """Read on if there is room, serve reports, apply what is settled; rows read."""
-        read = self.fill(conn, lanes)
+        """Read on if there is room (and the last read's cooldown is over), serve reports,
+        apply what is settled; rows read."""
+        read = self.fill(conn, lanes) if time.monotonic() >= self._next_read else 0
         full = self.window.room() == 0
         self._publisher.serve(BUSY_WAIT if (full or read == 0) and len(self.window) else 0.0)
         caught_up = read < self._batch_size
@@ -301,10 +327,39 @@ class ReadRequest(NamedTuple):
         return (self.slots, self.after) == (other.slots, other.after)
 
 
+MERGED_UP_TO: Final = 16
+"""A relay holding at most this many slots reads each slot's head and merges them
+(`read_slot_heads`); with more it walks the primary key (`read_lanes`). Backend CPU per read
+of 5,000 of 200,000 rows, walk against merge: 64 slots 21.5 / 38.0 ms, 32: 27.0 / 35.5,
+16: 33.0 / 29.5, 8: 53.0 / 26.5 (docs/design/identity-fanout.md "Relays side by side")."""
+
+
+class LaneRead:
+    """The statement that reads a set of slots: the walk of the primary key, or for few
+    slots the merge of their heads (composed once per set of slots)."""
+
+    def __init__(self, tables: OutboxTables) -> None:
+        self._walk = tables.compose(_q, "read_lanes")
+        self._tables = tables
+        self._merged: dict[tuple[int, ...], LiteralString] = {}
+
+    def statement(self, slots: tuple[int, ...]) -> LiteralString:
+        if len(slots) > MERGED_UP_TO:
+            return self._walk
+        merged = self._merged.get(slots)
+        if merged is None:
+            heads = sql.SQL(" UNION ALL ").join(
+                sql.SQL(self._tables.compose(_q, "slot_head", slot=sql.Literal(slot)))
+                for slot in slots
+            )
+            merged = self._merged[slots] = self._tables.compose(_q, "read_slot_heads", heads=heads)
+        return merged
+
+
 class Reader:
     """`read(...)` the rows after a cursor; `ahead(...)` starts the following read."""
 
-    def __init__(self, statement: LiteralString) -> None:
+    def __init__(self, statement: LaneRead) -> None:
         self._statement = statement
         self._executor: ThreadPoolExecutor | None = None
         self._ahead: tuple[ReadRequest, Future[list[OutboxRecord]]] | None = None
@@ -318,12 +373,13 @@ class Reader:
             records = future.result()
             if asked.same_rows(request) and records:
                 return records[: request.limit]
-        return fetch(conn, self._statement, request)
+        return fetch(conn, self._statement.statement(request.slots), request)
 
     def ahead(self, conn: psycopg.Connection[TupleRow], request: ReadRequest) -> None:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-reader")
-        self._ahead = (request, self._executor.submit(fetch, conn, self._statement, request))
+        statement = self._statement.statement(request.slots)
+        self._ahead = (request, self._executor.submit(fetch, conn, statement, request))
 
     def forget(self) -> None:
         """Drop what was read ahead (a reset cursor, lost lanes)."""

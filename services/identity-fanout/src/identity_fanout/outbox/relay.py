@@ -40,7 +40,13 @@ from identity_fanout.outbox.lanes import DEFAULT_LANES, MAX_LANES
 from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.pause import Pause, next_pause
 from identity_fanout.outbox.publisher import Publisher
-from identity_fanout.outbox.pump import SHUTDOWN_GRACE, Deleter, Pump, RoundResult
+from identity_fanout.outbox.pump import (
+    READ_COOLDOWN,
+    SHUTDOWN_GRACE,
+    Deleter,
+    Pump,
+    RoundResult,
+)
 from identity_fanout.outbox.report import Gauges, report_failed_round, report_pause
 from identity_fanout.outbox.session import WAKE_SLICE, LaneSession
 from identity_fanout.outbox.tables import OutboxTables
@@ -68,6 +74,8 @@ __all__ = [
 
 LOCK_RETRY_INTERVAL: Final = 2.0
 """Seconds between an instance's looks at the lanes: its take-over and hand-over delay."""
+GAUGES_IDLE_INTERVAL: Final = 1.0
+"""Seconds between an idle instance's refreshes of the backlog gauges (at each look too)."""
 COMPRESSION: Final[Compression] = "zstd"
 """zstd makes a 20,000-assignment snapshot 6.4x smaller (lz4: 3.5x) for ~40 ms of CPU: the
 broker's limit applies to the compressed batch (docs/design/identity-fanout.md "Sizes")."""
@@ -79,7 +87,8 @@ class Rounds:
 
     A round starts with the connection and, every `lock_retry_interval` (or when forced), a
     look at the lanes (rebalance); it ends with the pump's tally taken, the backlog gauges
-    refreshed when due (at each look, after a quarantine, when idle), the pause for a refusal
+    refreshed when due (at each look, after a quarantine, when idle at most once per
+    `GAUGES_IDLE_INTERVAL`), the pause for a refusal
     of the cluster decided (`pause.next_pause`) and reported on a change, readiness set
     from the round's outcome and the result kept as `last_round`.
     """
@@ -93,6 +102,7 @@ class Rounds:
     look_interval: float
     _next_look: float = field(init=False, default=0.0)
     _gauges_due: bool = field(init=False, default=False)
+    _refreshed_at: float = field(init=False, default=-GAUGES_IDLE_INTERVAL)
     last_round: RoundResult | None = field(init=False, default=None)
     pause: Pause | None = field(init=False, default=None)
     """The refusal of the cluster the relay waits out now (None: not paused)."""
@@ -110,10 +120,20 @@ class Rounds:
     def finish(self, conn: psycopg.Connection[TupleRow]) -> RoundResult:
         idle = not self.pump.tally.read and not len(self.pump.window)
         if idle:
-            self.pump.flush()  # nothing else to do: the last deletes, then the gauges
+            self.pump.flush()  # nothing else to do: the last deletes
         result = self.pump.take_tally()
-        # After the step (the backlog it left): at each look, on a quarantine, when idle.
-        if self._gauges_due or result.quarantined or idle:
+        # After the step (the backlog it left): at each look, on a quarantine, and when idle
+        # at most once per GAUGES_IDLE_INTERVAL. Not at every idle step: a relay goes idle
+        # after each writer's commit it answered, and every instance counts the whole
+        # outbox, so with 8 instances the counts were the relays' costliest statement
+        # (docs/design/identity-fanout.md "Relays side by side").
+        now = time.monotonic()
+        if (
+            self._gauges_due
+            or result.quarantined
+            or (idle and now - self._refreshed_at >= GAUGES_IDLE_INTERVAL)
+        ):
+            self._refreshed_at = now
             self._gauges_due = False
             self.gauges.refresh(conn)
         result.active = bool(self.session.lanes)
@@ -152,6 +172,9 @@ class RelayConfig(msgspec.Struct, frozen=True, kw_only=True):
     window_bytes: int = DEFAULT_WINDOW_BYTES
     poll_interval: float = 1.0
     """How often the outbox is looked at when no NOTIFY came."""
+    read_cooldown: float = READ_COOLDOWN
+    """After a read that found the lanes caught up, how long before the next read
+    (`Pump.cycle`); 0: none."""
     delivery_timeout: float = 30.0
     lock_retry_interval: float = LOCK_RETRY_INTERVAL
     backoff_initial: float = 1.0
@@ -171,6 +194,8 @@ class RelayConfig(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("poll_interval", "delivery_timeout", "lock_retry_interval"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.read_cooldown < 0:
+            raise ValueError(f"read_cooldown must be >= 0, got {self.read_cooldown}")
 
 
 @dataclass(frozen=True)
@@ -241,6 +266,7 @@ class OutboxRelay:
             lanes=config.lanes,
             batch_size=config.batch_size,
             delivery_timeout=config.delivery_timeout,
+            read_cooldown=config.read_cooldown,
             probe=probe,
         )
         self._pace = Pacer(heartbeat)
@@ -345,6 +371,9 @@ class OutboxRelay:
             self._session.wait_for_notify(
                 self.config.poll_interval, stop=self._pace.stop, on_tick=self._pace.beat
             )
+            # Woken while the lanes cool down after a caught-up read: the next read waits
+            # for the end of it, and answers every commit until then.
+            return self._pump.cooldown_left()
         return 0.0
 
     def _release_idle(self, conn: psycopg.Connection[TupleRow]) -> None:

@@ -19,6 +19,28 @@ SELECT id, topic, message_key, payload, headers, key_slot
  WHERE before < %(budget)s
  ORDER BY id
 
+-- name: read_slot_heads --
+-- The same rows as `read_lanes`, for a relay holding few slots: each slot's head along the
+-- (key_slot, id) index, merged in id order ({heads}: one `slot_head` per slot, UNION ALL),
+-- so a read touches only the relay's own rows instead of walking the primary key past the
+-- other relays' rows and the dead ones at the head (identity_fanout.outbox.pump.LaneRead).
+SELECT id, topic, message_key, payload, headers, key_slot
+  FROM (SELECT *, sum(octet_length(payload)) OVER (ORDER BY id) - octet_length(payload) AS before
+          FROM (SELECT * FROM ({heads}) AS heads
+                 ORDER BY id
+                 LIMIT %(limit)s) AS head) AS sized
+ WHERE before < %(budget)s
+ ORDER BY id
+
+-- name: slot_head --
+-- One slot's next rows, for `read_slot_heads` ({slot}: the slot, as a literal, so that
+-- each branch is planned on its own range of the index).
+(SELECT id, topic, message_key, payload, headers::text AS headers, key_slot
+   FROM {outbox}
+  WHERE key_slot = {slot} AND id > %(after)s
+  ORDER BY id
+  LIMIT %(limit)s)
+
 -- name: delete_published --
 -- Exactly the acknowledged ids, never a range: a writer that took a lower id may commit
 -- after this round read higher ones, and id <= last would delete its unpublished row.
