@@ -334,6 +334,11 @@ of 5,000 of 200,000 rows, walk against merge: 64 slots 21.5 / 38.0 ms, 32: 27.0 
 16: 33.0 / 29.5, 8: 53.0 / 26.5 (docs/design/identity-fanout.md "Relays side by side")."""
 
 
+_MERGED_KEPT: Final = 256
+"""Merged statements kept at most: one per set of slots read together (a relay's lanes, or
+those sharing a cursor), which a rebalance or a takeover changes."""
+
+
 class LaneRead:
     """The statement that reads a set of slots: the walk of the primary key, or for few
     slots the merge of their heads (composed once per set of slots)."""
@@ -348,6 +353,8 @@ class LaneRead:
             return self._walk
         merged = self._merged.get(slots)
         if merged is None:
+            if len(self._merged) >= _MERGED_KEPT:  # lanes regrouped often: keep it bounded
+                self._merged.clear()
             heads = sql.SQL(" UNION ALL ").join(
                 sql.SQL(self._tables.compose(_q, "slot_head", slot=sql.Literal(slot)))
                 for slot in slots
