@@ -9,6 +9,7 @@ from pin_runtime.delivery import DeliveryFailure, classify
 
 DENIED = classify(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
 NO_TOPIC = classify(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+NO_TOPIC_CACHED = classify(KafkaError(KafkaError._UNKNOWN_TOPIC))
 NOT_AUTHENTICATED = classify(KafkaError(KafkaError._AUTHENTICATION))
 TIMED_OUT = classify(KafkaError(KafkaError._MSG_TIMED_OUT))
 TOO_LARGE = classify(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
@@ -43,6 +44,9 @@ def test_a_refused_round_pauses_and_the_same_refusal_keeps_its_start() -> None:
     assert again is first
     changed = next_pause(first, pause(NO_TOPIC, since=9.0), acknowledged=set(), idle=False)
     assert changed == pause(NO_TOPIC, since=9.0)  # a new refusal: said again
+    # The client's own code for the same missing topic (from cached metadata) is no new one.
+    cached = next_pause(changed, pause(NO_TOPIC_CACHED, since=12.0), acknowledged=set(), idle=False)
+    assert cached is changed
 
 
 def test_a_topics_refusal_ends_only_with_an_ack_of_that_topic() -> None:

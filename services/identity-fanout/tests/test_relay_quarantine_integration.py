@@ -307,7 +307,9 @@ def test_a_topic_that_does_not_exist_pauses_the_relay_and_quarantines_nothing(
     topic = support.access_topic(f"pin-test.missing.{uuid.uuid4().hex[:12]}")
     support.write(identity_dsn, [outbox_message(support.access_event(), topic) for _ in range(5)])
     registry = CollectorRegistry()
-    relay = make_relay(registry=registry)
+    # A read cooldown far longer than the first backoff: the retries of the refused rows
+    # must not wait for it, nor may a step inside it lift the pause.
+    relay = make_relay(registry=registry, read_cooldown=2.0)
     paused = {"reason": "unknown-topic", "topic": topic.name}
     admin = create_admin(kafka_bootstrap, client_id="quarantine-test")
     try:
@@ -317,8 +319,19 @@ def test_a_topic_that_does_not_exist_pauses_the_relay_and_quarantines_nothing(
                 60,
                 "relay paused for the missing topic",
             )
-            assert relay.pause is not None
-            assert relay.pause.failure.code == "UNKNOWN_TOPIC_OR_PART"
+            pause = relay.pause
+            assert pause is not None
+            assert pause.failure.code == "UNKNOWN_TOPIC_OR_PART"
+            # Refused again at each retry, the relay stays in the same pause throughout.
+            failures = sample(registry, "identity_outbox_delivery_failures_total")
+            wait_until(
+                lambda: (
+                    sample(registry, "identity_outbox_delivery_failures_total") >= failures + 2 * 5
+                ),
+                60,
+                "two more refused retries",
+            )
+            assert relay.pause is pause
             assert support.outbox_count(identity_dsn) == 5
             assert QUARANTINE.rows(db) == []
 

@@ -126,7 +126,9 @@ def test_a_topic_the_relay_may_not_write_pauses_it_and_every_row_follows_in_orde
         registry=registry,
         state=state,
         kafka_extra=security,
-        **RELAY_TEST_OPTIONS | {"poll_interval": 0.2},
+        # A read cooldown far longer than the first backoff: the retries of the refused rows
+        # must not wait for it, nor may a step inside it lift the pause.
+        **RELAY_TEST_OPTIONS | {"poll_interval": 0.2, "read_cooldown": 2.0},
     )
     paused = {"reason": "topic-authorization", "topic": topic.name}
 
@@ -137,6 +139,7 @@ def test_a_topic_the_relay_may_not_write_pauses_it_and_every_row_follows_in_orde
         wait_until(
             lambda: sample("identity_outbox_relay_paused", **paused) == 1, 30, "relay paused"
         )
+        pause = relay.pause
         # It keeps retrying (every row refused again, each time), and keeps every row.
         wait_until(
             lambda: sample("identity_outbox_delivery_failures_total") >= 3 * rows,
@@ -149,8 +152,9 @@ def test_a_topic_the_relay_may_not_write_pauses_it_and_every_row_follows_in_orde
         assert sample("identity_outbox_published_total") == 0
         assert state().status == "degraded"
         assert "TOPIC_AUTHORIZATION_FAILED" in state().detail
-        assert relay.pause is not None
-        assert relay.pause.topic == topic.name
+        assert pause is not None
+        assert pause.topic == topic.name
+        assert relay.pause is pause  # the same pause throughout its retries
 
         acl.allow_again()
         wait_until(lambda: outbox_count(identity_dsn) == 0, 60, "every row published")

@@ -36,7 +36,10 @@ class Pause:
     since: float
 
     def same_refusal(self, other: Pause) -> bool:
-        return (self.failure.code, self.topic) == (other.failure.code, other.topic)
+        # By reason, not code: librdkafka answers a missing topic with the broker's
+        # UNKNOWN_TOPIC_OR_PART first and its own _UNKNOWN_TOPIC from cached metadata after,
+        # one refusal that must not be announced again at every retry.
+        return (self.failure.reason, self.topic) == (other.failure.reason, other.topic)
 
     def lifted_by(self, acknowledged: Collection[str]) -> bool:
         """Whether acknowledgements of rows of these topics show the refusal is gone."""

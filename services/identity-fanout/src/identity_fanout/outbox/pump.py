@@ -246,6 +246,10 @@ class Pump:
         )
         self.window.clear()
         self._cursors.clear()
+        # The rows left go out again after the relay's backoff, not after a cooldown meant
+        # for lanes that caught up: a step that skipped its read would look idle, and idle
+        # lifts a pause (a paused relay said "resumed" and "paused" again within 0.1 s).
+        self._next_read = 0.0
         self._metrics.in_flight.set(0)
 
     def stop(self, connection: Callable[[], Conn] | None) -> None:

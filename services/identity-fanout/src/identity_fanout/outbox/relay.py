@@ -137,9 +137,14 @@ class Rounds:
             self._gauges_due = False
             self.gauges.refresh(conn)
         result.active = bool(self.session.lanes)
+        # Only a read that found nothing shows that nothing waits: a step inside a read's
+        # cooldown did not look.
+        looked_idle = idle and not self.pump.cooldown_left()
         before, self.pause = (
             self.pause,
-            next_pause(self.pause, result.refused, acknowledged=result.acknowledged, idle=idle),
+            next_pause(
+                self.pause, result.refused, acknowledged=result.acknowledged, idle=looked_idle
+            ),
         )
         report_pause(self.metrics, before, self.pause)
         if self.pause is not None:
