@@ -64,8 +64,12 @@ pact: up ## consumer pact tests (write contracts/pacts/), then provider verifica
 pact-publish: ## publish contracts/pacts/ to the pact broker named by PACT_BROKER_BASE_URL
 	contracts/pact-publish.sh
 
+.PHONY: sbom
+sbom: sync ## each image's CycloneDX SBOM from uv.lock, in build/sbom/ (checked against the lock)
+	UV=$(UV) infra/checks/sbom.sh
+
 .PHONY: infra-check
-infra-check: sync ## images, Helm charts, monitoring rules, pin-contracts release (tools cached per user)
+infra-check: sync ## images, SBOMs, Helm charts, monitoring rules, pin-contracts release (tools cached per user)
 	UV=$(UV) infra/checks/all.sh
 
 .PHONY: test

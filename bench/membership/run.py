@@ -183,7 +183,10 @@ def measure_plain(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
 
 def measure_consumer(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     """(a) the real consumer loop until every record is handled and committed."""
-    configure_logging("WARNING", "rewards-membership-bench")
+    # WARNING by default, as at high volume; `--log-level INFO` measures the per-event lines
+    # (`consumed`, `membership-applied`, ...) a service at its default level writes, to a
+    # null stream so that the terminal is not what is timed.
+    configure_logging(args.log_level, "rewards-membership-bench", stream=open(os.devnull, "w"))  # noqa: SIM115
     settings = Settings(
         database_dsn=Secret(args.dsn),
         kafka_bootstrap=bootstrap,
@@ -265,7 +268,7 @@ def child(kind: str, args: argparse.Namespace, **extra: str) -> dict[str, Any]:
     """Run one measurement in a process of its own (its RSS and CPU are its own)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [sys.executable, __file__, "--measure", kind, "--result", out.name]
-        for name in ("events", "agents", "agencies", "batch_size", "seed"):
+        for name in ("events", "agents", "agencies", "batch_size", "seed", "log_level"):
             command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         for name, value in extra.items():
             command += [f"--{name}", value]
@@ -352,6 +355,7 @@ def main() -> None:
     parser.add_argument("--agencies", type=int, default=1_000)
     parser.add_argument("--batch-size", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--log-level", default="WARNING", choices=("WARNING", "INFO"))
     for hidden in ("--measure", "--result", "--topic", "--dlq", "--dsn"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args()

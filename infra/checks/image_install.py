@@ -215,6 +215,17 @@ def check(dockerfile: Path, service: str, work: Path) -> str:
             cwd="/",
             env=_bare_env(),
         )
+    # What an operator asks a pod first: its build, the revision from the image's ENV.
+    shown = subprocess.run(  # noqa: S603 - the console script this check installed
+        [str(script), "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+        env=_bare_env() | {"PIN_BUILD_REVISION": "0123abc"},
+    ).stdout
+    if not re.match(rf"{service} \d+\.\d+\.\d+ \(revision 0123abc, pin-contracts \d", shown):
+        raise CheckError(f"{service} --version says {shown.strip()!r}")
     site = next((venv / "lib").glob("python3*/site-packages"))
     present = {p.name.split("-")[0].lower() for p in site.iterdir()}
     other = {module for name, module in SERVICES.items() if name != service}
@@ -224,7 +235,10 @@ def check(dockerfile: Path, service: str, work: Path) -> str:
     editable = sorted(p.name for p in site.glob("*.pth") if "_editable_" in p.name)
     if editable:
         raise CheckError(f"{service}: editable installs {editable} need the source tree")
-    return f"{service}: `{' '.join(stage.run)}` ok; --help of {', '.join(commands)} ok"
+    return (
+        f"{service}: `{' '.join(stage.run)}` ok; --help of {', '.join(commands)} ok;"
+        f" --version {shown.strip()!r}"
+    )
 
 
 def main(argv: list[str]) -> int:

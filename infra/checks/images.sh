@@ -21,6 +21,11 @@ fail() { echo "$f: $*" >&2; status=1; }
 grep -Eq '^ARG [A-Z_]+_IMAGE=[^ ]+:[0-9][^ ]*$' "$f" || fail "base images must be ARGs with a pinned version tag"
 ! grep -Eiq '(:latest\b|^ADD +https?://)' "$f" || fail "no :latest, no ADD of URLs"
 [[ "$(grep -E '^USER ' "$f" | tail -1)" =~ ^USER\ [1-9][0-9]*(:[1-9][0-9]*)?$ ]] || fail "the last USER must be a numeric non-root uid"
+# What an image is, for a registry and a scanner: the OCI labels, from the build's arguments.
+for label in source revision version title; do
+    grep -Eq "org\.opencontainers\.image\.$label=" "$f" || fail "OCI label org.opencontainers.image.$label missing"
+done
+grep -Eq 'PIN_BUILD_REVISION="\$\{REVISION\}"' "$f" || fail "the runtime must carry PIN_BUILD_REVISION from the REVISION build argument"
 for svc in "${SERVICES[@]}"; do
     grep -Eq "^FROM runtime AS $svc$" "$f" || fail "target $svc must build FROM runtime (the non-root user)"
     grep -Eq "^ENTRYPOINT \[\"$svc\"\]$" "$f" || fail "ENTRYPOINT must be [\"$svc\"]"

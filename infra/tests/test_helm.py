@@ -42,6 +42,8 @@ SECRET_SETTINGS = {
     "KAFKA_SSL_KEY_PASSWORD",
 }
 VALUES = ("default", "production")
+# The sidecar ci/production-values.yaml adds to every Deployment (extraContainers).
+SIDECARS = {"log-shipper"}
 KUBE_VERSION = "1.37.0"
 
 pytestmark = pytest.mark.timeout(900)  # a first run builds Helm from the Go module proxy
@@ -82,10 +84,20 @@ def configmap(docs: list[dict[str, Any]], chart: str, suffix: str = "") -> dict[
 
 
 def containers(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The service's own containers (not the sidecars of extraContainers)."""
     for doc in docs:
         if doc["kind"] in {"Deployment", "Job"}:
             for container in doc["spec"]["template"]["spec"]["containers"]:
-                yield doc["metadata"]["name"], container
+                if container["name"] not in SIDECARS:
+                    yield doc["metadata"]["name"], container
+
+
+def secret_refs(container: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {
+        env["name"]: env["valueFrom"]["secretKeyRef"]
+        for env in container.get("env", [])
+        if "secretKeyRef" in env.get("valueFrom", {})
+    }
 
 
 @pytest.mark.parametrize("values", VALUES)
@@ -99,11 +111,7 @@ def test_configmap_and_secret_refs_cover_every_setting(chart: str, values: str) 
     for name, container in containers(docs):
         if container.get("args") == ["migrate"] or container["name"] == LAG_WATCHER:
             continue
-        refs = {
-            env["name"]: env["valueFrom"]["secretKeyRef"]
-            for env in container.get("env", [])
-            if "valueFrom" in env
-        }
+        refs = secret_refs(container)
         assert prefix + "DATABASE_DSN" in refs, name
         if values == "production":  # SASL configured: both credentials from the Secret
             assert {prefix + "KAFKA_SASL_USERNAME", prefix + "KAFKA_SASL_PASSWORD"} <= set(refs)
@@ -133,7 +141,8 @@ def test_pods_are_hardened_and_probed(chart: str, values: str) -> None:
         pod = deployment["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["terminationGracePeriodSeconds"] >= 60  # longer than one batch
-        (container,) = pod["containers"]
+        container, *sidecars = pod["containers"]
+        assert {c["name"] for c in sidecars} == (SIDECARS if values == "production" else set())
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
         assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]  # noqa: S108
@@ -315,8 +324,22 @@ def test_network_policy_allows_only_the_dependencies_and_the_scrapers(
         if doc["kind"] in {"Deployment", "Job"}:
             labels = doc["spec"]["template"]["metadata"]["labels"]
             assert selector.items() <= labels.items(), doc["metadata"]["name"]
-    # Ingress: the metrics port only, from the monitoring namespace only.
-    (ingress,) = spec["ingress"]
+    # Ingress: the metrics port only, from the monitoring namespace only, and from the
+    # release's own `helm test` pod.
+    ingress, tester = spec["ingress"]
+    assert tester == {
+        "from": [
+            {
+                "podSelector": {
+                    "matchLabels": {
+                        "app.kubernetes.io/instance": chart,
+                        "app.kubernetes.io/component": "helm-test",
+                    }
+                }
+            }
+        ],
+        "ports": _tcp(metrics_port),
+    }
     assert ingress["ports"] == _tcp(metrics_port)
     (source,) = ingress["from"]
     assert source["namespaceSelector"] == {
@@ -464,10 +487,10 @@ def test_the_lag_watcher_gets_exactly_its_settings_and_the_kafka_credentials(
         d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == f"{chart}-lag-watcher"
     ]
     assert deployment["spec"]["replicas"] == 1
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["args"] == ["lag-watch"]
     assert container["envFrom"] == [{"configMapRef": {"name": f"{chart}-lag-watcher"}}]
-    refs = {e["name"] for e in container.get("env", []) if "valueFrom" in e}
+    refs = set(secret_refs(container))
     if values == "production":
         assert refs == {prefix + "KAFKA_SASL_USERNAME", prefix + "KAFKA_SASL_PASSWORD"}
     else:
@@ -483,3 +506,55 @@ def test_the_lag_watcher_can_be_switched_off_for_an_existing_exporter(chart: str
     docs = render(chart, "default", "lagWatcher.enabled=false")
     assert all(c["name"] != LAG_WATCHER for _, c in containers(docs))
     assert [d["metadata"]["name"] for d in of_kind(docs, "ConfigMap")] == [chart]
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_extra_volumes_init_containers_sidecars_and_opentelemetry_reach_every_pod(
+    chart: str,
+) -> None:
+    docs = render(chart, "production")
+    for deployment in of_kind(docs, "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        name = deployment["metadata"]["name"]
+        assert {"name": "trust", "emptyDir": {}} in pod["volumes"], name
+        assert [c["name"] for c in pod["initContainers"]] == ["trust-bundle"], name
+        own, sidecar = pod["containers"]
+        assert sidecar["name"] == "log-shipper"
+        mount = {"name": "trust", "mountPath": "/etc/pin/trust", "readOnly": True}
+        assert mount in own["volumeMounts"], name
+        env = {e["name"]: e.get("value") for e in own["env"]}
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability.svc:4318"
+        assert env["OTEL_TRACES_EXPORTER"] == "otlp"
+        assert (env["OTEL_TRACES_SAMPLER"], env["OTEL_TRACES_SAMPLER_ARG"]) == (
+            "parentbased_traceidratio",
+            "0.25",
+        )
+        assert env["OTEL_RESOURCE_ATTRIBUTES"] == (
+            "k8s.namespace.name=pin,k8s.pod.name=$(K8S_POD_NAME),"
+            "deployment.environment.name=production,team=platform"
+        )
+        # The pod's name is defined before the variable that refers to it.
+        order = [e["name"] for e in own["env"]]
+        assert order.index("K8S_POD_NAME") < order.index("OTEL_RESOURCE_ATTRIBUTES")
+    # Without an endpoint no exporter is configured; the resource attributes still are.
+    default = render(chart, "default")
+    for _, container in containers(default):
+        names = {e["name"] for e in container.get("env", [])}
+        assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in names
+        if container["name"] != "migrate":
+            assert "OTEL_RESOURCE_ATTRIBUTES" in names
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_helm_test_asks_the_metrics_service_for_readyz(chart: str) -> None:
+    docs = render(chart, "default")
+    (pod,) = of_kind(docs, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "helm-test"
+    assert "app.kubernetes.io/name" not in pod["metadata"]["labels"]  # not the policy's pods
+    (service,) = of_kind(docs, "Service")
+    port = service["spec"]["ports"][0]["port"]
+    (container,) = pod["spec"]["containers"]
+    assert f"http://{service['metadata']['name']}:{port}/readyz" in container["command"][-1]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["restartPolicy"] == "Never"

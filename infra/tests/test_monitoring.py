@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.outbox.relay import RelayMetrics
+from pin_runtime.build import BuildInfo, register_process_metrics
 from pin_runtime.lag_watch.metrics import LagWatchMetrics
 from rewards_membership.metrics import Metrics as MembershipMetrics
 
@@ -93,6 +94,8 @@ _SUFFIXES = {
 def exported_names(service: str) -> set[str]:
     """Every sample name the service can export, including labelled series not yet used."""
     registry = CollectorRegistry()
+    # Every long-running command's process and build metrics (`pin_runtime.build`).
+    register_process_metrics(registry, BuildInfo.of(service))
     LagWatchMetrics(registry)  # `<service> lag-watch`, in each chart
     if service == "identity-fanout":
         FanoutMetrics(registry)
@@ -229,10 +232,18 @@ def test_alerts_carry_severity_summary_description_and_runbook(service: str) -> 
         assert page.read_text().startswith(f"# {alert}\n"), page
 
 
-def test_every_runbook_page_belongs_to_an_alert() -> None:
+# Runbook pages of procedures rather than alerts (the specs name them).
+PROCEDURES = {"rewards-agent-performance-rebuild"}
+
+
+def test_every_runbook_page_belongs_to_an_alert_or_a_procedure() -> None:
     alerts = {alert for by_service in ALERTS.values() for alert in by_service}
     pages = {path.stem for path in (ROOT / "docs" / "runbooks").glob("*.md")}
-    assert pages - {"README"} == alerts
+    assert pages - {"README"} == alerts | PROCEDURES
+    for procedure in PROCEDURES:
+        page = ROOT / "docs" / "runbooks" / f"{procedure}.md"
+        assert page.read_text().startswith(f"# {procedure}\n")
+        assert f"({procedure}.md)" in (ROOT / "docs" / "runbooks" / "README.md").read_text()
 
 
 @pytest.mark.parametrize("service", SERVICES)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
+import platform
 import subprocess
 import sys
 import urllib.error
@@ -15,6 +17,7 @@ from uuid import UUID
 import msgspec
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pin_runtime.composition import Cli, long_running, run_command, uuid_argument
 from pin_runtime.errors import MigrationError, SettingsError
@@ -235,3 +238,41 @@ def test_a_cli_parser_names_the_service_and_takes_uuids(
         parser.parse_args(["show", "seven"])
     assert exited.value.code == 2
     assert "not a UUID: 'seven'" in capsys.readouterr().err
+
+
+def test_version_names_the_build_and_exits_0(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIN_BUILD_REVISION", "4f1c2e9")
+    parser, _ = Cli("pin-runtime", _CliSettings, "PIN_CLI_TEST_").parser("A test tool.")
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--version"])
+    assert exited.value.code == 0
+    line = capsys.readouterr().out.strip()
+    contracts = importlib.metadata.version("pin-contracts")
+    assert line.startswith(f"pin-runtime {importlib.metadata.version('pin-runtime')} ")
+    assert f"(revision 4f1c2e9, pin-contracts {contracts}, Python {platform.python_version()})" in (
+        line
+    )
+
+
+def test_long_running_exports_process_metrics_and_its_build() -> None:
+    with long_running(
+        "pin-runtime",
+        log_level="WARNING",
+        metrics_host="127.0.0.1",
+        metrics_port=0,
+        heartbeat=Heartbeat(stale_after=60),
+    ) as rt:
+        ops = rt.serve()
+        with urllib.request.urlopen(f"http://127.0.0.1:{ops.port}/metrics", timeout=5) as r:
+            families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    # Memory against the pod's limit, and which build runs: what the private registry lacked.
+    [rss] = families["process_resident_memory_bytes"].samples
+    assert rss.value > 10 * 2**20
+    assert "python_gc_objects_collected" in families
+    assert "python_info" in families
+    [build] = families["pin_runtime_build_info"].samples
+    assert build.value == 1
+    assert build.labels["version"] == importlib.metadata.version("pin-runtime")
+    assert build.labels["contracts_version"] == importlib.metadata.version("pin-contracts")

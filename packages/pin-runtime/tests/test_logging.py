@@ -120,6 +120,22 @@ def test_trace_ids_when_span_active(capture: tuple[logging.Logger, io.StringIO])
     assert line["span_id"] == format(context.span_id, "016x")
 
 
+def test_the_events_own_trace_names_the_line(capture: tuple[logging.Logger, io.StringIO]) -> None:
+    logger, stream = capture
+    tracer = TracerProvider().get_tracer("test")
+    produced = "4bf92f3577b34da6a3ce929d0e0e4736"
+    with tracer.start_as_current_span("batch"):
+        log_event(logger, "consumed", trace_id=produced)
+        log_event(logger, "consumed", trace_id=None)  # the event has none: the span's
+    log_event(logger, "consumed", trace_id=None)  # neither: named, empty
+    events, untraced, none = lines(stream)
+    assert (events["trace_id"], "span_id" in events) == (produced, False)
+    assert untraced["trace_id"] not in (None, produced)
+    assert "span_id" in untraced
+    assert none["trace_id"] is None
+    assert "trace_id_" not in events
+
+
 def test_unencodable_fields_do_not_lose_the_line(
     capture: tuple[logging.Logger, io.StringIO],
 ) -> None:

@@ -115,6 +115,21 @@ def test_resource_from_environment() -> None:
     assert attributes["team"] == "a b"
 
 
+def test_the_service_version_is_the_builds_unless_the_environment_names_one() -> None:
+    built = configure_tracing("identity-fanout", {}, version="1.4.2", set_global=False)
+    assert isinstance(built, TracerProvider)
+    assert built.resource.attributes["service.version"] == "1.4.2"
+    named = configure_tracing(
+        "identity-fanout",
+        {"OTEL_RESOURCE_ATTRIBUTES": "service.version=1.4.2-rc1,deployment.environment.name=stg"},
+        version="1.4.2",
+        set_global=False,
+    )
+    assert isinstance(named, TracerProvider)
+    assert named.resource.attributes["service.version"] == "1.4.2-rc1"
+    assert named.resource.attributes["deployment.environment.name"] == "stg"
+
+
 def test_otel_service_name_wins() -> None:
     provider = configure(
         {"OTEL_SERVICE_NAME": "fanout-canary", "OTEL_RESOURCE_ATTRIBUTES": "service.name=x"}

@@ -157,6 +157,22 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn
     assert (nothing.returncode, nothing.stdout.strip()) == (0, "0 row(s) back in the outbox")
 
 
+def test_a_dry_run_of_retry_names_the_rows_and_moves_nothing(db: Conn, operator_dsn: str) -> None:
+    for _ in range(2):
+        refuse(db, "pin.identity.access.v1", uuid.uuid4(), TOO_LARGE)
+    first, second = QUARANTINE.rows(db)
+    preview = run(operator_dsn, "retry", "--all", "--dry-run")
+    assert preview.returncode == 0, preview.stderr
+    for row in (first, second):
+        assert f"quarantined row {row.id} would go back to the outbox" in preview.stdout
+    assert "2 row(s) would be back in the outbox (dry run: nothing changed)" in preview.stdout
+    one = run(operator_dsn, "retry", str(first.id), "--dry-run")
+    assert one.returncode == 0, one.stderr
+    assert f"would put quarantined row {first.id} back in the outbox" in one.stdout
+    assert QUARANTINE.rows(db) == [first, second]
+    assert outbox_ids(db) == []
+
+
 def audit_lines(result: CommandResult) -> list[dict[str, Any]]:
     """The CLI's `outbox quarantined row discarded` lines (JSON on stdout, with every log
     line of the CLI; stderr: failures only)."""
@@ -201,6 +217,17 @@ def test_discarding_an_access_event_needs_force_and_leaves_an_audit(
     everything = run(operator_dsn, "discard", "--all", "--reason", "drill")
     assert everything.returncode == 2, everything.stderr
     assert f"row(s) {first.id}, {second.id}, {third.id} carry access events" in (everything.stderr)
+    assert [q.id for q in QUARANTINE.rows(db)] == [first.id, second.id, third.id]
+    assert audit_rows(db) == []
+    # A dry run checks as the discard does (--force still needed), then changes nothing: no
+    # row gone, no audit row, no audit line.
+    unforced_preview = run(operator_dsn, "discard", "--all", "--reason", "drill", "--dry-run")
+    assert unforced_preview.returncode == 2, unforced_preview.stderr
+    preview = run(operator_dsn, "discard", "--all", "--reason", "drill", "--force", "--dry-run")
+    assert preview.returncode == 0, preview.stderr
+    assert f"quarantined row {third.id} would be discarded" in preview.stdout
+    assert "3 row(s) would be discarded (dry run: nothing changed)" in preview.stdout
+    assert audit_lines(preview) == []
     assert [q.id for q in QUARANTINE.rows(db)] == [first.id, second.id, third.id]
     assert audit_rows(db) == []
 

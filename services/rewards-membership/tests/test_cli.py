@@ -235,6 +235,13 @@ def test_dlq_list_and_replay(
     assert all(": refused: still invalid: " in line for line in refused)
     assert consumer.total("rewards_identity_membership_dlq_total") == 2
 
+    # A dry run of the forced replay: both would go to the source topic, nothing is sent
+    # (the replay below still finds both unreplayed).
+    assert main(["dlq", "replay", "--all", "--force", "--dry-run"]) == 0
+    preview = capsys.readouterr().out.splitlines()
+    assert sum(f": would-replay: to {kafka.topic}" in line for line in preview) == 2
+    assert preview[-1] == "2 record(s) would be replayed (dry run: nothing sent)"
+
     # --force replays them anyway: the consumer processes them (not duplicates) and they
     # come back to the DLQ. Replayed records are not replayed again.
     assert main(["dlq", "replay", "--all", "--force"]) == 0
@@ -281,6 +288,13 @@ def test_dlq_resolve_closes_dead_letters_without_a_replay(
         main(["dlq", "resolve", "--all", "--reason", "  "])
     assert blank.value.code == 2
     assert "a reason must say something" in capsys.readouterr().err
+
+    # A dry run names both and closes neither: no audit line, and both resolve for real below.
+    assert main(["dlq", "resolve", "--all", "--reason", "drill", "--dry-run"]) == 0
+    preview = capsys.readouterr().out.splitlines()
+    assert sorted(line.split(": ")[1] for line in preview if "@" in line) == ["would-resolve"] * 2
+    assert preview[-1] == "2 record(s) would be resolved (dry run: nothing written)"
+    assert not any(line.startswith("{") for line in preview)
 
     assert (
         main(["dlq", "resolve", "--offset", offset, "--partition", partition, "--reason", "bug"])
@@ -356,3 +370,49 @@ def test_consume_stops_gracefully_on_sigterm(
     assert process.returncode == 0, err
     assert '"event":"membership-applied"' in out
     assert '"event":"consumer closed"' in out
+
+
+@pytest.mark.integration
+def test_status_shows_the_groups_lag_per_partition_and_the_dead_letters_pending(
+    *,
+    kafka: Any,
+    start_consumer: Any,
+    event: Event,
+    capsys: pytest.CaptureFixture[str],
+    cli_environment: None,
+) -> None:
+    def status() -> dict[str, Any]:
+        assert main(["status", "--json"]) == 0
+        # The consumer running in this process logs JSON lines to the same stdout.
+        documents: list[dict[str, Any]] = [
+            msgspec.json.decode(line) for line in capsys.readouterr().out.splitlines()
+        ]
+        [shown] = [document for document in documents if "group" in document]
+        return shown
+
+    agents = [uuid.uuid4() for _ in range(5)]
+    for agent in agents:
+        kafka.send(event(agent, uuid.uuid4(), 1, membership_id=uuid.uuid4()))
+    kafka.producer.flush(10)
+    # No consumer ever ran: every record waits, and ages (what the gauges cannot show).
+    waiting = status()
+    assert waiting["lag_records"] == 5
+    assert waiting["oldest_seconds"] is not None
+    assert waiting["oldest_seconds"] >= 0
+    assert [p["partition"] for p in waiting["partitions"]] == [0, 1, 2]
+    assert all(p["committed"] is None for p in waiting["partitions"])
+    assert sum(p["records"] for p in waiting["partitions"]) == 5
+    assert waiting["dead_letters_pending"] == 0
+
+    consumer = start_consumer()
+    kafka.send_raw((str(agents[0]).encode(), b"garbage", None))
+    consumer.wait_handled(6)
+    wait_until(lambda: status()["lag_records"] == 0, 30, "the group caught up")
+    caught_up = status()
+    assert caught_up["oldest_seconds"] is None
+    assert caught_up["dead_letters_pending"] == 1
+
+    assert main(["status"]) == 0
+    screen = capsys.readouterr().out
+    for text in ("membership consumer", "0 record(s)", "1 on", "(dlq list)", "partition"):
+        assert text in screen, text

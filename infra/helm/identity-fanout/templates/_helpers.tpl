@@ -1,4 +1,8 @@
-{{/* Names and labels. */}}
+{{/*
+Written once for both charts: infra/helm/_helpers.tpl is the source, each chart's
+templates/_helpers.tpl a copy (infra/checks/helm.sh fails on a difference; `--fix` copies).
+Names and labels.
+*/}}
 {{- define "svc.name" -}}
 {{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -99,9 +103,42 @@ that talks to Kafka, the lag watcher (which gets no database login) included.
       name: {{ $root.Values.kafka.tls.keyPasswordSecret }}
       key: {{ $root.Values.kafka.tls.keyPasswordKey }}
 {{- end }}
+{{- include "svc.otelEnv" $root }}
 {{- with $root.Values.extraEnv }}
 {{- toYaml . | nindent 0 }}
 {{- end }}
+{{- end -}}
+
+{{/*
+OpenTelemetry (`otel`), read by pin_runtime.tracing: an OTLP/HTTP endpoint turns the
+exporter on; every span names the environment, the namespace and the pod. extraEnv comes
+after it, so an OTEL_* variable there still wins.
+*/}}
+{{- define "svc.otelEnv" -}}
+{{- $otel := .Values.otel }}
+{{- if $otel.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ $otel.endpoint | quote }}
+- name: OTEL_TRACES_EXPORTER
+  value: otlp
+{{- end }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ $otel.sampler | quote }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ $otel.samplerArg | quote }}
+- name: K8S_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- $attributes := list (printf "k8s.namespace.name=%s" .Release.Namespace) "k8s.pod.name=$(K8S_POD_NAME)" }}
+{{- with $otel.environment }}
+{{- $attributes = append $attributes (printf "deployment.environment.name=%s" .) }}
+{{- end }}
+{{- range $name, $value := $otel.resourceAttributes }}
+{{- $attributes = append $attributes (printf "%s=%s" $name $value) }}
+{{- end }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ join "," $attributes | quote }}
 {{- end -}}
 
 {{/* Volumes: a writable /tmp on the read-only root filesystem, the Kafka CA bundle and client certificate. */}}
@@ -128,6 +165,9 @@ that talks to Kafka, the lag watcher (which gets no database login) included.
       - key: {{ .Values.kafka.tls.keyKey }}
         path: tls.key
 {{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "svc.volumeMounts" -}}
@@ -142,6 +182,9 @@ that talks to Kafka, the lag watcher (which gets no database login) included.
 - name: kafka-client
   mountPath: /etc/pin/kafka-client
   readOnly: true
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
 {{- end }}
 {{- end -}}
 
@@ -184,6 +227,17 @@ tolerations:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- with .Values.initContainers }}
+initContainers:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The sidecars of every Deployment (extraContainers), after its own container. */}}
+{{- define "svc.extraContainers" -}}
+{{- with .Values.extraContainers }}
+{{- toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "svc.topologySpread" -}}
@@ -199,4 +253,57 @@ topologySpreadConstraints:
         app.kubernetes.io/component: {{ $component }}
   {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/*
+`helm test <release>`: a pod of the service's image asks the metrics Service for /readyz
+until six answers in a row are 200 (every pod that serves the port is ready), within
+two minutes. It carries none of the service's selector labels (the NetworkPolicy lets it in
+by its own label), and the pods' security context.
+*/}}
+{{- define "svc.readyzTest" -}}
+{{- $url := printf "http://%s-metrics:%v/readyz" (include "svc.fullname" .) .Values.service.port -}}
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {{ include "svc.fullname" . }}-test-readyz
+  labels:
+    helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+    app.kubernetes.io/instance: {{ .Release.Name }}
+    app.kubernetes.io/managed-by: {{ .Release.Service }}
+    app.kubernetes.io/part-of: pin
+    app.kubernetes.io/component: helm-test
+  annotations:
+    helm.sh/hook: test
+    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+spec:
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  securityContext:
+    {{- toYaml .Values.podSecurityContext | nindent 4 }}
+  containers:
+    - name: readyz
+      image: {{ include "svc.image" . }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      command:
+        - python
+        - -c
+        - |
+          import sys, time, urllib.request
+          url, ok, deadline = {{ $url | quote }}, 0, time.monotonic() + 120
+          while ok < 6:
+              try:
+                  urllib.request.urlopen(url, timeout=5).close()
+                  ok += 1
+              except Exception as exc:
+                  ok = 0
+                  if time.monotonic() > deadline:
+                      sys.exit(f"{url}: {exc}")
+                  time.sleep(2)
+          print(f"{url}: ready")
+      resources:
+        requests: {cpu: 10m, memory: 32Mi}
+        limits: {cpu: 100m, memory: 64Mi}
+      securityContext:
+        {{- toYaml .Values.securityContext | nindent 8 }}
 {{- end -}}

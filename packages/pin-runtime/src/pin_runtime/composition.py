@@ -39,6 +39,7 @@ import psycopg
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
+from pin_runtime.build import BuildInfo, register_process_metrics
 from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import Check, Heartbeat, OpsServer
 from pin_runtime.logging import LogLevel, configure_logging, log_event
@@ -147,6 +148,12 @@ class Cli(Generic[S]):
             description=f"{description} Configured by {self.env_prefix}* environment "
             "variables (see the README).",
         )
+        parser.add_argument(
+            "--version",
+            action="version",
+            version=BuildInfo.of(self.service).line(),
+            help="print the version, the revision built from, the contracts' version; exit",
+        )
         return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def main(
@@ -239,11 +246,14 @@ def long_running(
     does a metrics address `Runtime.serve` cannot listen on (named under `env_prefix`).
     """
     configure_logging(log_level, service)
-    provider = configure_tracing(service)
+    build = BuildInfo.of(service)
+    provider = configure_tracing(service, version=build.version)
+    registry = registry or CollectorRegistry()
+    register_process_metrics(registry, build)
     try:
         with GracefulShutdown() as shutdown:
             rt = Runtime(
-                registry=registry or CollectorRegistry(),
+                registry=registry,
                 heartbeat=heartbeat,
                 shutdown=shutdown,
                 tracer_provider=provider,

@@ -1,7 +1,8 @@
 """JSON lines on stdout for the stdlib `logging` module.
 
 One object per line: `ts`, `level`, `logger`, `event`, `service`, then `trace_id`/`span_id`
-when a span is active, the caller's fields under the names given (`taskId`, `MessageId`),
+when a span is active (a caller's own `trace_id`, the trace of the event a line is about,
+takes its place), the caller's fields under the names given (`taskId`, `MessageId`),
 and `exception`. Field names are the specs' names, so nothing renames them.
 """
 
@@ -72,8 +73,16 @@ class JsonFormatter(logging.Formatter):
             out["trace_id"] = format(context.trace_id, "032x")
             out["span_id"] = format(context.span_id, "016x")
         for key, value in _fields(record):
-            # A caller's field never overwrites a core key; it is kept, suffixed.
-            out[f"{key}_" if key in _CORE else key] = value
+            if key == "trace_id" and value is not None and value != out.get("trace_id"):
+                # The trace of the event the line is about (a consumed record's producer
+                # trace) names it better than whatever span the logging thread is in.
+                out["trace_id"] = value
+                out.pop("span_id", None)
+            elif key == "trace_id":
+                out.setdefault("trace_id", None)
+            else:
+                # A caller's field never overwrites a core key; it is kept, suffixed.
+                out[f"{key}_" if key in _CORE else key] = value
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:

@@ -17,7 +17,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.propagators.textmap import Getter, Setter
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -55,9 +55,13 @@ def configure_tracing(
     service_name: str,
     environ: Mapping[str, str] | None = None,
     *,
+    version: str | None = None,
     set_global: bool = True,
 ) -> trace.TracerProvider:
     """Build the tracer provider the `OTEL_*` variables describe (and make it global).
+
+    `version`: the resource's `service.version` unless OTEL_RESOURCE_ATTRIBUTES names one
+    (where the chart also puts `deployment.environment.name`).
 
     Raises `SettingsError` for values this runtime cannot honour (unknown exporter, gRPC).
     """
@@ -66,7 +70,7 @@ def configure_tracing(
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         provider = trace.NoOpTracerProvider()
     else:
-        sdk = TracerProvider(resource=_resource(service_name, env))
+        sdk = TracerProvider(resource=_resource(service_name, env, version))
         for name in _exporter_names(env):
             if name == "otlp":
                 sdk.add_span_processor(BatchSpanProcessor(RedactingExporter(_otlp_exporter(env))))
@@ -176,11 +180,13 @@ def _otlp_exporter(env: Mapping[str, str]) -> OTLPSpanExporter:
     )
 
 
-def _resource(service_name: str, env: Mapping[str, str]) -> Resource:
+def _resource(service_name: str, env: Mapping[str, str], version: str | None) -> Resource:
     # Resource.create reads os.environ itself; the attributes are parsed from `env` too so a
     # passed mapping wins, with the spec's precedence: OTEL_SERVICE_NAME over
     # OTEL_RESOURCE_ATTRIBUTES' service.name over the code's default.
     attributes: dict[str, str] = {SERVICE_NAME: service_name}
+    if version:
+        attributes[SERVICE_VERSION] = version
     for item in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
         key, sep, value = item.partition("=")
         if sep and key.strip():

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
 
 import msgspec
 import psycopg
 from psycopg.rows import TupleRow
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 from identity_fanout.errors import IdentityFanoutError
 from identity_fanout.fanout.enqueue import set_role_permissions
@@ -29,6 +29,7 @@ from identity_fanout.ops.quarantine import (
     quarantine_table,
     requeued_line,
 )
+from identity_fanout.ops.status import status_screen, system_status
 from identity_fanout.ops.tasks import shards_table, task_detail, tasks_table
 from identity_fanout.outbox.errors import DiscardNeedsForceError, OutboxError
 from identity_fanout.outbox.quarantine import Operator, Quarantine
@@ -44,6 +45,7 @@ from pin_runtime.lag_watch.cli import LagWatchCommand
 _console = Console(soft_wrap=True)
 
 
+T = TypeVar("T")
 _CLI: Final = Cli(SERVICE_NAME, Settings, ENV_PREFIX, errors=(IdentityFanoutError, OutboxError))
 USAGE_EXIT_CODE: Final = 2
 """argparse's code for bad usage: a flag the command needs for these rows was not given."""
@@ -75,6 +77,14 @@ def _status(text: str) -> FanOutTaskStatus:
         raise argparse.ArgumentTypeError(f"unknown status {text!r}; one of {choices}") from None
 
 
+def _dry_run(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show the rows it would change (the same statement, rolled back); change nothing",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser, commands = _CLI.parser(
         "PIN identity access fan-out: worker, outbox relay and runbook commands."
@@ -85,6 +95,10 @@ def _parser() -> argparse.ArgumentParser:
         "--no-relay", action="store_true", help="do not run the outbox relay in this process"
     )
     commands.add_parser("relay", help="run the outbox relay alone")
+    status = commands.add_parser(
+        "status", help="the queue, the shards, the outbox and its relays at a glance"
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object (for scripts)")
     _LAG_WATCH.add_to(commands)
 
     roles = commands.add_parser("roles", help="role commands").add_subparsers(
@@ -110,7 +124,10 @@ def _parser() -> argparse.ArgumentParser:
     outbox = commands.add_parser("outbox", help="outbox commands").add_subparsers(
         dest="outbox_command", required=True, metavar="OUTBOX_COMMAND"
     )
-    outbox.add_parser("status", help="what waits in the outbox, and whether a relay runs")
+    o_status = outbox.add_parser(
+        "status", help="what waits in the outbox, and whether a relay runs"
+    )
+    o_status.add_argument("--json", action="store_true", help="one JSON object (for scripts)")
     quarantine = outbox.add_parser(
         "quarantine", help="rows Kafka refused for good (too large, invalid, not authorized)"
     ).add_subparsers(dest="quarantine_command", required=True, metavar="QUARANTINE_COMMAND")
@@ -127,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     which = q_retry.add_mutually_exclusive_group(required=True)
     which.add_argument("row_id", type=_positive, nargs="?", metavar="ID")
     which.add_argument("--all", action="store_true", help="every quarantined row")
+    _dry_run(q_retry)
     q_discard = quarantine.add_parser(
         "discard",
         help="delete a quarantined row (or all) for good, after its key was dealt with "
@@ -147,9 +165,25 @@ def _parser() -> argparse.ArgumentParser:
         help="required to discard access events (pin.identity.access.v1): one may be the "
         "revocation of a user's access",
     )
+    _dry_run(q_discard)
 
     membership_command.add_commands(commands, uuid_argument)
     return parser
+
+
+def _show(value: T, screen: Callable[[T], RenderableType], *, as_json: bool) -> None:
+    """A status for an operator (rich), or with `--json` for a script: one JSON document
+    on its own line, nothing else on stdout."""
+    if as_json:
+        sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+    else:
+        _console.print(screen(value))
+
+
+def _changed(count: int, what: str, *, dry_run: bool) -> str:
+    if dry_run:
+        return f"{count} row(s) would be {what} (dry run: nothing changed)"
+    return f"{count} row(s) {what}"
 
 
 def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
@@ -164,7 +198,7 @@ def _outbox(
 ) -> int | None:
     quarantine = Quarantine(OUTBOX_TABLES)
     if args.outbox_command == "status":
-        _console.print(status_table(outbox_status(conn, OUTBOX_TABLES, lanes=lanes)))
+        _show(outbox_status(conn, OUTBOX_TABLES, lanes=lanes), status_table, as_json=args.json)
     elif args.quarantine_command == "list":
         listed = quarantine.rows(conn, limit=args.limit)
         if args.json:
@@ -181,18 +215,27 @@ def _outbox(
                 reason=args.reason,
                 operator=Operator.of_this_process(),
                 force=args.force,
+                dry_run=args.dry_run,
             )
         except DiscardNeedsForceError as exc:  # a flag missing for these rows: bad usage
             error_line(f"error: {exc}")
             return USAGE_EXIT_CODE
         for gone in discarded:
-            _console.print(discarded_line(gone), markup=False, highlight=False)
-        _console.print(f"{len(discarded)} row(s) discarded", markup=False)
+            _console.print(
+                discarded_line(gone, dry_run=args.dry_run), markup=False, highlight=False
+            )
+        _console.print(_changed(len(discarded), "discarded", dry_run=args.dry_run), markup=False)
     elif args.all:
-        requeued = quarantine.retry_all(conn)
+        requeued = quarantine.retry_all(conn, dry_run=args.dry_run)
         for row in requeued:
-            _console.print(requeued_line(row), markup=False, highlight=False)
-        _console.print(f"{len(requeued)} row(s) back in the outbox", markup=False)
+            _console.print(requeued_line(row, dry_run=args.dry_run), markup=False, highlight=False)
+        _console.print(
+            _changed(len(requeued), "back in the outbox", dry_run=args.dry_run), markup=False
+        )
+    elif args.dry_run:
+        named = quarantine.get(conn, args.row_id)  # one named row: what it is, nothing moved
+        _console.print(f"would put quarantined row {named.id} back in the outbox", markup=False)
+        _console.print(_changed(1, "back in the outbox", dry_run=True), markup=False)
     else:
         row = quarantine.retry(conn, args.row_id)
         _console.print(requeued_line(row), markup=False, highlight=False)
@@ -239,6 +282,10 @@ def _run(args: argparse.Namespace, settings: Settings) -> int | None:
             + (f", {change.users} user(s) notified" if change.mode == "inline" else "")
             + (f", task {change.task_id}" if change.task_id else "")
         )
+    elif args.command == "status":
+        with _connect(settings) as conn:
+            status = system_status(conn, OUTBOX_TABLES, lanes=settings.outbox_lanes)
+        _show(status, status_screen, as_json=args.json)
     elif args.command == "tasks":
         with _connect(settings) as conn:
             _tasks(conn, args)

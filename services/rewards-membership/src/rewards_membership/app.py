@@ -11,6 +11,7 @@ import functools
 import logging
 import socket
 from importlib.resources import files
+from typing import Final
 
 from confluent_kafka import KafkaError, Producer
 from opentelemetry import trace
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 SCHEMA = "rewards"
+PREFETCH_KBYTES: Final = 16_384
+"""The most the consumer's client prefetches (`queued.max.messages.kbytes`), in KiB."""
 _log = logging.getLogger("rewards_membership")
 
 
@@ -119,6 +122,13 @@ def build_consumer(
             **settings.kafka_security(),
             # Records of a batch are fetched together; a bigger fetch keeps batches full.
             "fetch.wait.max.ms": 100,
+            # The prefetch the client holds is capped at PREFETCH_KBYTES: librdkafka's
+            # default (64 MiB) made the backlog in front of the consumer, not its batch,
+            # what its memory grew with. Its record count (queued.min.messages) is left at
+            # the default: set near the batch size, the queue ran dry between polls and the
+            # poll loop lost its overlap with the database (docs/design/rewards-membership.md
+            # "Memory").
+            "queued.max.messages.kbytes": PREFETCH_KBYTES,
             "session.timeout.ms": int(settings.kafka_session_timeout.total_seconds() * 1000),
             "max.poll.interval.ms": settings.max_poll_interval_ms(),
         },

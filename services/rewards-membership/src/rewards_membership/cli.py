@@ -55,6 +55,7 @@ from rewards_membership.dlq.topic import (
 from rewards_membership.errors import RewardsMembershipError
 from rewards_membership.rules.display import display_status
 from rewards_membership.settings import ENV_PREFIX, SERVICE_NAME, LagWatchSettings, Settings
+from rewards_membership.status import consumer_status, status_screen
 from rewards_membership.store import (
     Resolution,
     fetch_agent_rows,
@@ -95,10 +96,22 @@ def _which_records(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _dry_run(command: argparse.ArgumentParser, nothing: str) -> None:
+    command.add_argument(
+        "--dry-run",
+        action="store_true",
+        help=f"every check, and one line per record saying what it would do; {nothing}",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser, commands = _CLI.parser("PIN rewards: AgentMembershipChanged consumer and its tooling.")
     commands.add_parser("migrate", help="apply the rewards schema migrations")
     commands.add_parser("consume", help="run the membership consumer until SIGTERM/SIGINT")
+    status = commands.add_parser(
+        "status", help="the group's lag per partition and the dead letters pending, at a glance"
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object (for scripts)")
     _LAG_WATCH.add_to(commands)
 
     dlq = commands.add_parser("dlq", help="inspect and replay the dead-letter topic")
@@ -113,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay records that fail validation again (they come back to the DLQ) "
         "or that were resolved",
     )
+    _dry_run(dlq_replay, "send nothing")
     dlq_resolve = dlq_commands.add_parser(
         "resolve", help="close records without a replay (they stop counting as unreplayed)"
     )
@@ -120,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_resolve.add_argument(
         "--reason", type=_reason, required=True, help="why (kept with each record: the audit trail)"
     )
+    _dry_run(dlq_resolve, "write nothing")
 
     agent = commands.add_parser("agent", help="the projection of one agent")
     agent_commands = agent.add_subparsers(dest="agent_command", required=True)
@@ -150,6 +165,15 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if args.command == "consume":
         run_consumer(settings)
+        return 0
+    if args.command == "status":
+        kafka_or_exit(settings, ENV_PREFIX, command="status")
+        with _connect(settings) as conn:
+            shown = consumer_status(settings, conn)
+        if args.json:
+            sys.stdout.write(msgspec.json.encode(shown).decode() + "\n")
+        else:
+            Console().print(status_screen(shown))
         return 0
     if args.command == "dlq":
         kafka_or_exit(settings, ENV_PREFIX, command=f"dlq {args.dlq_command}")
@@ -293,6 +317,11 @@ _Run = Callable[
 ]
 
 
+def _say_dry_run(count: int, done: str, nothing: str) -> None:
+    # The audit line is the change's: a dry run writes none, and says so on stdout instead.
+    sys.stdout.write(f"{count} record(s) would be {done} (dry run: nothing {nothing})\n")
+
+
 def _over_dead_letters(
     settings: Settings, args: argparse.Namespace, tool: str, run: _Run
 ) -> Counter[str] | int:
@@ -331,7 +360,7 @@ def _dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
             default_topic=settings.topic,
             delivery_timeout=settings.delivery_timeout.total_seconds(),
         )
-        return replayer.replay(records, force=force)
+        return replayer.replay(records, force=force, dry_run=args.dry_run)
 
     try:
         counts = _over_dead_letters(settings, args, "replay", replay)
@@ -339,7 +368,10 @@ def _dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
         producer.flush(settings.delivery_timeout.total_seconds())
     if isinstance(counts, int):
         return counts
-    log_event(_log, "dlq replayed", **_tally(counts, _REPLAYED_FIELDS), topic=settings.topic)
+    if args.dry_run:
+        _say_dry_run(counts[ReplayState.WOULD_REPLAY], "replayed", "sent")
+    else:
+        log_event(_log, "dlq replayed", **_tally(counts, _REPLAYED_FIELDS), topic=settings.topic)
     if not replay_all and (counts[ReplayState.REFUSED] or counts[ReplayState.RESOLVED]):
         return 1
     return 1 if counts[ReplayState.GONE] or counts[ReplayState.FAILED] else 0
@@ -350,11 +382,14 @@ def _dlq_resolve(settings: Settings, args: argparse.Namespace) -> int:
         records: Iterable[DeadLetterRecord], conn: psycopg.Connection[TupleRow], source: Consumer
     ) -> Iterable[ResolveResult]:
         resolver = Resolver(conn=conn, source=source, dlq_topic=settings.dlq_topic)
-        return resolver.resolve(records, reason=args.reason)
+        return resolver.resolve(records, reason=args.reason, dry_run=args.dry_run)
 
     counts = _over_dead_letters(settings, args, "resolve", resolve)
     if isinstance(counts, int):
         return counts
+    if args.dry_run:
+        _say_dry_run(counts[ResolveState.WOULD_RESOLVE], "resolved", "written")
+        return 0
     # The audit line: who closed dead letters without a replay, and why.
     log_event(
         _log,
@@ -405,6 +440,7 @@ def _say(result: ReplayResult | ResolveResult) -> None:
     settled = isinstance(result.state, ResolveState) or result.state in (
         ReplayState.REPLAYED,
         ReplayState.ALREADY,
+        ReplayState.WOULD_REPLAY,
     )
     (sys.stdout if settled else sys.stderr).write(line)
 

@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from pin_runtime.errors import PinRuntimeError, TemplatedError
+from pin_runtime.lag_watch.lag import PartitionLag, oldest_offset, records_lag
 
 __all__ = ["BrokerReadError", "Brokers", "Partition", "RecordAt"]
 
@@ -203,6 +204,51 @@ class Brokers:
             if key not in results:
                 results[key] = (read["low"], read["high"])
         return results
+
+    def lag_of(self, group: str, topic: str) -> list[PartitionLag]:
+        """`group`'s lag on every partition of `topic`, in records and in time, now;
+        raises `BrokerReadError` when a read failed (a status shows no partial answer)."""
+        numbers = self.partitions(topic)
+        offsets = self.committed([group], {topic: numbers})[group]
+        if isinstance(offsets, BrokerReadError):
+            raise offsets
+        marks = self.watermarks([(topic, n) for n in numbers])
+        lags: list[tuple[int, int | None, int, int, int]] = []
+        for number in numbers:
+            read = marks[(topic, number)]
+            if isinstance(read, BrokerReadError):
+                raise read
+            low, high = read
+            committed = offsets.get((topic, number))
+            committed = None if committed is None or committed < 0 else committed
+            start = oldest_offset(low=low, committed=committed)
+            lags.append(
+                (
+                    number,
+                    committed,
+                    high,
+                    records_lag(low=low, high=high, committed=committed),
+                    start,
+                )
+            )
+        waiting = [(topic, n, start) for n, _, _, records, start in lags if records]
+        stamps = self.oldest_timestamps(waiting)
+        now = time.time()
+        return [
+            PartitionLag(
+                topic=topic,
+                partition=number,
+                committed=committed,
+                high=high,
+                records=records,
+                seconds=(
+                    max(0.0, now - stamps[(topic, number, start)])
+                    if (topic, number, start) in stamps
+                    else None
+                ),
+            )
+            for number, committed, high, records, start in lags
+        ]
 
     def oldest_timestamps(self, records: Collection[RecordAt]) -> dict[RecordAt, float]:
         """Unix time (s) of the first record at or after each (topic, partition, offset).

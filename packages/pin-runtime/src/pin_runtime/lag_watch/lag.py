@@ -23,7 +23,15 @@ from dataclasses import dataclass
 
 import msgspec
 
-__all__ = ["LagBook", "Position", "Reading", "Series", "oldest_offset", "records_lag"]
+__all__ = [
+    "LagBook",
+    "PartitionLag",
+    "Position",
+    "Reading",
+    "Series",
+    "oldest_offset",
+    "records_lag",
+]
 
 
 class Position(msgspec.Struct, frozen=True, order=True):
@@ -45,6 +53,19 @@ def oldest_offset(*, low: int, committed: int | None) -> int:
 def records_lag(*, low: int, high: int, committed: int | None) -> int:
     """Records of the partition the group has not consumed (kafka_exporter's lag)."""
     return max(0, high - oldest_offset(low=low, committed=committed))
+
+
+class PartitionLag(msgspec.Struct, frozen=True, kw_only=True):
+    """One group's lag on one partition, read once (a service's `status` command)."""
+
+    topic: str
+    partition: int
+    committed: int | None
+    """The group's committed offset (None: it never committed here)."""
+    high: int
+    records: int
+    seconds: float | None
+    """Age of the oldest unconsumed record (None: caught up, or its timestamp not read)."""
 
 
 class Reading(msgspec.Struct, frozen=True):

@@ -53,8 +53,10 @@ __all__ = [
     "get_task",
     "list_shards",
     "list_tasks",
+    "queue_state",
     "replay_task",
     "retry_delay",
+    "shard_progress",
     "supersede_older_tasks",
 ]
 
@@ -152,8 +154,9 @@ class Unit(msgspec.Struct, frozen=True, kw_only=True):
         return ids
 
 
-class QueueState(NamedTuple):
-    """The queue as the worker's gauges show it (`sql/tasks.sql` queue_state says how)."""
+class QueueState(msgspec.Struct, frozen=True):
+    """The queue as the worker's gauges and `identity-fanout status` show it
+    (`sql/tasks.sql` queue_state says how)."""
 
     backlog: int
     leased: int
@@ -382,6 +385,11 @@ def queue_state(conn: Conn) -> QueueState:
         return QueueState(0, 0, 0, 0.0, 0.0)
     backlog, leased, failed, oldest, waiting = row
     return QueueState(backlog, leased, failed, float(oldest or 0), float(waiting))
+
+
+def shard_progress(conn: Conn) -> dict[str, int]:
+    """The shards of unfinished tasks by state (`sql/shards.sql` shard_progress)."""
+    return dict(conn.execute(_shards.shard_progress).fetchall())
 
 
 # -- the enqueue side -----------------------------------------------------------------------

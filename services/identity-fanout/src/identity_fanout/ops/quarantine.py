@@ -33,16 +33,19 @@ def quarantine_table(rows: Sequence[QuarantinedRow]) -> Listing:
     return Listing.of(rows, _QUARANTINE_COLUMNS, title="outbox quarantine")
 
 
-def requeued_line(row: RequeuedRow) -> str:
+def requeued_line(row: RequeuedRow, *, dry_run: bool = False) -> str:
+    where = (
+        "would go back to the outbox" if dry_run else f"is back in the outbox as id {row.outbox_id}"
+    )
     return (
-        f"quarantined row {row.quarantine_id} is back in the outbox as id {row.outbox_id} "
+        f"quarantined row {row.quarantine_id} {where} "
         f"(topic {row.topic}, key {row.key}, {row.attempts} refusal(s) so far)"
     )
 
 
-def discarded_line(row: DiscardedRow) -> str:
+def discarded_line(row: DiscardedRow, *, dry_run: bool = False) -> str:
     return (
-        f"quarantined row {row.quarantine_id} discarded "
+        f"quarantined row {row.quarantine_id} {'would be discarded' if dry_run else 'discarded'} "
         f"(topic {row.topic}, key {row.key}, {row.error_reason}, {row.attempts} refusal(s))"
     )
 

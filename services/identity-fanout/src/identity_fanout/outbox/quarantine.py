@@ -214,12 +214,17 @@ class Quarantine:
         return row
 
     def _requeue_rows(
-        self, conn: psycopg.Connection[TupleRow], *, ids: list[int], everything: bool
+        self,
+        conn: psycopg.Connection[TupleRow],
+        *,
+        ids: list[int],
+        everything: bool,
+        dry_run: bool = False,
     ) -> list[RequeuedRow]:
-        with conn.transaction():
+        with conn.transaction(force_rollback=dry_run):
             with conn.cursor(row_factory=class_row(RequeuedRow)) as cur:
                 rows = cur.execute(self._requeue, {"all": everything, "ids": ids}).fetchall()
-            if rows:
+            if rows and not dry_run:
                 notify(conn, self.tables.channel)
         return rows
 
@@ -230,9 +235,14 @@ class Quarantine:
             raise QuarantinedRowNotFoundError(row_id)
         return moved[0]
 
-    def retry_all(self, conn: psycopg.Connection[TupleRow]) -> list[RequeuedRow]:
-        """Every quarantined row back to the tail of the outbox, in the order they were refused."""
-        return self._requeue_rows(conn, ids=[], everything=True)
+    def retry_all(
+        self, conn: psycopg.Connection[TupleRow], *, dry_run: bool = False
+    ) -> list[RequeuedRow]:
+        """Every quarantined row back to the tail of the outbox, in the order they were refused.
+
+        `dry_run`: the same statement, rolled back: exactly the rows it would move, nothing
+        moved (their outbox ids are then only what they would have been)."""
+        return self._requeue_rows(conn, ids=[], everything=True, dry_run=dry_run)
 
     def discard(
         self,
@@ -242,6 +252,7 @@ class Quarantine:
         reason: str,
         operator: Operator,
         force: bool = False,
+        dry_run: bool = False,
     ) -> list[DiscardedRow]:
         """Delete quarantined row `row_id` (None: every row) for good: one transaction that
         writes an audit row per row (the `discards` table), then one WARNING log line per row
@@ -249,7 +260,9 @@ class Quarantine:
         (the audit trail).
 
         `DiscardNeedsForceError` without `force` when a guarded row is among them (nothing
-        is discarded); `QuarantinedRowNotFoundError` when `row_id` is not there."""
+        is discarded); `QuarantinedRowNotFoundError` when `row_id` is not there. `dry_run`:
+        the same statement and checks, rolled back, no audit row nor log line: the rows it
+        would discard."""
         params = {
             "all": row_id is None,
             "ids": [] if row_id is None else [row_id],
@@ -258,7 +271,10 @@ class Quarantine:
             "os_user": operator.os_user,
             "host": operator.host,
         }
-        with conn.transaction(), conn.cursor(row_factory=class_row(DiscardedRow)) as cur:
+        with (
+            conn.transaction(force_rollback=dry_run),
+            conn.cursor(row_factory=class_row(DiscardedRow)) as cur,
+        ):
             rows = cur.execute(self._discard, params).fetchall()
             protected = [row for row in rows if self.needs_force(row)]
             if protected and not force:  # raised inside the transaction: nothing was deleted
@@ -267,7 +283,7 @@ class Quarantine:
                 )
         if row_id is not None and not rows:
             raise QuarantinedRowNotFoundError(row_id)
-        for row in rows:
+        for row in () if dry_run else rows:
             log_event(
                 _log,
                 "outbox quarantined row discarded",

@@ -44,10 +44,11 @@ from opentelemetry.trace import Span, Status, StatusCode
 from pin_runtime.errors import DeliveryError
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import is_retriable
-from rewards_membership.consumer.database import DatabaseThread
+from rewards_membership.consumer.database import Applied, DatabaseThread
 from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl
 from rewards_membership.consumer.records import offset_of, partition_of
 from rewards_membership.consumer.report import BatchReporter
+from rewards_membership.consumer.spans import BatchTimes
 from rewards_membership.dlq.writer import DeadLetterer, DeadLetterResult, Position, Receipt
 from rewards_membership.errors import ConcurrentApplyError, is_infrastructure
 from rewards_membership.rules.plan import Outcome
@@ -76,10 +77,12 @@ class InFlight:
     """Partition -> first offset of the batch: where a failed partition is sought back to."""
     last: dict[int, int]
     """Partition -> last offset of the batch."""
-    started: float
-    receive: Span
+    poll_started: int
+    polled: int
+    handed: int
+    """`time.time_ns()` when its poll began, returned, and it was handed to the database."""
     process: Span
-    outcomes: Future[list[Outcome]]
+    outcomes: Future[Applied]
     """Every record's outcome, in order, once the batch's transaction committed."""
 
 
@@ -90,8 +93,14 @@ class Finished:
 
     done: list[tuple[Message, Item, Outcome]]
     receipts: dict[Position, Receipt] = field(default_factory=dict)
-    elapsed_ms: float
-    receive: Span
+    times: BatchTimes
+    process: Span
+    """The batch's process span, ended (at its commit) once it was reported."""
+
+    @property
+    def elapsed_ms(self) -> float:
+        """From its poll to its offset commit: what each of its messages waited."""
+        return (self.times.committed - self.times.polled) / 1e6
 
 
 def first_offsets(records: Sequence[Message]) -> dict[int, int]:
@@ -166,11 +175,19 @@ class BatchPipeline:
     _unreported: list[Finished] = field(init=False, default_factory=list)
 
     def start(
-        self, records: Sequence[Message], items: Sequence[Item], document: str | None = None
+        self,
+        records: Sequence[Message],
+        items: Sequence[Item],
+        document: str | None = None,
+        *,
+        poll: tuple[int, int] | None = None,
     ) -> None:
         """Hand the batch (and its document, when encoded already) to the database thread;
-        its transaction runs while the loop polls."""
-        receive, process = self.reporter.spans.start(records)
+        its transaction runs while the loop polls. `poll`: when the poll that returned it
+        began and returned (`time.time_ns()`; now, when not said)."""
+        handed = time.time_ns()
+        poll_started, polled = poll or (handed, handed)
+        process = self.reporter.spans.start(records, poll_started=poll_started, polled=polled)
         with trace.use_span(process, end_on_exit=False):
             outcomes = self.finisher.database.submit(items, document)
         first, last = bounds(records)
@@ -179,8 +196,9 @@ class BatchPipeline:
             items=items,
             first=first,
             last=last,
-            started=self.clock(),
-            receive=receive,
+            poll_started=poll_started,
+            polled=polled,
+            handed=handed,
             process=process,
             outcomes=outcomes,
         )
@@ -191,7 +209,7 @@ class BatchPipeline:
         batch, self.in_flight = self.in_flight, None
         if batch is None:
             return
-        finished = self.finisher.finish(batch, now=self.clock(), exclude=exclude)
+        finished = self.finisher.finish(batch, exclude=exclude)
         if finished is not None:
             self._unreported.append(finished)
 
@@ -208,10 +226,11 @@ class BatchPipeline:
                     finished.done,
                     finished.receipts,
                     elapsed_ms=finished.elapsed_ms,
-                    batch_context=finished.receive.get_span_context(),
+                    batch_context=finished.process.get_span_context(),
+                    times=finished.times,
                 )
             finally:
-                finished.receive.end()
+                finished.process.end(end_time=finished.times.committed)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -222,9 +241,7 @@ class BatchFinisher:
     database_state: ComponentState
     kafka_state: ComponentState
 
-    def finish(
-        self, batch: InFlight, *, now: float, exclude: Collection[int] = ()
-    ) -> Finished | None:
+    def finish(self, batch: InFlight, *, exclude: Collection[int] = ()) -> Finished | None:
         """The committed batch to report, or None when it failed (its partitions paused)."""
         assigned = self.partitions.assigned
 
@@ -232,7 +249,7 @@ class BatchFinisher:
             return partition in assigned and partition not in exclude
 
         try:
-            outcomes = batch.outcomes.result()
+            outcomes, stored = batch.outcomes.result()
             partitions = [p for p in batch.first if ours(p)]
             # The invalid records of our partitions (dead letters, and duplicates of ones
             # this process dead-lettered in an earlier try of the batch).
@@ -245,17 +262,16 @@ class BatchFinisher:
             done = {p: batch.last[p] + 1 for p in partitions if p not in letters.failed}
             self.partitions.ledger.applied(done)
             self.partitions.commit(done, raise_errors=True)
+            committed = time.time_ns()
         except Exception as exc:
-            batch.process.end()
             if not is_infrastructure(exc):
-                batch.receive.record_exception(exc)
-                batch.receive.end()
+                batch.process.record_exception(exc)
+                batch.process.end()
                 raise
-            batch.receive.set_status(Status(StatusCode.ERROR, str(exc)))
-            batch.receive.end()
+            batch.process.set_status(Status(StatusCode.ERROR, str(exc)))
+            batch.process.end()
             self.fail({p: o for p, o in batch.first.items() if ours(p)}, exc)
             return None
-        batch.process.end()
         for partition, failure in letters.failed.items():
             # Only this partition: its dead letter could not be written.
             self.fail({partition: batch.first[partition]}, DeliveryError(str(failure)), batch=False)
@@ -263,11 +279,12 @@ class BatchFinisher:
         self.database_state.ok()
         if "kafka" not in self.partitions.pauser.dependencies():
             self.kafka_state.ok()
+        times = BatchTimes(batch.poll_started, batch.polled, batch.handed, stored, committed)
         return Finished(
             done=finished_records(batch.records, batch.items, outcomes, done, receipts),
             receipts=receipts,
-            elapsed_ms=(now - batch.started) * 1000.0,
-            receive=batch.receive,
+            times=times,
+            process=batch.process,
         )
 
     def _dead_letter(

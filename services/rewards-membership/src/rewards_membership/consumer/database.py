@@ -24,9 +24,10 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Final, TypeVar
+from typing import Final, NamedTuple, TypeVar
 
 import psycopg
 from opentelemetry import trace
@@ -34,12 +35,13 @@ from opentelemetry.trace import SpanKind
 
 from pin_runtime.logging import log_event
 from rewards_membership.batch_sql import records_document
+from rewards_membership.consumer.spans import STORAGE_ATTRIBUTES, STORAGE_SPAN
 from rewards_membership.errors import ConcurrentApplyError
 from rewards_membership.rules.plan import Outcome, inbox_keys, plan_batch
 from rewards_membership.rules.validation import InvalidEvent, MembershipChange
 from rewards_membership.store import MembershipStore
 
-__all__ = ["BatchApplier", "DatabaseThread"]
+__all__ = ["Applied", "BatchApplier", "DatabaseThread"]
 
 _log = logging.getLogger("rewards_membership.consumer.loop")
 _CONCURRENT_RETRIES: Final = 5
@@ -47,6 +49,14 @@ _SWITCH_INTERVAL_S: Final = 0.0005
 """The interpreter's GIL switch interval while a database thread runs (default 5 ms)."""
 
 T = TypeVar("T")
+
+
+class Applied(NamedTuple):
+    """A batch's outcomes, in order, once its transaction committed, and when its statement
+    ran (`time.time_ns()`; None when the batch needed no statement): the events' spans."""
+
+    outcomes: list[Outcome]
+    stored: tuple[int, int] | None
 
 
 class DatabaseThread:
@@ -63,9 +73,9 @@ class DatabaseThread:
 
     def submit(
         self, items: Sequence[MembershipChange | InvalidEvent], document: str | None = None
-    ) -> Future[list[Outcome]]:
+    ) -> Future[Applied]:
         """Apply the batch in its own transaction on the database thread; the caller's trace context
-        (its current span) becomes the parent of the `pg apply batch` span.
+        (its current span) becomes the parent of the statement's span (`STORAGE_SPAN`).
 
         `document` is the batch's `records_document(items)`, encoded by the caller (the poll
         loop encodes it while the batch before is in its transaction); without it, it is
@@ -74,7 +84,12 @@ class DatabaseThread:
         if document is None:
             document = records_document(items)
         context = contextvars.copy_context()
-        return self._executor.submit(context.run, self._applier.apply, items, document)
+        return self._executor.submit(context.run, self._apply, items, document)
+
+    def _apply(self, items: Sequence[MembershipChange | InvalidEvent], document: str) -> Applied:
+        started = time.time_ns()
+        outcomes = self._applier.apply(items, document)
+        return Applied(outcomes, (started, time.time_ns()) if inbox_keys(items) else None)
 
     def run(self, call: Callable[[BatchApplier], T]) -> T:
         """Run `call` on the thread after whatever was submitted before, and wait for it."""
@@ -132,15 +147,9 @@ class BatchApplier:
             # Only dead letters without a key: nothing to look up or write.
             return plan_batch(items, set(), {}).outcomes
         with self._tracer.start_as_current_span(
-            "pg apply batch",
+            STORAGE_SPAN,
             kind=SpanKind.CLIENT,
-            attributes={
-                "db.system.name": "postgresql",
-                "db.system": "postgresql",
-                "db.namespace": "rewards",
-                "db.operation.name": "apply membership batch",
-                "db.operation.batch.size": len(keys),
-            },
+            attributes=STORAGE_ATTRIBUTES | {"db.operation.batch.size": len(keys)},
         ):
             conn = self._store.connection()
             if not any(type(item) is MembershipChange for item in items):

@@ -171,7 +171,13 @@ class MembershipConsumer:
             self._heartbeat.beat()
         self._partitions.resume_due(self._probe_database)
         self._rebalances.poll_started()
-        messages = self._consumer.consume(num_messages=self._batch_size, timeout=self._poll_timeout)
+        # While a batch is in its transaction, take what is fetched already and go on to
+        # finish it: waiting here for more would hold its offset commit (and count in its
+        # consume duration) for up to a poll timeout when records are few.
+        timeout = self._poll_timeout if self._batches.in_flight is None else 0.0
+        poll_started = time.time_ns()
+        messages = self._consumer.consume(num_messages=self._batch_size, timeout=timeout)
+        poll_returned = time.time_ns()
         records = self._rebalances.keep_polled([m for m in messages if _is_record(m)])
         # Decoded, and the batch statement's document encoded, while the batch before is in
         # its transaction on the database thread.
@@ -189,7 +195,8 @@ class MembershipConsumer:
             document = None  # records were dropped: encoded again for those kept
         self._lag.maybe_report(assigned, pauser.paused_for(self._clock()), self._unreplayed)
         if records:
-            self._batches.start(records, items, document)
+            self._batches.reporter.consumed(records, items)
+            self._batches.start(records, items, document, poll=(poll_started, poll_returned))
         self._batches.report()
         return len(records)
 

@@ -1,7 +1,12 @@
-"""Metrics, logs and per-record spans of a committed batch (only then: a failed one is retried).
+"""Metrics, logs and per-record spans of a committed batch (only then: a failed one is
+retried), and the `consumed` line of each record as it is handed to the database.
 
-The log event names are the spec's (`membership-applied`, `skipped-duplicate`,
-`skipped-stale-membership`, `dead-lettered`, ...); counters move once per batch.
+The log event names are the spec's (`consumed`, `membership-applied`, `skipped-duplicate`,
+`skipped-stale-membership`, `dead-lettered`, ...), each with every field the spec names
+(MessageId, AgentUserId, CompanyId, Status, Reason, Version: null where a refused record
+does not hold it) and the event's correlation: its CorrelationId and the trace it belongs to
+(`trace_id`: its producer's, from its traceparent; else the batch's). Counters move once
+per batch.
 """
 
 from __future__ import annotations
@@ -10,19 +15,21 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import Message
 from opentelemetry import trace
 
+from pin_contracts import TRACEPARENT_HEADER
 from pin_runtime.logging import log_event
 from rewards_membership.consumer.records import key_text, offset_of, partition_of
-from rewards_membership.consumer.spans import BatchSpans
+from rewards_membership.consumer.spans import BatchSpans, BatchTimes
 from rewards_membership.dlq.writer import Position, Receipt
 from rewards_membership.metrics import Metrics, contract_version_label
 from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import (
     EXPECTED_CONTRACT_VERSION,
+    LOGGED_FIELDS,
     InvalidEvent,
     Item,
     MembershipChange,
@@ -40,6 +47,19 @@ class BatchReporter:
         self._metrics = metrics
         self.spans = spans
 
+    def consumed(self, records: Sequence[Message], items: Sequence[Item]) -> None:
+        """`consumed` (INFO) for every record handed to the database, valid or not."""
+        if not _log.isEnabledFor(logging.INFO):
+            return
+        for message, item in zip(records, items, strict=True):
+            log_event(
+                _log,
+                "consumed",
+                **_event_fields(item, message, None),
+                partition=partition_of(message),
+                offset=offset_of(message),
+            )
+
     def report(
         self,
         done: Sequence[tuple[Message, Item, Outcome]],
@@ -47,30 +67,35 @@ class BatchReporter:
         *,
         elapsed_ms: float,
         batch_context: trace.SpanContext,
+        times: BatchTimes,
     ) -> None:
         metrics = self._metrics
         now = datetime.now(UTC).timestamp()
         oldest: float | None = None
         info = _log.isEnabledFor(logging.INFO)
-        debug = _log.isEnabledFor(logging.DEBUG)
         counts: Counter[tuple[Outcome, str]] = Counter()
-        # One observation per batch: every message of it took this long from poll to commit.
-        metrics.consume_duration_ms.observe(elapsed_ms)
+        # One observation per message (the metric's help says so): every message of the
+        # batch waited this long from its poll to its offset commit.
+        observe = metrics.consume_duration_ms.observe
+        for _ in range(len(done)):
+            observe(elapsed_ms)
         earliest: datetime | None = None
         for message, item, outcome in done:
-            self.spans.record(message, item, outcome, batch_context)
+            self.spans.record(message, item, outcome, batch_context, times)
             if type(item) is MembershipChange:
                 # The common case first, without a call per record: a valid event, no log
                 # line at this level, no warning to raise.
-                quiet = not (info or debug or item.unknown_status or item.unknown_reason)
+                quiet = not (info or item.unknown_status or item.unknown_reason)
                 if quiet and item.contract_version == EXPECTED_CONTRACT_VERSION:
                     counts[(outcome, item.status.value)] += 1
                 else:
-                    self._report_change(item, outcome, counts, info=info, debug=debug)
+                    fields = _event_fields(item, message, batch_context)
+                    self._report_change(item, outcome, counts, fields, info=info)
                 if earliest is None or item.occurred_at < earliest:
                     earliest = item.occurred_at
             elif isinstance(item, InvalidEvent):
-                self._report_invalid(message, item, outcome, receipts, counts)
+                fields = _event_fields(item, message, batch_context)
+                self._report_invalid(message, item, outcome, receipts, counts, fields=fields)
                 _, timestamp_ms = message.timestamp()
                 event_time = timestamp_ms / 1000.0 if timestamp_ms > 0 else now
                 oldest = max(oldest or 0.0, now - event_time)
@@ -88,6 +113,8 @@ class BatchReporter:
         outcome: Outcome,
         receipts: Mapping[Position, Receipt],
         counts: Counter[tuple[Outcome, str]],
+        *,
+        fields: dict[str, Any],
     ) -> None:
         position = (partition_of(message), offset_of(message))
         place: dict[str, Any] = {
@@ -98,9 +125,7 @@ class BatchReporter:
         if outcome is Outcome.DUPLICATE:
             # Dead-lettered before (its mark is in the inbox): not a second DLQ copy.
             counts[(outcome, "")] += 1
-            log_event(
-                _log, outcome.value, logging.INFO, MessageId=item.message_id, **item.fields, **place
-            )
+            log_event(_log, outcome.value, logging.INFO, **fields, **place)
             return
         receipt = receipts.get(position)
         self._metrics.dlq.labels(item.error_code).inc()
@@ -110,8 +135,7 @@ class BatchReporter:
             _log,
             Outcome.DEAD_LETTERED.value,
             logging.ERROR,
-            MessageId=item.message_id,
-            **item.fields,
+            **fields,
             code=item.error_code,
             reason=item.message,
             **place,
@@ -125,19 +149,17 @@ class BatchReporter:
         item: MembershipChange,
         outcome: Outcome,
         counts: Counter[tuple[Outcome, str]],
+        fields: dict[str, Any],
         *,
         info: bool,
-        debug: bool,
     ) -> None:
-        if debug:
-            log_event(_log, "consumed", logging.DEBUG, **_fields(item))
         counts[(outcome, item.status.value)] += 1
         if outcome is not Outcome.DUPLICATE:
-            self._report_warnings(item)
+            self._report_warnings(item, fields)
         if info:
-            log_event(_log, outcome.value, **_fields(item))
+            log_event(_log, outcome.value, **fields)
 
-    def _report_warnings(self, item: MembershipChange) -> None:
+    def _report_warnings(self, item: MembershipChange, fields: dict[str, Any]) -> None:
         metrics = self._metrics
         if item.contract_mismatch:
             metrics.contract_mismatch.labels(contract_version_label(item.contract_version)).inc()
@@ -147,14 +169,14 @@ class BatchReporter:
                 logging.WARNING,
                 expectedContractVersion=EXPECTED_CONTRACT_VERSION,
                 ContractVersion=item.contract_version,
-                **_fields(item),
+                **fields,
             )
         if item.unknown_status:
             metrics.unknown_status.inc()
-            log_event(_log, "unknown-membership-status", logging.WARNING, **_fields(item))
+            log_event(_log, "unknown-membership-status", logging.WARNING, **fields)
         if item.unknown_reason:
             metrics.unknown_reason.inc()
-            log_event(_log, "unknown-leave-reason", logging.WARNING, **_fields(item))
+            log_event(_log, "unknown-leave-reason", logging.WARNING, **fields)
 
     def _count(self, counts: Counter[tuple[Outcome, str]]) -> None:
         # Counters move once per batch, not per message: the hot loop stays cheap.
@@ -168,14 +190,47 @@ class BatchReporter:
                 metrics.skipped_duplicate.inc(n)
 
 
-def _fields(item: MembershipChange) -> dict[str, Any]:
-    payload = item.payload
-    return {
-        "MessageId": item.message_id,
-        "AgentUserId": payload.agent_user_id,
-        "CompanyId": payload.company_id,
-        "Status": payload.status,
-        "Reason": payload.reason,
-        "Version": payload.version,
-        "MembershipId": payload.membership_id,
-    }
+def _event_fields(item: Item, message: Message, batch: trace.SpanContext | None) -> dict[str, Any]:
+    """Every field the spec names for a log line of this event, and its correlation."""
+    fields: dict[str, Any]
+    if isinstance(item, MembershipChange):
+        payload = item.payload
+        fields = {
+            "MessageId": item.message_id,
+            "AgentUserId": payload.agent_user_id,
+            "CompanyId": payload.company_id,
+            "Status": payload.status,
+            "Reason": payload.reason,
+            "Version": payload.version,
+            "MembershipId": payload.membership_id,
+            "CorrelationId": item.correlation_id,
+        }
+    else:
+        fields = {
+            "MessageId": item.message_id,
+            **dict.fromkeys(LOGGED_FIELDS),
+            "CorrelationId": None,
+            **item.fields,
+        }
+    fields["trace_id"] = _trace_id(message) or (
+        format(batch.trace_id, "032x") if batch is not None and batch.is_valid else None
+    )
+    return fields
+
+
+def _trace_id(message: Message) -> str | None:
+    """The trace id of the record's traceparent (`00-<trace id>-<span id>-<flags>`)."""
+    headers = message.headers()
+    if not headers:
+        return None
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    for name, value in pairs:
+        if name == TRACEPARENT_HEADER and isinstance(value, bytes) and len(value) >= _TRACE_END:
+            trace_id = value[3:_TRACE_END].decode("ascii", errors="replace")
+            return trace_id if trace_id != _NO_TRACE else None
+    return None
+
+
+_TRACE_END: Final = 35
+"""Where the trace id of a W3C traceparent ends (`00-` and 32 hex digits)."""
+_NO_TRACE: Final = "0" * 32

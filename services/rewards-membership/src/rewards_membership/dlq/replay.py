@@ -53,6 +53,8 @@ class ReplayState(StrEnum):
     REFUSED = "refused"
     GONE = "gone"
     FAILED = "failed"
+    WOULD_REPLAY = "would-replay"
+    """`--dry-run`: it would be sent (to the topic named); nothing was."""
 
 
 ReplayResult = Handled[ReplayState]
@@ -73,12 +75,16 @@ class Replayer(DeadLetterPass):
     default_topic: str
     delivery_timeout: float
 
-    def replay(self, records: Iterable[DeadLetterRecord], *, force: bool) -> Iterator[ReplayResult]:
-        """One result per record, page by page (the records may be a stream)."""
-        return self.each_page(records, functools.partial(self._replay_page, force=force))
+    def replay(
+        self, records: Iterable[DeadLetterRecord], *, force: bool, dry_run: bool = False
+    ) -> Iterator[ReplayResult]:
+        """One result per record, page by page (the records may be a stream). `dry_run`:
+        every check a replay makes, then WOULD_REPLAY instead of sending."""
+        page = functools.partial(self._replay_page, force=force, dry_run=dry_run)
+        return self.each_page(records, page)
 
     def _replay_page(
-        self, page: Sequence[DeadLetterRecord], history: History, *, force: bool
+        self, page: Sequence[DeadLetterRecord], history: History, *, force: bool, dry_run: bool
     ) -> Iterator[ReplayResult]:
         done, resolved = history.replayed, history.resolved
         copies: list[_Copy] = []
@@ -101,7 +107,10 @@ class Replayer(DeadLetterPass):
                 yield prepared
             else:
                 copies.append(prepared)
-        if copies:
+        if copies and dry_run:
+            for copy in copies:
+                yield ReplayResult(copy.record, ReplayState.WOULD_REPLAY, f"to {copy.topic}")
+        elif copies:
             yield from self._send(copies, force=force)
 
     def _prepare(self, record: DeadLetterRecord, *, force: bool) -> _Copy | ReplayResult:

@@ -41,6 +41,8 @@ class ResolveState(StrEnum):
     RESOLVED = "resolved"
     ALREADY = "already-resolved"
     REPLAYED = "already-replayed"
+    WOULD_RESOLVE = "would-resolve"
+    """`--dry-run`: it would be closed; nothing was written."""
 
 
 ResolveResult = Handled[ResolveState]
@@ -73,13 +75,15 @@ class Resolver(DeadLetterPass):
     """Closes dead letters without a replay (`dlq resolve`)."""
 
     def resolve(
-        self, records: Iterable[DeadLetterRecord], *, reason: str
+        self, records: Iterable[DeadLetterRecord], *, reason: str, dry_run: bool = False
     ) -> Iterator[ResolveResult]:
-        """One result per record, page by page (the records may be a stream)."""
-        return self.each_page(records, functools.partial(self._resolve_page, reason=reason))
+        """One result per record, page by page (the records may be a stream). `dry_run`:
+        WOULD_RESOLVE for each record it would close, nothing written."""
+        page = functools.partial(self._resolve_page, reason=reason, dry_run=dry_run)
+        return self.each_page(records, page)
 
     def _resolve_page(
-        self, page: Sequence[DeadLetterRecord], history: History, *, reason: str
+        self, page: Sequence[DeadLetterRecord], history: History, *, reason: str, dry_run: bool
     ) -> Iterator[ResolveResult]:
         replayed, resolved = history.replayed, history.resolved
         todo: list[tuple[DeadLetterRecord, list[str]]] = []
@@ -95,7 +99,10 @@ class Resolver(DeadLetterPass):
                 )
             else:
                 todo.append((record, candidate_keys(record, self._value(record))))
-        if todo:
+        if todo and dry_run:
+            for record, _keys in todo:
+                yield ResolveResult(record, ResolveState.WOULD_RESOLVE, "")
+        elif todo:
             yield from self._close(todo, reason=reason)
 
     def _value(self, record: DeadLetterRecord) -> bytes | None:

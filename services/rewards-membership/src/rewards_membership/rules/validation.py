@@ -5,6 +5,7 @@ No I/O: the consumer decides what to do with the outcome (apply, dead-letter, wa
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Final
@@ -26,11 +27,13 @@ from pin_contracts import (
 __all__ = [
     "EXPECTED_CONTRACT_VERSION",
     "IDEMPOTENCY_PREFIX",
+    "LOGGED_FIELDS",
     "InvalidEvent",
     "Item",
     "MembershipChange",
     "idempotency_key",
     "position_key",
+    "readable_fields",
     "validate",
 ]
 
@@ -65,6 +68,8 @@ class MembershipChange(msgspec.Struct, frozen=True, kw_only=True):
     message_id: UUID
     contract_version: int
     occurred_at: datetime
+    correlation_id: str | None
+    """The envelope's CorrelationId (identity sets it on every event): on each log line."""
     payload: AgentMembershipChanged
     status: AgentMembershipStatus
     leave_reason: LeaveReason | None
@@ -104,12 +109,47 @@ Item = MembershipChange | InvalidEvent
 """What `validate` makes of one record: a change to apply or the reason it is invalid."""
 
 
+LOGGED_FIELDS: Final = ("AgentUserId", "CompanyId", "Status", "Reason", "Version")
+"""The payload's fields every log line of an event names (spec "Наблюдаемость"), MessageId
+and CorrelationId beside them."""
+_LONGEST_LOGGED: Final = 100
+"""A refused record's field is logged up to this many characters (it may be anything)."""
+
+
+def readable_fields(value: bytes | None) -> tuple[UUID | None, dict[str, object]]:
+    """What the log of a record the contract refuses can still say: its MessageId and the
+    payload's named fields wherever the bytes are a JSON object holding them, as they are
+    (scalars only, long text cut). Pure; nothing here decides anything."""
+    try:
+        document = msgspec.json.decode(value or b"")
+    except msgspec.DecodeError:
+        return None, {}
+    if not isinstance(document, dict):
+        return None, {}
+    message_id: UUID | None = None
+    raw_id = document.get("MessageId")
+    if isinstance(raw_id, str):
+        with contextlib.suppress(ValueError):
+            message_id = UUID(raw_id)
+    fields: dict[str, object] = {}
+    payload = document.get("Payload")
+    places = [(name, payload) for name in LOGGED_FIELDS] if isinstance(payload, dict) else []
+    for name, where in [*places, ("CorrelationId", document)]:
+        found = where.get(name)
+        if isinstance(found, str):
+            fields[name] = found[:_LONGEST_LOGGED]
+        elif isinstance(found, bool | int | float):
+            fields[name] = found
+    return message_id, fields
+
+
 def validate(value: bytes | None) -> Item:
     """Decode and check one record value (spec steps 1-2, without the inbox lookup)."""
     try:
         envelope = decode_membership_changed(value)
     except ContractViolation as exc:
-        return InvalidEvent(path=exc.path, reason=exc.reason)
+        message_id, fields = readable_fields(value)
+        return InvalidEvent(path=exc.path, reason=exc.reason, message_id=message_id, fields=fields)
     payload = envelope.payload
     # CompanyId is part of the row key: required whatever the Status (spec step 2).
     for path, guid in (
@@ -130,6 +170,7 @@ def validate(value: bytes | None) -> Item:
                     "Status": payload.status,
                     "Reason": payload.reason,
                     "Version": payload.version,
+                    "CorrelationId": envelope.correlation_id,
                 },
             )
 
@@ -153,6 +194,7 @@ def validate(value: bytes | None) -> Item:
         message_id=envelope.message_id,
         contract_version=envelope.contract_version,
         occurred_at=envelope.occurred_at,
+        correlation_id=envelope.correlation_id,
         key=idempotency_key(envelope.message_id),
         row_key=(payload.agent_user_id, payload.company_id),
         status=status,

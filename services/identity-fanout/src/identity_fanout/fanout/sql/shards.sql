@@ -57,3 +57,12 @@ UPDATE identity.access_fanout_shards
 SET status = 'Pending', attempt_count = 0, lease_expires_at = NULL, completed_at = NULL,
     updated_at = now()
 WHERE task_id = %(task_id)s AND status = 'Failed'
+
+-- name: shard_progress --
+-- The shards of the tasks still to finish, by state: `identity-fanout status`.
+SELECT s.status, count(*)
+FROM identity.access_fanout_shards AS s
+JOIN identity.access_fanout_tasks AS t ON t.id = s.task_id
+WHERE t.status IN ('Pending', 'InProgress')
+GROUP BY s.status
+ORDER BY s.status

@@ -1,0 +1,309 @@
+{{/*
+Written once for both charts: infra/helm/_helpers.tpl is the source, each chart's
+templates/_helpers.tpl a copy (infra/checks/helm.sh fails on a difference; `--fix` copies).
+Names and labels.
+*/}}
+{{- define "svc.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "svc.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "svc.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "svc.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "svc.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "svc.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: pin
+{{- end -}}
+
+{{- define "svc.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "svc.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "svc.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The environment variable prefix of the service: IDENTITY_FANOUT_ / REWARDS_MEMBERSHIP_. */}}
+{{- define "svc.envPrefix" -}}
+{{- printf "%s_" (.Chart.Name | upper | replace "-" "_") -}}
+{{- end -}}
+
+{{/*
+Environment of every container of the service: the ConfigMap (every non-secret setting) and
+the secrets, each by reference to an existing Secret. `include "svc.env" (list . "worker")`:
+the second item names the pod kind's database login, `database.<kind>` (a runtime role's
+user; infra/README.md "Deploy" > "Database roles").
+*/}}
+{{- define "svc.env" -}}
+{{- $root := index . 0 -}}
+{{- $kind := index . 1 -}}
+{{- $login := index $root.Values.database $kind -}}
+{{- $prefix := include "svc.envPrefix" $root -}}
+envFrom:
+  - configMapRef:
+      name: {{ include "svc.fullname" $root }}
+env:
+  - name: {{ $prefix }}DATABASE_DSN
+    valueFrom:
+      secretKeyRef:
+        name: {{ required (printf "database.%s.existingSecret is required" $kind) $login.existingSecret }}
+        key: {{ $login.dsnKey }}
+  {{- with include "svc.kafkaSecretEnv" $root | trim }}
+  {{- . | nindent 2 }}
+  {{- end }}
+{{- end -}}
+
+{{/*
+The Kafka credentials of a container (each from its Secret) and extraEnv: every container
+that talks to Kafka, the lag watcher (which gets no database login) included.
+*/}}
+{{- define "svc.kafkaSecretEnv" -}}
+{{- $root := . -}}
+{{- $prefix := include "svc.envPrefix" $root -}}
+{{- if $root.Values.kafka.sasl.mechanism }}
+- name: {{ $prefix }}KAFKA_SASL_USERNAME
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "kafka.sasl.existingSecret is required when kafka.sasl.mechanism is set" $root.Values.kafka.sasl.existingSecret }}
+      key: {{ $root.Values.kafka.sasl.usernameKey }}
+- name: {{ $prefix }}KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $root.Values.kafka.sasl.existingSecret }}
+      key: {{ $root.Values.kafka.sasl.passwordKey }}
+{{- end }}
+{{- if $root.Values.kafka.tls.keyPasswordSecret }}
+{{- if not $root.Values.kafka.tls.clientSecret }}
+{{- fail "kafka.tls.keyPasswordSecret needs kafka.tls.clientSecret" }}
+{{- end }}
+- name: {{ $prefix }}KAFKA_SSL_KEY_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $root.Values.kafka.tls.keyPasswordSecret }}
+      key: {{ $root.Values.kafka.tls.keyPasswordKey }}
+{{- end }}
+{{- include "svc.otelEnv" $root }}
+{{- with $root.Values.extraEnv }}
+{{- toYaml . | nindent 0 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+OpenTelemetry (`otel`), read by pin_runtime.tracing: an OTLP/HTTP endpoint turns the
+exporter on; every span names the environment, the namespace and the pod. extraEnv comes
+after it, so an OTEL_* variable there still wins.
+*/}}
+{{- define "svc.otelEnv" -}}
+{{- $otel := .Values.otel }}
+{{- if $otel.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ $otel.endpoint | quote }}
+- name: OTEL_TRACES_EXPORTER
+  value: otlp
+{{- end }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ $otel.sampler | quote }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ $otel.samplerArg | quote }}
+- name: K8S_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- $attributes := list (printf "k8s.namespace.name=%s" .Release.Namespace) "k8s.pod.name=$(K8S_POD_NAME)" }}
+{{- with $otel.environment }}
+{{- $attributes = append $attributes (printf "deployment.environment.name=%s" .) }}
+{{- end }}
+{{- range $name, $value := $otel.resourceAttributes }}
+{{- $attributes = append $attributes (printf "%s=%s" $name $value) }}
+{{- end }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ join "," $attributes | quote }}
+{{- end -}}
+
+{{/* Volumes: a writable /tmp on the read-only root filesystem, the Kafka CA bundle and client certificate. */}}
+{{- define "svc.volumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- if .Values.kafka.tls.caSecret }}
+- name: kafka-ca
+  secret:
+    secretName: {{ .Values.kafka.tls.caSecret }}
+    items:
+      - key: {{ .Values.kafka.tls.caKey }}
+        path: ca.crt
+{{- end }}
+{{- if .Values.kafka.tls.clientSecret }}
+- name: kafka-client
+  secret:
+    secretName: {{ .Values.kafka.tls.clientSecret }}
+    defaultMode: 288  # 0440: the key readable by the pod's group (fsGroup) only
+    items:
+      - key: {{ .Values.kafka.tls.certificateKey }}
+        path: tls.crt
+      - key: {{ .Values.kafka.tls.keyKey }}
+        path: tls.key
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "svc.volumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.kafka.tls.caSecret }}
+- name: kafka-ca
+  mountPath: /etc/pin/kafka-ca
+  readOnly: true
+{{- end }}
+{{- if .Values.kafka.tls.clientSecret }}
+- name: kafka-client
+  mountPath: /etc/pin/kafka-client
+  readOnly: true
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "svc.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  {{- toYaml .Values.livenessProbe | nindent 2 }}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: metrics
+  {{- toYaml .Values.readinessProbe | nindent 2 }}
+{{- end -}}
+
+{{/* Pod-level settings shared by the Deployments (scheduling, identity, security). */}}
+{{- define "svc.podSpecCommon" -}}
+serviceAccountName: {{ include "svc.serviceAccountName" . }}
+automountServiceAccountToken: false
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.initContainers }}
+initContainers:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The sidecars of every Deployment (extraContainers), after its own container. */}}
+{{- define "svc.extraContainers" -}}
+{{- with .Values.extraContainers }}
+{{- toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "svc.topologySpread" -}}
+{{- $ctx := index . 0 -}}
+{{- $component := index . 1 -}}
+{{- with $ctx.Values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- range . }}
+  - {{ toYaml . | nindent 4 | trim }}
+    labelSelector:
+      matchLabels:
+        {{- include "svc.selectorLabels" $ctx | nindent 8 }}
+        app.kubernetes.io/component: {{ $component }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+`helm test <release>`: a pod of the service's image asks the metrics Service for /readyz
+until six answers in a row are 200 (every pod that serves the port is ready), within
+two minutes. It carries none of the service's selector labels (the NetworkPolicy lets it in
+by its own label), and the pods' security context.
+*/}}
+{{- define "svc.readyzTest" -}}
+{{- $url := printf "http://%s-metrics:%v/readyz" (include "svc.fullname" .) .Values.service.port -}}
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {{ include "svc.fullname" . }}-test-readyz
+  labels:
+    helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+    app.kubernetes.io/instance: {{ .Release.Name }}
+    app.kubernetes.io/managed-by: {{ .Release.Service }}
+    app.kubernetes.io/part-of: pin
+    app.kubernetes.io/component: helm-test
+  annotations:
+    helm.sh/hook: test
+    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+spec:
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  securityContext:
+    {{- toYaml .Values.podSecurityContext | nindent 4 }}
+  containers:
+    - name: readyz
+      image: {{ include "svc.image" . }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      command:
+        - python
+        - -c
+        - |
+          import sys, time, urllib.request
+          url, ok, deadline = {{ $url | quote }}, 0, time.monotonic() + 120
+          while ok < 6:
+              try:
+                  urllib.request.urlopen(url, timeout=5).close()
+                  ok += 1
+              except Exception as exc:
+                  ok = 0
+                  if time.monotonic() > deadline:
+                      sys.exit(f"{url}: {exc}")
+                  time.sleep(2)
+          print(f"{url}: ready")
+      resources:
+        requests: {cpu: 10m, memory: 32Mi}
+        limits: {cpu: 100m, memory: 64Mi}
+      securityContext:
+        {{- toYaml .Values.securityContext | nindent 8 }}
+{{- end -}}

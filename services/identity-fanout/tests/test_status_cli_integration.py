@@ -1,0 +1,76 @@
+"""`identity-fanout status` as an operator (and a script) reads it: the queue, the shards
+being walked and the outbox, from a real PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import msgspec
+import psycopg
+import pytest
+from psycopg.rows import TupleRow
+from worker_support import enqueue
+
+from identity_fanout.fanout.batch import run_batch
+from identity_fanout.fanout.queue import FanoutQueue
+from pin_testkit.seeding import seed_role_with_users
+from pin_testkit.service import run_cli, service_environment
+
+pytestmark = pytest.mark.integration
+
+Conn = psycopg.Connection[TupleRow]
+
+
+def status(dsn: str, *args: str) -> tuple[int, str, str]:
+    env = service_environment(
+        ("IDENTITY_FANOUT_",), IDENTITY_FANOUT_DATABASE_DSN=dsn, COLUMNS="200"
+    )
+    result = run_cli("identity-fanout", ["status", *args], env, timeout=60, check=False)
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_status_shows_a_split_task_a_waiting_one_and_what_the_outbox_holds(
+    db: Conn, identity_dsn: str
+) -> None:
+    queue = FanoutQueue(lease=timedelta(minutes=5), max_attempts=5)
+    split_role, _ = seed_role_with_users(db, users=90, other_roles=0)
+    enqueue(db, db, split_role)
+    task = queue.claim(db)
+    assert task is not None
+    assert queue.split(db, task, shard_size=30) == 3
+    shard = queue.claim(db)
+    assert shard is not None
+    assert shard.shard_no is not None
+    run_batch(db, queue, shard, batch_size=10, correlation_id="status-test")  # 10 events
+    waiting_role, _ = seed_role_with_users(db, users=5, other_roles=0)
+    enqueue(db, db, waiting_role)
+
+    code, out, err = status(identity_dsn, "--json")
+    assert code == 0, err
+    shown = msgspec.json.decode(out)
+    # Both tasks wait for a worker (the split one for its two unclaimed shards), the split
+    # one is also being walked; nothing has failed.
+    assert shown["queue"]["backlog"] == 2
+    assert shown["queue"]["leased"] == 1
+    assert shown["queue"]["failed"] == 0
+    assert shown["queue"]["oldest_waiting_seconds"] >= 0
+    assert shown["shards"] == {"InProgress": 1, "Pending": 2}
+    assert shown["outbox"]["backlog"] == 10
+    assert shown["outbox"]["by_topic"] == {"pin.identity.access.v1": 10}
+    assert shown["outbox"]["relay_active"] is False
+    assert sum(shown["outbox"]["backlog_by_lane"].values()) == 10
+
+    code, out, err = status(identity_dsn)
+    assert code == 0, err
+    for text in ("fan-out queue", "2 task(s), the longest for", "shards Pending", "backlog"):
+        assert text in out, text
+
+
+def test_status_of_an_idle_system_and_outbox_status_json(identity_dsn: str) -> None:
+    code, out, err = status(identity_dsn, "--json")
+    assert code == 0, err
+    shown = msgspec.json.decode(out)
+    assert (shown["queue"]["backlog"], shown["shards"], shown["outbox"]["backlog"]) == (0, {}, 0)
+    env = service_environment(("IDENTITY_FANOUT_",), IDENTITY_FANOUT_DATABASE_DSN=identity_dsn)
+    outbox = run_cli("identity-fanout", ["outbox", "status", "--json"], env, timeout=60)
+    assert msgspec.json.decode(outbox.stdout)["backlog"] == 0

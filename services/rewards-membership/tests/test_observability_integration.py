@@ -1,0 +1,128 @@
+"""What an operator sees of each event (spec "Наблюдаемость"): every log line of it names
+MessageId, AgentUserId, CompanyId, Status, Reason, Version, its CorrelationId and its trace,
+at INFO (the level services run at), a record the contract refuses included."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import pytest
+
+from pin_runtime.logging import JsonFormatter
+from pin_testkit.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+SPEC_FIELDS = ("MessageId", "AgentUserId", "CompanyId", "Status", "Reason", "Version")
+
+
+@pytest.fixture
+def json_logs() -> Iterator[io.StringIO]:
+    """The consumer's log lines (INFO and up) as the JSON a log pipeline receives."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter(service="rewards-membership"))
+    logger = logging.getLogger("rewards_membership")
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    yield stream
+    logger.removeHandler(handler)
+    logger.setLevel(previous)
+
+
+def lines(stream: io.StringIO, event: str) -> list[dict[str, Any]]:
+    found = [json.loads(line) for line in stream.getvalue().splitlines()]
+    return [line for line in found if line["event"] == event]
+
+
+def test_each_event_is_logged_with_the_specs_fields_and_its_correlation(
+    *,
+    kafka: Any,
+    start_consumer: Any,
+    event: Callable[..., Any],
+    raw: Callable[..., bytes],
+    json_logs: io.StringIO,
+) -> None:
+    agent, company = uuid.uuid4(), uuid.uuid4()
+    applied = event(agent, company, 1, membership_id=uuid.uuid4())
+    value = raw(applied, CorrelationId="onboarding-77")
+    message_id = msgspec.json.decode(value)["MessageId"]
+    # Refused by the contract (no CompanyId), its bytes still say whose and which message.
+    refused_id = uuid.uuid4()
+    refused = {
+        "MessageId": str(refused_id),
+        "CorrelationId": "onboarding-78",
+        "Payload": {"AgentUserId": str(agent), "Status": "Active", "Version": 2},
+    }
+    consumer = start_consumer()
+    kafka.send_raw(
+        (str(agent).encode(), value, [("traceparent", TRACEPARENT.encode())]),
+        (str(agent).encode(), msgspec.json.encode(refused), None),
+        (str(agent).encode(), b"\xff not json", None),
+    )
+    consumer.wait_handled(3)
+    consumer.close()
+
+    consumed = lines(json_logs, "consumed")
+    assert len(consumed) == 3
+    assert all(line["level"] == "INFO" for line in consumed)
+    assert all(set(SPEC_FIELDS) <= set(line) for line in consumed)
+    first, second, third = consumed
+    assert (first["MessageId"], first["CorrelationId"], first["trace_id"]) == (
+        message_id,
+        "onboarding-77",
+        TRACE_ID,
+    )
+    assert (first["AgentUserId"], first["CompanyId"], first["Version"]) == (
+        str(agent),
+        str(company),
+        1,
+    )
+
+    [membership] = lines(json_logs, "membership-applied")
+    assert (membership["MessageId"], membership["CorrelationId"], membership["trace_id"]) == (
+        message_id,
+        "onboarding-77",
+        TRACE_ID,
+    )
+
+    dead = lines(json_logs, "dead-lettered")
+    assert len(dead) == 2
+    readable, unreadable = sorted(dead, key=lambda line: line["offset"])
+    assert readable["MessageId"] == str(refused_id) == second["MessageId"]
+    assert (readable["AgentUserId"], readable["Status"], readable["Version"]) == (
+        str(agent),
+        "Active",
+        2,
+    )
+    assert (readable["CompanyId"], readable["Reason"]) == (None, None)
+    assert readable["CorrelationId"] == "onboarding-78"
+    # No traceparent of its own: the batch's trace where tracing is on, never another's.
+    assert "trace_id" in readable
+    assert readable["trace_id"] != TRACE_ID
+    assert all(unreadable[name] is None for name in SPEC_FIELDS)
+    assert third["MessageId"] is None
+
+
+def test_consume_duration_is_observed_per_message_without_the_next_polls_wait(
+    *, kafka: Any, start_consumer: Any, event: Callable[..., Any]
+) -> None:
+    # A poll timeout far longer than a batch takes: an offset commit that waited for the
+    # next poll would show it in every observation.
+    consumer = start_consumer(poll_timeout=timedelta(seconds=5))
+    kafka.send(*(event(uuid.uuid4(), uuid.uuid4(), 1) for _ in range(3)))
+    consumer.wait_handled(3)
+    count = "rewards_membership_consume_duration_ms_count"
+    wait_until(lambda: consumer.value(count) == 3, 30, "one observation per message")
+    assert consumer.value("rewards_membership_consume_duration_ms_sum") / 3 < 2500
+    consumer.close()
