@@ -30,6 +30,7 @@ lint: sync ## ruff (lint + format check) and mypy --strict on every member
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
 	$(RUN) python -m pin_contracts.schemas check
+	$(RUN) python -m pin_contracts.asyncapi check
 	@set -e; for p in $(MYPY_DIRS); do echo "mypy $$p"; (cd $$p && $(RUN) mypy .); done
 
 .PHONY: fmt

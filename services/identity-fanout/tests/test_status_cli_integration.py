@@ -13,7 +13,7 @@ from worker_support import enqueue
 
 from identity_fanout.fanout.batch import run_batch
 from identity_fanout.fanout.queue import FanoutQueue
-from pin_testkit.seeding import seed_role_with_users
+from pin_testkit.seeding import add_permissions, seed_role_with_users
 from pin_testkit.service import run_cli, service_environment
 
 pytestmark = pytest.mark.integration
@@ -74,3 +74,21 @@ def test_status_of_an_idle_system_and_outbox_status_json(identity_dsn: str) -> N
     env = service_environment(("IDENTITY_FANOUT_",), IDENTITY_FANOUT_DATABASE_DSN=identity_dsn)
     outbox = run_cli("identity-fanout", ["outbox", "status", "--json"], env, timeout=60)
     assert msgspec.json.decode(outbox.stdout)["backlog"] == 0
+
+
+def test_set_permissions_answers_in_json_for_scripts(db: Conn, identity_dsn: str) -> None:
+    role, _ = seed_role_with_users(db, users=3, other_roles=0)
+    add_permissions(db, ["deals.read"])
+    env = service_environment(
+        ("IDENTITY_FANOUT_",),
+        IDENTITY_FANOUT_DATABASE_DSN=identity_dsn,
+        IDENTITY_FANOUT_INLINE_FANOUT_THRESHOLD="0",
+    )
+    result = run_cli(
+        "identity-fanout", ["roles", "set-permissions", str(role), "deals.read", "--json"], env
+    )
+    [change] = [
+        c for line in result.stdout.splitlines() if "mode" in (c := msgspec.json.decode(line))
+    ]
+    assert (change["role_id"], change["mode"], change["users"]) == (str(role), "queued", None)
+    assert change["task_id"]

@@ -189,6 +189,13 @@ def test_agent_show_and_inbox_prune(
         assert f"company_id:                {company}" in narrow
         assert f"membership_status:         {status}" in narrow
     monkeypatch.setenv("COLUMNS", "400")
+    # For scripts: one JSON object, the rows and the derived status.
+    assert main(["agent", "show", str(agent), "--json"]) == 0
+    shown = msgspec.json.decode(capsys.readouterr().out)
+    assert shown["display_status"] == f"in agency {agency_b}"
+    assert sorted((r["company_id"], r["membership_status"]) for r in shown["rows"]) == sorted(
+        [(str(agency_a), "Left"), (str(agency_b), "Active")]
+    )
     assert main(["inbox", "prune", "--older-than", "30d"]) == 0
     assert sql("SELECT idempotency_key FROM rewards.inbox") == [
         ("rewards:identity-membership:new",)
@@ -218,6 +225,12 @@ def test_dlq_list_and_replay(
     assert str(agent) in out
 
     assert "2 not replayed" in out
+    assert main(["dlq", "list", "--json"]) == 0
+    listed = [msgspec.json.decode(line) for line in capsys.readouterr().out.splitlines()]
+    rows = [row for row in listed if "state" in row]  # the consumer's log lines share stdout
+    assert [(r["state"], r["code"], r["key"]) for r in rows] == [
+        ("pending", "REWARDS_MEMBERSHIP_EVENT_INVALID", str(agent))
+    ] * 2
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["dlq", "list"]) == 0
     narrow = [line.rstrip() for line in capsys.readouterr().out.splitlines()]

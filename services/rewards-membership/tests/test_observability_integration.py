@@ -14,9 +14,11 @@ from typing import Any
 
 import msgspec
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from pin_runtime.logging import JsonFormatter
 from pin_testkit.waiting import wait_until
+from rewards_membership.consumer.partitions import PartitionControl
 
 pytestmark = pytest.mark.integration
 
@@ -126,3 +128,36 @@ def test_consume_duration_is_observed_per_message_without_the_next_polls_wait(
     wait_until(lambda: consumer.value(count) == 3, 30, "one observation per message")
     assert consumer.value("rewards_membership_consume_duration_ms_sum") / 3 < 2500
     consumer.close()
+
+
+def test_a_batch_that_fails_after_its_commit_is_reported_once_as_what_it_was(
+    *,
+    kafka: Any,
+    start_consumer: Any,
+    event: Callable[..., Any],
+    json_logs: io.StringIO,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The database commits the batch, then its offset commit fails (the broker went away):
+    # the batch is retried, finds its records applied, and must report them as applied,
+    # not as duplicates of itself.
+    commit = PartitionControl.commit
+    failures: list[object] = []
+
+    def flaky(self: PartitionControl, partitions: Any = None, *, raise_errors: bool) -> None:
+        if raise_errors and not failures and self.ledger.committable(partitions):
+            failures.append(partitions)
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker connection lost"))
+        commit(self, partitions, raise_errors=raise_errors)
+
+    monkeypatch.setattr(PartitionControl, "commit", flaky)
+    consumer = start_consumer()
+    payloads = [event(uuid.uuid4(), uuid.uuid4(), 1) for _ in range(4)]
+    kafka.send(*payloads)
+    consumer.wait_handled(4)
+    wait_until(lambda: failures and consumer.total("rewards_membership_retries_total") >= 1, 30)
+    assert consumer.total("rewards_membership_applied_total") == 4
+    assert consumer.total("rewards_membership_skipped_duplicate_total") == 0
+    consumer.close()
+    assert len(lines(json_logs, "membership-applied")) == 4
+    assert lines(json_logs, "skipped-duplicate") == []

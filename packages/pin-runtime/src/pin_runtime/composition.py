@@ -150,8 +150,9 @@ class Cli(Generic[S]):
         )
         parser.add_argument(
             "--version",
-            action="version",
-            version=BuildInfo.of(self.service).line(),
+            action=_PrintVersion,
+            nargs=0,
+            default=argparse.SUPPRESS,
             help="print the version, the revision built from, the contracts' version; exit",
         )
         return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -177,6 +178,21 @@ class Cli(Generic[S]):
         for variable in unknown_variables(self.settings_type, self.env_prefix):
             log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
         return run_command(lambda: run(args, settings), errors=self.errors)
+
+
+class _PrintVersion(argparse.Action):
+    """`--version`: the build's line as it is (argparse's own action wraps it to the
+    terminal), exit 0."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        sys.stdout.write(BuildInfo.of(parser.prog).line() + "\n")
+        parser.exit(0)
 
 
 class Runtime:

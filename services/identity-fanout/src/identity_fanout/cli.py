@@ -109,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     set_permissions.add_argument("role_id", type=uuid_argument, metavar="ROLE_ID")
     set_permissions.add_argument("permissions", nargs="*", metavar="PERMISSION_CODE")
+    set_permissions.add_argument(
+        "--json", action="store_true", help="what changed as one JSON object (for scripts)"
+    )
 
     tasks = commands.add_parser("tasks", help="fan-out queue commands").add_subparsers(
         dest="tasks_command", required=True, metavar="TASKS_COMMAND"
@@ -277,11 +280,14 @@ def _run(args: argparse.Namespace, settings: Settings) -> int | None:
                 args.permissions,
                 inline_threshold=settings.inline_fanout_threshold,
             )
-        _console.print(
-            f"role {change.role_id}: version {change.version}, {change.mode}"
-            + (f", {change.users} user(s) notified" if change.mode == "inline" else "")
-            + (f", task {change.task_id}" if change.task_id else "")
-        )
+        if args.json:
+            sys.stdout.write(msgspec.json.encode(change).decode() + "\n")
+        else:
+            _console.print(
+                f"role {change.role_id}: version {change.version}, {change.mode}"
+                + (f", {change.users} user(s) notified" if change.mode == "inline" else "")
+                + (f", task {change.task_id}" if change.task_id else "")
+            )
     elif args.command == "status":
         with _connect(settings) as conn:
             status = system_status(conn, OUTBOX_TABLES, lanes=settings.outbox_lanes)

@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
     dlq_list = dlq_commands.add_parser("list", help="table of dead-lettered records")
     dlq_list.add_argument("--limit", type=int, default=1000, help="most rows shown")
+    dlq_list.add_argument(
+        "--json", action="store_true", help="one JSON object per record (for scripts), no table"
+    )
     dlq_replay = dlq_commands.add_parser("replay", help="republish records to the source topic")
     _which_records(dlq_replay)
     dlq_replay.add_argument(
@@ -140,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent_commands = agent.add_subparsers(dest="agent_command", required=True)
     show = agent_commands.add_parser("show", help="rows and derived display status")
     show.add_argument("agent_user_id", type=uuid_argument, metavar="AGENT_USER_ID")
+    show.add_argument("--json", action="store_true", help="one JSON object (for scripts)")
 
     inbox = commands.add_parser("inbox", help="the idempotency store")
     inbox_commands = inbox.add_subparsers(dest="inbox_command", required=True)
@@ -179,7 +183,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         kafka_or_exit(settings, ENV_PREFIX, command=f"dlq {args.dlq_command}")
         return _DLQ_COMMANDS[args.dlq_command](settings, args)
     if args.command == "agent":
-        return _agent_show(settings, args.agent_user_id)
+        return _agent_show(settings, args.agent_user_id, as_json=args.json)
     return _inbox_prune(settings, args.older_than)
 
 
@@ -209,7 +213,24 @@ _PAGE = 200
 _COLUMNS = ("at", "state", "code", "key", "original", "value", "reason")
 
 
-def _dlq_list(settings: Settings, limit: int) -> int:
+class DeadLetterRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One record of `dlq list` (its `--json` line; the table shows the same)."""
+
+    partition: int
+    offset: int
+    state: str
+    """pending, replayed <when>, or resolved <when>: <why>."""
+    code: str | None
+    key: str
+    original_topic: str | None
+    original_partition: int | None
+    original_offset: int | None
+    value: str
+    """Its size, or what a reference record says of the original it stands for."""
+    reason: str
+
+
+def _dlq_list(settings: Settings, limit: int, *, as_json: bool = False) -> int:
     """Stream the DLQ page by page: a large DLQ is never held in memory whole."""
     console = Console()
     shown = pending = 0
@@ -227,14 +248,22 @@ def _dlq_list(settings: Settings, limit: int) -> int:
                 for record, position in zip(page, positions, strict=True):
                     state = _state(replays.get(position), resolutions.get(position))
                     pending += state == "pending"
-                    rows.append(_row(record, state, settings.topic))
-                # A table where it fits the terminal, else a block per record.
-                console.print(
-                    Listing(_COLUMNS, rows, show_header=shown == 0, box=None, pad_edge=False)
-                )
+                    rows.append(_row(record, state))
                 shown += len(page)
+                if as_json:
+                    sys.stdout.writelines(msgspec.json.encode(r).decode() + "\n" for r in rows)
+                    continue
+                # A table where it fits the terminal, else a block per record.
+                cells = [_cells(row, settings.topic) for row in rows]
+                console.print(
+                    Listing(
+                        _COLUMNS, cells, show_header=shown == len(page), box=None, pad_edge=False
+                    )
+                )
     finally:
         reader.close()
+    if as_json:
+        return 0
     console.print(
         f"{settings.dlq_topic}: {shown} record(s), {pending} not replayed nor resolved"
         + (f" (first {limit} shown)" if shown == limit else "")
@@ -252,7 +281,7 @@ def _state(replayed_at: datetime | None, resolution: Resolution | None) -> str:
     return "pending"
 
 
-def _row(record: DeadLetterRecord, state: str, source: str) -> list[str]:
+def _row(record: DeadLetterRecord, state: str) -> DeadLetterRow:
     info = record.info
     replaced = record.replaced
     if replaced is not None:
@@ -264,19 +293,34 @@ def _row(record: DeadLetterRecord, state: str, source: str) -> list[str]:
             )
     else:
         value = f"{len(record.value or b'')} bytes"
+    return DeadLetterRow(
+        partition=record.partition,
+        offset=record.offset,
+        state=state,
+        code=info.error_code if info else None,
+        key=_text(record.key),
+        original_topic=info.original_topic if info else None,
+        original_partition=info.original_partition if info else None,
+        original_offset=info.original_offset if info else None,
+        value=value,
+        reason=info.exception_message if info else (record.problem or ""),
+    )
+
+
+def _cells(row: DeadLetterRow, source: str) -> list[str]:
     original = ""
-    if info is not None:
+    if row.original_topic is not None:
         # The topic only when it is not the consumer's own source topic.
-        place = f"{info.original_partition}@{info.original_offset}"
-        original = place if info.original_topic == source else f"{info.original_topic}[{place}]"
+        place = f"{row.original_partition}@{row.original_offset}"
+        original = place if row.original_topic == source else f"{row.original_topic}[{place}]"
     return [
-        f"{record.partition}@{record.offset}",
-        state,
-        info.error_code if info else "?",
-        _text(record.key),
+        f"{row.partition}@{row.offset}",
+        row.state,
+        row.code or "?",
+        row.key,
         original,
-        value,
-        info.exception_message if info else (record.problem or ""),
+        row.value,
+        row.reason,
     ]
 
 
@@ -402,7 +446,7 @@ def _dlq_resolve(settings: Settings, args: argparse.Namespace) -> int:
 
 
 _DLQ_COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
-    "list": lambda settings, args: _dlq_list(settings, args.limit),
+    "list": lambda settings, args: _dlq_list(settings, args.limit, as_json=args.json),
     "replay": _dlq_replay,
     "resolve": _dlq_resolve,
 }
@@ -462,10 +506,14 @@ _AGENT_COLUMNS = (
 )
 
 
-def _agent_show(settings: Settings, agent_user_id: uuid.UUID) -> int:
+def _agent_show(settings: Settings, agent_user_id: uuid.UUID, *, as_json: bool = False) -> int:
     with _connect(settings) as conn:
         rows = fetch_agent_rows(conn, agent_user_id)
     status = display_status((r.company_id, r.membership_status) for r in rows)
+    if as_json:
+        shown = {"agent_user_id": agent_user_id, "display_status": status, "rows": rows}
+        sys.stdout.write(msgspec.json.encode(shown).decode() + "\n")
+        return 0
     values = [
         tuple("" if v is None else str(v) for v in (getattr(row, c) for c in _AGENT_COLUMNS))
         for row in rows

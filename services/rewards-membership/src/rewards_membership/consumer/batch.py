@@ -57,6 +57,7 @@ from rewards_membership.rules.validation import InvalidEvent, Item
 __all__ = [
     "BatchFinisher",
     "BatchPipeline",
+    "EarlierOutcomes",
     "Finished",
     "InFlight",
     "bounds",
@@ -148,9 +149,14 @@ def finished_records(
     outcomes: Sequence[Outcome],
     done: Mapping[int, int],
     receipts: Mapping[Position, Receipt],
+    *,
+    earlier: Mapping[Position, Outcome] | None = None,
 ) -> list[tuple[Message, Item, Outcome]]:
-    """The committed records with the outcomes to report."""
-    if not receipts and all(p in done for p in {m.partition() for m in records}):
+    """The committed records with the outcomes to report. `earlier`: what records were
+    decided in a try of this batch whose transaction committed but whose batch failed after
+    (a dead-letter write, a mark, the offset commit): this try sees them as duplicates of
+    itself, and they are reported as what they were."""
+    if not receipts and not earlier and all(p in done for p in {m.partition() for m in records}):
         return list(zip(records, items, outcomes, strict=True))  # the usual whole batch
     finished = []
     for m, item, outcome in zip(records, items, outcomes, strict=True):
@@ -160,8 +166,40 @@ def finished_records(
         # then the batch failed): it is the dead letter it was.
         at = (partition_of(m), offset_of(m))
         reported = Outcome.DEAD_LETTERED if at in receipts else outcome
+        if reported is Outcome.DUPLICATE and earlier:
+            reported = earlier.get(at, reported)
         finished.append((m, item, reported))
     return finished
+
+
+@dataclass(eq=False)
+class EarlierOutcomes:
+    """Outcomes of batches whose transaction committed but which failed after it: what
+    their retry reports instead of the duplicates it finds (`finished_records`), so that
+    `membership-applied`, `applied_total` and the unknown-value warnings count each event
+    once. Held only until the retry finished, or the partition left this instance (its next
+    owner reports what it finds: duplicates)."""
+
+    _by_position: dict[Position, Outcome] = field(default_factory=dict)
+
+    def remember(
+        self, records: Sequence[Message], outcomes: Sequence[Outcome], partitions: Collection[int]
+    ) -> None:
+        for message, outcome in zip(records, outcomes, strict=True):
+            if outcome is not Outcome.DUPLICATE and partition_of(message) in partitions:
+                self._by_position[_at(message)] = outcome
+
+    def take(self, records: Sequence[Message]) -> dict[Position, Outcome]:
+        """The remembered outcomes of these records, forgotten here."""
+        if not self._by_position:
+            return {}
+        return {
+            at: self._by_position.pop(at) for at in map(_at, records) if at in self._by_position
+        }
+
+    def forget(self, partitions: Collection[int]) -> None:
+        for at in [at for at in self._by_position if at[0] in partitions]:
+            del self._by_position[at]
 
 
 @dataclass(eq=False, kw_only=True)
@@ -240,6 +278,7 @@ class BatchFinisher:
     partitions: PartitionControl
     database_state: ComponentState
     kafka_state: ComponentState
+    earlier: EarlierOutcomes = field(default_factory=EarlierOutcomes)
 
     def finish(self, batch: InFlight, *, exclude: Collection[int] = ()) -> Finished | None:
         """The committed batch to report, or None when it failed (its partitions paused)."""
@@ -264,6 +303,12 @@ class BatchFinisher:
             self.partitions.commit(done, raise_errors=True)
             committed = time.time_ns()
         except Exception as exc:
+            future = batch.outcomes
+            if future.done() and future.exception() is None:
+                # The transaction committed; a later step failed: the retry finds these
+                # records applied, and must still report them as what they were.
+                ours_now = [p for p in batch.first if ours(p)]
+                self.earlier.remember(batch.records, future.result().outcomes, ours_now)
             if not is_infrastructure(exc):
                 batch.process.record_exception(exc)
                 batch.process.end()
@@ -281,7 +326,14 @@ class BatchFinisher:
             self.kafka_state.ok()
         times = BatchTimes(batch.poll_started, batch.polled, batch.handed, stored, committed)
         return Finished(
-            done=finished_records(batch.records, batch.items, outcomes, done, receipts),
+            done=finished_records(
+                batch.records,
+                batch.items,
+                outcomes,
+                done,
+                receipts,
+                earlier=self.earlier.take(batch.records),
+            ),
             receipts=receipts,
             times=times,
             process=batch.process,

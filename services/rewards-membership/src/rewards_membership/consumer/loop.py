@@ -222,6 +222,7 @@ class MembershipConsumer:
         for partition in partitions:
             self._dead_letters.forget(partition)
         self._lag.forget(partitions)
+        self._batches.finisher.earlier.forget(partitions)
 
 
 def _keyed(message: Message, item: Item) -> Item:
