@@ -114,6 +114,8 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn
     assert "quarantined pin.identity.access.v1" in status.stdout
     assert "2 (outbox quarantine list)" in status.stdout
 
+    scripted_one = run(operator_dsn, "show", str(first.id), "--json")
+    assert msgspec.json.decode(scripted_one.stdout)["id"] == first.id
     shown = run(operator_dsn, "show", str(first.id))
     assert shown.returncode == 0, shown.stderr
     assert str(first.message_id) in shown.stdout

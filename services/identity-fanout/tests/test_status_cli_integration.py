@@ -65,6 +65,18 @@ def test_status_shows_a_split_task_a_waiting_one_and_what_the_outbox_holds(
     for text in ("fan-out queue", "2 task(s), the longest for", "shards Pending", "backlog"):
         assert text in out, text
 
+    # The listings too, for scripts: one object per task; a task with its shards.
+    env = service_environment(("IDENTITY_FANOUT_",), IDENTITY_FANOUT_DATABASE_DSN=identity_dsn)
+    listed = run_cli("identity-fanout", ["tasks", "list", "--json"], env, timeout=60)
+    tasks = [msgspec.json.decode(line) for line in listed.stdout.splitlines()]
+    assert {t["status"] for t in tasks} == {"Pending", "InProgress"}
+    split = next(t for t in tasks if t["shard_count"] == 3)
+    shown = run_cli("identity-fanout", ["tasks", "show", split["id"], "--json"], env, timeout=60)
+    detail = msgspec.json.decode(shown.stdout)
+    assert detail["task"]["id"] == split["id"]
+    assert [s["shard_no"] for s in detail["shards"]] == [1, 2, 3]
+    assert sum(s["processed_count"] for s in detail["shards"]) == 10
+
 
 def test_status_of_an_idle_system_and_outbox_status_json(identity_dsn: str) -> None:
     code, out, err = status(identity_dsn, "--json")

@@ -119,8 +119,12 @@ def _parser() -> argparse.ArgumentParser:
     listing = tasks.add_parser("list", help="list tasks, newest first")
     listing.add_argument("--status", type=_status, default=None)
     listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--json", action="store_true", help="one JSON object per task")
     show = tasks.add_parser("show", help="show one task")
     show.add_argument("task_id", type=uuid_argument, metavar="TASK_ID")
+    show.add_argument(
+        "--json", action="store_true", help="one JSON object: the task and its shards"
+    )
     replay = tasks.add_parser("replay", help="put a Failed task back in the queue")
     replay.add_argument("task_id", type=uuid_argument, metavar="TASK_ID")
 
@@ -141,6 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     q_show = quarantine.add_parser("show", help="one quarantined row, every field")
     q_show.add_argument("row_id", type=_positive, metavar="ID")
+    q_show.add_argument("--json", action="store_true", help="one JSON object (for scripts)")
     q_retry = quarantine.add_parser(
         "retry", help="put a quarantined row (or all) back at the tail of the outbox"
     )
@@ -209,7 +214,7 @@ def _outbox(
         else:
             _console.print(quarantine_table(listed))
     elif args.quarantine_command == "show":
-        _console.print(quarantine_detail(quarantine.get(conn, args.row_id)))
+        _show(quarantine.get(conn, args.row_id), quarantine_detail, as_json=args.json)
     elif args.quarantine_command == "discard":
         try:
             discarded = quarantine.discard(
@@ -247,10 +252,17 @@ def _outbox(
 
 def _tasks(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> None:
     if args.tasks_command == "list":
-        _console.print(tasks_table(list_tasks(conn, status=args.status, limit=args.limit)))
+        listed = list_tasks(conn, status=args.status, limit=args.limit)
+        if args.json:
+            sys.stdout.writelines(msgspec.json.encode(t).decode() + "\n" for t in listed)
+        else:
+            _console.print(tasks_table(listed))
     elif args.tasks_command == "show":
-        _console.print(task_detail(get_task(conn, args.task_id)))
-        shards = list_shards(conn, args.task_id)
+        task, shards = get_task(conn, args.task_id), list_shards(conn, args.task_id)
+        if args.json:
+            sys.stdout.write(msgspec.json.encode({"task": task, "shards": shards}).decode() + "\n")
+            return
+        _console.print(task_detail(task))
         if shards:  # a task fanned out as one unit has none
             _console.print(shards_table(shards))
     else:
