@@ -8,8 +8,6 @@ the migrations did not grant to that role fails the test with SQLSTATE 42501.
 
 from __future__ import annotations
 
-import io
-import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,7 +20,7 @@ from relay_support import RELAY_TEST_OPTIONS, RelayFactory, new_relay
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
 from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.schema import migrate_database
-from pin_runtime.logging import JsonFormatter
+from pin_testkit import fixtures
 from pin_testkit.fixtures import connection, login_dsn
 
 
@@ -69,16 +67,4 @@ def make_relay(relay_dsn: str, kafka_bootstrap: str) -> Iterator[RelayFactory]:
         relay.close()
 
 
-@pytest.fixture
-def json_logs() -> Iterator[io.StringIO]:
-    """The service's log lines (INFO and up) as the JSON a log pipeline receives."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter(service="identity-fanout"))
-    logger = logging.getLogger("identity_fanout")
-    logger.addHandler(handler)
-    previous = logger.level
-    logger.setLevel(logging.INFO)
-    yield stream
-    logger.removeHandler(handler)
-    logger.setLevel(previous)
+json_logs = fixtures.json_logs("identity_fanout", "identity-fanout")

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -16,7 +15,7 @@ import msgspec
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from pin_runtime.logging import JsonFormatter
+from pin_testkit import fixtures
 from pin_testkit.waiting import wait_until
 from rewards_membership.consumer.partitions import PartitionControl
 
@@ -27,19 +26,7 @@ TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 SPEC_FIELDS = ("MessageId", "AgentUserId", "CompanyId", "Status", "Reason", "Version")
 
 
-@pytest.fixture
-def json_logs() -> Iterator[io.StringIO]:
-    """The consumer's log lines (INFO and up) as the JSON a log pipeline receives."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter(service="rewards-membership"))
-    logger = logging.getLogger("rewards_membership")
-    logger.addHandler(handler)
-    previous = logger.level
-    logger.setLevel(logging.INFO)
-    yield stream
-    logger.removeHandler(handler)
-    logger.setLevel(previous)
+json_logs = fixtures.json_logs("rewards_membership", "rewards-membership")
 
 
 def lines(stream: io.StringIO, event: str) -> list[dict[str, Any]]:

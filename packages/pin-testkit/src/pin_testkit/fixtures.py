@@ -6,6 +6,8 @@ factory writes the fixture: the attribute name is the fixture's name, as for any
 
 from __future__ import annotations
 
+import io
+import logging
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -13,8 +15,9 @@ import pytest
 from psycopg.rows import TupleRow
 
 from pin_runtime.db_roles import RuntimeRole
+from pin_runtime.logging import JsonFormatter
 
-__all__ = ["connection", "login_dsn"]
+__all__ = ["connection", "json_logs", "login_dsn"]
 
 
 def login_dsn(role: RuntimeRole, database: str) -> Callable[..., str]:
@@ -40,3 +43,23 @@ def connection(dsn: str) -> Callable[..., Iterator[psycopg.Connection[TupleRow]]
 
     connected.__doc__ = f"An autocommit connection with `{dsn}` (setup and checks)."
     return pytest.fixture(connected)
+
+
+def json_logs(logger: str, service: str) -> Callable[..., Iterator[io.StringIO]]:
+    """A fixture: the lines of `logger` (INFO and up) as the JSON a log pipeline receives
+    from `service`, in a stream the test reads."""
+
+    def capture() -> Iterator[io.StringIO]:
+        stream = io.StringIO()
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(JsonFormatter(service=service))
+        target = logging.getLogger(logger)
+        target.addHandler(handler)
+        previous = target.level
+        target.setLevel(logging.INFO)
+        yield stream
+        target.removeHandler(handler)
+        target.setLevel(previous)
+
+    capture.__doc__ = f"The {service} log lines (INFO and up) as JSON, in a stream."
+    return pytest.fixture(capture)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from pin_contracts import Headers
 
@@ -58,16 +58,32 @@ def _consumer(bootstrap: str, group: str | None = None) -> Consumer:
 
 def end_offsets(bootstrap: str, topic: str, timeout: float = 30.0) -> Offsets:
     """The high watermark of every partition of ``topic`` now."""
+    deadline = time.monotonic() + timeout
     consumer = _consumer(bootstrap)
     try:
         metadata = consumer.list_topics(topic, timeout=timeout)
         partitions = sorted(metadata.topics[topic].partitions)
         return {
-            p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1])
-            for p in partitions
+            p: _high_watermark(consumer, TopicPartition(topic, p), deadline) for p in partitions
         }
     finally:
         consumer.close()
+
+
+def _high_watermark(consumer: Consumer, partition: TopicPartition, deadline: float) -> int:
+    # A topic just created can be led in the metadata before its broker serves it
+    # (NOT_LEADER_FOR_PARTITION for a moment): a retriable error is asked again until the
+    # deadline, anything else raised at once.
+    while True:
+        try:
+            remaining = max(0.1, deadline - time.monotonic())
+            return int(consumer.get_watermark_offsets(partition, timeout=remaining)[1])
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = isinstance(error, KafkaError) and error.retriable()
+            if not retriable or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.05)
 
 
 def read_messages(
