@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import msgspec
 import psycopg
-from confluent_kafka.admin import AdminClient
 from psycopg.rows import TupleRow
 from rich.console import Group
 
-from pin_runtime.kafka import create_admin, create_consumer
-from pin_runtime.lag_watch.brokers import Brokers
+from pin_runtime.lag_watch.brokers import open_brokers
 from pin_runtime.lag_watch.lag import PartitionLag
 from pin_runtime.listing import Columns, Fields, Listing
 from rewards_membership.settings import SERVICE_NAME, Settings
@@ -45,30 +43,13 @@ class ConsumerStatus(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def consumer_status(settings: Settings, conn: psycopg.Connection[TupleRow]) -> ConsumerStatus:
-    client = f"{SERVICE_NAME}-status"
-    security = settings.kafka_security()
-    admin: AdminClient = create_admin(settings.kafka_bootstrap, client_id=client, extra=security)
-    # Assign-only readers: one carries the group's id to read its committed offsets (never
-    # joining the group, never committing), the other reads the oldest record's timestamp.
-    reader = create_consumer(
+    with open_brokers(
         settings.kafka_bootstrap,
-        group_id=client,
-        client_id=f"{client}-reader",
-        extra=security | {"queued.max.messages.kbytes": 1024, "enable.partition.eof": False},
-    )
-    brokers = Brokers(
-        admin=admin,
-        reader=reader,
-        offsets_reader=lambda group: create_consumer(
-            settings.kafka_bootstrap, group_id=group, client_id=f"{client}-offsets", extra=security
-        ),
+        client_id=f"{SERVICE_NAME}-status",
+        security=settings.kafka_security(),
         timeout=_REQUEST_TIMEOUT,
-    )
-    try:
+    ) as brokers:
         partitions = brokers.lag_of(settings.group_id, settings.topic)
-    finally:
-        brokers.close()
-        reader.close()
     ages = [p.seconds for p in partitions if p.seconds is not None]
     return ConsumerStatus(
         group=settings.group_id,

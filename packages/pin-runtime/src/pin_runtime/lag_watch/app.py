@@ -14,9 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from pin_runtime.composition import long_running
 from pin_runtime.http import ComponentState, Heartbeat
-from pin_runtime.kafka import create_admin, create_consumer
 from pin_runtime.kafka_security import kafka_or_exit
-from pin_runtime.lag_watch.brokers import Brokers
+from pin_runtime.lag_watch.brokers import open_brokers
 from pin_runtime.lag_watch.cli import COMMAND
 from pin_runtime.lag_watch.metrics import LagWatchMetrics
 from pin_runtime.lag_watch.settings import LagWatchSettings
@@ -24,7 +23,7 @@ from pin_runtime.lag_watch.watcher import LagWatcher, WatchPlan
 from pin_runtime.logging import log_event
 from pin_runtime.settings import settings_for_log, unknown_variables
 
-__all__ = ["longest_pass", "reader_config", "run_lag_watch"]
+__all__ = ["longest_pass", "run_lag_watch"]
 
 _log = logging.getLogger("pin_runtime.lag_watch")
 
@@ -39,16 +38,6 @@ def longest_pass(settings: LagWatchSettings) -> float:
     slices = math.ceil(settings.lag_watch_max_groups / _GROUPS_PER_SLICE)
     topics = len(settings.lag_watch_topics)
     return settings.lag_watch_interval.total_seconds() + timeout * (topics + 3 + 2 * slices)
-
-
-def reader_config(settings: LagWatchSettings) -> dict[str, str | int | float | bool]:
-    """The timestamp reader's settings: small fetches (it needs one record per position)."""
-    return {
-        **settings.kafka_security(),
-        "max.partition.fetch.bytes": 65536,
-        "queued.max.messages.kbytes": 1024,
-        "enable.partition.eof": False,
-    }
 
 
 def run_lag_watch(service: str, prefix: str, settings: LagWatchSettings) -> None:
@@ -71,36 +60,20 @@ def run_lag_watch(service: str, prefix: str, settings: LagWatchSettings) -> None
         state = ComponentState()
         rt.serve({"kafka": state})
         client = f"{service}-lag-watcher"
-        admin = create_admin(
-            settings.kafka_bootstrap, client_id=client, extra=settings.kafka_security()
-        )
-        # Its group id is never joined nor committed to (assign only): librdkafka wants one.
-        reader = create_consumer(
+        timeout = settings.lag_watch_request_timeout.total_seconds()
+        with open_brokers(
             settings.kafka_bootstrap,
-            group_id=client,
-            client_id=f"{client}-reader",
-            extra=reader_config(settings),
-        )
-        brokers = Brokers(
-            admin=admin,
-            reader=reader,
-            offsets_reader=lambda group: create_consumer(
-                settings.kafka_bootstrap,
-                group_id=group,
-                client_id=f"{client}-offsets",
-                extra=settings.kafka_security(),
-            ),
-            timeout=settings.lag_watch_request_timeout.total_seconds(),
-        )
-        log_event(_log, "process started", command=COMMAND, settings=settings_for_log(settings))
-        try:
-            LagWatcher(
-                plan=WatchPlan.of(settings, reader_group=client),
-                brokers=brokers,
-                metrics=metrics,
-                state=state,
-            ).run(rt.stop, rt.heartbeat)
-        finally:
-            brokers.close()
-            reader.close()
-            log_event(_log, "process stopped", command=COMMAND)
+            client_id=client,
+            security=settings.kafka_security(),
+            timeout=timeout,
+        ) as brokers:
+            log_event(_log, "process started", command=COMMAND, settings=settings_for_log(settings))
+            try:
+                LagWatcher(
+                    plan=WatchPlan.of(settings, reader_group=client),
+                    brokers=brokers,
+                    metrics=metrics,
+                    state=state,
+                ).run(rt.stop, rt.heartbeat)
+            finally:
+                log_event(_log, "process stopped", command=COMMAND)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
 from confluent_kafka import (
@@ -33,9 +34,10 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from pin_runtime.errors import PinRuntimeError, TemplatedError
+from pin_runtime.kafka import ConfigValue, create_admin, create_consumer
 from pin_runtime.lag_watch.lag import PartitionLag, oldest_offset, records_lag
 
-__all__ = ["BrokerReadError", "Brokers", "Partition", "RecordAt"]
+__all__ = ["READER_CONFIG", "BrokerReadError", "Brokers", "Partition", "RecordAt", "open_brokers"]
 
 Partition = tuple[str, int]
 """(topic, partition)."""
@@ -52,6 +54,13 @@ _MARGIN: Final = 1.0
 _CONSUME_SLICE: Final = 0.5
 
 T = TypeVar("T")
+
+READER_CONFIG: Final[dict[str, ConfigValue]] = {
+    # Small fetches: the reader needs one record per position it reads the timestamp of.
+    "max.partition.fetch.bytes": 65536,
+    "queued.max.messages.kbytes": 1024,
+    "enable.partition.eof": False,
+}
 
 
 class BrokerReadError(PinRuntimeError, TemplatedError):
@@ -296,3 +305,33 @@ class Brokers:
                 if kind != TIMESTAMP_NOT_AVAILABLE:
                     found[(key[0], key[1], offset)] = milliseconds / 1000.0
                 del pending[key]
+
+
+@contextmanager
+def open_brokers(
+    bootstrap: str, *, client_id: str, security: Mapping[str, ConfigValue], timeout: float
+) -> Iterator[Brokers]:
+    """`Brokers` with clients of its own (the admin client, the timestamp reader, an offsets
+    reader per group read), all named after `client_id` and closed on exit: the lag watcher's
+    and a `status` command's one way to ask the brokers."""
+    admin = create_admin(bootstrap, client_id=client_id, extra=security)
+    # Its group id is never joined nor committed to (assign only): librdkafka wants one.
+    reader = create_consumer(
+        bootstrap,
+        group_id=client_id,
+        client_id=f"{client_id}-reader",
+        extra={**security, **READER_CONFIG},
+    )
+    brokers = Brokers(
+        admin=admin,
+        reader=reader,
+        offsets_reader=lambda group: create_consumer(
+            bootstrap, group_id=group, client_id=f"{client_id}-offsets", extra=security
+        ),
+        timeout=timeout,
+    )
+    try:
+        yield brokers
+    finally:
+        brokers.close()
+        reader.close()

@@ -84,12 +84,7 @@ class DatabaseThread:
         if document is None:
             document = records_document(items)
         context = contextvars.copy_context()
-        return self._executor.submit(context.run, self._apply, items, document)
-
-    def _apply(self, items: Sequence[MembershipChange | InvalidEvent], document: str) -> Applied:
-        started = time.time_ns()
-        outcomes = self._applier.apply(items, document)
-        return Applied(outcomes, (started, time.time_ns()) if inbox_keys(items) else None)
+        return self._executor.submit(context.run, self._applier.apply_timed, items, document)
 
     def run(self, call: Callable[[BatchApplier], T]) -> T:
         """Run `call` on the thread after whatever was submitted before, and wait for it."""
@@ -127,6 +122,12 @@ class BatchApplier:
     ) -> list[Outcome]:
         """Every record's outcome, in order, once the batch's transaction committed;
         `document` is `records_document(items)` when the caller encoded it already."""
+        return self.apply_timed(items, document).outcomes
+
+    def apply_timed(
+        self, items: Sequence[MembershipChange | InvalidEvent], document: str | None = None
+    ) -> Applied:
+        """`apply`, with when its statement ran (the events' storage spans)."""
         if document is None:
             document = records_document(items)
         for attempt in range(1, _CONCURRENT_RETRIES + 1):
@@ -139,13 +140,12 @@ class BatchApplier:
                 log_event(_log, "concurrent apply, re-deciding batch", attempt=attempt)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _apply(
-        self, items: Sequence[MembershipChange | InvalidEvent], document: str
-    ) -> list[Outcome]:
+    def _apply(self, items: Sequence[MembershipChange | InvalidEvent], document: str) -> Applied:
         keys = inbox_keys(items)
         if not keys:
             # Only dead letters without a key: nothing to look up or write.
-            return plan_batch(items, set(), {}).outcomes
+            return Applied(plan_batch(items, set(), {}).outcomes, None)
+        started = time.time_ns()
         with self._tracer.start_as_current_span(
             STORAGE_SPAN,
             kind=SpanKind.CLIENT,
@@ -155,10 +155,12 @@ class BatchApplier:
             if not any(type(item) is MembershipChange for item in items):
                 # Only dead letters: their inbox lookup alone (no write, no write lock),
                 # decided by the pure plan.
-                return plan_batch(items, self._store.seen_keys(conn, keys), {}).outcomes
-            # Pipelined: BEGIN goes with the statement, one round trip, then COMMIT.
-            with conn.pipeline(), conn.transaction():
-                return self._store.apply(conn, document)
+                outcomes = plan_batch(items, self._store.seen_keys(conn, keys), {}).outcomes
+            else:
+                # Pipelined: BEGIN goes with the statement, one round trip, then COMMIT.
+                with conn.pipeline(), conn.transaction():
+                    outcomes = self._store.apply(conn, document)
+        return Applied(outcomes, (started, time.time_ns()))
 
     def mark_dead_lettered(self, keys: Sequence[str]) -> None:
         """Inbox marks of dead letters the broker acknowledged (one statement)."""
