@@ -65,6 +65,16 @@ pact: up ## consumer pact tests (write contracts/pacts/), then provider verifica
 pact-publish: ## publish contracts/pacts/ to the pact broker named by PACT_BROKER_BASE_URL
 	contracts/pact-publish.sh
 
+# The release flow on a broker: publish the pacts, verify identity-fanout against the
+# broker's pacts and publish the results, then can-i-deploy every pacticipant.
+.PHONY: pact-broker
+pact-broker: pact ## with PACT_BROKER_BASE_URL: publish, verify and publish results, can-i-deploy
+	@test -n "$$PACT_BROKER_BASE_URL" || { echo "pact-broker: PACT_BROKER_BASE_URL is not set" >&2; exit 2; }
+	contracts/pact-publish.sh
+	. contracts/pact-broker-env.sh && eval "$$($(RUN) pin-local -q env)" \
+		&& PIN_PACT_BROKER_RELEASE=true $(RUN) pytest $(PACT_PROVIDER_TESTS) -k test_release_on_the_broker
+	contracts/pact-can-i-deploy.sh
+
 .PHONY: sbom
 sbom: sync ## each image's CycloneDX SBOM from uv.lock, in build/sbom/ (checked against the lock)
 	UV=$(UV) infra/checks/sbom.sh

@@ -5,7 +5,7 @@
 #
 # Auth: PACT_BROKER_TOKEN (bearer), or PACT_BROKER_USERNAME + PACT_BROKER_PASSWORD.
 # VERSION defaults to the commit (`git rev-parse HEAD`, "+dirty" with uncommitted changes),
-# BRANCH to the current git branch. Without PACT_BROKER_BASE_URL it says so and exits 0, so
+# BRANCH to the current git branch (pact-broker-env.sh). Without PACT_BROKER_BASE_URL it says so and exits 0, so
 # CI can call it unconditionally. It uses the broker's `POST /contracts/publish` endpoint
 # (the one `pact-broker publish` uses) with curl and python3 only: no Pact CLI to install.
 set -euo pipefail
@@ -13,26 +13,11 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 pacts_dir="${PACT_DIR:-$here/pacts}"
 
-if [[ -z "${PACT_BROKER_BASE_URL:-}" ]]; then
-    echo "pact-publish: PACT_BROKER_BASE_URL is not set; nothing published" >&2
-    exit 0
-fi
-
-version="${1:-}"
-if [[ -z "$version" ]]; then
-    version="$(git -C "$here" rev-parse HEAD)"
-    if [[ -n "$(git -C "$here" status --porcelain -- "$pacts_dir")" ]]; then
-        version="$version+dirty"
-    fi
-fi
-branch="${2:-$(git -C "$here" rev-parse --abbrev-ref HEAD)}"
-
-auth=()
-if [[ -n "${PACT_BROKER_TOKEN:-}" ]]; then
-    auth=(-H "Authorization: Bearer $PACT_BROKER_TOKEN")
-elif [[ -n "${PACT_BROKER_USERNAME:-}" ]]; then
-    auth=(-u "$PACT_BROKER_USERNAME:${PACT_BROKER_PASSWORD:-}")
-fi
+[[ -n "${1:-}" ]] && PACT_VERSION="$1"
+[[ -n "${2:-}" ]] && PACT_BRANCH="$2"
+source "$here/pact-broker-env.sh"
+version="$PACT_VERSION"
+branch="$PACT_BRANCH"
 
 shopt -s nullglob
 files=("$pacts_dir"/*.json)
@@ -70,5 +55,5 @@ PY
     curl --silent --show-error --fail-with-body \
         -X POST "${PACT_BROKER_BASE_URL%/}/contracts/publish" \
         -H "Content-Type: application/json" -H "Accept: application/hal+json" \
-        ${auth[@]+"${auth[@]}"} --data-binary "$request" >/dev/null
+        ${PACT_AUTH[@]+"${PACT_AUTH[@]}"} --data-binary "$request" >/dev/null
 done

@@ -26,7 +26,10 @@ git archive "$base_ref" contracts | tar -x -C "$WORK/base"
 echo "(compared with $base_ref)"
 
 version="$("${RUN[@]}" python -c 'import tomllib; print(tomllib.load(open("contracts/pyproject.toml", "rb"))["project"]["version"])')"
-"$UV" build --quiet --package pin-contracts --out-dir "$WORK/dist"
+# The release build names its repository (hatch_build.py); this check stands one in if the
+# environment names none, to see the URLs reach both the sdist and the wheel built from it.
+source_url="${PIN_SOURCE_URL:-https://git.example.invalid/pin/platform}"
+PIN_SOURCE_URL="$source_url" "$UV" build --quiet --package pin-contracts --out-dir "$WORK/dist"
 wheel="$WORK/dist/pin_contracts-$version-py3-none-any.whl"
 sdist="$WORK/dist/pin_contracts-$version.tar.gz"
 [[ -f "$wheel" && -f "$sdist" ]] || { ls "$WORK/dist" >&2; echo "expected $wheel and $sdist" >&2; exit 1; }
@@ -38,6 +41,9 @@ assert m.version('pin-contracts') == '$version', m.version('pin-contracts')
 assert pin_contracts.AGENT_MEMBERSHIP_CHANGED.name == 'pin.identity.agent-membership-changed.v1'
 meta = m.metadata('pin-contracts')
 assert meta['License-Expression'] == 'LicenseRef-PIN-Internal', meta['License-Expression']
+urls = dict(u.split(', ', 1) for u in meta.get_all('Project-URL') or [])
+assert urls.get('Source') == '${source_url%.git}'.rstrip('/'), urls
+assert {'Documentation', 'Changelog', 'AsyncAPI'} <= set(urls), urls
 # The JSON Schemas ship inside the package, byte for byte those of the repository.
 shipped = {p.name: p.read_bytes() for p in r.files('pin_contracts').joinpath('json_schemas').iterdir()}
 repo = {p.name: p.read_bytes() for p in pathlib.Path('$ROOT/contracts/schemas').glob('*.json')}

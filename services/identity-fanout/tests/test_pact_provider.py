@@ -8,15 +8,20 @@ both are verified: ``set_role_permissions`` fanning out inline (built in Python,
 ``snapshot_events``/``write_events``) and the worker's batch of a queued task (built in SQL,
 ``batch.write_page``). AgentMembershipChanged comes from ``join_agency``/``leave_agency``.
 
-The last tests break a producer on purpose (a field dropped or renamed on the record the
-real code wrote) and show the verification fails and names the field.
+Tests further down break a producer on purpose (a field dropped or renamed on the record the
+real code wrote) and show the verification fails and names the field. The last ones run the
+release flow on a broker: the pacts published, identity verified against the broker's pacts
+with the results published, then ``can-i-deploy``; in ``make test`` on the in-memory broker
+of ``pin_testkit.pact_broker``, in ``make pact-broker`` on the one PACT_BROKER_BASE_URL names.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,11 +42,13 @@ from identity_fanout.outbox.records import record_from_row
 from identity_fanout.schema import OUTBOX_TABLES
 from pin_contracts import LeaveReason
 from pin_runtime.sql import load_queries
+from pin_testkit.pact_broker import LocalPactBroker, local_pact_broker
 from pin_testkit.seeding import Assignment, add_assignments, add_permissions, add_role
 
 pytestmark = pytest.mark.integration
 
-PACT_DIR = Path(__file__).resolve().parents[3] / "contracts" / "pacts"
+CONTRACTS = Path(__file__).resolve().parents[3] / "contracts"
+PACT_DIR = CONTRACTS / "pacts"
 PROVIDER = "identity-fanout"
 PACTS = sorted(PACT_DIR.glob(f"*-{PROVIDER}.json"))
 
@@ -246,13 +253,17 @@ def run(verifier: Verifier) -> Verifier:
         close_servers(verifier)
 
 
-def provider_verifier(provider: IdentityProvider, pacts: list[Path]) -> Verifier:
-    verifier = (
+def new_verifier(provider: IdentityProvider) -> Verifier:
+    return (
         Verifier(PROVIDER)
         .message_handler(provider.message)
         .state_handler(provider.state, teardown=True)
         .set_coloured_output(enabled=False)
     )
+
+
+def provider_verifier(provider: IdentityProvider, pacts: list[Path]) -> Verifier:
+    verifier = new_verifier(provider)
     for pact in pacts:
         verifier.add_source(pact)
     return verifier
@@ -356,3 +367,200 @@ def test_failure_report_names_the_missing_field(identity_dsn: str) -> None:
     assert all(m["type"] == "BodyMismatch" for m in mismatches)
     assert all("missing the following keys: Status" in m["mismatch"] for m in mismatches)
     assert "has a matching body (FAILED)" in verifier.output(strip_ansi=True)
+
+
+# -- the release flow on a broker ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Broker:
+    """Where verification results go, as the PACT_BROKER_* variables name it."""
+
+    url: str
+    version: str
+    """The provider version the results are published for (pact-broker-env.sh's)."""
+    branch: str
+    token: str | None = None
+    username: str | None = None
+    password: str | None = None
+
+
+PRODUCERS = ("inline", "worker batch")
+
+
+def broker_verifier(provider: IdentityProvider, broker: Broker) -> Verifier:
+    verifier = new_verifier(provider)
+    # The verifier takes a token or a username and password, never both (as the broker does).
+    selected = (
+        verifier.broker_source(broker.url, token=broker.token, selector=True, use_env=False)
+        if broker.token
+        else verifier.broker_source(
+            broker.url,
+            username=broker.username,
+            password=broker.password,
+            selector=True,
+            use_env=False,
+        )
+    )
+    # The consumers' main branch, what is deployed or released, and the same branch as ours.
+    built = (
+        selected.consumer_version(main_branch=True)
+        .consumer_version(deployed_or_released=True)
+        .consumer_version(matching_branch=True)
+        .provider_branch(broker.branch)
+        .build()
+    )
+    return built.set_publish_options(version=broker.version, branch=broker.branch)
+
+
+def verify_on_broker(
+    make: Callable[[str], IdentityProvider], broker: Broker
+) -> dict[str, Verifier]:
+    """Verify both UserAccessChanged producers against the broker's pacts, publishing results.
+
+    The broker keeps the latest result of a provider version, so the inline producer's
+    result goes first and the worker batch's only if the inline one passed: a failure of
+    either is then the result the broker answers can-i-deploy with, never hidden by a later
+    success of the other.
+    """
+    verified: dict[str, Verifier] = {}
+    for producer in PRODUCERS:
+        verifier = broker_verifier(make(producer), broker)
+        verified[producer] = verifier
+        try:
+            run(verifier)
+        except RuntimeError:
+            break
+    return verified
+
+
+def env_broker() -> Broker:
+    return Broker(
+        url=os.environ["PACT_BROKER_BASE_URL"],
+        version=os.environ["PACT_VERSION"],
+        branch=os.environ["PACT_BRANCH"],
+        token=os.environ.get("PACT_BROKER_TOKEN") or None,
+        username=os.environ.get("PACT_BROKER_USERNAME") or None,
+        password=os.environ.get("PACT_BROKER_PASSWORD") or None,
+    )
+
+
+def broker_script(
+    script: str, local: LocalPactBroker, *args: str
+) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {
+        "PACT_BROKER_BASE_URL": local.url,
+        "PACT_BROKER_TOKEN": local.token or "",
+        "PACT_VERSION": "1.0.0-test",
+        "PACT_BRANCH": "main",
+    }
+    env.pop("PACT_BROKER_USERNAME", None)
+    return subprocess.run(
+        [str(CONTRACTS / script), *args], env=env, capture_output=True, text=True, check=False
+    )
+
+
+@pytest.fixture
+def local_broker() -> Iterator[LocalPactBroker]:
+    """An in-memory broker (bearer auth on) holding this repository's pacts at 1.0.0-test,
+    published by the real pact-publish.sh."""
+    with local_pact_broker(token="release-token") as broker:
+        published = broker_script("pact-publish.sh", broker)
+        assert published.returncode == 0, published.stderr
+        yield broker
+
+
+@pytest.fixture
+def make_provider(
+    identity_dsn: str, producer_dsn: str, operator_dsn: str, worker_dsn: str
+) -> Callable[..., IdentityProvider]:
+    def make(producer: str, mutate: Mutation | None = None) -> IdentityProvider:
+        return IdentityProvider(
+            dsn=identity_dsn,
+            producer_dsn=producer_dsn,
+            operator_dsn=operator_dsn,
+            worker_dsn=worker_dsn if producer == "worker batch" else "",
+            mutate=mutate,
+        )
+
+    return make
+
+
+@pytest.fixture
+def broker(request: pytest.FixtureRequest) -> Broker:
+    """``make pact-broker`` (PIN_PACT_BROKER_RELEASE=true): the broker PACT_BROKER_BASE_URL
+    names; otherwise the in-memory one, the pacts published to it."""
+    if os.environ.get("PIN_PACT_BROKER_RELEASE") == "true":
+        return env_broker()
+    local: LocalPactBroker = request.getfixturevalue("local_broker")
+    return Broker(url=local.url, version="1.0.0-test", branch="main", token=local.token)
+
+
+def test_release_on_the_broker(
+    make_provider: Callable[..., IdentityProvider], broker: Broker
+) -> None:
+    verified = verify_on_broker(make_provider, broker)
+    assert set(verified) == set(PRODUCERS)
+    for verifier in verified.values():
+        results = verifier.results
+        assert results["errors"] == [], verifier.output(strip_ansi=True)
+        assert {r["result"] for r in results["interactionResults"]} == {"OK"}
+
+
+def test_the_broker_records_the_results_and_can_i_deploy_says_yes(
+    make_provider: Callable[..., IdentityProvider], local_broker: LocalPactBroker
+) -> None:
+    broker = Broker(
+        url=local_broker.url, version="1.0.0-test", branch="main", token="release-token"
+    )
+    verify_on_broker(make_provider, broker)
+    state = local_broker.state
+    consumers = {json.loads(p.read_text())["consumer"]["name"] for p in PACTS}
+    assert {p.consumer for p in state.pacts} == consumers
+    # One result per pact and producer, each a success of this provider version.
+    assert sorted((r.consumer, r.success) for r in state.results) == sorted(
+        (c, True) for c in consumers for _ in PRODUCERS
+    )
+    assert {r.provider_version for r in state.results} == {"1.0.0-test"}
+    assert all(r.body["verifiedBy"]["implementation"] for r in state.results)
+    assert (PROVIDER, "main", "1.0.0-test") in state.branch_versions
+    answer = broker_script("pact-can-i-deploy.sh", local_broker)
+    assert answer.returncode == 0, answer.stderr
+    for name in consumers | {PROVIDER}:
+        assert f"{name} 1.0.0-test -> production: yes" in answer.stdout
+
+
+def test_a_failed_verification_is_published_and_can_i_deploy_says_no(
+    make_provider: Callable[..., IdentityProvider], local_broker: LocalPactBroker
+) -> None:
+    broker = Broker(
+        url=local_broker.url, version="1.0.0-test", branch="main", token="release-token"
+    )
+    verified = verify_on_broker(lambda producer: make_provider(producer, _rename_status), broker)
+    # The inline producer failed, so the worker batch did not run to publish over it.
+    assert list(verified) == ["inline"]
+    membership = [r for r in local_broker.state.results if r.consumer == "rewards-membership"]
+    assert [r.success for r in membership] == [False]
+    assert membership[0].body["testResults"], "the failure is published with its mismatches"
+    answer = broker_script("pact-can-i-deploy.sh", local_broker, PROVIDER, "rewards-membership")
+    assert answer.returncode == 1
+    assert f"{PROVIDER} 1.0.0-test -> production: NO" in answer.stderr
+    assert "rewards-membership 1.0.0-test -> identity-fanout 1.0.0-test: verification failed" in (
+        answer.stderr
+    )
+
+
+def test_can_i_deploy_says_no_before_the_provider_verified(local_broker: LocalPactBroker) -> None:
+    answer = broker_script("pact-can-i-deploy.sh", local_broker, "rewards-membership")
+    assert answer.returncode == 1
+    assert "missing verification" in answer.stderr
+
+
+def test_the_broker_scripts_do_nothing_without_a_broker() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PACT_BROKER")}
+    for script in ("pact-publish.sh", "pact-can-i-deploy.sh"):
+        done = subprocess.run(
+            [str(CONTRACTS / script)], env=env, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0
+        assert "PACT_BROKER_BASE_URL is not set" in done.stderr
