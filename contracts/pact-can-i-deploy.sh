@@ -12,8 +12,8 @@
 # while results are still unknown, as `pact-broker can-i-deploy --retry-while-unknown` does.
 # It reads the broker's matrix (`GET /matrix?q[][pacticipant]=..&q[][version]=..&latestby=cvp
 # &environment=..`, the query `pact-broker can-i-deploy` sends) with curl and python3.
-# Exit 0: every one deployable; 1: one is not (its reason is printed); without
-# PACT_BROKER_BASE_URL it says so and exits 0.
+# Exit 0: every one deployable; 1: one is not (its reason is printed); 2: the broker did not
+# answer or a setting is wrong; without PACT_BROKER_BASE_URL it says so and exits 0.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -56,7 +56,9 @@ refused=0
 for pacticipant in "${pacticipants[@]}"; do
     deadline=$((SECONDS + wait_s))
     while :; do
-        read -r deployable unknown reason < <(ask "$pacticipant")
+        # A broker that does not answer (down, auth refused) is not a "no": exit 2, its error above.
+        answer="$(ask "$pacticipant")" || { echo "pact-can-i-deploy: the broker did not answer for $pacticipant" >&2; exit 2; }
+        read -r deployable unknown reason <<<"$answer"
         if [[ "$deployable" == yes || "$unknown" == 0 ]] || ((SECONDS >= deadline)); then
             break
         fi

@@ -22,7 +22,7 @@ import os
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -517,6 +517,8 @@ def test_the_broker_records_the_results_and_can_i_deploy_says_yes(
     state = local_broker.state
     consumers = {json.loads(p.read_text())["consumer"]["name"] for p in PACTS}
     assert {p.consumer for p in state.pacts} == consumers
+    # pact-publish.sh names the consumers' version and branch (what the selectors match on).
+    assert {(p.consumer_version, p.branch) for p in state.pacts} == {("1.0.0-test", "main")}
     # One result per pact and producer, each a success of this provider version.
     assert sorted((r.consumer, r.success) for r in state.results) == sorted(
         (c, True) for c in consumers for _ in PRODUCERS
@@ -554,6 +556,20 @@ def test_can_i_deploy_says_no_before_the_provider_verified(local_broker: LocalPa
     answer = broker_script("pact-can-i-deploy.sh", local_broker, "rewards-membership")
     assert answer.returncode == 1
     assert "missing verification" in answer.stderr
+
+
+def test_can_i_deploy_stops_when_the_broker_refuses_or_a_setting_is_wrong(
+    local_broker: LocalPactBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refused = broker_script(
+        "pact-can-i-deploy.sh", replace(local_broker, token="wrong"), "rewards-membership"
+    )
+    assert refused.returncode == 2
+    assert "the broker did not answer for rewards-membership" in refused.stderr
+    monkeypatch.setenv("PACT_CAN_I_DEPLOY_WAIT_S", "soon")
+    bad = broker_script("pact-can-i-deploy.sh", local_broker)
+    assert bad.returncode == 2
+    assert "PACT_CAN_I_DEPLOY_WAIT_S must be whole seconds, got 'soon'" in bad.stderr
 
 
 def test_the_broker_scripts_do_nothing_without_a_broker() -> None:

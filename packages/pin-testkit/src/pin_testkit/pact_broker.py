@@ -57,7 +57,6 @@ class BrokerState:
     results: list[VerificationResult] = field(default_factory=list)
     branch_versions: set[tuple[str, str, str]] = field(default_factory=set)
     """(pacticipant, branch, version) put by the verifier before it publishes results."""
-    requests: list[tuple[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def latest_pacts(self, provider: str) -> list[PublishedPact]:
@@ -165,10 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def _route(self, method: str) -> None:
-        state = self.server.state
         path = unquote(urlsplit(self.path).path).rstrip("/") or "/"
-        with state.lock:
-            state.requests.append((method, path))
         if not self._authorised():
             return
         for verb, pattern, resource in ROUTES:
