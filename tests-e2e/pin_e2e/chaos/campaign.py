@@ -281,6 +281,53 @@ def _matrix(report: CampaignReport) -> Invariant:
     )
 
 
+def _unfinished_work(identity_dsn: str) -> list[str]:
+    """The fan-out tasks and shards not Completed, one line each: what a failed convergence
+    was waiting on, for the timeline."""
+    with psycopg.connect(identity_dsn, autocommit=True, connect_timeout=3) as conn:
+        rows = conn.execute(
+            """
+            SELECT 'task ' || r.code || ' v' || t.role_version, t.status, t.attempt_count,
+                   t.shard_count, t.processed_count,
+                   round(extract(epoch FROM t.lease_expires_at - now())::numeric, 1),
+                   t.last_error
+            FROM identity.access_fanout_tasks AS t
+            JOIN identity.role_definitions AS r ON r.id = t.role_id
+            WHERE t.status <> 'Completed'
+            UNION ALL
+            SELECT 'shard ' || r.code || ' v' || t.role_version || ' #' || s.shard_no,
+                   s.status, s.attempt_count, 0, s.processed_count,
+                   round(extract(epoch FROM s.lease_expires_at - now())::numeric, 1),
+                   s.last_error
+            FROM identity.access_fanout_shards AS s
+            JOIN identity.access_fanout_tasks AS t ON t.id = s.task_id
+            JOIN identity.role_definitions AS r ON r.id = t.role_id
+            WHERE s.status <> 'Completed'
+            ORDER BY 1
+            """
+        ).fetchall()
+    return [
+        f"{what}: {status}, attempt {attempt}, {shards} shard(s), {done} done, "
+        f"lease {lease if lease is not None else '-'}s, last error {error!r}"
+        for what, status, attempt, shards, done, lease, error in rows
+    ]
+
+
+def _note_not_converged(system: ChaosSystem, player: _Player, detail: str) -> None:
+    """On the timeline, after a wait ran out: which, the unfinished fan-out work, the
+    processes down."""
+    player.note(f"NOT converged: {detail}")
+    try:
+        unfinished = _unfinished_work(system.base.identity_dsn)
+    except psycopg.Error as error:
+        unfinished = [f"(fan-out work not readable: {error})"]
+    for line in unfinished or ["no fan-out task or shard unfinished"]:
+        player.note(line)
+    for label, member in system.members.items():
+        if not member.process.running():
+            player.note(f"{label} not running")
+
+
 def _failed_tasks(identity_dsn: str) -> Invariant:
     with psycopg.connect(identity_dsn, autocommit=True) as conn:
         row = conn.execute(
@@ -349,7 +396,7 @@ def _run(
         )
     except AssertionError as exc:  # a wait's deadline: the checks below say what is off
         converged = Invariant(converged.name, False, str(exc).splitlines()[0])
-        player.note(f"NOT converged: {converged.detail}")
+        _note_not_converged(system, player, converged.detail)
         quarantined = quarantined or _quarantined(identity_dsn)
     report.firing_at_end = prometheus.firing()
     access = read_topic(system.bootstrap, USER_ACCESS_CHANGED.name)

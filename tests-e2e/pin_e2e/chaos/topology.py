@@ -64,6 +64,9 @@ CHAOS_IDENTITY: Final = {
     "RELAY_DELIVERY_TIMEOUT": "10s",
     "DB_STATEMENT_TIMEOUT": "10s",
     "DB_LOCK_TIMEOUT": "3s",
+    # Claims, splits, supersessions and the relays' lanes are logged at INFO: the timeline
+    # a failed campaign needs.
+    "LOG_LEVEL": "INFO",
 }
 CHAOS_REWARDS: Final = {
     **CONSUMER_DEFAULTS,
