@@ -45,6 +45,7 @@ from pin_contracts import (
     headers_for,
     kafka_key,
 )
+from pin_runtime.composition import collect_less
 from pin_runtime.kafka import create_admin, create_consumer, create_producer, ensure_topics
 from pin_runtime.logging import configure_logging
 from pin_runtime.settings import Secret
@@ -54,6 +55,7 @@ from pin_testkit.events import membership_event
 from pin_testkit.runtime_roles import ensure_login, runtime_dsn
 from rewards_membership.app import build_consumer, run_migrations
 from rewards_membership.batch_sql import ROW_KEY
+from rewards_membership.consumer.loop import GC_THRESHOLD
 from rewards_membership.metrics import Metrics
 from rewards_membership.rules.guard import MembershipRow
 from rewards_membership.rules.plan import RowKey, plan_batch
@@ -196,6 +198,7 @@ def measure_consumer(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]
         batch_size=args.batch_size,
         poll_timeout=timedelta(milliseconds=500),
     )
+    collect_less(GC_THRESHOLD)  # as `consume` does (rewards_membership.app.run_consumer)
     metrics = Metrics()
     consumer, producer = build_consumer(settings, metrics=metrics, client_id="bench-consumer")
     consumer.subscribe()
@@ -292,7 +295,8 @@ def report(
         f"{args.batch_size}; {os.cpu_count()} cores shared with PostgreSQL and Kafka",
         title_justify="left",
     )
-    for column in ("measure", "seconds", "msgs/s", "consumer / this", "target", "peak RSS"):
+    columns = ("measure", "seconds", "msgs/s", "consumer / this", "target", "peak RSS", "CPU-s")
+    for column in columns:
         table.add_column(column, justify="left" if column == "measure" else "right")
     table.add_row(
         "(a) consumer (poll, decode, transaction, commit)",
@@ -301,6 +305,7 @@ def report(
         "",
         "",
         f"{real['rss_mib']:,.0f} MiB",
+        f"{real['cpu']:.1f}",
     )
     table.add_row(
         "(b) plain confluent-kafka consumer: poll + msgspec decode",
@@ -309,6 +314,7 @@ def report(
         f"{rate['real'] / rate['plain']:.2f}",
         ">= 0.50",
         f"{plain['rss_mib']:,.0f} MiB",
+        f"{plain['cpu']:.1f}",
     )
     table.add_row(
         f"(c) DB floor: set-based upsert + inbox insert, {floor['batches']} batches",
@@ -316,6 +322,7 @@ def report(
         f"{rate['floor']:,.0f}",
         f"{rate['real'] / rate['floor']:.2f} (time x{real['seconds'] / floor['seconds']:.2f})",
         "time <= x1.5",
+        "",
         "",
     )
     Console(width=max(120, Console().width)).print(table)
@@ -342,7 +349,9 @@ def _measure(args: argparse.Namespace, bootstrap: str) -> None:
         result = measure_consumer(args, bootstrap)
     else:
         result = measure_floor(args, bootstrap)
-    result["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result["rss_mib"] = usage.ru_maxrss / 1024
+    result["cpu"] = usage.ru_utime + usage.ru_stime  # every thread, start-up included
     Path(args.result).write_text(json.dumps(result))
 
 

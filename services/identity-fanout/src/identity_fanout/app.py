@@ -16,10 +16,10 @@ from typing import Final
 
 from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.fanout.worker import FanoutWorker
-from identity_fanout.outbox.relay import OutboxRelay, RelayConfig, tune_relay_gc
+from identity_fanout.outbox.relay import GC_THRESHOLD, OutboxRelay, RelayConfig
 from identity_fanout.schema import OUTBOX_TABLES
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
-from pin_runtime.composition import Runtime, long_running
+from pin_runtime.composition import Runtime, collect_less, long_running
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.logging import log_event
@@ -94,7 +94,7 @@ def _relay_thread(settings: Settings, rt: Runtime) -> None:
 
 def run_relay_process(settings: Settings) -> None:
     """`identity-fanout relay`: the relay alone, with its own ops server, until SIGTERM."""
-    tune_relay_gc()
+    collect_less(GC_THRESHOLD)
     with runtime(settings, "relay", kafka=True) as rt:
         state = ComponentState()
         rt.ops.add_check("relay", state)

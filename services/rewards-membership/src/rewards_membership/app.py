@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError, Producer
 from opentelemetry import trace
 
 from pin_contracts import CATALOGUE, IDENTITY_MEMBERSHIP_DLQ
-from pin_runtime.composition import long_running
+from pin_runtime.composition import collect_less, long_running
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.kafka import create_consumer, create_producer
 from pin_runtime.kafka_security import kafka_or_exit
@@ -25,7 +25,7 @@ from pin_runtime.logging import log_event
 from pin_runtime.migrations import migrate
 from pin_runtime.postgres import SessionLimits, connect
 from pin_runtime.settings import settings_for_log
-from rewards_membership.consumer.loop import MembershipConsumer
+from rewards_membership.consumer.loop import GC_THRESHOLD, MembershipConsumer
 from rewards_membership.db_roles import RUNTIME_ROLES
 from rewards_membership.dlq.writer import DeadLetterer
 from rewards_membership.metrics import Metrics
@@ -174,6 +174,7 @@ def build_consumer(
 
 def run_consumer(settings: Settings) -> None:
     """`consume`: the consumer on pin-runtime's shape until SIGTERM/SIGINT."""
+    collect_less(GC_THRESHOLD)
     metrics = Metrics()
     # Stale only after the longest batch the settings allow (the DLQ waits beat, a batch of
     # slow statements does not): restarting a pod in the middle of a legitimately slow batch

@@ -21,7 +21,6 @@ accounting), `Publisher` (the producer), `settle` (pure: delete, quarantine, or 
 
 from __future__ import annotations
 
-import gc
 import socket
 import threading
 import time
@@ -63,12 +62,12 @@ from pin_runtime.postgres import SessionLimits, connect
 
 __all__ = [
     "DEFAULT_LANES",
+    "GC_THRESHOLD",
     "OutboxRelay",
     "RelayConfig",
     "RelayMetrics",
     "RelaySignals",
     "RoundResult",
-    "tune_relay_gc",
 ]
 
 
@@ -403,18 +402,12 @@ class OutboxRelay:
 
 
 GC_THRESHOLD: Final = (100_000, 50, 100)
-"""The relay process's collector thresholds (Python's: 700, 10, 10). The relay makes tens
-of thousands of short-lived objects per second (rows, records, delivery callbacks) and holds
-a window of them: with the default, the collector ran every 700 allocations and walked the
-window again and again, a third of the relay's CPU (bench/relay: 1.4 s -> 1.0 s of CPU for
-50,000 rows). Its objects form no cycles to speak of; garbage in cycles waits a little
-longer, bounded by the 100,000 allocations."""
-
-
-def tune_relay_gc() -> None:
-    """For the relay's own process only (`identity-fanout relay`), never the worker's."""
-    gc.freeze()  # what start-up made is permanent: never walked again
-    gc.set_threshold(*GC_THRESHOLD)
+"""The relay process's collector thresholds (`pin_runtime.composition.collect_less`). The
+relay makes tens of thousands of short-lived objects per second (rows, records, delivery
+callbacks) and holds a window of them: with Python's, the collector ran every 700
+allocations and walked the window again and again, a third of the relay's CPU (bench/relay:
+1.4 s -> 1.0 s of CPU for 50,000 rows). Set for the relay's own process only (`identity-fanout
+relay`), never the worker's."""
 
 
 # -- pacing --------------------------------------------------------------------------------
