@@ -15,13 +15,20 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 from uuid import UUID
 
 import psycopg
 
-from pin_contracts import AGENT_MEMBERSHIP_CHANGED, IDENTITY_MEMBERSHIP_DLQ, USER_ACCESS_CHANGED
+from identity_fanout.fanout.queue import LeasedRow, list_shards, list_tasks
+from pin_contracts import (
+    AGENT_MEMBERSHIP_CHANGED,
+    IDENTITY_MEMBERSHIP_DLQ,
+    USER_ACCESS_CHANGED,
+    FanOutTaskStatus,
+)
 from pin_e2e.chaos.faults import Fault, long_faults, pages, schedule
 from pin_e2e.chaos.injector import Heal, inject
 from pin_e2e.chaos.invariants import (
@@ -281,44 +288,46 @@ def _matrix(report: CampaignReport) -> Invariant:
     )
 
 
-def _unfinished_work(identity_dsn: str) -> list[str]:
-    """The fan-out tasks and shards not Completed, one line each: what a failed convergence
-    was waiting on, for the timeline."""
+def _unfinished_work(identity_dsn: str, roles: list[Role]) -> list[str]:
+    """The fan-out tasks and shards not Completed, one line each, as the queue's gateway
+    reads them (`tasks list` / `tasks show`): what a failed convergence was waiting on."""
+    codes = {r.id: r.code for r in roles}
+    now = datetime.now(UTC)
+
+    def line(what: str, row: LeasedRow) -> str:
+        lease = row.lease_expires_at
+        left = "-" if lease is None else f"{(lease - now).total_seconds():.1f}s"
+        return (
+            f"{what}: {row.status}, attempt {row.attempt_count}, {row.processed_count} done, "
+            f"lease {left}, last error {row.last_error!r}"
+        )
+
+    lines = []
     with psycopg.connect(identity_dsn, autocommit=True, connect_timeout=3) as conn:
-        rows = conn.execute(
-            """
-            SELECT 'task ' || r.code || ' v' || t.role_version, t.status, t.attempt_count,
-                   t.shard_count, t.processed_count,
-                   round(extract(epoch FROM t.lease_expires_at - now())::numeric, 1),
-                   t.last_error
-            FROM identity.access_fanout_tasks AS t
-            JOIN identity.role_definitions AS r ON r.id = t.role_id
-            WHERE t.status <> 'Completed'
-            UNION ALL
-            SELECT 'shard ' || r.code || ' v' || t.role_version || ' #' || s.shard_no,
-                   s.status, s.attempt_count, 0, s.processed_count,
-                   round(extract(epoch FROM s.lease_expires_at - now())::numeric, 1),
-                   s.last_error
-            FROM identity.access_fanout_shards AS s
-            JOIN identity.access_fanout_tasks AS t ON t.id = s.task_id
-            JOIN identity.role_definitions AS r ON r.id = t.role_id
-            WHERE s.status <> 'Completed'
-            ORDER BY 1
-            """
-        ).fetchall()
-    return [
-        f"{what}: {status}, attempt {attempt}, {shards} shard(s), {done} done, "
-        f"lease {lease if lease is not None else '-'}s, last error {error!r}"
-        for what, status, attempt, shards, done, lease, error in rows
-    ]
+        for status in (
+            FanOutTaskStatus.PENDING,
+            FanOutTaskStatus.IN_PROGRESS,
+            FanOutTaskStatus.FAILED,
+        ):
+            for task in list_tasks(conn, status=status):
+                name = f"task {codes.get(task.role_id, task.role_id)} v{task.role_version}"
+                lines.append(line(f"{name} ({task.shard_count} shard(s))", task))
+                lines += [
+                    line(f"{name} shard {shard.shard_no}", shard)
+                    for shard in list_shards(conn, task.id)
+                    if shard.status != FanOutTaskStatus.COMPLETED.value
+                ]
+    return lines
 
 
-def _note_not_converged(system: ChaosSystem, player: _Player, detail: str) -> None:
+def _note_not_converged(
+    system: ChaosSystem, player: _Player, roles: list[Role], detail: str
+) -> None:
     """On the timeline, after a wait ran out: which, the unfinished fan-out work, the
     processes down."""
     player.note(f"NOT converged: {detail}")
     try:
-        unfinished = _unfinished_work(system.base.identity_dsn)
+        unfinished = _unfinished_work(system.base.identity_dsn, roles)
     except psycopg.Error as error:
         unfinished = [f"(fan-out work not readable: {error})"]
     for line in unfinished or ["no fan-out task or shard unfinished"]:
@@ -396,7 +405,7 @@ def _run(
         )
     except AssertionError as exc:  # a wait's deadline: the checks below say what is off
         converged = Invariant(converged.name, False, str(exc).splitlines()[0])
-        _note_not_converged(system, player, converged.detail)
+        _note_not_converged(system, player, roles, converged.detail)
         quarantined = quarantined or _quarantined(identity_dsn)
     report.firing_at_end = prometheus.firing()
     access = read_topic(system.bootstrap, USER_ACCESS_CHANGED.name)
