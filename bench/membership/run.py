@@ -55,7 +55,6 @@ from pin_testkit.events import membership_event
 from pin_testkit.runtime_roles import ensure_login, runtime_dsn
 from rewards_membership.app import build_consumer, run_migrations
 from rewards_membership.batch_sql import ROW_KEY
-from rewards_membership.consumer.loop import GC_THRESHOLD
 from rewards_membership.metrics import Metrics
 from rewards_membership.rules.guard import MembershipRow
 from rewards_membership.rules.plan import RowKey, plan_batch
@@ -198,7 +197,7 @@ def measure_consumer(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]
         batch_size=args.batch_size,
         poll_timeout=timedelta(milliseconds=500),
     )
-    collect_less(GC_THRESHOLD)  # as `consume` does (rewards_membership.app.run_consumer)
+    collect_less()  # as `consume` does (rewards_membership.app.run_consumer)
     metrics = Metrics()
     consumer, producer = build_consumer(settings, metrics=metrics, client_id="bench-consumer")
     consumer.subscribe()

@@ -26,11 +26,13 @@ import time
 from collections.abc import Callable
 
 import psycopg
+from idle_burst import BURST
 from rich.console import Console
 from rich.table import Table
 
 from identity_fanout.outbox.lanes import slots_of
 from identity_fanout.schema import OUTBOX_TABLES, migrate_database
+from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_runtime.sql import load_queries
 from pin_testkit.bench import cpu_seconds
 from pin_testkit.databases import temporary_database
@@ -45,15 +47,6 @@ WHERE_READ = """
 DELETE FROM identity.outbox AS o
  USING unnest(%(tids)s::tid[], %(ids)s::bigint[]) AS d(tid, id)
  WHERE o.ctid = d.tid AND o.id = d.id
-"""
-
-# Access-sized rows (the deletes never look at a payload), keys spread over every slot.
-BURST = """
-INSERT INTO identity.outbox (topic, message_key, payload, headers, message_id, event_type,
-                             key_slot)
-SELECT 'pin.identity.access.v1', k, convert_to(repeat('x', 1300), 'UTF8'), '[]'::jsonb,
-       gen_random_uuid(), 'UserAccessChanged', identity.outbox_key_slot(k)
-  FROM (SELECT gen_random_uuid()::text AS k FROM generate_series(1, %(rows)s)) AS users
 """
 
 
@@ -100,7 +93,7 @@ def measure(
     dsn: str, db: Conn, variant: str, *, rows: int, relays: int, batch: int
 ) -> dict[str, float]:
     db.execute("TRUNCATE identity.outbox")
-    db.execute(BURST, {"rows": rows})
+    db.execute(BURST, {"topic": USER_ACCESS_CHANGED.name, "rows": rows})
     db.execute("VACUUM ANALYZE identity.outbox")
     lanes = lane_rows(db, relays)
     delete = VARIANTS[variant]

@@ -57,6 +57,7 @@ from pin_runtime.shutdown import GracefulShutdown
 from pin_runtime.tracing import configure_tracing, shutdown_tracing
 
 __all__ = [
+    "COLLECTOR_THRESHOLDS",
     "ERROR_EXIT_CODE",
     "Cli",
     "Runtime",
@@ -290,7 +291,11 @@ def long_running(
         shutdown_tracing(provider)
 
 
-def collect_less(thresholds: tuple[int, int, int]) -> None:
+COLLECTOR_THRESHOLDS: Final = (100_000, 50, 100)
+"""`collect_less`'s thresholds: the young generation every 100,000 tracked allocations."""
+
+
+def collect_less(thresholds: tuple[int, int, int] = COLLECTOR_THRESHOLDS) -> None:
     """Freeze what start-up made and collect at `thresholds` (Python's: 700, 10, 10).
 
     For a process that makes tens of thousands of short-lived objects a second and holds a

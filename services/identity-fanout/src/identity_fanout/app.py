@@ -16,7 +16,7 @@ from typing import Final
 
 from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.fanout.worker import FanoutWorker
-from identity_fanout.outbox.relay import GC_THRESHOLD, OutboxRelay, RelayConfig
+from identity_fanout.outbox.relay import OutboxRelay, RelayConfig
 from identity_fanout.schema import OUTBOX_TABLES
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from pin_runtime.composition import Runtime, collect_less, long_running
@@ -94,7 +94,10 @@ def _relay_thread(settings: Settings, rt: Runtime) -> None:
 
 def run_relay_process(settings: Settings) -> None:
     """`identity-fanout relay`: the relay alone, with its own ops server, until SIGTERM."""
-    collect_less(GC_THRESHOLD)
+    # The relay's rows, records and delivery callbacks: with Python's thresholds the
+    # collector walked its window again and again, a third of its CPU (bench/relay: 1.4 s
+    # -> 1.0 s for 50,000 rows). The relay's own process only, never the worker's.
+    collect_less()
     with runtime(settings, "relay", kafka=True) as rt:
         state = ComponentState()
         rt.ops.add_check("relay", state)

@@ -62,7 +62,6 @@ from pin_runtime.postgres import SessionLimits, connect
 
 __all__ = [
     "DEFAULT_LANES",
-    "GC_THRESHOLD",
     "OutboxRelay",
     "RelayConfig",
     "RelayMetrics",
@@ -399,15 +398,6 @@ class OutboxRelay:
         """Settle what is in flight (short grace), give back the lanes, close the clients."""
         self._pump.stop(self._session.connection if self._session.lanes else None)
         self._session.close()
-
-
-GC_THRESHOLD: Final = (100_000, 50, 100)
-"""The relay process's collector thresholds (`pin_runtime.composition.collect_less`). The
-relay makes tens of thousands of short-lived objects per second (rows, records, delivery
-callbacks) and holds a window of them: with Python's, the collector ran every 700
-allocations and walked the window again and again, a third of the relay's CPU (bench/relay:
-1.4 s -> 1.0 s of CPU for 50,000 rows). Set for the relay's own process only (`identity-fanout
-relay`), never the worker's."""
 
 
 # -- pacing --------------------------------------------------------------------------------
