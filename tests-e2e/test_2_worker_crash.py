@@ -15,6 +15,11 @@ pytestmark = pytest.mark.integration
 USERS = 2_500
 BATCH_SIZE = 100
 KILL_AT = 700  # users checkpointed before the crash: well inside the task
+HELD_AT = 1_000
+"""The first worker publishes nothing (`--no-relay`) and waits once the outbox holds this
+many rows (MAX_OUTBOX_BACKLOG), its claim kept: the crash strikes between 700 and 1,000
+users (in practice at 1,000, the worker waiting), however fast the batches run; a polled
+count alone once let a fast worker finish all 2,500 before the kill landed."""
 
 
 def test_worker_killed_mid_task_then_restarted(
@@ -23,7 +28,9 @@ def test_worker_killed_mid_task_then_restarted(
     with recorder.scenario(2, "kill -9 of the fan-out worker mid-task, restart") as stats:
         system = make_system("s2")
         role, users = seed_role(system, users=USERS, code="s2-role")
-        first = system.worker("worker-1", BATCH_SIZE=str(BATCH_SIZE)).start()
+        first = system.worker(
+            "worker-1", "--no-relay", BATCH_SIZE=str(BATCH_SIZE), MAX_OUTBOX_BACKLOG=str(HELD_AT)
+        ).start()
         first.wait_ready()
 
         change = change_role_permissions(system, role, "s2-role")
