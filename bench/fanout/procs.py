@@ -9,7 +9,6 @@ measure, not in how they start, watch and stop the service.
 from __future__ import annotations
 
 import contextlib
-import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -85,41 +84,6 @@ def database_cpu(dbname: str) -> dict[int, float]:
 def database_cpu_since(dbname: str, before: dict[int, float]) -> float:
     """CPU seconds the database's processes used since `before` (those still running)."""
     return sum(cpu - before.get(pid, 0.0) for pid, cpu in database_cpu(dbname).items())
-
-
-_LISTEN = "0A"
-"""State of a listening socket in /proc/net/tcp."""
-
-
-def listener_pid(port: int) -> int | None:
-    """The local process listening on TCP `port` (the Kafka broker of the bootstrap), if any."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                if fields[3] == _LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                    inodes.add(f"socket:[{fields[9]}]")
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            for fd in (proc / "fd").iterdir():
-                if os.readlink(fd) in inodes:
-                    return int(proc.name)
-    return None
-
-
-def machine_jiffies() -> tuple[int, int]:
-    """(all, idle + iowait) CPU time of the whole machine so far, in clock ticks."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(fields), fields[3] + fields[4]
-
-
-def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
-    """Share of the machine's CPU time busy (anyone's) between two `machine_jiffies()`."""
-    total = after[0] - before[0]
-    return 1 - (after[1] - before[1]) / total if total else float("nan")
 
 
 def published(processes: Iterable[ServiceProcess]) -> float:

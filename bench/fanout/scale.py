@@ -36,14 +36,11 @@ import psycopg
 from procs import (
     RELAY,
     WORKER,
-    busy_share,
     console,
     cpu_limited,
     database_cpu,
     database_cpu_since,
     launched,
-    listener_pid,
-    machine_jiffies,
     peak_rss_mib,
     published,
     scratch_database,
@@ -58,7 +55,15 @@ from identity_fanout.outbox.lanes import SLOTS
 from identity_fanout.schema import OUTBOX_TABLES
 from identity_fanout.settings import Settings
 from pin_contracts import ScopeType
-from pin_testkit.bench import Comparison, Figure, cpu_seconds, record
+from pin_testkit.bench import (
+    Comparison,
+    Figure,
+    busy_share,
+    cpu_seconds,
+    listener_pid,
+    machine_jiffies,
+    record,
+)
 from pin_testkit.runtime_roles import runtime_dsn
 from pin_testkit.seeding import add_permissions, add_role
 from pin_testkit.waiting import wait_until
