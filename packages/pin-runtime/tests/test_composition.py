@@ -179,7 +179,7 @@ class _CliSettings(msgspec.Struct, frozen=True):
     log_level: str = "INFO"
 
 
-def test_a_cli_command_logs_json_to_stdout_and_keeps_stderr_for_failures(
+def test_a_cli_command_prints_its_result_alone_on_stdout_and_logs_on_stderr(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("PIN_CLI_TEST_LOG_LEVLE", "a typo")
@@ -189,7 +189,7 @@ def test_a_cli_command_logs_json_to_stdout_and_keeps_stderr_for_failures(
 
     def run(args: argparse.Namespace, settings: _CliSettings) -> int:
         logger.info("audit line")
-        print(f"{args.command}: {settings.log_level}")  # noqa: T201 - what the command prints
+        print(json.dumps({"command": args.command, "level": settings.log_level}))  # noqa: T201 - the result
         if args.command == "fail":
             raise DomainError("nothing to show")
         return 3
@@ -197,16 +197,22 @@ def test_a_cli_command_logs_json_to_stdout_and_keeps_stderr_for_failures(
     cli = Cli("pin-cli-test", _CliSettings, "PIN_CLI_TEST_", errors=(DomainError,))
     assert cli.main(parser, run, ["show"]) == 3
     out, err = capsys.readouterr()
-    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    # stdout is the result and nothing else: a script parses it as it is.
+    assert json.loads(out) == {"command": "show", "level": "INFO"}
+    events = [json.loads(line) for line in err.splitlines()]
     assert [(e["event"], e.get("variable")) for e in events] == [
         ("unknown setting ignored", "PIN_CLI_TEST_LOG_LEVLE"),
         ("audit line", None),
     ]
     assert {e["service"] for e in events} == {"pin-cli-test"}
-    assert "show: INFO" in out
-    assert err == ""
     assert cli.main(parser, run, ["fail"]) == 1
-    assert capsys.readouterr().err == "error: nothing to show\n"
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"command": "fail", "level": "INFO"}
+    assert err.splitlines()[-1] == "error: nothing to show"
+    assert [json.loads(line)["event"] for line in err.splitlines()[:-1]] == [
+        "unknown setting ignored",
+        "audit line",
+    ]
 
 
 def test_a_cli_with_a_bad_setting_exits_2_before_the_command_runs(

@@ -11,8 +11,9 @@
   exit 2 through `kafka_security.kafka_or_exit`, which each command that talks to Kafka
   calls first.
 - `Cli` is each service's command line: one `main` (arguments, settings, logging the same
-  way for every command: JSON lines on stdout, stderr kept for what went wrong; a warning
-  for each unknown `<PREFIX>*` variable; then `run_command`).
+  way for every command: JSON lines on stderr, so that stdout holds only the command's
+  result, a table or the JSON a script reads; a warning for each unknown `<PREFIX>*`
+  variable; then `run_command`).
 - `long_running` is what a long-lived command (a worker, a relay, a consumer) runs inside:
   JSON logging, tracing, SIGTERM/SIGINT as a stop event, and the ops HTTP server
   (`/metrics`, `/healthz`, `/readyz`) once the service calls `Runtime.serve` with its
@@ -178,8 +179,10 @@ class Cli(Generic[S]):
         if own is not None:
             return run_command(lambda: own(args), errors=self.errors)
         settings = settings_or_exit(self.settings_type, self.env_prefix)
-        # Every service's settings carry log_level (the chart's LOG_LEVEL).
-        configure_logging(getattr(settings, "log_level", "INFO"), self.service)
+        # Every service's settings carry log_level (the chart's LOG_LEVEL). On stderr: a
+        # one-shot command's stdout is its result (a table, or JSON a script parses); a
+        # long-running command moves its log to stdout (`long_running`), the pod's log.
+        configure_logging(getattr(settings, "log_level", "INFO"), self.service, stream=sys.stderr)
         for variable in unknown_variables(self.settings_type, self.env_prefix):
             log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
         return run_command(lambda: run(args, settings), errors=self.errors)
@@ -266,7 +269,7 @@ def long_running(
     A bad `OTEL_*` variable raises `SettingsError` here (exit 2 under `run_command`), and so
     does a metrics address `Runtime.serve` cannot listen on (named under `env_prefix`).
     """
-    configure_logging(log_level, service)
+    configure_logging(log_level, service)  # stdout: a long-lived process's log is its output
     build = BuildInfo.of(service)
     provider = configure_tracing(service, version=build.version)
     registry = registry or CollectorRegistry()
