@@ -90,6 +90,13 @@ def check(service: str, bom: dict[str, Any]) -> int:
     return len(expected)
 
 
+def shown(path: Path) -> str:
+    """The path as the report names it: from the repository's root when it is inside the
+    checkout (the default build/sbom/), in full anywhere else (any OUT_DIR)."""
+    absolute = path.resolve()
+    return str(absolute.relative_to(ROOT) if absolute.is_relative_to(ROOT) else absolute)
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0]) if argv else ROOT / "build" / "sbom"
     out.mkdir(parents=True, exist_ok=True)
@@ -106,7 +113,7 @@ def main(argv: list[str]) -> int:
             count = check(service, json.loads(text))
             path = out / f"{service}.cdx.json"
             path.write_text(text)
-            sys.stdout.write(f"sbom: {path.relative_to(ROOT)}: {count} components match uv.lock\n")
+            sys.stdout.write(f"sbom: {shown(path)}: {count} components match uv.lock\n")
     except (CheckError, subprocess.CalledProcessError) as exc:
         sys.stderr.write(f"sbom check failed: {exc}\n")
         return 1

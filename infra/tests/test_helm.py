@@ -5,10 +5,15 @@ configuration the service's own settings loader accepts. No cluster: `helm templ
 
 from __future__ import annotations
 
+import builtins
+import io
+import socket
 import subprocess
+import urllib.error
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -79,6 +84,14 @@ def configmap(docs: list[dict[str, Any]], chart: str, suffix: str = "") -> dict[
     lag watcher's (`suffix` "-lag-watcher")."""
     (found,) = [
         doc for doc in of_kind(docs, "ConfigMap") if doc["metadata"]["name"] == chart + suffix
+    ]
+    return found
+
+
+def service(docs: list[dict[str, Any]], chart: str, suffix: str = "-metrics") -> dict[str, Any]:
+    """The metrics Service (scraped by the ServiceMonitor), or `helm test`'s (`suffix` "-pods")."""
+    (found,) = [
+        doc for doc in of_kind(docs, "Service") if doc["metadata"]["name"] == chart + suffix
     ]
     return found
 
@@ -168,9 +181,17 @@ def test_migration_job_is_a_pre_install_and_pre_upgrade_hook(chart: str) -> None
 @pytest.mark.parametrize("chart", sorted(SETTINGS))
 def test_monitoring_objects(chart: str) -> None:
     docs = render(chart, "production")
-    (service,) = of_kind(docs, "Service")
+    metrics = service(docs, chart)
     (monitor,) = of_kind(docs, "ServiceMonitor")
-    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    assert monitor["spec"]["endpoints"][0]["port"] == metrics["spec"]["ports"][0]["name"]
+    # The monitor selects the metrics Service and not `helm test`'s, which lists the same
+    # pods: each pod is scraped once.
+    selected = monitor["spec"]["selector"]["matchLabels"].items()
+    assert [
+        s["metadata"]["name"]
+        for s in of_kind(docs, "Service")
+        if selected <= s["metadata"]["labels"].items()
+    ] == [f"{chart}-metrics"]
     (rule,) = of_kind(docs, "PrometheusRule")
     source = yaml.safe_load((ROOT / "infra/monitoring/rules" / f"{chart}.rules.yml").read_text())
     rendered = rule["spec"]["groups"]
@@ -496,9 +517,8 @@ def test_the_lag_watcher_gets_exactly_its_settings_and_the_kafka_credentials(
     else:
         assert refs == set()
     # Scraped like every pod of the release: the metrics Service selects it.
-    (service,) = of_kind(docs, "Service")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert service["spec"]["selector"].items() <= labels.items()
+    assert service(docs, chart)["spec"]["selector"].items() <= labels.items()
 
 
 @pytest.mark.parametrize("chart", sorted(SETTINGS))
@@ -545,16 +565,123 @@ def test_extra_volumes_init_containers_sidecars_and_opentelemetry_reach_every_po
             assert "OTEL_RESOURCE_ATTRIBUTES" in names
 
 
-@pytest.mark.parametrize("chart", sorted(SETTINGS))
-def test_helm_test_asks_the_metrics_service_for_readyz(chart: str) -> None:
-    docs = render(chart, "default")
+def readyz_test(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    """`helm test`'s pod and the Python program its container runs."""
     (pod,) = of_kind(docs, "Pod")
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][:2] == ["python", "-c"]
+    return pod, container["command"][-1]
+
+
+def serving_pods(docs: list[dict[str, Any]]) -> int:
+    """The replicas of the release's Deployments that serve /readyz (a metrics port)."""
+    return sum(
+        deployment["spec"]["replicas"]
+        for deployment in of_kind(docs, "Deployment")
+        if "ports" in deployment["spec"]["template"]["spec"]["containers"][0]
+    )
+
+
+class FakeCluster:
+    """What the `helm test` program sees when it runs: the DNS answer for the `-pods` Service,
+    the /readyz answer of each address, and a clock that `time.sleep` moves on."""
+
+    def __init__(self, addresses: list[str], unready: set[str]) -> None:
+        self.addresses, self.unready = addresses, unready
+        self.resolved: list[str] = []
+        self.asked: list[str] = []
+        self.now = 0.0
+
+    def getaddrinfo(self, host: str, port: int, type: int = 0) -> list[tuple[Any, ...]]:
+        self.resolved.append(host)
+        if not self.addresses:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, type, 6, "", (address, port)) for address in self.addresses]
+
+    def urlopen(self, url: str, timeout: float) -> io.BytesIO:
+        self.asked.append(url)
+        if any(f"//{address}:" in url for address in self.unready):
+            raise urllib.error.HTTPError(url, 503, "Service Unavailable", None, None)  # type: ignore[arg-type]
+        return io.BytesIO(b"{}")
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def run(self, program: str) -> None:
+        """Run the program with this cluster in place of the network and the clock."""
+        fakes = {
+            "socket": SimpleNamespace(
+                getaddrinfo=self.getaddrinfo,
+                SOCK_STREAM=socket.SOCK_STREAM,
+                gaierror=socket.gaierror,
+            ),
+            "time": SimpleNamespace(monotonic=lambda: self.now, sleep=self.sleep),
+            "urllib.request": SimpleNamespace(request=SimpleNamespace(urlopen=self.urlopen)),
+        }
+
+        def fake_import(name: str, *args: Any, **kwargs: Any) -> Any:
+            return fakes[name] if name in fakes else builtins.__import__(name, *args, **kwargs)
+
+        environment = {"__builtins__": {**vars(builtins), "__import__": fake_import}}
+        exec(program, environment)  # noqa: S102  # the chart's own rendered test program
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_helm_test_pod_is_the_release_s_own_and_hardened(chart: str) -> None:
+    pod, _ = readyz_test(render(chart, "default"))
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "helm-test"
     assert "app.kubernetes.io/name" not in pod["metadata"]["labels"]  # not the policy's pods
-    (service,) = of_kind(docs, "Service")
-    port = service["spec"]["ports"][0]["port"]
     (container,) = pod["spec"]["containers"]
-    assert f"http://{service['metadata']['name']}:{port}/readyz" in container["command"][-1]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["restartPolicy"] == "Never"
+
+
+@pytest.mark.parametrize(
+    ("chart", "sets"),
+    [
+        ("identity-fanout", ()),
+        ("identity-fanout", ("relay.separateDeployment=false",)),
+        ("identity-fanout", ("replicaCount=1", "relay.replicaCount=3")),
+        ("identity-fanout", ("lagWatcher.enabled=false",)),
+        ("rewards-membership", ()),
+        ("rewards-membership", ("replicaCount=1", "lagWatcher.enabled=false")),
+    ],
+)
+def test_helm_test_asks_every_pod_for_readyz_ready_or_not(
+    chart: str, sets: tuple[str, ...]
+) -> None:
+    docs = render(chart, "default", *sets)
+    # A headless Service that lists the pods that are not ready too: DNS answers with every
+    # pod's address, where the metrics Service would answer with one virtual IP.
+    pods_service, metrics = service(docs, chart, "-pods"), service(docs, chart)
+    assert pods_service["spec"]["clusterIP"] == "None"
+    assert pods_service["spec"]["publishNotReadyAddresses"] is True
+    assert pods_service["spec"]["selector"] == metrics["spec"]["selector"]
+    assert pods_service["spec"]["ports"][0]["targetPort"] == "metrics"
+    port = int(
+        next(v for k, v in configmap(docs, chart)["data"].items() if k.endswith("METRICS_PORT"))
+    )
+    _, program = readyz_test(docs)
+    expected = serving_pods(docs)
+    addresses = [f"10.0.0.{n}" for n in range(1, expected + 1)]
+
+    # Every pod ready: each one asked on its metrics port.
+    cluster = FakeCluster(addresses, unready=set())
+    cluster.run(program)
+    assert set(cluster.resolved) == {f"{chart}-pods"}
+    assert sorted(cluster.asked) == sorted(f"http://{a}:{port}/readyz" for a in addresses)
+
+    # One pod not ready among ready ones: the test fails, naming it, after its two minutes.
+    cluster = FakeCluster(addresses, unready={addresses[-1]})
+    with pytest.raises(SystemExit) as failure:
+        cluster.run(program)
+    assert f"{addresses[-1]}: HTTP Error 503" in str(failure.value.code)
+    assert 120 <= cluster.now <= 125
+    assert cluster.asked.count(f"http://{addresses[-1]}:{port}/readyz") > 1  # it retried
+
+    # A pod missing (not scheduled yet: no address) fails it too, however ready the others.
+    cluster = FakeCluster(addresses[:-1], unready=set())
+    with pytest.raises(SystemExit) as failure:
+        cluster.run(program)
+    assert f"{expected - 1} of {expected} pods listed" in str(failure.value.code)

@@ -256,21 +256,58 @@ topologySpreadConstraints:
 {{- end -}}
 
 {{/*
-`helm test <release>`: a pod of the service's image asks the metrics Service for /readyz
-until six answers in a row are 200 (every pod that serves the port is ready), within
-two minutes. It carries none of the service's selector labels (the NetworkPolicy lets it in
-by its own label), and the pods' security context.
+The Service `helm test` reads: headless (DNS answers with the pods' own addresses, not one
+virtual IP) and, like the metrics Service, with the pods that are not ready, so none can hide
+behind a ready one. The pods it lists are those that serve the metrics port (the ops pod has
+none). Its labels leave out app.kubernetes.io/name: the ServiceMonitor selects by name and
+instance, and a second Service selected by it would scrape every pod twice.
 */}}
-{{- define "svc.readyzTest" -}}
-{{- $url := printf "http://%s-metrics:%v/readyz" (include "svc.fullname" .) .Values.service.port -}}
+{{- define "svc.readyzPodsService" -}}
 apiVersion: v1
-kind: Pod
+kind: Service
 metadata:
-  name: {{ include "svc.fullname" . }}-test-readyz
+  name: {{ include "svc.fullname" . }}-pods
   labels:
     helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
     app.kubernetes.io/instance: {{ .Release.Name }}
+    app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
     app.kubernetes.io/managed-by: {{ .Release.Service }}
+    app.kubernetes.io/part-of: pin
+    app.kubernetes.io/component: helm-test
+spec:
+  clusterIP: None
+  publishNotReadyAddresses: true
+  selector:
+    {{- include "svc.selectorLabels" . | nindent 4 }}
+  ports:
+    - name: metrics
+      port: {{ .Values.config.metricsPort }}
+      targetPort: metrics
+      protocol: TCP
+{{- end -}}
+
+{{/*
+`helm test <release>`: a pod of the service's image resolves the headless `-pods` Service to
+the address of every pod that serves the metrics port, ready or not, and asks each one for
+/readyz; it passes when at least the pods the release asks for (`include "svc.readyzTest"
+(list . <pods>)`: the replicas of every Deployment with a metrics port) are listed and every
+one answers 200, within two minutes. Asking the metrics Service instead would reach one pod
+per request, so a ready pod could answer for an unready one. It carries none of the service's
+selector labels (the NetworkPolicy lets it in by its own label), and the pods' security
+context.
+*/}}
+{{- define "svc.readyzTest" -}}
+{{- $root := index . 0 -}}
+{{- $pods := index . 1 -}}
+{{- $service := printf "%s-pods" (include "svc.fullname" $root) -}}
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {{ include "svc.fullname" $root }}-test-readyz
+  labels:
+    helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version | replace "+" "_" }}
+    app.kubernetes.io/instance: {{ $root.Release.Name }}
+    app.kubernetes.io/managed-by: {{ $root.Release.Service }}
     app.kubernetes.io/part-of: pin
     app.kubernetes.io/component: helm-test
   annotations:
@@ -280,30 +317,40 @@ spec:
   restartPolicy: Never
   automountServiceAccountToken: false
   securityContext:
-    {{- toYaml .Values.podSecurityContext | nindent 4 }}
+    {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
   containers:
     - name: readyz
-      image: {{ include "svc.image" . }}
-      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      image: {{ include "svc.image" $root }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
       command:
         - python
         - -c
         - |
-          import sys, time, urllib.request
-          url, ok, deadline = {{ $url | quote }}, 0, time.monotonic() + 120
-          while ok < 6:
+          import socket, sys, time, urllib.request
+          service, port, pods = {{ $service | quote }}, {{ int $root.Values.config.metricsPort }}, {{ int $pods }}
+          deadline = time.monotonic() + 120
+          while True:
               try:
-                  urllib.request.urlopen(url, timeout=5).close()
-                  ok += 1
-              except Exception as exc:
-                  ok = 0
-                  if time.monotonic() > deadline:
-                      sys.exit(f"{url}: {exc}")
-                  time.sleep(2)
-          print(f"{url}: ready")
+                  found = socket.getaddrinfo(service, port, type=socket.SOCK_STREAM)
+                  addresses = sorted({info[4][0] for info in found})
+              except socket.gaierror:
+                  addresses = []
+              failed = []
+              for address in addresses:
+                  host = f"[{address}]" if ":" in address else address
+                  try:
+                      urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=5).close()
+                  except Exception as exc:
+                      failed.append(f"{address}: {exc}")
+              if len(addresses) >= pods and not failed:
+                  break
+              if time.monotonic() > deadline:
+                  sys.exit(f"{service}: {len(addresses)} of {pods} pods listed; not ready: {failed}")
+              time.sleep(2)
+          print(f"{service}: all {len(addresses)} pods ready")
       resources:
         requests: {cpu: 10m, memory: 32Mi}
         limits: {cpu: 100m, memory: 64Mi}
       securityContext:
-        {{- toYaml .Values.securityContext | nindent 8 }}
+        {{- toYaml $root.Values.securityContext | nindent 8 }}
 {{- end -}}
