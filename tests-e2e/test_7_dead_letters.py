@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from pin_e2e.checks import PlannedChange, rewards_rows
@@ -101,6 +103,13 @@ def stage_legacy_dead_letter(
     return system, agent, agency
 
 
+def dlq_json(system: System, *args: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``rewards-membership dlq <args> --json``: each record's result, and the totals."""
+    out = system.rewards_cli("dlq", *args, "--json").stdout
+    *records, totals = (json.loads(line) for line in out.splitlines())
+    return records, totals
+
+
 def check_dead_letter(record: Record, original: Raw, at: Delivered, path: str, group: str) -> None:
     """The record byte for byte, its original headers first, then the DLQ headers."""
     key, value, headers = original
@@ -124,9 +133,10 @@ def replay_after_the_fix(
     """`dlq replay --all` applies what the fixed consumer accepts; `--force` sends the rest."""
     # The fix is deployed (the running consumer accepts a Left without Reason): replay.
     # Records that the same bytes would fail again are refused, each with its reason.
-    replayed = system.rewards_cli("dlq", "replay", "--all")
-    assert replayed.stdout.count(": replayed:") == 1, replayed.stdout
-    assert replayed.stderr.count(": refused:") == 2, replayed.stderr
+    replayed, _ = dlq_json(system, "replay", "--all")
+    assert Counter(r["result"] for r in replayed) == {"replayed": 1, "refused": 2}, replayed
+    refused = [r["detail"] for r in replayed if r["result"] == "refused"]
+    assert all(detail.startswith("still invalid: ") for detail in refused), refused
     wait_until(
         lambda: bool(rewards_rows(system.rewards_dsn, [legacy_agent])),
         timeout=60,
@@ -141,9 +151,10 @@ def replay_after_the_fix(
 
     # Replay is idempotent; --force sends the still-malformed records back, and the
     # consumer dead-letters them again (a new failure, a new dead letter each).
-    again_all = system.rewards_cli("dlq", "replay", "--all", "--force")
-    assert again_all.stdout.count(": already-replayed:") == 1, again_all.stdout
-    assert again_all.stdout.count(": replayed:") == 2, again_all.stdout
+    again_all, _ = dlq_json(system, "replay", "--all", "--force")
+    assert Counter(r["result"] for r in again_all) == {"already-replayed": 1, "replayed": 2}, (
+        again_all
+    )
     wait_until(
         lambda: len(system.dlq_records()) >= 5,
         timeout=60,
@@ -206,8 +217,9 @@ def test_malformed_records_go_to_the_dlq_and_replay_after_a_fix(
             "$.Payload.AgentUserId",
             system.group,
         )
-        listed = system.rewards_cli("dlq", "list").stdout
-        assert listed.count(REWARDS_MEMBERSHIP_EVENT_INVALID) == 3, listed
+        listed = system.rewards_cli("dlq", "list", "--json").stdout
+        rows = [json.loads(line) for line in listed.splitlines()]
+        assert [r["code"] for r in rows] == [REWARDS_MEMBERSHIP_EVENT_INVALID] * 3, rows
         code_key = (
             f'rewards_identity_membership_dlq_total{{code="{REWARDS_MEMBERSHIP_EVENT_INVALID}"}}'
         )

@@ -115,10 +115,9 @@ def memberships(
         progress.update(rows, completed=done)
 
     def dead_lettered() -> bool:
-        # Read back from --json, never from the table's text (stdout also carries log lines).
+        # --json: one object per record, alone on stdout (the log is on stderr).
         listed = consumer.run("dlq", "list", "--json", quiet=True).splitlines()
-        rows = [row for line in listed if "state" in (row := json.loads(line))]
-        return any(row["key"] == str(bad_agent) for row in rows)
+        return any(json.loads(line)["key"] == str(bad_agent) for line in listed)
 
     wait_until(dead_lettered, 60, "the malformed record in the DLQ", interval=0.2)
     multi = next(a for a, _ in expected if sum(1 for b, _ in expected if b == a) > 1)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import signal
 import subprocess
 import sys
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
@@ -20,6 +22,7 @@ from pin_contracts import AgentMembershipChanged, envelope_for
 from pin_testkit.waiting import wait_until
 from rewards_membership.cli import main
 from rewards_membership.settings import Settings
+from rewards_membership.store import prune_inbox
 
 Event = Callable[..., AgentMembershipChanged]
 Sql = Callable[..., list[tuple[Any, ...]]]
@@ -44,6 +47,23 @@ def cli_environment(monkeypatch: pytest.MonkeyPatch, settings: Settings, operato
     for name, value in environment(settings, operator_dsn).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("COLUMNS", "400")
+
+
+def dlq_rows(capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    """`dlq list --json`: one object per record."""
+    capsys.readouterr()
+    assert main(["dlq", "list", "--json"]) == 0
+    return [msgspec.json.decode(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def results(
+    capsys: pytest.CaptureFixture[str], *argv: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`dlq <argv> --json`: the result of each record, and the totals (the last line)."""
+    capsys.readouterr()
+    assert main(["dlq", *argv, "--json"]) == 0
+    *records, totals = map(msgspec.json.decode, capsys.readouterr().out.splitlines())
+    return records, totals
 
 
 PASSWORD = "n0t-in-any-output"
@@ -132,6 +152,23 @@ def test_missing_dsn_and_kafka_exit_2(
     assert "REWARDS_MEMBERSHIP_KAFKA_BOOTSTRAP" in capsys.readouterr().err
 
 
+def test_version_is_one_line_on_stdout() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REWARDS_MEMBERSHIP_")}
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("rewards-membership")), "--version"],
+        env=env | {"PIN_BUILD_REVISION": "abc1234"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    [line] = done.stdout.splitlines()
+    version = importlib.metadata.version("rewards-membership")
+    assert line.startswith(f"rewards-membership {version} (revision abc1234, pin-contracts "), line
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -174,10 +211,13 @@ def test_agent_show_and_inbox_prune(
         " ('rewards:identity-membership:old', 'membership-applied', now() - interval '40 days'),"
         " ('rewards:identity-membership:new', 'membership-applied', now())"
     )
-    assert main(["agent", "show", str(agent)]) == 0
-    out = capsys.readouterr().out
-    assert f"in agency {agency_b}" in out
-    assert str(agency_a) in out
+    # For scripts: one JSON object, the rows and the derived status.
+    assert main(["agent", "show", str(agent), "--json"]) == 0
+    shown = msgspec.json.decode(capsys.readouterr().out)
+    assert shown["display_status"] == f"in agency {agency_b}"
+    assert sorted((r["company_id"], r["membership_status"]) for r in shown["rows"]) == sorted(
+        [(str(agency_a), "Left"), (str(agency_b), "Active")]
+    )
     # An 80-column terminal (`make demo`): one `field: value` block per row, nothing folded.
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["agent", "show", str(agent)]) == 0
@@ -189,17 +229,44 @@ def test_agent_show_and_inbox_prune(
         assert f"company_id:                {company}" in narrow
         assert f"membership_status:         {status}" in narrow
     monkeypatch.setenv("COLUMNS", "400")
-    # For scripts: one JSON object, the rows and the derived status.
-    assert main(["agent", "show", str(agent), "--json"]) == 0
-    shown = msgspec.json.decode(capsys.readouterr().out)
-    assert shown["display_status"] == f"in agency {agency_b}"
-    assert sorted((r["company_id"], r["membership_status"]) for r in shown["rows"]) == sorted(
-        [(str(agency_a), "Left"), (str(agency_b), "Active")]
-    )
-    assert main(["inbox", "prune", "--older-than", "30d"]) == 0
+
+    # A dry run counts what the prune would delete (the same statement, rolled back).
+    assert main(["inbox", "prune", "--older-than", "30d", "--dry-run", "--json"]) == 0
+    preview = msgspec.json.decode(capsys.readouterr().out)
+    assert (preview["deleted"], preview["dry_run"]) == (1, True)
+    assert main(["inbox", "prune", "--older-than", "30d", "--dry-run"]) == 0
+    previewed = capsys.readouterr()
+    assert previewed.out == "1 mark(s) would be deleted (dry run: nothing deleted)\n"
+    assert "inbox pruned" not in previewed.err  # no audit line: nothing changed
+    assert len(sql("SELECT 1 FROM rewards.inbox")) == 2
+    assert main(["inbox", "prune", "--older-than", "30d", "--json"]) == 0
+    pruned = msgspec.json.decode(capsys.readouterr().out)
+    assert (pruned["deleted"], pruned["dry_run"]) == (1, False)
     assert sql("SELECT idempotency_key FROM rewards.inbox") == [
         ("rewards:identity-membership:new",)
     ]
+
+
+@pytest.mark.integration
+def test_a_dry_run_of_inbox_prune_counts_across_its_chunks_and_deletes_nothing(
+    sql: Sql, operator_dsn: str
+) -> None:
+    sql(
+        "INSERT INTO rewards.inbox (idempotency_key, outcome, processed_at)"
+        " SELECT 'rewards:identity-membership:' || n, 'membership-applied',"
+        " now() - interval '40 days' FROM generate_series(1, 5) AS n"
+    )
+    sql(
+        "INSERT INTO rewards.inbox (idempotency_key, outcome, processed_at)"
+        " VALUES ('rewards:identity-membership:dead', 'dead-lettered', now() - interval '40 days')"
+    )
+    cut = timedelta(days=30)
+    # Chunks of 2: each chunk's rollback alone would find the same marks again.
+    with psycopg.connect(operator_dsn, autocommit=True) as conn:
+        assert prune_inbox(conn, cut, now=datetime.now(UTC), chunk=2, dry_run=True) == 5
+        assert len(sql("SELECT 1 FROM rewards.inbox")) == 6
+        assert prune_inbox(conn, cut, now=datetime.now(UTC), chunk=2) == 5
+    assert sql("SELECT outcome FROM rewards.inbox") == [("dead-lettered",)]
 
 
 @pytest.mark.integration
@@ -217,20 +284,11 @@ def test_dlq_list_and_replay(
     kafka.send(event(agent, uuid.UUID(int=0), 1, membership_id=uuid.uuid4()))
     kafka.send_raw((str(agent).encode(), b"garbage", None))
     consumer.wait_handled(2)
-    assert main(["dlq", "list"]) == 0
-    out = capsys.readouterr().out
-    assert "2 record(s)" in out
-    assert "REWARDS_MEMBERSHIP_EVENT_INVALID" in out
-    assert "$.Payload.CompanyId" in out
-    assert str(agent) in out
-
-    assert "2 not replayed" in out
-    assert main(["dlq", "list", "--json"]) == 0
-    listed = [msgspec.json.decode(line) for line in capsys.readouterr().out.splitlines()]
-    rows = [row for row in listed if "state" in row]  # the consumer's log lines share stdout
+    rows = dlq_rows(capsys)
     assert [(r["state"], r["code"], r["key"]) for r in rows] == [
         ("pending", "REWARDS_MEMBERSHIP_EVENT_INVALID", str(agent))
     ] * 2
+    assert any("$.Payload.CompanyId" in r["reason"] for r in rows)
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["dlq", "list"]) == 0
     narrow = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
@@ -241,38 +299,42 @@ def test_dlq_list_and_replay(
     assert f"key:      {agent}" in narrow
     monkeypatch.setenv("COLUMNS", "400")
 
-    # Both would fail validation again on the same bytes: refused, one line each, nothing sent.
-    assert main(["dlq", "replay", "--all"]) == 0
-    refused = [line for line in capsys.readouterr().err.splitlines() if ": refused: " in line]
-    assert len(refused) == 2
-    assert all(": refused: still invalid: " in line for line in refused)
+    # Both would fail validation again on the same bytes: refused, nothing sent.
+    refused, totals = results(capsys, "replay", "--all")
+    assert [r["result"] for r in refused] == ["refused"] * 2
+    assert all(r["detail"].startswith("still invalid: ") for r in refused)
+    assert (totals["records"], totals["results"]["refused"], totals["dry_run"]) == (2, 2, False)
     assert consumer.total("rewards_identity_membership_dlq_total") == 2
 
     # A dry run of the forced replay: both would go to the source topic, nothing is sent
     # (the replay below still finds both unreplayed).
-    assert main(["dlq", "replay", "--all", "--force", "--dry-run"]) == 0
-    preview = capsys.readouterr().out.splitlines()
-    assert sum(f": would-replay: to {kafka.topic}" in line for line in preview) == 2
-    assert preview[-1] == "2 record(s) would be replayed (dry run: nothing sent)"
+    preview, totals = results(capsys, "replay", "--all", "--force", "--dry-run")
+    assert [(r["result"], r["target_topic"]) for r in preview] == [
+        ("would-replay", kafka.topic)
+    ] * 2
+    assert (totals["results"]["would-replay"], totals["results"]["replayed"]) == (2, 0)
+    assert totals["dry_run"] is True
 
     # --force replays them anyway: the consumer processes them (not duplicates) and they
     # come back to the DLQ. Replayed records are not replayed again.
-    assert main(["dlq", "replay", "--all", "--force"]) == 0
+    replayed, _ = results(capsys, "replay", "--all", "--force")
+    assert [(r["result"], r["target_topic"]) for r in replayed] == [("replayed", kafka.topic)] * 2
+    assert all(r["target_offset"] is not None for r in replayed)
     consumer.wait_handled(4)
     assert consumer.total("rewards_identity_membership_dlq_total") == 4
     assert consumer.total("rewards_membership_skipped_duplicate_total") == 0
-    capsys.readouterr()
-    assert main(["dlq", "replay", "--all", "--force"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert sum(": already-replayed: at " in line for line in lines) == 2
+    again, _ = results(capsys, "replay", "--all", "--force")
+    assert sum(r["result"] == "already-replayed" for r in again) == 2
+    assert all(r["detail"].startswith("at ") for r in again if r["result"] == "already-replayed")
     consumer.wait_handled(6)
     assert consumer.total("rewards_identity_membership_dlq_total") == 6
-    assert main(["dlq", "list"]) == 0
-    assert "6 record(s), 2 not replayed" in capsys.readouterr().out
+    rows = dlq_rows(capsys)
+    assert len(rows) == 6
+    assert sum(r["state"] == "pending" for r in rows) == 2
 
 
 @pytest.mark.integration
-def test_dlq_resolve_closes_dead_letters_without_a_replay(
+def test_dlq_resolve_closes_dead_letters_without_a_replay(  # noqa: PLR0915 - one session
     *,
     kafka: Any,
     start_consumer: Any,
@@ -290,12 +352,8 @@ def test_dlq_resolve_closes_dead_letters_without_a_replay(
     consumer.wait_handled(2)
     gauge = "rewards_identity_membership_dlq_unreplayed"
     wait_until(lambda: consumer.value(gauge) == 2, timeout=30, what="2 unreplayed dead letters")
-    assert main(["dlq", "list"]) == 0
-    listed = capsys.readouterr().out
-    first = next(
-        line.split()[0] for line in listed.splitlines() if "@" in line and "pending" in line
-    )
-    partition, offset = first.split("@")
+    pending = next(r for r in dlq_rows(capsys) if r["state"] == "pending")
+    partition, offset = str(pending["partition"]), str(pending["offset"])
 
     with pytest.raises(SystemExit) as blank:
         main(["dlq", "resolve", "--all", "--reason", "  "])
@@ -303,25 +361,34 @@ def test_dlq_resolve_closes_dead_letters_without_a_replay(
     assert "a reason must say something" in capsys.readouterr().err
 
     # A dry run names both and closes neither: no audit line, and both resolve for real below.
+    # What an operator reads (the text lines) is checked here; the rest reads `--json`.
     assert main(["dlq", "resolve", "--all", "--reason", "drill", "--dry-run"]) == 0
-    preview = capsys.readouterr().out.splitlines()
+    previewed = capsys.readouterr()
+    preview = previewed.out.splitlines()
     assert sorted(line.split(": ")[1] for line in preview if "@" in line) == ["would-resolve"] * 2
     assert preview[-1] == "2 record(s) would be resolved (dry run: nothing written)"
-    assert not any(line.startswith("{") for line in preview)
+    assert "dlq resolved" not in previewed.err
+    dry, totals = results(capsys, "resolve", "--all", "--reason", "drill", "--dry-run")
+    assert [r["result"] for r in dry] == ["would-resolve"] * 2
+    assert (totals["results"]["would-resolve"], totals["dry_run"]) == (2, True)
 
-    assert (
-        main(["dlq", "resolve", "--offset", offset, "--partition", partition, "--reason", "bug"])
-        == 0
-    )
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"{first}: resolved: its dead-letter mark closed"
-    audit = msgspec.json.decode(out[1])  # the audit line: what was closed, and why
-    assert (audit["event"], audit["records"], audit["reason"]) == ("dlq resolved", 1, "bug")
-    assert main(["dlq", "resolve", "--all", "--reason", "producer fixed, facts re-sent"]) == 0
-    out = [line for line in capsys.readouterr().out.splitlines() if "@" in line]
-    assert sorted(line.split(": ")[1] for line in out) == ["already-resolved", "resolved"]
-    assert f"{first}: already-resolved: at " in "\n".join(out)
-    assert "(bug)" in "\n".join(out)
+    argv = ["resolve", "--offset", offset, "--partition", partition, "--reason", "bug"]
+    assert main(["dlq", *argv, "--json"]) == 0
+    done = capsys.readouterr()
+    [closed, totals] = [msgspec.json.decode(line) for line in done.out.splitlines()]
+    assert (closed["partition"], closed["offset"]) == (int(partition), int(offset))
+    assert (closed["result"], closed["detail"]) == ("resolved", "its dead-letter mark closed")
+    assert (totals["records"], totals["results"]["resolved"]) == (1, 1)
+    # The audit line (the log, on stderr): what was closed, and why.
+    logged = [msgspec.json.decode(line) for line in done.err.splitlines() if line[:1] == "{"]
+    [audit] = [line for line in logged if line["event"] == "dlq resolved"]
+    assert (audit["records"], audit["reason"]) == (1, "bug")
+    closed_all, _ = results(capsys, "resolve", "--all", "--reason", "producer fixed, facts re-sent")
+    assert sorted(r["result"] for r in closed_all) == ["already-resolved", "resolved"]
+    [earlier] = [r for r in closed_all if r["result"] == "already-resolved"]
+    assert (earlier["partition"], earlier["offset"]) == (int(partition), int(offset))
+    assert earlier["detail"].startswith("at ")
+    assert "(bug)" in earlier["detail"]
 
     # The audit trail names the operator's login and the reasons; both marks are closed.
     trail = sql(
@@ -335,17 +402,16 @@ def test_dlq_resolve_closes_dead_letters_without_a_replay(
     ]
     wait_until(lambda: consumer.value(gauge) == 0, timeout=30, what="no unreplayed dead letters")
 
-    # Replay skips resolved records (one line each, on stderr); nothing goes out.
-    assert main(["dlq", "replay", "--all"]) == 0
-    skipped = capsys.readouterr().err.splitlines()
-    assert len(skipped) == 2
-    assert all(": resolved: at " in line for line in skipped)
+    # Replay skips resolved records; nothing goes out.
+    skipped, totals = results(capsys, "replay", "--all")
+    assert [r["result"] for r in skipped] == ["resolved"] * 2
+    assert all(r["detail"].startswith("at ") for r in skipped)
+    assert totals["results"]["replayed"] == 0
     assert main(["dlq", "replay", "--offset", offset, "--partition", partition]) == 1
     capsys.readouterr()
-    assert main(["dlq", "list"]) == 0
-    listed = capsys.readouterr().out
-    assert listed.count("resolved 20") == 2
-    assert "2 record(s), 0 not replayed nor resolved" in listed
+    rows = dlq_rows(capsys)
+    assert len(rows) == 2
+    assert all(r["state"].startswith("resolved 20") for r in rows)
 
     # A redelivery of the resolved message is a duplicate, not a second dead letter.
     kafka.send_envelopes(invalid)
@@ -424,8 +490,16 @@ def test_status_shows_the_groups_lag_per_partition_and_the_dead_letters_pending(
     caught_up = status()
     assert caught_up["oldest_seconds"] is None
     assert caught_up["dead_letters_pending"] == 1
+    assert caught_up["paused"] == []  # a paused partition: test_dead_letters.py
 
     assert main(["status"]) == 0
     screen = capsys.readouterr().out
-    for text in ("membership consumer", "0 record(s)", "1 on", "(dlq list)", "partition"):
+    for text in (
+        "membership consumer",
+        "0 record(s)",
+        "1 on",
+        "(dlq list)",
+        "partition",
+        "paused partitions",
+    ):
         assert text in screen, text

@@ -5,8 +5,10 @@ Real PostgreSQL and Kafka. Each test creates its own topics with the limits it n
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import socket
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -31,18 +33,23 @@ from pin_contracts import (
 )
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_admin, create_consumer, create_producer, ensure_topics
+from pin_testkit import fixtures
 from rewards_membership.cli import main
 from rewards_membership.dlq.reference import decode_reference, sha256_hex
 from rewards_membership.dlq.topic import DeadLetterRecord, read_at, read_dead_letters
 from rewards_membership.dlq.writer import DeadLetterer
 from rewards_membership.rules.validation import InvalidEvent, validate
 from rewards_membership.settings import Settings
+from rewards_membership.status import consumer_status
 
 pytestmark = pytest.mark.integration
 
 Event = Callable[..., Any]
 Sql = Callable[..., list[tuple[Any, ...]]]
 SOURCE_LIMIT = 4 * 1024 * 1024
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+json_logs = fixtures.json_logs("rewards_membership", "rewards-membership")
 
 
 def big_producer(bootstrap: str) -> Producer:
@@ -77,11 +84,14 @@ def valid(
     return (partition, *record_of(envelope_for(event(uuid.uuid4(), uuid.uuid4(), version))))
 
 
-def poison(raw: Callable[..., bytes], event: Event, partition: int, padding: int) -> Any:
-    """Empty CompanyId (invalid) plus an unknown field of `padding` incompressible bytes."""
+def poison(
+    raw: Callable[..., bytes], event: Event, partition: int, padding: int, **envelope: Any
+) -> Any:
+    """Empty CompanyId (invalid) plus an unknown field of `padding` incompressible bytes;
+    `envelope`: other envelope fields (a CorrelationId)."""
     agent = uuid.uuid4()
     payload = event(agent, EMPTY_GUID, 1, membership_id=uuid.uuid4())
-    value = raw(payload, Padding=os.urandom(padding // 2).hex())
+    value = raw(payload, Padding=os.urandom(padding // 2).hex(), **envelope)
     return (partition, str(agent).encode(), value, headers_for(envelope_for(payload)))
 
 
@@ -116,6 +126,26 @@ def high_watermarks(bootstrap: str, topic: str) -> dict[int, int]:
 def said(text: str) -> list[str]:
     """The replay's own lines, `P@O: state...` (log lines of the consumer left out)."""
     return [line for line in text.splitlines() if re.match(r"\d+@\d+: ", line)]
+
+
+def answered(
+    capsys: pytest.CaptureFixture[str],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """What a `dlq ... --json` command printed: each record's result, and the totals."""
+    *records, totals = map(msgspec.json.decode, capsys.readouterr().out.splitlines())
+    return records, totals
+
+
+def listed(capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    """`dlq list --json`: one object per record."""
+    capsys.readouterr()
+    assert main(["dlq", "list", "--json"]) == 0
+    return [msgspec.json.decode(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def logged(stream: io.StringIO, event: str) -> list[dict[str, Any]]:
+    found = [msgspec.json.decode(line) for line in stream.getvalue().splitlines()]
+    return [line for line in found if line["event"] == event]
 
 
 def cli_env(
@@ -154,11 +184,16 @@ def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: 
     dlq_limit: int,
     padding: int,
     operator_dsn: str,
+    json_logs: io.StringIO,
 ) -> None:
     topic = kit.kafka_topic(partitions=3, config={"max.message.bytes": str(SOURCE_LIMIT)})
     dlq = kit.kafka_topic(partitions=3, config={"max.message.bytes": str(dlq_limit)})
     producer = big_producer(kit.kafka_bootstrap)
-    bad = poison(kit.raw, kit.event, 0, padding)
+    partition, key, value, headers = poison(
+        kit.raw, kit.event, 0, padding, CorrelationId="onboarding-79"
+    )
+    traceparent = ("traceparent", f"00-{TRACE_ID}-00f067aa0ba902b7-01".encode())
+    bad = (partition, key, value, [*headers, traceparent])
     records = [
         valid(kit.event, 0),
         bad,
@@ -177,6 +212,15 @@ def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: 
         what="offsets of every partition committed",
     )
     assert consumer.consumer.paused_partitions == frozenset()
+    # The replacement's warning names the event as its other lines do: the spec's fields,
+    # its CorrelationId and its trace.
+    [warning] = logged(json_logs, "dead-letter-value-replaced")
+    [dead] = logged(json_logs, "dead-lettered")
+    assert (warning["offset"], warning["size"]) == (1, len(bad[2]))
+    for name in ("MessageId", "AgentUserId", "CompanyId", "Status", "Reason", "Version"):
+        assert warning[name] == dead[name], name
+    assert (warning["CorrelationId"], warning["trace_id"]) == ("onboarding-79", TRACE_ID)
+    assert (dead["CorrelationId"], dead["trace_id"]) == ("onboarding-79", TRACE_ID)
     replaced = consumer.value("rewards_identity_membership_dlq_replaced_total", reason="too-large")
     assert replaced == 1, consumer.metrics.registry.get_sample_value(
         "rewards_identity_membership_dlq_total", {"code": "REWARDS_MEMBERSHIP_EVENT_INVALID"}
@@ -205,24 +249,24 @@ def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: 
 
     local = msgspec.structs.replace(kit.settings, topic=topic, dlq_topic=dlq)
     cli_env(monkeypatch, local, operator_dsn)
-    assert main(["dlq", "list"]) == 0
-    listed = capsys.readouterr().out
-    assert "reference (too-large" in listed
-    assert "pending" in listed
-    assert "1 record(s), 1 not replayed" in listed
+    [row] = listed(capsys)
+    assert row["value"].startswith("reference (too-large")
+    assert row["state"] == "pending"
 
-    # Still invalid on the same bytes: refused with its reason, in one line, exit 1.
-    assert main(["dlq", "replay", "--offset", "0", "--partition", "0"]) == 1
-    err = said(capsys.readouterr().err)
-    assert len(err) == 1
-    assert "still invalid: $.Payload.CompanyId" in err[0]
+    # Still invalid on the same bytes: refused with its reason, exit 1.
+    capsys.readouterr()
+    assert main(["dlq", "replay", "--offset", "0", "--partition", "0", "--json"]) == 1
+    [refused], _ = answered(capsys)
+    assert refused["result"] == "refused"
+    assert "still invalid: $.Payload.CompanyId" in refused["detail"]
 
     # --force: the original bytes are read back from the source topic and republished; the
     # consumer processes the copy (not a duplicate) and dead-letters it again, as a reference.
-    assert main(["dlq", "replay", "--offset", "0", "--partition", "0", "--force"]) == 0
-    out = said(capsys.readouterr().out)[0]
-    assert out.startswith(f"0@0: replayed: to {topic}[")
-    target_partition, target_offset = (int(n) for n in out.rsplit("[", 1)[1].split("]@"))
+    assert main(["dlq", "replay", "--offset", "0", "--partition", "0", "--force", "--json"]) == 0
+    [out], _ = answered(capsys)
+    assert (out["partition"], out["offset"], out["result"]) == (0, 0, "replayed")
+    assert out["target_topic"] == topic
+    target_partition, target_offset = out["target_partition"], out["target_offset"]
     kit.wait(
         lambda: len(dead_letters(kit.kafka_bootstrap, dlq)) == 2, what="the copy dead-lettered"
     )
@@ -236,17 +280,20 @@ def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: 
     before = high_watermarks(kit.kafka_bootstrap, topic)
 
     # Replaying the same DLQ record again produces nothing.
-    assert main(["dlq", "replay", "--offset", "0", "--partition", "0", "--force"]) == 0
-    assert "already-replayed" in capsys.readouterr().out
+    assert main(["dlq", "replay", "--offset", "0", "--partition", "0", "--force", "--json"]) == 0
+    [again], totals = answered(capsys)
+    assert again["result"] == "already-replayed"
+    assert totals["results"]["replayed"] == 0
     assert high_watermarks(kit.kafka_bootstrap, topic) == before
-    assert main(["dlq", "list"]) == 0
-    assert "2 record(s), 1 not replayed" in capsys.readouterr().out
+    rows = listed(capsys)
+    assert len(rows) == 2
+    assert sum(r["state"] == "pending" for r in rows) == 1
 
     # Resolving closes the reference record's mark (keyed by the original's MessageId, read
     # back from the source topic): nothing is left for the unreplayed gauge.
-    assert main(["dlq", "resolve", "--all", "--reason", "a test record"]) == 0
-    states = sorted(line.split(": ")[1] for line in said(capsys.readouterr().out))
-    assert states == ["already-replayed", "resolved"]
+    assert main(["dlq", "resolve", "--all", "--reason", "a test record", "--json"]) == 0
+    resolved, _ = answered(capsys)
+    assert sorted(r["result"] for r in resolved) == ["already-replayed", "resolved"]
     kit.wait(
         lambda: consumer.value("rewards_identity_membership_dlq_unreplayed") == 0,
         what="no dead letter left open",
@@ -307,14 +354,22 @@ def test_dead_letter_that_cannot_be_written_pauses_only_its_partition(
         ),
         what="partition 0 paused, partitions 1 and 2 applied",
     )
+    # Partition 0 is committed at its failed batch's first record, with a note of the pause
+    # (the offset's metadata); the others past their records.
     kit.wait(
-        lambda: (
-            committed(kit.kafka_bootstrap, kit.settings.group_id, topic) == {0: -1001, 1: 2, 2: 1}
-        ),
-        what="the other partitions committed",
+        lambda: committed(kit.kafka_bootstrap, kit.settings.group_id, topic) == {0: 0, 1: 2, 2: 1},
+        what="the other partitions committed, partition 0 noted at its first record",
     )
     assert consumer.consumer.kafka_state().status == "degraded"
     assert consumer.value("rewards_membership_retries_total", dependency="kafka") >= 1
+    settings = msgspec.structs.replace(kit.settings, topic=topic, dlq_topic=dlq)
+    with psycopg.connect(settings.database_dsn.reveal()) as conn:
+        shown = consumer_status(settings, conn)
+    [paused] = shown.paused
+    assert (paused.partition, paused.dependency, paused.host) == (0, "kafka", socket.gethostname())
+    assert dlq in paused.reason or "UNKNOWN_TOPIC" in paused.reason.upper()
+    assert paused.attempts >= 1
+    assert 0 <= paused.paused_seconds < 120
 
     # Records keep arriving on the paused partition: its lag gauge grows, its pause ages.
     produce(producer, topic, [valid(kit.event, 0, 1) for _ in range(5)])
@@ -342,6 +397,9 @@ def test_dead_letter_that_cannot_be_written_pauses_only_its_partition(
         what="lag back to 0",
     )
     assert consumer.value("rewards_membership_partition_paused_seconds", partition="0") == 0
+    # The partition's next commit cleared its note: nothing paused on the brokers either.
+    with psycopg.connect(settings.database_dsn.reveal()) as conn:
+        assert consumer_status(settings, conn).paused == []
     assert len(dead_letters(kit.kafka_bootstrap, dlq)) == 1
     assert consumer.total("rewards_identity_membership_dlq_total") == 1
     (applied,) = kit.sql("SELECT count(*) FROM rewards.agent_performance")[0]
@@ -468,8 +526,11 @@ def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(
     key = dead_lettered(kafka, event, sql, source=kafka.topic, group=settings.group_id)
     consumer = start_consumer()
     cli_env(monkeypatch, settings, operator_dsn)
-    assert main(["dlq", "replay", "--all"]) == 0
-    assert said(capsys.readouterr().out)[0].startswith("0@0: replayed: to ")
+    capsys.readouterr()
+    assert main(["dlq", "replay", "--all", "--json"]) == 0
+    [replayed], _ = answered(capsys)
+    assert (replayed["partition"], replayed["offset"]) == (0, 0)
+    assert (replayed["result"], replayed["target_topic"]) == ("replayed", kafka.topic)
     consumer.wait_handled(1)
     assert consumer.value("rewards_membership_applied_total", status="Active") == 1
     assert sql("SELECT outcome FROM rewards.inbox WHERE idempotency_key = %s", [key]) == [
@@ -478,8 +539,8 @@ def test_a_replayed_dead_letter_is_processed_again_not_skipped_as_a_duplicate(
     [(forced, target)] = sql("SELECT forced, target_topic FROM rewards.dlq_replays")
     assert (forced, target) == (False, kafka.topic)
     # Twice: nothing more is produced.
-    assert main(["dlq", "replay", "--all"]) == 0
-    assert "already-replayed" in capsys.readouterr().out
+    assert main(["dlq", "replay", "--all", "--json"]) == 0
+    assert [r["result"] for r in answered(capsys)[0]] == ["already-replayed"]
     assert sum(high_watermarks(kafka.bootstrap, kafka.topic).values()) == 1
 
 
@@ -500,18 +561,18 @@ def test_a_replay_the_broker_refuses_leaves_the_dead_letter_pending_and_counted(
     cli_env(monkeypatch, settings, operator_dsn)
     capsys.readouterr()
 
-    assert main(["dlq", "replay", "--all"]) == 1
+    assert main(["dlq", "replay", "--all", "--json"]) == 1
 
-    [line] = said(capsys.readouterr().err)
-    assert line.startswith("0@0: failed: ")
+    [failed], totals = answered(capsys)
+    assert (failed["partition"], failed["offset"], failed["result"]) == (0, 0, "failed")
+    assert (totals["results"]["failed"], totals["results"]["replayed"]) == (1, 0)
     # Still a dead letter: its mark is back, so the unreplayed gauge (and the DLQ alert)
     # keep counting it, and no replay was recorded.
     assert sql("SELECT outcome FROM rewards.inbox WHERE idempotency_key = %s", [key]) == [
         ("dead-lettered",)
     ]
     assert sql("SELECT count(*) FROM rewards.dlq_replays") == [(0,)]
-    assert main(["dlq", "list"]) == 0
-    assert "1 record(s), 1 not replayed" in capsys.readouterr().out
+    assert [r["state"] for r in listed(capsys)] == ["pending"]
 
 
 def test_a_dead_letter_write_failing_midway_is_completed_without_second_copies(

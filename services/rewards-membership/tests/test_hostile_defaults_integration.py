@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psycopg
 import pytest
 from consumer_kit import publish
@@ -102,6 +103,6 @@ def test_every_process_kind_works_against_hostile_database_defaults(  # noqa: PL
             (agent,),
         ).fetchone()
     assert stored == (left, left)
-    shown = cli(operator_dsn, "agent", "show", str(agent))
-    assert str(company) in shown
+    shown = msgspec.json.decode(cli(operator_dsn, "agent", "show", str(agent), "--json"))
+    assert [row["company_id"] for row in shown["rows"]] == [str(company)]
     cli(operator_dsn, "dlq", "list")

@@ -14,10 +14,14 @@ from typing import Any
 import msgspec
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+from consumer_kit import record_of
 
+from pin_contracts import EMPTY_GUID, envelope_for
+from pin_runtime.kafka import create_admin, ensure_topics
 from pin_testkit import fixtures
 from pin_testkit.waiting import wait_until
 from rewards_membership.consumer.partitions import PartitionControl
+from rewards_membership.dlq.writer import DeadLetterer, DeadLetterResult
 
 pytestmark = pytest.mark.integration
 
@@ -148,3 +152,97 @@ def test_a_batch_that_fails_after_its_commit_is_reported_once_as_what_it_was(
     consumer.close()
     assert len(lines(json_logs, "membership-applied")) == 4
     assert lines(json_logs, "skipped-duplicate") == []
+
+
+@pytest.mark.parametrize("failures", [1, 2], ids=["once", "twice"])
+def test_a_dead_letter_not_written_reports_the_rest_of_its_partition_once_as_what_it_was(
+    *,
+    failures: int,
+    kafka: Any,
+    start_consumer: Any,
+    event: Callable[..., Any],
+    raw: Callable[..., bytes],
+    json_logs: io.StringIO,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One batch on one partition (one agent, the key): changes applied, a stale one, an
+    # unknown Status and an unknown Reason, and a record the contract refuses. The batch's
+    # transaction commits; its dead letter cannot be written (the DLQ topic does not exist
+    # yet: a retriable failure), so that partition alone is sought back and read again. The
+    # topic is created as soon as the write failed `failures` times: the retry after it
+    # must report the records the first try committed as what they were, not as duplicates
+    # (a retry that fails too sees them as duplicates of the first try, and reports nothing).
+    dlq = f"pin-test.dlq-missing.{uuid.uuid4().hex[:8]}"
+    write = DeadLetterer.write
+    failed: list[DeadLetterResult] = []
+
+    def write_then_create(self: DeadLetterer, records: Any, *, batch: Any = None) -> Any:
+        result = write(self, records, batch=batch)
+        if result.failed and len(failed) < failures:
+            failed.append(result)
+            if len(failed) == failures:
+                ensure_topics(create_admin(kafka.bootstrap, client_id="rm-test"), [(dlq, 3)])
+        return result
+
+    monkeypatch.setattr(DeadLetterer, "write", write_then_create)
+    agent = uuid.uuid4()
+    first, left, unknown_status, unknown_reason, last = (uuid.uuid4() for _ in range(5))
+    applied = [
+        envelope_for(event(agent, first, 1)),
+        envelope_for(event(agent, left, 2, "Left", reason="SelfLeave")),
+    ]
+    stale = envelope_for(event(agent, left, 1))
+    oddities = [
+        raw(event(agent, unknown_status, 1, "Suspended")),
+        raw(event(agent, unknown_reason, 1, "Left", reason="Retired")),
+    ]
+    refused = raw(event(agent, EMPTY_GUID, 1, membership_id=uuid.uuid4()))
+    after = envelope_for(event(agent, last, 1))
+    key = str(agent).encode()
+    kafka.send_raw(
+        *map(record_of, [*applied, stale]),
+        *((key, value, None) for value in [*oddities, refused]),
+        record_of(after),
+    )
+    consumer = start_consumer(dlq_topic=dlq)
+    consumer.wait_handled(7)
+    assert len(failed) == failures
+    consumer.close()
+
+    # What one clean run of these seven records reports, metrics and lines alike.
+    assert consumer.value("rewards_membership_retries_total", dependency="kafka") == failures
+    assert len(lines(json_logs, "dead letter not written")) == failures
+    assert consumer.value("rewards_membership_applied_total", status="Active") == 2
+    assert consumer.value("rewards_membership_applied_total", status="Left") == 3
+    totals = {
+        name: consumer.total(name)
+        for name in (
+            "rewards_membership_applied_total",
+            "rewards_membership_skipped_stale_total",
+            "rewards_membership_skipped_duplicate_total",
+            "rewards_membership_unknown_status_total",
+            "rewards_membership_unknown_reason_total",
+            "rewards_identity_membership_dlq_total",
+        )
+    }
+    assert totals == {
+        "rewards_membership_applied_total": 5,
+        "rewards_membership_skipped_stale_total": 1,
+        "rewards_membership_skipped_duplicate_total": 0,
+        "rewards_membership_unknown_status_total": 1,
+        "rewards_membership_unknown_reason_total": 1,
+        "rewards_identity_membership_dlq_total": 1,
+    }
+    odd_ids = [msgspec.json.decode(value)["MessageId"] for value in oddities]
+
+    def ids(event: str) -> list[str]:
+        return sorted(line["MessageId"] for line in lines(json_logs, event))
+
+    assert ids("membership-applied") == sorted(
+        [*(str(e.message_id) for e in [*applied, after]), *odd_ids]
+    )
+    assert ids("skipped-stale-membership") == [str(stale.message_id)]
+    assert ids("skipped-duplicate") == []
+    assert ids("unknown-membership-status") == [odd_ids[0]]
+    assert ids("unknown-leave-reason") == [odd_ids[1]]
+    assert ids("dead-lettered") == [msgspec.json.decode(refused)["MessageId"]]

@@ -20,7 +20,12 @@ from pin_contracts import (
 )
 from pin_runtime.settings import Secret
 from rewards_membership.consumer.lag import offset_lag
-from rewards_membership.consumer.partitions import OffsetLedger, PartitionPauser
+from rewards_membership.consumer.partitions import (
+    OffsetLedger,
+    PartitionPauser,
+    PauseNote,
+    pause_note_of,
+)
 from rewards_membership.dlq.reference import (
     MAX_KEPT_HEADER_BYTES,
     decode_reference,
@@ -240,3 +245,20 @@ class TestResolveCandidateKeys:
         assert keys[0] == idempotency_key(message_id)
         malformed = (MESSAGE_ID_HEADER, b"not-a-uuid")
         assert len(candidate_keys(self.record(b"{reference}", malformed), None)) == 1
+
+
+def test_a_pause_note_reads_back_and_other_metadata_is_not_one() -> None:
+    note = PauseNote(
+        paused="postgresql",
+        reason="connection refused " * 40,
+        since=1_796_400_000.5,
+        retry_at=1_796_400_060.0,
+        attempts=3,
+        host="rewards-membership-consumer-7c9f",
+    )
+    metadata = msgspec.json.encode(note).decode()
+    assert len(metadata) < 4096  # the brokers' offset.metadata.max.bytes
+    assert '"retryAt"' in metadata  # camelCase on the brokers, as the other wire names
+    assert pause_note_of(metadata) == note
+    for other in (None, "", "checkpoint 17", '{"paused": 1}', "[]"):
+        assert pause_note_of(other) is None

@@ -104,6 +104,14 @@ def _dry_run(command: argparse.ArgumentParser, nothing: str) -> None:
     )
 
 
+def _json_results(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per record, then one with the totals (for scripts), no text lines",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser, commands = _CLI.parser("PIN rewards: AgentMembershipChanged consumer and its tooling.")
     commands.add_parser("migrate", help="apply the rewards schema migrations")
@@ -130,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         "or that were resolved",
     )
     _dry_run(dlq_replay, "send nothing")
+    _json_results(dlq_replay)
     dlq_resolve = dlq_commands.add_parser(
         "resolve", help="close records without a replay (they stop counting as unreplayed)"
     )
@@ -138,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--reason", type=_reason, required=True, help="why (kept with each record: the audit trail)"
     )
     _dry_run(dlq_resolve, "write nothing")
+    _json_results(dlq_resolve)
 
     agent = commands.add_parser("agent", help="the projection of one agent")
     agent_commands = agent.add_subparsers(dest="agent_command", required=True)
@@ -151,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument(
         "--older-than", type=_duration, required=True, help="e.g. 30d, 12h (marks older go)"
     )
+    prune.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="the same deletes, rolled back: how many marks would go; nothing deleted",
+    )
+    prune.add_argument("--json", action="store_true", help="one JSON object (for scripts)")
     return parser
 
 
@@ -184,7 +200,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         return _DLQ_COMMANDS[args.dlq_command](settings, args)
     if args.command == "agent":
         return _agent_show(settings, args.agent_user_id, as_json=args.json)
-    return _inbox_prune(settings, args.older_than)
+    return _inbox_prune(settings, args.older_than, dry_run=args.dry_run, as_json=args.json)
 
 
 def _tool_consumer(settings: Settings, role: str) -> Consumer:
@@ -203,6 +219,10 @@ def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
         settings.database_session(),
         application_name=f"{SERVICE_NAME}-cli",
     )
+
+
+def _write_json(document: object) -> None:
+    sys.stdout.write(msgspec.json.encode(document).decode() + "\n")
 
 
 def _text(value: bytes | None) -> str:
@@ -355,6 +375,40 @@ def _tally(counts: Counter[str], fields: Mapping[str, str]) -> dict[str, int]:
     return {field: counts[state] for field, state in fields.items()}
 
 
+class RecordResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One record of `dlq replay` / `dlq resolve` (its `--json` line; the text line
+    `P@O: result: detail` says the same)."""
+
+    partition: int
+    offset: int
+    result: str
+    """replayed, already-replayed, refused, would-replay, resolved, ...: its state."""
+    detail: str
+    """Where the copy went, when it was replayed or resolved before, why it was refused,
+    ...; empty when the result says it all."""
+    target_topic: str | None = None
+    """Where a replay sent the copy (would send it, in a dry run); None otherwise."""
+    target_partition: int | None = None
+    target_offset: int | None = None
+
+
+class ResultTotals(msgspec.Struct, frozen=True, kw_only=True):
+    """The last `--json` line of `dlq replay` / `dlq resolve`: the records by result."""
+
+    records: int
+    results: dict[str, int]
+    """Every result the command can give, with its count (0 included)."""
+    dry_run: bool
+
+
+def _totals(counts: Counter[str], states: Iterable[str], *, dry_run: bool) -> ResultTotals:
+    return ResultTotals(
+        records=sum(counts.values()),
+        results={str(state): counts[state] for state in states},
+        dry_run=dry_run,
+    )
+
+
 _Run = Callable[
     [Iterable[DeadLetterRecord], psycopg.Connection[TupleRow], Consumer],
     Iterable[ReplayResult | ResolveResult],
@@ -370,8 +424,10 @@ def _over_dead_letters(
     settings: Settings, args: argparse.Namespace, tool: str, run: _Run
 ) -> Counter[str] | int:
     """Run `dlq replay` or `dlq resolve` (`run`) over the selected dead letters with a
-    consumer of its own that reads their originals (`source`); one line per result, and the
-    results counted by state. The exit code instead when nothing could be selected."""
+    consumer of its own that reads their originals (`source`); one line per result (a JSON
+    object with `--json`), and the results counted by state. The exit code instead when
+    nothing could be selected."""
+    say = _say_json if args.json else _say
     reader = _tool_consumer(settings, tool)
     source = _tool_consumer(settings, "source")
     try:
@@ -382,7 +438,7 @@ def _over_dead_letters(
         with _connect(settings) as conn:
             for result in run(records, conn, source):
                 counts[result.state] += 1
-                _say(result)
+                say(result)
         return counts
     finally:
         reader.close()
@@ -412,9 +468,11 @@ def _dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
         producer.flush(settings.delivery_timeout.total_seconds())
     if isinstance(counts, int):
         return counts
-    if args.dry_run:
+    if args.json:
+        _write_json(_totals(counts, ReplayState, dry_run=args.dry_run))
+    elif args.dry_run:
         _say_dry_run(counts[ReplayState.WOULD_REPLAY], "replayed", "sent")
-    else:
+    if not args.dry_run:
         log_event(_log, "dlq replayed", **_tally(counts, _REPLAYED_FIELDS), topic=settings.topic)
     if not replay_all and (counts[ReplayState.REFUSED] or counts[ReplayState.RESOLVED]):
         return 1
@@ -431,8 +489,11 @@ def _dlq_resolve(settings: Settings, args: argparse.Namespace) -> int:
     counts = _over_dead_letters(settings, args, "resolve", resolve)
     if isinstance(counts, int):
         return counts
-    if args.dry_run:
+    if args.json:
+        _write_json(_totals(counts, ResolveState, dry_run=args.dry_run))
+    elif args.dry_run:
         _say_dry_run(counts[ResolveState.WOULD_RESOLVE], "resolved", "written")
+    if args.dry_run:
         return 0
     # The audit line: who closed dead letters without a replay, and why.
     log_event(
@@ -489,6 +550,23 @@ def _say(result: ReplayResult | ResolveResult) -> None:
     (sys.stdout if settled else sys.stderr).write(line)
 
 
+def _say_json(result: ReplayResult | ResolveResult) -> None:
+    """One JSON object per record, all on stdout: a script reads one stream (the exit code
+    still says whether any record failed)."""
+    record, target = result.record, result.target
+    _write_json(
+        RecordResult(
+            partition=record.partition,
+            offset=record.offset,
+            result=result.state.value,
+            detail=result.detail,
+            target_topic=target.topic if target else None,
+            target_partition=target.partition if target else None,
+            target_offset=target.offset if target else None,
+        )
+    )
+
+
 _AGENT_COLUMNS = (
     "company_id",
     "membership_status",
@@ -511,8 +589,7 @@ def _agent_show(settings: Settings, agent_user_id: uuid.UUID, *, as_json: bool =
         rows = fetch_agent_rows(conn, agent_user_id)
     status = display_status((r.company_id, r.membership_status) for r in rows)
     if as_json:
-        shown = {"agent_user_id": agent_user_id, "display_status": status, "rows": rows}
-        sys.stdout.write(msgspec.json.encode(shown).decode() + "\n")
+        _write_json({"agent_user_id": agent_user_id, "display_status": status, "rows": rows})
         return 0
     values = [
         tuple("" if v is None else str(v) for v in (getattr(row, c) for c in _AGENT_COLUMNS))
@@ -522,10 +599,28 @@ def _agent_show(settings: Settings, agent_user_id: uuid.UUID, *, as_json: bool =
     return 0
 
 
-def _inbox_prune(settings: Settings, older_than: timedelta) -> int:
+class PruneResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What `inbox prune --json` prints."""
+
+    deleted: int
+    """The marks deleted; in a dry run, the marks the prune would delete."""
+    before: datetime
+    """The cut-off: marks processed before it go (dead-letter marks stay)."""
+    dry_run: bool
+
+
+def _inbox_prune(
+    settings: Settings, older_than: timedelta, *, dry_run: bool = False, as_json: bool = False
+) -> int:
+    now = datetime.now(UTC)
     with _connect(settings) as conn:
-        deleted = prune_inbox(conn, older_than, now=datetime.now(UTC))
-    log_event(_log, "inbox pruned", deleted=deleted, olderThan=str(older_than))
+        deleted = prune_inbox(conn, older_than, now=now, dry_run=dry_run)
+    if as_json:
+        _write_json(PruneResult(deleted=deleted, before=now - older_than, dry_run=dry_run))
+    elif dry_run:
+        sys.stdout.write(f"{deleted} mark(s) would be deleted (dry run: nothing deleted)\n")
+    if not dry_run:
+        log_event(_log, "inbox pruned", deleted=deleted, olderThan=str(older_than))
     return 0
 
 

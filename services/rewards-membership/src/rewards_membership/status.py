@@ -1,15 +1,20 @@
 """`rewards-membership status`: what an operator asks first, on one screen (or as one JSON
 object for scripts): the consumer group's lag on every partition of the topic, in records
-and in time, measured at the brokers, and the dead letters waiting for an operator.
+and in time, measured at the brokers, the partitions a consumer paused (why, since when,
+the next retry), and the dead letters waiting for an operator.
 
 Read from Kafka and the database at once, not from the consumers' gauges: it answers when
 every consumer is down, when the lag series are gone (the group's committed offsets stay on
-the brokers; the records behind them age). Which partitions a running consumer has paused is
-its own state (`rewards_membership_paused_partitions`, the RewardsMembershipPartitionPaused
-runbook): from outside, a paused partition shows as lag growing while others are consumed.
+the brokers; the records behind them age). A consumer that pauses a partition commits its
+position again with a note of the pause as the offset's metadata (`consumer.partitions.
+PauseNote`), read here with the offsets; the partition's next successful commit clears it.
+A note whose retry is long past names a consumer that stopped while the partition was
+paused (or a partition taken over and not yet committed by its new owner).
 """
 
 from __future__ import annotations
+
+import time
 
 import msgspec
 import psycopg
@@ -19,12 +24,28 @@ from rich.console import Group
 from pin_runtime.lag_watch.brokers import open_brokers
 from pin_runtime.lag_watch.lag import PartitionLag
 from pin_runtime.listing import Columns, Fields, Listing
+from rewards_membership.consumer.partitions import pause_note_of
 from rewards_membership.settings import SERVICE_NAME, Settings
 from rewards_membership.store import MembershipStore
 
-__all__ = ["ConsumerStatus", "consumer_status", "status_screen"]
+__all__ = ["ConsumerStatus", "PausedPartition", "consumer_status", "status_screen"]
 
 _REQUEST_TIMEOUT = 10.0
+
+
+class PausedPartition(msgspec.Struct, frozen=True, kw_only=True):
+    """A partition a consumer paused, as its note on the brokers says."""
+
+    partition: int
+    dependency: str
+    """What failed: postgresql, kafka (the DLQ)."""
+    reason: str
+    paused_seconds: float
+    """How long it has been paused, now."""
+    retry_in_seconds: float
+    """Seconds to its next retry (negative: overdue, its consumer is likely gone)."""
+    attempts: int
+    host: str
 
 
 class ConsumerStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,6 +58,7 @@ class ConsumerStatus(msgspec.Struct, frozen=True, kw_only=True):
     oldest_seconds: float | None
     """Age of the oldest record not committed (None: caught up)."""
     partitions: list[PartitionLag]
+    paused: list[PausedPartition]
     dead_letters_pending: int
     """Dead-lettered records neither replayed nor resolved (`dlq list`)."""
     dlq_topic: str
@@ -51,12 +73,27 @@ def consumer_status(settings: Settings, conn: psycopg.Connection[TupleRow]) -> C
     ) as brokers:
         partitions = brokers.lag_of(settings.group_id, settings.topic)
     ages = [p.seconds for p in partitions if p.seconds is not None]
+    now = time.time()
+    paused = [
+        PausedPartition(
+            partition=p.partition,
+            dependency=note.paused,
+            reason=note.reason,
+            paused_seconds=round(max(0.0, now - note.since), 1),
+            retry_in_seconds=round(note.retry_at - now, 1),
+            attempts=note.attempts,
+            host=note.host,
+        )
+        for p in partitions
+        if (note := pause_note_of(p.metadata)) is not None
+    ]
     return ConsumerStatus(
         group=settings.group_id,
         topic=settings.topic,
         lag_records=sum(p.records for p in partitions),
         oldest_seconds=max(ages, default=None),
         partitions=partitions,
+        paused=paused,
         dead_letters_pending=MembershipStore.count_unreplayed(conn),
         dlq_topic=settings.dlq_topic,
     )
@@ -75,6 +112,21 @@ _PARTITION_COLUMNS: Columns[PartitionLag] = {
 }
 
 
+_PAUSED_COLUMNS: Columns[PausedPartition] = {
+    "partition": lambda p: str(p.partition),
+    "dependency": lambda p: p.dependency,
+    "paused for": lambda p: _age(p.paused_seconds),
+    "next retry": lambda p: (
+        f"in {p.retry_in_seconds:.1f}s"
+        if p.retry_in_seconds >= 0
+        else f"overdue by {-p.retry_in_seconds:.1f}s"
+    ),
+    "attempts": lambda p: str(p.attempts),
+    "host": lambda p: p.host,
+    "reason": lambda p: p.reason,
+}
+
+
 def status_screen(status: ConsumerStatus) -> Group:
     pairs = [
         ("group", status.group),
@@ -86,7 +138,17 @@ def status_screen(status: ConsumerStatus) -> Group:
             + (" (dlq list)" if status.dead_letters_pending else ""),
         ),
     ]
-    return Group(
+    pairs.insert(
+        3,
+        (
+            "paused partitions",
+            ", ".join(str(p.partition) for p in status.paused) if status.paused else "none",
+        ),
+    )
+    parts: list[Fields | Listing] = [
         Fields(pairs, title="membership consumer"),
         Listing.of(status.partitions, _PARTITION_COLUMNS, title="partitions"),
-    )
+    ]
+    if status.paused:
+        parts.append(Listing.of(status.paused, _PAUSED_COLUMNS, title="paused partitions"))
+    return Group(*parts)

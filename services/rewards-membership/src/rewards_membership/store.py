@@ -267,9 +267,20 @@ def prune_inbox(
     *,
     now: datetime,
     chunk: int = 10_000,
+    dry_run: bool = False,
 ) -> int:
-    """Delete inbox marks processed before `now - older_than`, chunk by chunk; return count."""
-    before = now - older_than
+    """Delete inbox marks processed before `now - older_than`, chunk by chunk; return count.
+
+    `dry_run`: the same chunks inside one transaction, rolled back: exactly the marks the
+    prune would delete, nothing deleted (a chunk rolled back on its own would be found again
+    by the next one)."""
+    if dry_run:
+        with conn.transaction(force_rollback=True):
+            return _prune_chunks(conn, now - older_than, chunk)
+    return _prune_chunks(conn, now - older_than, chunk)
+
+
+def _prune_chunks(conn: psycopg.Connection[TupleRow], before: datetime, chunk: int) -> int:
     total = 0
     while True:
         with conn.transaction():

@@ -163,20 +163,27 @@ class Brokers:
     def _offsets(
         self, group: str, wanted: list[TopicPartition], timeout: float
     ) -> dict[Partition, int] | BrokerReadError:
+        answer = self._commits(group, wanted, timeout)
+        if isinstance(answer, BrokerReadError):
+            return answer
+        return {(tp.topic, tp.partition): int(tp.offset) for tp in answer}
+
+    def _commits(
+        self, group: str, wanted: list[TopicPartition], timeout: float
+    ) -> list[TopicPartition] | BrokerReadError:
+        """What `group` committed on `wanted`: offsets and the metadata committed with them."""
         reader = self._offsets_readers.get(group)
         try:
             if reader is None:
                 reader = self._offsets_readers[group] = self._new_offsets_reader(group)
-            answer = reader.committed(wanted, timeout=timeout)
+            answer: list[TopicPartition] = reader.committed(wanted, timeout=timeout)
         except KafkaException as exc:
             return BrokerReadError(f"offsets of group {group}", _reason(exc))
-        offsets: dict[Partition, int] = {}
         for tp in answer:
             if tp.error is not None:
                 reason = _reason(KafkaException(tp.error))
                 return BrokerReadError(f"offsets of group {group}", reason)
-            offsets[(tp.topic, tp.partition)] = int(tp.offset)
-        return offsets
+        return answer
 
     def watermarks(
         self, partitions: Sequence[Partition]
@@ -218,9 +225,11 @@ class Brokers:
         """`group`'s lag on every partition of `topic`, in records and in time, now;
         raises `BrokerReadError` when a read failed (a status shows no partial answer)."""
         numbers = self.partitions(topic)
-        offsets = self.committed([group], {topic: numbers})[group]
-        if isinstance(offsets, BrokerReadError):
-            raise offsets
+        commits = self._commits(group, [TopicPartition(topic, n) for n in numbers], self._timeout)
+        if isinstance(commits, BrokerReadError):
+            raise commits
+        offsets = {(tp.topic, tp.partition): int(tp.offset) for tp in commits}
+        notes = {tp.partition: tp.metadata for tp in commits if tp.metadata}
         marks = self.watermarks([(topic, n) for n in numbers])
         lags: list[tuple[int, int | None, int, int, int]] = []
         for number in numbers:
@@ -255,6 +264,7 @@ class Brokers:
                     if (topic, number, start) in stamps
                     else None
                 ),
+                metadata=notes.get(number),
             )
             for number, committed, high, records, start in lags
         ]

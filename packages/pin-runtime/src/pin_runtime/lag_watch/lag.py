@@ -66,6 +66,9 @@ class PartitionLag(msgspec.Struct, frozen=True, kw_only=True):
     records: int
     seconds: float | None
     """Age of the oldest unconsumed record (None: caught up, or its timestamp not read)."""
+    metadata: str | None = None
+    """What the group committed beside its offset (Kafka's offset commit metadata), if
+    anything: a consumer's own note on the partition, such as why it paused it."""
 
 
 class Reading(msgspec.Struct, frozen=True):

@@ -185,16 +185,26 @@ class EarlierOutcomes:
     def remember(
         self, records: Sequence[Message], outcomes: Sequence[Outcome], partitions: Collection[int]
     ) -> None:
+        """The outcomes of `partitions`' records, whose transaction committed and which are
+        not reported now. A duplicate is not remembered: in a retry it is what an earlier
+        try committed, whose outcome is remembered already (or was the first try's own)."""
+        if not partitions:
+            return
         for message, outcome in zip(records, outcomes, strict=True):
             if outcome is not Outcome.DUPLICATE and partition_of(message) in partitions:
                 self._by_position[_at(message)] = outcome
 
-    def take(self, records: Sequence[Message]) -> dict[Position, Outcome]:
-        """The remembered outcomes of these records, forgotten here."""
+    def take(
+        self, records: Sequence[Message], partitions: Collection[int]
+    ) -> dict[Position, Outcome]:
+        """The remembered outcomes of the records of `partitions` (those reported now),
+        forgotten here."""
         if not self._by_position:
             return {}
         return {
-            at: self._by_position.pop(at) for at in map(_at, records) if at in self._by_position
+            at: self._by_position.pop(at)
+            for at in map(_at, records)
+            if at[0] in partitions and at in self._by_position
         }
 
     def forget(self, partitions: Collection[int]) -> None:
@@ -297,7 +307,7 @@ class BatchFinisher:
                 for m, item, outcome in zip(batch.records, batch.items, outcomes, strict=True)
                 if type(item) is InvalidEvent and partition_of(m) in partitions
             ]
-            letters, receipts = self._dead_letter(kept)
+            letters, receipts = self._dead_letter(kept, batch.process.get_span_context())
             done = {p: batch.last[p] + 1 for p in partitions if p not in letters.failed}
             self.partitions.ledger.applied(done)
             self.partitions.commit(done, raise_errors=True)
@@ -317,6 +327,10 @@ class BatchFinisher:
             batch.process.end()
             self.fail({p: o for p, o in batch.first.items() if ours(p)}, exc)
             return None
+        # The partitions whose dead letter could not be written are read again, but their
+        # other records committed with the batch: their retry reports those as what they
+        # were (as after a failure above), not as duplicates of this try.
+        self.earlier.remember(batch.records, outcomes, letters.failed)
         for partition, failure in letters.failed.items():
             # Only this partition: its dead letter could not be written.
             self.fail({partition: batch.first[partition]}, DeliveryError(str(failure)), batch=False)
@@ -332,7 +346,9 @@ class BatchFinisher:
                 outcomes,
                 done,
                 receipts,
-                earlier=self.earlier.take(batch.records),
+                # Only the records reported now: a partition retried again keeps what its
+                # earlier try committed until that retry reports it.
+                earlier=self.earlier.take(batch.records, done),
             ),
             receipts=receipts,
             times=times,
@@ -340,7 +356,7 @@ class BatchFinisher:
         )
 
     def _dead_letter(
-        self, kept: Sequence[tuple[Message, Item, Outcome]]
+        self, kept: Sequence[tuple[Message, Item, Outcome]], batch: trace.SpanContext
     ) -> tuple[DeadLetterResult, dict[Position, Receipt]]:
         """Write the batch's dead letters, mark the acknowledged ones in the inbox; say where
         every invalid record of the batch is in the DLQ (taken now: a commit forgets it)."""
@@ -349,7 +365,7 @@ class BatchFinisher:
             for m, item, outcome in kept
             if isinstance(item, InvalidEvent) and outcome is Outcome.DEAD_LETTERED
         ]
-        letters = self.dead_letters.write(dead)
+        letters = self.dead_letters.write(dead, batch=batch)
         acknowledged = [item.key for m, item in dead if item.key and _at(m) in letters.acknowledged]
         self.database.mark_dead_lettered(acknowledged)
         receipts = {

@@ -7,15 +7,24 @@ consumer. Rebalance safety: the pause state of every assigned partition is state
 explicitly on assignment (librdkafka keeps a pause flag across a lost and re-assigned
 partition), applied offsets are committed on revoke, and everything known of a partition
 is forgotten when it leaves.
+
+A paused partition is also told to the brokers: its position is committed again with a
+`PauseNote` as the offset's metadata, which `rewards-membership status` reads with the
+group's offsets. The note stays on the brokers when the consumer is gone (the question
+"which partitions are stuck, why, since when" is asked then too) and the partition's next
+commit, after a batch of it succeeded, clears it.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+import msgspec
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from pin_runtime.backoff import Backoff
@@ -31,7 +40,7 @@ _REBALANCING: Final = frozenset(
     }
 )
 
-__all__ = ["PartitionControl"]
+__all__ = ["PartitionControl", "PauseNote", "pause_note_of"]
 
 _log = logging.getLogger("rewards_membership.consumer.loop")
 POSTGRESQL = "postgresql"
@@ -51,6 +60,40 @@ def seek_back(consumer: Consumer, tp: TopicPartition, *, pause: bool = False) ->
         )
         return False
     return True
+
+
+class PauseNote(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Why and since when a consumer paused a partition, committed as the metadata of the
+    partition's offset (compact JSON, well below the brokers' `offset.metadata.max.bytes`
+    of 4096)."""
+
+    paused: str
+    """The dependency that failed: postgresql, kafka (the DLQ)."""
+    reason: str
+    since: float
+    """Unix time (s) the partition was first paused (kept across its retries)."""
+    retry_at: float
+    """Unix time (s) of its next retry."""
+    attempts: int
+    host: str
+    """The consumer's host (its pod) that paused it."""
+
+
+_NOTE_REASON_CHARS: Final = 300
+_NOTE_TIMEOUT: Final = 5.0
+"""Seconds to learn the committed position of a paused partition that has nothing applied
+to commit (the failure path only, one request per pause)."""
+_NOTE_DECODER: Final = msgspec.json.Decoder(PauseNote)
+
+
+def pause_note_of(metadata: str | None) -> PauseNote | None:
+    """The note a consumer committed with a partition's offset; None for none or another's."""
+    if not metadata:
+        return None
+    try:
+        return _NOTE_DECODER.decode(metadata)
+    except msgspec.DecodeError:
+        return None
 
 
 class PartitionControl:
@@ -89,6 +132,7 @@ class PartitionControl:
             delays.append(round(pause.retry_at - now, 3))
         self._metrics.retries.labels(dependency).inc()
         self._metrics.paused_partitions.set(len(self.pauser.paused))
+        self._note(sorted(first), now)
         log_event(
             _log,
             event,
@@ -110,6 +154,7 @@ class PartitionControl:
         if waiting_db and not probe():
             for partition in waiting_db:
                 pause = self.pauser.postpone(partition, now=now)
+            self._note(waiting_db, now)
             self._metrics.retries.labels(POSTGRESQL).inc()
             log_event(
                 _log,
@@ -125,6 +170,61 @@ class PartitionControl:
             self.pauser.resume(due)
             log_event(_log, "partitions resumed", partitions=due)
         self._metrics.paused_partitions.set(len(self.pauser.paused))
+
+    def _note(self, partitions: Sequence[int], now: float) -> None:
+        """Commit each paused partition's position again with its `PauseNote`.
+
+        The position is where the partition resumes: the offset it was sought back to (the
+        failed batch's first record of it: everything before is finished, or this consumer
+        would never read it again), else what the ledger has applied, else what the group
+        committed last (asked of the brokers); a partition paused on assignment that the
+        group never committed gets no note. Never lower than the ledger's applied offset.
+        Best effort: a note that cannot be committed (the brokers are what failed) is
+        logged and the pause goes on.
+        """
+        pauses = {p: pause for p in partitions if (pause := self.pauser.get(p)) is not None}
+        if not pauses:
+            return
+        applied = self.ledger.committable(pauses)
+        offsets = dict(applied)
+        for partition, pause in pauses.items():
+            if pause.seek_to is not None:
+                offsets[partition] = max(pause.seek_to, offsets.get(partition, 0))
+        try:
+            unknown = [TopicPartition(self._topic, p) for p in pauses if p not in offsets]
+            if unknown:
+                for tp in self._consumer.committed(unknown, timeout=_NOTE_TIMEOUT):
+                    if tp.error is None and tp.offset >= 0:
+                        offsets[tp.partition] = tp.offset
+            wall = time.time() - now  # the pauser's clock is monotonic
+            host = socket.gethostname()
+            notes = [
+                TopicPartition(
+                    self._topic,
+                    partition,
+                    offset,
+                    metadata=msgspec.json.encode(
+                        PauseNote(
+                            paused=pauses[partition].dependency,
+                            reason=pauses[partition].reason[:_NOTE_REASON_CHARS],
+                            since=round(pauses[partition].since + wall, 3),
+                            retry_at=round(pauses[partition].retry_at + wall, 3),
+                            attempts=pauses[partition].attempts,
+                            host=host,
+                        )
+                    ).decode(),
+                )
+                for partition, offset in sorted(offsets.items())
+            ]
+            if notes:
+                self._consumer.commit(offsets=notes, asynchronous=False)
+        except KafkaException as exc:
+            log_event(_log, "pause note not committed", logging.WARNING, reason=str(exc))
+            return
+        # What the ledger had applied is committed now, as by `commit`.
+        self.ledger.committed(applied)
+        for partition, offset in applied.items():
+            self._on_committed(partition, offset)
 
     def _dependency(self, partition: int) -> str | None:
         pause = self.pauser.get(partition)

@@ -1,12 +1,18 @@
-"""Typed accessors of a consumed confluent-kafka `Message` (its getters are all optional)."""
+"""Typed accessors of a consumed confluent-kafka `Message` (its getters are all optional),
+and the fields every log line of its event carries (`event_fields`: the consumer's lines
+and the dead-letter writer's alike)."""
 
 from __future__ import annotations
 
+from typing import Any, Final
+
 from confluent_kafka import Message
+from opentelemetry import trace
 
-from pin_contracts import Headers
+from pin_contracts import TRACEPARENT_HEADER, Headers
+from rewards_membership.rules.validation import LOGGED_FIELDS, Item, MembershipChange
 
-__all__ = ["headers_of", "key_text", "offset_of", "partition_of", "topic_of"]
+__all__ = ["event_fields", "headers_of", "key_text", "offset_of", "partition_of", "topic_of"]
 
 
 def partition_of(message: Message) -> int:
@@ -45,3 +51,50 @@ def key_text(message: Message) -> str | None:
     if isinstance(key, bytes | bytearray | memoryview):
         return bytes(key).decode("utf-8", errors="replace")
     return str(key)
+
+
+def event_fields(item: Item, message: Message, batch: trace.SpanContext | None) -> dict[str, Any]:
+    """Every field the spec names for a log line of this event, and its correlation: its
+    CorrelationId and `trace_id` (its producer's, from its traceparent; else `batch`'s)."""
+    fields: dict[str, Any]
+    if isinstance(item, MembershipChange):
+        payload = item.payload
+        fields = {
+            "MessageId": item.message_id,
+            "AgentUserId": payload.agent_user_id,
+            "CompanyId": payload.company_id,
+            "Status": payload.status,
+            "Reason": payload.reason,
+            "Version": payload.version,
+            "MembershipId": payload.membership_id,
+            "CorrelationId": item.correlation_id,
+        }
+    else:
+        fields = {
+            "MessageId": item.message_id,
+            **dict.fromkeys(LOGGED_FIELDS),
+            "CorrelationId": None,
+            **item.fields,
+        }
+    fields["trace_id"] = _trace_id(message) or (
+        format(batch.trace_id, "032x") if batch is not None and batch.is_valid else None
+    )
+    return fields
+
+
+def _trace_id(message: Message) -> str | None:
+    """The trace id of the record's traceparent (`00-<trace id>-<span id>-<flags>`)."""
+    headers = message.headers()
+    if not headers:
+        return None
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    for name, value in pairs:
+        if name == TRACEPARENT_HEADER and isinstance(value, bytes) and len(value) >= _TRACE_END:
+            trace_id = value[3:_TRACE_END].decode("ascii", errors="replace")
+            return trace_id if trace_id != _NO_TRACE else None
+    return None
+
+
+_TRACE_END: Final = 35
+"""Where the trace id of a W3C traceparent ends (`00-` and 32 hex digits)."""
+_NO_TRACE: Final = "0" * 32

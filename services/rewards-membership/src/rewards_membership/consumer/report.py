@@ -15,21 +15,19 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any
 
 from confluent_kafka import Message
 from opentelemetry import trace
 
-from pin_contracts import TRACEPARENT_HEADER
 from pin_runtime.logging import log_event
-from rewards_membership.consumer.records import key_text, offset_of, partition_of
+from rewards_membership.consumer.records import event_fields, key_text, offset_of, partition_of
 from rewards_membership.consumer.spans import BatchSpans, BatchTimes
 from rewards_membership.dlq.writer import Position, Receipt
 from rewards_membership.metrics import Metrics, contract_version_label
 from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import (
     EXPECTED_CONTRACT_VERSION,
-    LOGGED_FIELDS,
     InvalidEvent,
     Item,
     MembershipChange,
@@ -55,7 +53,7 @@ class BatchReporter:
             log_event(
                 _log,
                 "consumed",
-                **_event_fields(item, message, None),
+                **event_fields(item, message, None),
                 partition=partition_of(message),
                 offset=offset_of(message),
             )
@@ -89,12 +87,12 @@ class BatchReporter:
                 if quiet and item.contract_version == EXPECTED_CONTRACT_VERSION:
                     counts[(outcome, item.status.value)] += 1
                 else:
-                    fields = _event_fields(item, message, batch_context)
+                    fields = event_fields(item, message, batch_context)
                     self._report_change(item, outcome, counts, fields, info=info)
                 if earliest is None or item.occurred_at < earliest:
                     earliest = item.occurred_at
             elif isinstance(item, InvalidEvent):
-                fields = _event_fields(item, message, batch_context)
+                fields = event_fields(item, message, batch_context)
                 self._report_invalid(message, item, outcome, receipts, counts, fields=fields)
                 _, timestamp_ms = message.timestamp()
                 event_time = timestamp_ms / 1000.0 if timestamp_ms > 0 else now
@@ -188,49 +186,3 @@ class BatchReporter:
                 metrics.skipped_stale.inc(n)
             else:
                 metrics.skipped_duplicate.inc(n)
-
-
-def _event_fields(item: Item, message: Message, batch: trace.SpanContext | None) -> dict[str, Any]:
-    """Every field the spec names for a log line of this event, and its correlation."""
-    fields: dict[str, Any]
-    if isinstance(item, MembershipChange):
-        payload = item.payload
-        fields = {
-            "MessageId": item.message_id,
-            "AgentUserId": payload.agent_user_id,
-            "CompanyId": payload.company_id,
-            "Status": payload.status,
-            "Reason": payload.reason,
-            "Version": payload.version,
-            "MembershipId": payload.membership_id,
-            "CorrelationId": item.correlation_id,
-        }
-    else:
-        fields = {
-            "MessageId": item.message_id,
-            **dict.fromkeys(LOGGED_FIELDS),
-            "CorrelationId": None,
-            **item.fields,
-        }
-    fields["trace_id"] = _trace_id(message) or (
-        format(batch.trace_id, "032x") if batch is not None and batch.is_valid else None
-    )
-    return fields
-
-
-def _trace_id(message: Message) -> str | None:
-    """The trace id of the record's traceparent (`00-<trace id>-<span id>-<flags>`)."""
-    headers = message.headers()
-    if not headers:
-        return None
-    pairs = headers.items() if isinstance(headers, dict) else headers
-    for name, value in pairs:
-        if name == TRACEPARENT_HEADER and isinstance(value, bytes) and len(value) >= _TRACE_END:
-            trace_id = value[3:_TRACE_END].decode("ascii", errors="replace")
-            return trace_id if trace_id != _NO_TRACE else None
-    return None
-
-
-_TRACE_END: Final = 35
-"""Where the trace id of a W3C traceparent ends (`00-` and 32 hex digits)."""
-_NO_TRACE: Final = "0" * 32

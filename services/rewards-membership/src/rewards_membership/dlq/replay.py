@@ -30,6 +30,7 @@ from rewards_membership.dlq.topic import (
     DeadLetterRecord,
     Handled,
     OriginalUnavailable,
+    Target,
     read_original,
 )
 from rewards_membership.rules.validation import InvalidEvent, position_key, validate
@@ -109,7 +110,9 @@ class Replayer(DeadLetterPass):
                 copies.append(prepared)
         if copies and dry_run:
             for copy in copies:
-                yield ReplayResult(copy.record, ReplayState.WOULD_REPLAY, f"to {copy.topic}")
+                yield ReplayResult(
+                    copy.record, ReplayState.WOULD_REPLAY, f"to {copy.topic}", Target(copy.topic)
+                )
         elif copies:
             yield from self._send(copies, force=force)
 
@@ -188,7 +191,10 @@ class Replayer(DeadLetterPass):
             if position in targets:
                 target = targets[position]
                 yield ReplayResult(
-                    copy.record, ReplayState.REPLAYED, f"to {copy.topic}[{target[0]}]@{target[1]}"
+                    copy.record,
+                    ReplayState.REPLAYED,
+                    f"to {copy.topic}[{target[0]}]@{target[1]}",
+                    Target(copy.topic, *target),
                 )
             else:
                 failure = tracker.failures.get(position)

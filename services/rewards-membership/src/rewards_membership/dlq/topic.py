@@ -36,6 +36,7 @@ __all__ = [
     "DeadLetterRecord",
     "Handled",
     "OriginalUnavailable",
+    "Target",
     "dead_letter_at",
     "dead_letter_info",
     "partitions_holding",
@@ -91,6 +92,15 @@ class DeadLetterRecord:
 S = TypeVar("S", bound=StrEnum)
 
 
+class Target(NamedTuple):
+    """Where a replay sent (or, in a dry run, would send) a dead letter's copy."""
+
+    topic: str
+    partition: int | None = None
+    """None until the broker acknowledged the copy."""
+    offset: int | None = None
+
+
 # No slots: a generic frozen dataclass with slots cannot be built through its alias
 # (`Handled[ReplayState](...)`) on Python 3.11.
 @dataclass(frozen=True)
@@ -100,6 +110,8 @@ class Handled(Generic[S]):
     record: DeadLetterRecord
     state: S
     detail: str = ""
+    target: Target | None = None
+    """Where its copy went (`dlq replay`)."""
 
 
 def _record(message: Message) -> DeadLetterRecord:

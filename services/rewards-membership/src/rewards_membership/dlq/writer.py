@@ -18,11 +18,12 @@ from typing import Final
 
 import msgspec
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from opentelemetry import trace
 
 from pin_contracts import Headers
 from pin_runtime.delivery import DeliveryFailure, DeliveryTracker
 from pin_runtime.logging import log_event
-from rewards_membership.consumer.records import headers_of, offset_of, partition_of
+from rewards_membership.consumer.records import event_fields, headers_of, offset_of, partition_of
 from rewards_membership.dlq.reference import reference_for, reference_headers, sha256_hex
 from rewards_membership.dlq.topic import dead_letter_info
 from rewards_membership.rules.validation import InvalidEvent
@@ -70,12 +71,16 @@ class DeadLetterer:
     _partitions: int | None = field(init=False, default=None)
     _acknowledged: dict[Position, Receipt] = field(init=False, default_factory=dict)
 
-    def write(self, records: Sequence[Item]) -> DeadLetterResult:
-        """Produce what is not in the DLQ yet, wait for the broker, say what landed."""
+    def write(
+        self, records: Sequence[Item], *, batch: trace.SpanContext | None = None
+    ) -> DeadLetterResult:
+        """Produce what is not in the DLQ yet, wait for the broker, say what landed.
+        `batch`: the span of the batch the records came in (the trace of a log line about a
+        record without a traceparent of its own, as in the batch's other lines)."""
         result = DeadLetterResult()
         todo = [item for item in records if _position(item[0]) not in self._acknowledged]
         if todo:
-            self._send(todo, result)
+            self._send(todo, result, batch)
         for message, _ in records:
             receipt = self._acknowledged.get(_position(message))
             if receipt is not None:
@@ -92,7 +97,9 @@ class DeadLetterer:
             if below is None or position[1] < below:
                 del self._acknowledged[position]
 
-    def _send(self, todo: Sequence[Item], result: DeadLetterResult) -> None:
+    def _send(
+        self, todo: Sequence[Item], result: DeadLetterResult, batch: trace.SpanContext | None
+    ) -> None:
         count = self._partition_count()
         if count is None:
             failure = DeliveryFailure(
@@ -113,7 +120,7 @@ class DeadLetterer:
         second: dict[Position, DeliveryFailure] = {}
         if refused:
             replacements = []
-            for message, _ in todo:
+            for message, invalid in todo:
                 position = _position(message)
                 refusal = refused.get(position)
                 if refusal is None:
@@ -126,6 +133,7 @@ class DeadLetterer:
                     _log,
                     "dead-letter-value-replaced",
                     logging.WARNING,
+                    **event_fields(invalid, message, batch),
                     partition=position[0],
                     offset=position[1],
                     size=len(message.value() or b""),
