@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
@@ -41,9 +42,8 @@ def test_role_of_2500_users_changes_permissions(
 
         row = task_row(system, task)
         assert (row["processed_count"], row["attempt_count"]) == (USERS, 1)
-        shown = system.identity_cli("tasks", "show", str(task)).stdout
-        assert "Completed" in shown
-        assert str(USERS) in shown
+        shown = json.loads(system.identity_cli("tasks", "show", str(task), "--json").stdout)
+        assert (shown["task"]["status"], shown["task"]["processed_count"]) == ("Completed", USERS)
 
         metrics = worker.metrics()
         assert metrics["identity_access_fanout_users_total"] == USERS

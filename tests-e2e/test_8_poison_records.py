@@ -141,9 +141,12 @@ def test_one_poison_record_on_each_side_stops_nothing(
         [quarantined] = [msgspec.json.decode(line) for line in listed.splitlines()]
         assert quarantined["error_reason"] == "too-large", quarantined
         assert quarantined["key"] == str(whale), quarantined
-        shown = system.identity_cli("outbox", "quarantine", "show", str(quarantined["id"])).stdout
-        assert str(whale) in shown, shown
-        assert "MSG_SIZE_TOO_LARGE" in shown, shown
+        shown = msgspec.json.decode(
+            system.identity_cli(
+                "outbox", "quarantine", "show", str(quarantined["id"]), "--json"
+            ).stdout
+        )
+        assert (shown["key"], shown["error_code"]) == (str(whale), "MSG_SIZE_TOO_LARGE"), shown
         expected = expected_snapshots(system.identity_dsn, others)
         delivery = analyse_access(system.access_records(), users=expected, version=change.version)
         assert delivery.lost == [], delivery

@@ -104,8 +104,7 @@ def fan_out(worker: Service, dsn: str, bootstrap: str) -> None:
     answer = worker.run(
         "roles", "set-permissions", str(role), "deals.read", "deals.approve", "--json"
     )
-    # Read back from --json (stdout also carries the command's log lines).
-    [change] = [c for line in answer.splitlines() if "mode" in (c := json.loads(line))]
+    change = json.loads(answer)  # --json: the result alone on stdout (the log is on stderr)
     console.print(
         f"role {change['role_id']}: version {change['version']}, {change['mode']}, "
         f"task {change['task_id']}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,10 +37,6 @@ __all__ = [
     "task_row",
 ]
 
-_CLI_LINE = re.compile(
-    r"role (?P<role>\S+): version (?P<version>\d+), (?P<mode>\w+)(.*task (?P<task>\S+))?"
-)
-
 
 def seed_role(system: System, *, users: int, code: str) -> tuple[UUID, list[UUID]]:
     """A role held by ``users`` new users (each with two other roles), committed."""
@@ -52,7 +48,8 @@ def seed_role(system: System, *, users: int, code: str) -> tuple[UUID, list[UUID
 
 @dataclass(frozen=True, slots=True)
 class RoleChange:
-    """What ``roles set-permissions`` printed: the new Version, inline or queued, the task."""
+    """What ``roles set-permissions --json`` printed: the new Version, inline or queued, the
+    task."""
 
     role: UUID
     version: int
@@ -61,15 +58,14 @@ class RoleChange:
 
 
 def change_role_permissions(system: System, role: UUID, code: str) -> RoleChange:
-    """``identity-fanout roles set-permissions`` as an operator types it."""
+    """``identity-fanout roles set-permissions`` as a script runs it (``--json``)."""
     out = system.identity_cli(
-        "roles", "set-permissions", str(role), f"{code}.read", f"{code}.write"
+        "roles", "set-permissions", str(role), f"{code}.read", f"{code}.write", "--json"
     )
-    match = _CLI_LINE.search(out.stdout)
-    assert match is not None, out.stdout
-    task = match.group("task")
+    change = json.loads(out.stdout)
+    task = change["task_id"]
     return RoleChange(
-        role, int(match.group("version")), match.group("mode"), UUID(task) if task else None
+        UUID(change["role_id"]), change["version"], change["mode"], UUID(task) if task else None
     )
 
 

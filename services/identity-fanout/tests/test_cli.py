@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import subprocess
 import sys
 import uuid
@@ -117,21 +119,25 @@ def test_operator_session(identity_dsn: str, operator_dsn: str) -> None:
         add_permissions(db, ["docs.read", "docs.write"])
 
     as_owner = env | {"IDENTITY_FANOUT_DATABASE_DSN": identity_dsn}
-    migrated = run("migrate", env=as_owner).stdout.splitlines()
-    # What the command says, after its JSON log lines (the runtime roles re-granted).
-    assert [line for line in migrated if not line.startswith("{")] == ["schema is up to date"]
+    migrated = run("migrate", env=as_owner)
+    # What the command says, alone on stdout (its log lines, the runtime roles re-granted,
+    # are on stderr).
+    assert migrated.stdout.splitlines() == ["schema is up to date"], migrated.stderr
 
-    changed = run("roles", "set-permissions", str(role), "docs.read", "docs.write", env=env)
+    changed = run(
+        "roles", "set-permissions", str(role), "docs.read", "docs.write", "--json", env=env
+    )
     assert changed.returncode == 0, changed.stderr
-    assert "version 2, queued" in changed.stdout
-    task_id = changed.stdout.strip().rsplit(" ", 1)[-1]
+    change = json.loads(changed.stdout)
+    assert (change["version"], change["mode"]) == (2, "queued")
+    task_id = change["task_id"]
 
-    listed = run("tasks", "list", "--status", "Pending", env=env)
+    listed = run("tasks", "list", "--status", "Pending", "--json", env=env)
     assert listed.returncode == 0
-    assert task_id[:8] in listed.stdout
+    assert task_id in [json.loads(line)["id"] for line in listed.stdout.splitlines()]
 
-    shown = run("tasks", "show", task_id, env=env)
-    assert "RolePermissionsChanged" in shown.stdout
+    shown = run("tasks", "show", task_id, "--json", env=env)
+    assert json.loads(shown.stdout)["task"]["reason"] == "RolePermissionsChanged"
 
     refused = run("tasks", "replay", task_id, env=env)
     assert refused.returncode == 1
@@ -148,6 +154,15 @@ def test_operator_session(identity_dsn: str, operator_dsn: str) -> None:
         1,
         "error: unknown permission code(s): nope",
     )
+
+
+def test_version_is_one_line_on_stdout() -> None:
+    result = run("--version", env={"PIN_BUILD_REVISION": "abc1234"})
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    [line] = result.stdout.splitlines()
+    version = importlib.metadata.version("identity-fanout")
+    assert line.startswith(f"identity-fanout {version} (revision abc1234, pin-contracts "), line
 
 
 def test_database_down_is_one_line_not_a_traceback() -> None:

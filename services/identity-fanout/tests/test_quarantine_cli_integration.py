@@ -1,5 +1,6 @@
-"""`identity-fanout outbox quarantine list | show | retry ID | retry --all` as an operator
-runs them (a real PostgreSQL; rows are refused through the store the relay uses)."""
+"""`identity-fanout outbox quarantine list | show | retry ID | retry --all | discard` as an
+operator (and a script, `--json`) runs them (a real PostgreSQL; rows are refused through the
+store the relay uses)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from psycopg.rows import TupleRow, dict_row
 from relay_support import QUARANTINE
 
+from identity_fanout.outbox.quarantine import QuarantinedRow
 from identity_fanout.outbox.records import OutboxRecord
 from identity_fanout.outbox.settlement import Refusal
 from identity_fanout.outbox.writer import OutboxMessage
@@ -79,7 +81,7 @@ def outbox_ids(db: Conn) -> list[int]:
 def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn: str) -> None:
     empty = run(operator_dsn, "list")
     assert empty.returncode == 0, empty.stderr
-    assert "outbox quarantine" in empty.stdout
+    assert "outbox quarantine" in empty.stdout  # the operator's table, its title even empty
 
     first_user, second_user = uuid.uuid4(), uuid.uuid4()
     refuse(db, "pin.identity.access.v1", first_user, TOO_LARGE)
@@ -87,40 +89,41 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn
     assert outbox_ids(db) == []
     first, second = QUARANTINE.rows(db)
 
-    listed = run(operator_dsn, "list")
+    listed = run(operator_dsn, "list", "--json")
     assert listed.returncode == 0, listed.stderr
-    for text in (
-        str(first_user),
-        str(second_user),
-        "MSG_SIZE_TOO_LARGE",
-        "too-large",
-        "topic-authorization",
-        "Broker: Message size too large",
-        "5000",  # the size of the value
-        "pin.identity.access.v1",
-    ):
-        assert text in listed.stdout, text
-
-    scripted = run(operator_dsn, "list", "--json")
-    assert scripted.returncode == 0, scripted.stderr
-    decoded = [msgspec.json.decode(line) for line in scripted.stdout.splitlines()]
-    assert [(r["id"], r["key"], r["error_reason"]) for r in decoded] == [
-        (first.id, str(first_user), "too-large"),
-        (second.id, str(second_user), "topic-authorization"),
+    decoded = [
+        msgspec.json.decode(line, type=QuarantinedRow) for line in listed.stdout.splitlines()
+    ]
+    assert decoded == [first, second]
+    assert [
+        (r.key, r.topic, r.error_code, r.error_reason, r.error_message, r.size) for r in decoded
+    ] == [
+        (
+            str(first_user),
+            "pin.identity.access.v1",
+            "MSG_SIZE_TOO_LARGE",
+            "too-large",
+            "Broker: Message size too large",
+            5000,  # the size of the value
+        ),
+        (
+            str(second_user),
+            "pin.identity.access.v1",
+            "TOPIC_AUTHORIZATION_FAILED",
+            "topic-authorization",
+            "Broker: Topic authorization failed",
+            5000,
+        ),
     ]
 
-    status = cli(operator_dsn, "outbox", "status")
+    status = cli(operator_dsn, "outbox", "status", "--json")
     assert status.returncode == 0, status.stderr
-    assert "quarantined pin.identity.access.v1" in status.stdout
-    assert "2 (outbox quarantine list)" in status.stdout
+    assert msgspec.json.decode(status.stdout)["quarantined"] == {"pin.identity.access.v1": 2}
 
-    scripted_one = run(operator_dsn, "show", str(first.id), "--json")
-    assert msgspec.json.decode(scripted_one.stdout)["id"] == first.id
-    shown = run(operator_dsn, "show", str(first.id))
+    shown = run(operator_dsn, "show", str(first.id), "--json")
     assert shown.returncode == 0, shown.stderr
-    assert str(first.message_id) in shown.stdout
-    assert "first_failed_at" in shown.stdout
-    assert "header pin-message-id" in shown.stdout
+    assert msgspec.json.decode(shown.stdout, type=QuarantinedRow) == first  # every field
+    assert first.headers == (("pin-message-id", "m"),)
 
     missing = run(operator_dsn, "show", "999999")
     assert (missing.returncode, missing.stderr.strip()) == (1, "error: no quarantined row 999999")
@@ -135,27 +138,40 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn
     # Listening like the relay: a retry wakes it at once.
     with psycopg.connect(identity_dsn, autocommit=True) as listener:
         listener.execute("LISTEN identity_outbox")
-        retried = run(operator_dsn, "retry", str(first.id))
+        retried = run(operator_dsn, "retry", str(first.id), "--json")
         assert retried.returncode == 0, retried.stderr
         assert list(listener.notifies(timeout=5, stop_after=1)), "no NOTIFY for the relay"
     [requeued] = outbox_ids(db)
     assert requeued > second.outbox_id  # the tail of the outbox, under a new id
-    assert retried.stdout.strip() == (
-        f"quarantined row {first.id} is back in the outbox as id {requeued} "
-        f"(topic pin.identity.access.v1, key {first_user}, 1 refusal(s) so far)"
-    )
+    assert msgspec.json.decode(retried.stdout) == {
+        "action": "retry",
+        "dry_run": False,
+        "count": 1,
+        "ids": [first.id],
+        "rows": [
+            {
+                "quarantine_id": first.id,
+                "outbox_id": requeued,
+                "topic": "pin.identity.access.v1",
+                "key": str(first_user),
+                "attempts": 1,
+            }
+        ],
+    }
     [row] = db.execute(
         "SELECT quarantine_attempts, first_failed_at, payload FROM identity.outbox"
     ).fetchall()
     assert (row[0], row[1], bytes(row[2])) == (1, first.first_failed_at, b"x" * 5000)
     assert [q.id for q in QUARANTINE.rows(db)] == [second.id]
 
-    everything = run(operator_dsn, "retry", "--all")
+    everything = run(operator_dsn, "retry", "--all", "--json")
     assert everything.returncode == 0, everything.stderr
-    assert "1 row(s) back in the outbox" in everything.stdout
+    done = msgspec.json.decode(everything.stdout)
+    assert (done["dry_run"], done["count"], done["ids"]) == (False, 1, [second.id])
     assert QUARANTINE.rows(db) == []
     assert len(outbox_ids(db)) == 2
-    nothing = run(operator_dsn, "retry", "--all")
+    assert [r["outbox_id"] for r in done["rows"]] == outbox_ids(db)[1:]
+    nothing = run(operator_dsn, "retry", "--all")  # the operator's line
     assert (nothing.returncode, nothing.stdout.strip()) == (0, "0 row(s) back in the outbox")
 
 
@@ -163,22 +179,35 @@ def test_a_dry_run_of_retry_names_the_rows_and_moves_nothing(db: Conn, operator_
     for _ in range(2):
         refuse(db, "pin.identity.access.v1", uuid.uuid4(), TOO_LARGE)
     first, second = QUARANTINE.rows(db)
-    preview = run(operator_dsn, "retry", "--all", "--dry-run")
+    preview = run(operator_dsn, "retry", "--all", "--dry-run", "--json")
     assert preview.returncode == 0, preview.stderr
-    for row in (first, second):
-        assert f"quarantined row {row.id} would go back to the outbox" in preview.stdout
-    assert "2 row(s) would be back in the outbox (dry run: nothing changed)" in preview.stdout
-    one = run(operator_dsn, "retry", str(first.id), "--dry-run")
+    would = msgspec.json.decode(preview.stdout)
+    assert (would["dry_run"], would["count"], would["ids"]) == (True, 2, [first.id, second.id])
+    # The outbox ids it would have used are not shown: the sequence moved, the rows did not.
+    assert [(r["key"], r["outbox_id"]) for r in would["rows"]] == [
+        (first.key, None),
+        (second.key, None),
+    ]
+    scripted = run(operator_dsn, "retry", str(first.id), "--dry-run", "--json")
+    assert scripted.returncode == 0, scripted.stderr
+    would = msgspec.json.decode(scripted.stdout)
+    assert (would["dry_run"], would["count"], would["ids"]) == (True, 1, [first.id])
+    one = run(operator_dsn, "retry", str(first.id), "--dry-run")  # the operator's lines
     assert one.returncode == 0, one.stderr
-    assert f"would put quarantined row {first.id} back in the outbox" in one.stdout
+    assert one.stdout.splitlines() == [
+        f"would put quarantined row {first.id} back in the outbox",
+        "1 row(s) would be back in the outbox (dry run: nothing changed)",
+    ]
+    missing = run(operator_dsn, "retry", "999999", "--dry-run", "--json")
+    assert (missing.returncode, missing.stdout) == (1, "")
     assert QUARANTINE.rows(db) == [first, second]
     assert outbox_ids(db) == []
 
 
 def audit_lines(result: CommandResult) -> list[dict[str, Any]]:
-    """The CLI's `outbox quarantined row discarded` lines (JSON on stdout, with every log
-    line of the CLI; stderr: failures only)."""
-    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    """The CLI's `outbox quarantined row discarded` lines (JSON log lines, on stderr with
+    every log line of the CLI and its error line: stdout is the command's result alone)."""
+    lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     return [line for line in lines if line.get("event") == "outbox quarantined row discarded"]
 
 
@@ -225,20 +254,30 @@ def test_discarding_an_access_event_needs_force_and_leaves_an_audit(
     # row gone, no audit row, no audit line.
     unforced_preview = run(operator_dsn, "discard", "--all", "--reason", "drill", "--dry-run")
     assert unforced_preview.returncode == 2, unforced_preview.stderr
-    preview = run(operator_dsn, "discard", "--all", "--reason", "drill", "--force", "--dry-run")
+    preview = run(
+        operator_dsn, "discard", "--all", "--reason", "drill", "--force", "--dry-run", "--json"
+    )
     assert preview.returncode == 0, preview.stderr
-    assert f"quarantined row {third.id} would be discarded" in preview.stdout
-    assert "3 row(s) would be discarded (dry run: nothing changed)" in preview.stdout
+    would = msgspec.json.decode(preview.stdout)
+    assert (would["action"], would["dry_run"], would["count"]) == ("discard", True, 3)
+    assert would["ids"] == [first.id, second.id, third.id]
     assert audit_lines(preview) == []
     assert [q.id for q in QUARANTINE.rows(db)] == [first.id, second.id, third.id]
     assert audit_rows(db) == []
 
     one = run(
-        operator_dsn, "discard", str(first.id), "--reason", "access reloaded by hand", "--force"
+        operator_dsn,
+        "discard",
+        str(first.id),
+        "--reason",
+        "access reloaded by hand",
+        "--force",
+        "--json",
     )
     assert one.returncode == 0, one.stderr
-    assert f"quarantined row {first.id} discarded" in one.stdout
-    assert str(first_user) in one.stdout
+    done = msgspec.json.decode(one.stdout)
+    assert (done["dry_run"], done["count"], done["ids"]) == (False, 1, [first.id])
+    assert [(r["quarantine_id"], r["key"]) for r in done["rows"]] == [(first.id, str(first_user))]
     [line] = audit_lines(one)
     [login] = db.execute(
         "SELECT rolname FROM pg_roles WHERE rolname = %s",
@@ -282,7 +321,15 @@ def test_discarding_an_access_event_needs_force_and_leaves_an_audit(
 
     rest = run(operator_dsn, "discard", "--all", "--reason", "drill", "--force")
     assert rest.returncode == 0, rest.stderr
-    assert "2 row(s) discarded" in rest.stdout
+    # The operator's lines: one per row, then the count.
+    assert rest.stdout.splitlines() == [
+        *(
+            f"quarantined row {row.id} discarded (topic pin.identity.access.v1, key {row.key}, "
+            "too-large, 1 refusal(s))"
+            for row in (second, third)
+        ),
+        "2 row(s) discarded",
+    ]
     assert len(audit_lines(rest)) == 2
     assert QUARANTINE.rows(db) == []
     assert outbox_ids(db) == []  # discarded, not sent again

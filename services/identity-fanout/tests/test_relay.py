@@ -122,7 +122,7 @@ def test_publishes_exact_records_keeps_writer_trace_and_empties_outbox(
     assert by_id == {}
 
     [span] = exporter.get_finished_spans()
-    assert span.kind is SpanKind.PRODUCER
+    assert span.kind is SpanKind.CLIENT
     assert span.name == f"send {topic.name}"
     assert span.attributes is not None
     assert span.attributes["messaging.system"] == "kafka"

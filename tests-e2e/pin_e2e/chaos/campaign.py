@@ -9,6 +9,7 @@ it must (`faults.PAGES`) while it lasted.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -244,8 +245,11 @@ def _settle_poison(system: ChaosSystem, player: _Player, prometheus: PrometheusS
     """The operator's part: the poison records can never go through; once dealt with, the
     relay's row is discarded and the dead letters are resolved (not replayed), and their
     alerts must resolve."""
-    system.base.identity_cli("outbox", "quarantine", "discard", "--all", "--reason", "chaos")
-    player.note("quarantined rows discarded by the operator")
+    discarded = system.base.identity_cli(
+        "outbox", "quarantine", "discard", "--all", "--reason", "chaos", "--json"
+    )
+    count = json.loads(discarded.stdout)["count"]
+    player.note(f"{count} quarantined rows discarded by the operator")
     # The campaign's own broker holds the DLQ (the base system's settings name another).
     resolved = system.base.rewards_cli(
         "dlq",
@@ -253,9 +257,11 @@ def _settle_poison(system: ChaosSystem, player: _Player, prometheus: PrometheusS
         "--all",
         "--reason",
         "chaos poison records",
+        "--json",
         KAFKA_BOOTSTRAP=system.bootstrap,
     )
-    player.note(f"{resolved.stdout.count(': resolved:')} dead letters resolved by the operator")
+    totals = json.loads(resolved.stdout.splitlines()[-1])  # the last line: the totals
+    player.note(f"{totals['results']['resolved']} dead letters resolved by the operator")
     try:
         wait_until(
             lambda: not (prometheus.firing() & POISON_ALERTS),

@@ -24,10 +24,12 @@ from identity_fanout.fanout.queue import get_task, list_shards, list_tasks, repl
 from identity_fanout.membership import command as membership_command
 from identity_fanout.ops.outbox import outbox_status, status_table
 from identity_fanout.ops.quarantine import (
+    discarded,
     discarded_line,
     quarantine_detail,
     quarantine_table,
     requeued_line,
+    retried,
 )
 from identity_fanout.ops.status import status_screen, system_status
 from identity_fanout.ops.tasks import shards_table, task_detail, tasks_table
@@ -82,6 +84,15 @@ def _dry_run(command: argparse.ArgumentParser) -> None:
         "--dry-run",
         action="store_true",
         help="show the rows it would change (the same statement, rolled back); change nothing",
+    )
+
+
+def _changed_json(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object (for scripts): the rows changed (or would be), their count, "
+        "whether it was a dry run",
     )
 
 
@@ -153,6 +164,7 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("row_id", type=_positive, nargs="?", metavar="ID")
     which.add_argument("--all", action="store_true", help="every quarantined row")
     _dry_run(q_retry)
+    _changed_json(q_retry)
     q_discard = quarantine.add_parser(
         "discard",
         help="delete a quarantined row (or all) for good, after its key was dealt with "
@@ -174,6 +186,7 @@ def _parser() -> argparse.ArgumentParser:
         "revocation of a user's access",
     )
     _dry_run(q_discard)
+    _changed_json(q_discard)
 
     membership_command.add_commands(commands, uuid_argument)
     return parser
@@ -183,9 +196,14 @@ def _show(value: T, screen: Callable[[T], RenderableType], *, as_json: bool) -> 
     """A status for an operator (rich), or with `--json` for a script: one JSON document
     on its own line, nothing else on stdout."""
     if as_json:
-        sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+        _json(value)
     else:
         _console.print(screen(value))
+
+
+def _json(value: object) -> None:
+    """What every `--json` prints: one msgspec-encoded document on its own line."""
+    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
 
 
 def _changed(count: int, what: str, *, dry_run: bool) -> str:
@@ -216,38 +234,60 @@ def _outbox(
     elif args.quarantine_command == "show":
         _show(quarantine.get(conn, args.row_id), quarantine_detail, as_json=args.json)
     elif args.quarantine_command == "discard":
-        try:
-            discarded = quarantine.discard(
-                conn,
-                None if args.all else args.row_id,
-                reason=args.reason,
-                operator=Operator.of_this_process(),
-                force=args.force,
-                dry_run=args.dry_run,
-            )
-        except DiscardNeedsForceError as exc:  # a flag missing for these rows: bad usage
-            error_line(f"error: {exc}")
-            return USAGE_EXIT_CODE
-        for gone in discarded:
-            _console.print(
-                discarded_line(gone, dry_run=args.dry_run), markup=False, highlight=False
-            )
-        _console.print(_changed(len(discarded), "discarded", dry_run=args.dry_run), markup=False)
-    elif args.all:
-        requeued = quarantine.retry_all(conn, dry_run=args.dry_run)
-        for row in requeued:
-            _console.print(requeued_line(row, dry_run=args.dry_run), markup=False, highlight=False)
-        _console.print(
-            _changed(len(requeued), "back in the outbox", dry_run=args.dry_run), markup=False
-        )
-    elif args.dry_run:
-        named = quarantine.get(conn, args.row_id)  # one named row: what it is, nothing moved
-        _console.print(f"would put quarantined row {named.id} back in the outbox", markup=False)
-        _console.print(_changed(1, "back in the outbox", dry_run=True), markup=False)
+        return _discard(conn, quarantine, args)
     else:
-        row = quarantine.retry(conn, args.row_id)
-        _console.print(requeued_line(row), markup=False, highlight=False)
+        _retry(conn, quarantine, args)
     return None
+
+
+def _discard(
+    conn: psycopg.Connection[TupleRow], quarantine: Quarantine, args: argparse.Namespace
+) -> int | None:
+    try:
+        gone_rows = quarantine.discard(
+            conn,
+            None if args.all else args.row_id,
+            reason=args.reason,
+            operator=Operator.of_this_process(),
+            force=args.force,
+            dry_run=args.dry_run,
+        )
+    except DiscardNeedsForceError as exc:  # a flag missing for these rows: bad usage
+        error_line(f"error: {exc}")
+        return USAGE_EXIT_CODE
+    if args.json:
+        _json(discarded(gone_rows, dry_run=args.dry_run))
+        return None
+    for gone in gone_rows:
+        _console.print(discarded_line(gone, dry_run=args.dry_run), markup=False, highlight=False)
+    _console.print(_changed(len(gone_rows), "discarded", dry_run=args.dry_run), markup=False)
+    return None
+
+
+def _retry(
+    conn: psycopg.Connection[TupleRow], quarantine: Quarantine, args: argparse.Namespace
+) -> None:
+    if not args.all:
+        row = quarantine.retry(conn, args.row_id, dry_run=args.dry_run)
+        if args.json:
+            _json(retried([row], dry_run=args.dry_run))
+        elif args.dry_run:  # one named row: what it is, nothing moved
+            _console.print(
+                f"would put quarantined row {row.quarantine_id} back in the outbox", markup=False
+            )
+            _console.print(_changed(1, "back in the outbox", dry_run=True), markup=False)
+        else:
+            _console.print(requeued_line(row), markup=False, highlight=False)
+        return
+    requeued = quarantine.retry_all(conn, dry_run=args.dry_run)
+    if args.json:
+        _json(retried(requeued, dry_run=args.dry_run))
+        return
+    for row in requeued:
+        _console.print(requeued_line(row, dry_run=args.dry_run), markup=False, highlight=False)
+    _console.print(
+        _changed(len(requeued), "back in the outbox", dry_run=args.dry_run), markup=False
+    )
 
 
 def _tasks(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> None:

@@ -1,15 +1,27 @@
-"""`identity-fanout outbox quarantine list/show`: why each row is there, as tables."""
+"""`identity-fanout outbox quarantine list/show`: why each row is there, as tables; and what
+`retry`/`discard` did (a line per row, or with `--json` one `QuarantineChange`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Final
+from typing import Final, Generic, Literal, TypeVar
+
+import msgspec
 
 from identity_fanout.outbox.quarantine import DiscardedRow, QuarantinedRow, RequeuedRow
 from pin_runtime.listing import Columns, Fields, Listing, timestamp_cell
 
-__all__ = ["discarded_line", "quarantine_detail", "quarantine_table", "requeued_line"]
+__all__ = [
+    "QuarantineChange",
+    "RetriedRow",
+    "discarded",
+    "discarded_line",
+    "quarantine_detail",
+    "quarantine_table",
+    "requeued_line",
+    "retried",
+]
 
 
 _QUARANTINE_COLUMNS: Final[Columns[QuarantinedRow]] = {
@@ -47,6 +59,62 @@ def discarded_line(row: DiscardedRow, *, dry_run: bool = False) -> str:
     return (
         f"quarantined row {row.quarantine_id} {'would be discarded' if dry_run else 'discarded'} "
         f"(topic {row.topic}, key {row.key}, {row.error_reason}, {row.attempts} refusal(s))"
+    )
+
+
+class RetriedRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A row `retry` put back in the outbox (or with `--dry-run`, would put back)."""
+
+    quarantine_id: int
+    outbox_id: int | None
+    """Its new id in the outbox; null in a dry run (the sequence moved, the row did not)."""
+    topic: str
+    key: str
+    attempts: int
+    """Refusals so far."""
+
+
+R = TypeVar("R", RetriedRow, DiscardedRow)
+
+
+class QuarantineChange(msgspec.Struct, Generic[R], frozen=True, kw_only=True):
+    """What `outbox quarantine retry|discard --json` print: one document for the whole
+    command. With `dry_run`, the rows the same statement would change (nothing changed)."""
+
+    action: Literal["retry", "discard"]
+    dry_run: bool
+    count: int
+    ids: tuple[int, ...]
+    """The rows' quarantine ids, in the order they were refused."""
+    rows: tuple[R, ...]
+
+
+def retried(rows: Sequence[RequeuedRow], *, dry_run: bool) -> QuarantineChange[RetriedRow]:
+    return QuarantineChange(
+        action="retry",
+        dry_run=dry_run,
+        count=len(rows),
+        ids=tuple(r.quarantine_id for r in rows),
+        rows=tuple(
+            RetriedRow(
+                quarantine_id=r.quarantine_id,
+                outbox_id=None if dry_run else r.outbox_id,
+                topic=r.topic,
+                key=r.key,
+                attempts=r.attempts,
+            )
+            for r in rows
+        ),
+    )
+
+
+def discarded(rows: Sequence[DiscardedRow], *, dry_run: bool) -> QuarantineChange[DiscardedRow]:
+    return QuarantineChange(
+        action="discard",
+        dry_run=dry_run,
+        count=len(rows),
+        ids=tuple(r.quarantine_id for r in rows),
+        rows=tuple(rows),
     )
 
 

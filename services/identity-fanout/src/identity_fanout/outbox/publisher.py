@@ -96,8 +96,9 @@ class Publisher:
         now = time.monotonic()
         produced = True
         name, attributes = _span(records, self._client_id)
+        # CLIENT: the writing transaction, not this send, is the messages' creation context.
         with self._tracer.start_as_current_span(
-            name, kind=SpanKind.PRODUCER, attributes=attributes, links=span_links(records)
+            name, kind=SpanKind.CLIENT, attributes=attributes, links=span_links(records)
         ) as span:
             window.add(records, now)
             send, report = producer.produce, window.on_delivery  # bound once per read

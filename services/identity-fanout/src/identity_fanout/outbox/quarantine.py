@@ -228,9 +228,13 @@ class Quarantine:
                 notify(conn, self.tables.channel)
         return rows
 
-    def retry(self, conn: psycopg.Connection[TupleRow], row_id: int) -> RequeuedRow:
-        """Row `row_id` back to the tail of the outbox; `QuarantinedRowNotFoundError` if absent."""
-        moved = self._requeue_rows(conn, ids=[row_id], everything=False)
+    def retry(
+        self, conn: psycopg.Connection[TupleRow], row_id: int, *, dry_run: bool = False
+    ) -> RequeuedRow:
+        """Row `row_id` back to the tail of the outbox; `QuarantinedRowNotFoundError` if absent.
+
+        `dry_run`: the same statement, rolled back (as `retry_all`'s)."""
+        moved = self._requeue_rows(conn, ids=[row_id], everything=False, dry_run=dry_run)
         if not moved:
             raise QuarantinedRowNotFoundError(row_id)
         return moved[0]
