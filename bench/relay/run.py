@@ -19,16 +19,23 @@ could reach here if its own process cost no more than the plain producer: the pl
 CPU per row (client + broker) over the relay side's with the client's part replaced by the
 plain producer's (plain client + relay's broker + PostgreSQL).
 
-    uv run python bench/relay/run.py [--rows 50000] [--rounds 2] [--lanes 8]
+The same drain is then run by several relay instances sharing the lanes (`--relays`, 4 by
+default, each holding its share before the rows commit), and the PostgreSQL CPU per row of
+their backends compared with one relay's. Target: at most 1.15x (each relay reads only its
+own lanes' rows, so more relays do not tax each other).
+
+    uv run python bench/relay/run.py [--rows 50000] [--rounds 2] [--lanes 8] [--relays 1 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 
 import msgspec
 import psycopg
@@ -67,39 +74,65 @@ from pin_testkit.service import ServiceProcess, service_environment
 from pin_testkit.topics import TopicFactory
 from pin_testkit.waiting import wait_until
 
-console = Console()
+console = Console(width=max(120, Console().width))
+"""Wide enough for the table when the output is a file or a pipe (`make bench | tee`)."""
 PARTITIONS = 6
 TARGET = 0.7
 """The relay's rate at least this share of the plain producer's, on the same records."""
 
 
-RELAY_CPU: list[float] = []
-"""CPU seconds the relay process used during each drain (all its threads)."""
-PLAIN_CPU: list[float] = []
-"""CPU seconds the plain producer (this process, every thread) used for each send."""
-BROKER_CPU: dict[str, list[float]] = {"plain": [], "relay": []}
-"""CPU seconds of the local Kafka broker during each send and each drain (empty when the
+PLAIN = "plain"
+"""The side of the plain producer in the figures below; a relay side is named `side(n)`."""
+SECONDS: dict[str, list[float]] = {}
+"""Seconds of each send (PLAIN) and each drain (`side(n)`), per round."""
+CLIENT_CPU: dict[str, list[float]] = {}
+"""CPU seconds of the plain producer's process, or of every relay process together (all
+their threads, librdkafka's included), during each send and each drain."""
+BROKER_CPU: dict[str, list[float]] = {}
+"""CPU seconds of the local Kafka broker during each send and each drain (none when the
 broker runs elsewhere)."""
-BUSY: dict[str, list[float]] = {"plain": [], "relay": []}
+DATABASE_CPU: dict[str, list[float]] = {}
+"""CPU seconds the relays' PostgreSQL backends used during each drain (read only where the
+server runs on this machine: its backends' /proc entries; none otherwise)."""
+SESSION_CPU: dict[tuple[str, str], list[float]] = {}
+"""DATABASE_CPU split by the session it served: (side, LANES or DELETES)."""
+LANES, DELETES = "the lanes' sessions (reads, backlog, locks)", "the deleters' sessions"
+BUSY: dict[str, list[float]] = {}
 """Share of the machine's CPU busy (anyone's work) during each send and each drain."""
-DATABASE_CPU: list[float] = []
-"""CPU seconds the relay's PostgreSQL backends used during each drain (read only where the
-server runs on this machine: its backends' /proc entries; empty otherwise)."""
+TAX_TARGET = 1.15
+"""PostgreSQL CPU per published row with several relays at most this many times that of one
+relay: relays sharing the lanes do not tax each other."""
 
 
-def backend_cpu(db: psycopg.Connection[tuple[object, ...]]) -> dict[int, float]:
-    """CPU seconds per backend of this database other than `db`'s own (the relay's)."""
+def side(instances: int) -> str:
+    return "relay" if instances == 1 else f"{instances} relays"
+
+
+def backend_cpu(db: psycopg.Connection[tuple[object, ...]]) -> dict[int, tuple[str, float]]:
+    """Per backend of this database other than `db`'s own (the relays'): which session it
+    serves (DELETES: a deleter's, by its application_name; LANES: the lanes' session, which
+    reads, counts the backlog and holds the locks) and its CPU seconds so far."""
     rows = db.execute(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database()"
         " AND pid <> pg_backend_pid()"
     ).fetchall()
-    cpu: dict[int, float] = {}
-    for (pid,) in rows:
+    cpu: dict[int, tuple[str, float]] = {}
+    for pid, name in rows:
         try:
-            cpu[int(str(pid))] = cpu_seconds(int(str(pid)))
+            kind = DELETES if "-delete@" in str(name) else LANES
+            cpu[int(str(pid))] = (kind, cpu_seconds(int(str(pid))))
         except OSError:  # gone, or the server runs elsewhere
             continue
     return cpu
+
+
+def spent_by_session(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    spent = dict.fromkeys((LANES, DELETES), 0.0)
+    for pid, (kind, seconds) in after.items():
+        spent[kind] += seconds - before.get(pid, (kind, 0.0))[1]
+    return spent
 
 
 def create_topic(topics: TopicFactory) -> Topic:
@@ -149,9 +182,10 @@ class Accounting:
         self._machine = machine_jiffies()
 
     def done(self) -> None:
-        BUSY[self._side].append(busy_share(self._machine, machine_jiffies()))
+        BUSY.setdefault(self._side, []).append(busy_share(self._machine, machine_jiffies()))
         if self._broker:
-            BROKER_CPU[self._side].append(cpu_seconds(self._broker) - self._broker_cpu)
+            spent = cpu_seconds(self._broker) - self._broker_cpu
+            BROKER_CPU.setdefault(self._side, []).append(spent)
 
 
 def plain_producer(bootstrap: str, topic: Topic, batch: list[OutboxMessage]) -> float:
@@ -173,7 +207,7 @@ def plain_producer(bootstrap: str, topic: Topic, batch: list[OutboxMessage]) -> 
             failed.append(error)
 
     producer.list_topics(topic.name, timeout=10)  # connected and warm, like the idle relay
-    broker = Accounting(bootstrap, "plain")
+    broker = Accounting(bootstrap, PLAIN)
     started, cpu_before = time.monotonic(), time.process_time()
     for key, value, headers in records:
         while True:
@@ -187,7 +221,8 @@ def plain_producer(bootstrap: str, topic: Topic, batch: list[OutboxMessage]) -> 
         producer.poll(0)
     remaining = producer.flush(120)
     took = time.monotonic() - started
-    PLAIN_CPU.append(time.process_time() - cpu_before)
+    CLIENT_CPU.setdefault(PLAIN, []).append(time.process_time() - cpu_before)
+    SECONDS.setdefault(PLAIN, []).append(took)
     broker.done()
     if remaining or failed:
         raise RuntimeError(f"plain producer: {remaining} unsent, {len(failed)} failed")
@@ -195,50 +230,72 @@ def plain_producer(bootstrap: str, topic: Topic, batch: list[OutboxMessage]) -> 
 
 
 def relay_drain(
-    dsn: str, bootstrap: str, topic: Topic, batch: list[OutboxMessage], lanes: int
+    dsn: str,
+    bootstrap: str,
+    topic: Topic,
+    batch: list[OutboxMessage],
+    lanes: int,
+    *,
+    instances: int = 1,
 ) -> float:
-    """Seconds from the commit of `batch` to the relay deleting its last row."""
-    port = free_port()
-    relay = ServiceProcess(
-        name="relay",
-        program="identity-fanout",
-        args=("relay",),
-        env=service_environment(
-            IDENTITY_FANOUT_DATABASE_DSN=dsn,
-            IDENTITY_FANOUT_KAFKA_BOOTSTRAP=bootstrap,
-            IDENTITY_FANOUT_METRICS_PORT=str(port),
-            IDENTITY_FANOUT_LOG_LEVEL="WARNING",
-            IDENTITY_FANOUT_OUTBOX_LANES=str(lanes),
-        ),
-        metrics_port=port,
-    )
-    with relay.start(), psycopg.connect(dsn, autocommit=True) as db:
-        relay.wait_ready(60)
-        time.sleep(1.0)  # its first look at the lanes (they are free: it takes them all)
+    """Seconds from the commit of `batch` to the relays deleting its last row, with
+    `instances` relay processes sharing the lanes (each ready and holding its share)."""
+    relays = [
+        ServiceProcess(
+            name=f"relay-{n}",
+            program="identity-fanout",
+            args=("relay",),
+            env=service_environment(
+                IDENTITY_FANOUT_DATABASE_DSN=dsn,
+                IDENTITY_FANOUT_KAFKA_BOOTSTRAP=bootstrap,
+                IDENTITY_FANOUT_METRICS_PORT=str(port),
+                IDENTITY_FANOUT_LOG_LEVEL="WARNING",
+                IDENTITY_FANOUT_OUTBOX_LANES=str(lanes),
+            ),
+            metrics_port=port,
+        )
+        for n, port in enumerate(free_port() for _ in range(instances))
+    ]
+    share = -(-lanes // instances)  # each relay holds at most ceil(lanes / instances)
+
+    def lanes_shared() -> bool:
+        held = [r.metric("identity_outbox_lanes_held") for r in relays]
+        return sum(held) == lanes and max(held) <= share
+
+    with contextlib.ExitStack() as stack, psycopg.connect(dsn, autocommit=True) as db:
+        for relay in relays:
+            stack.enter_context(relay.start())
+        for relay in relays:
+            relay.wait_ready(60)
+        wait_until(lanes_shared, 60, "the lanes shared by the relays", alive=relays)
         with db.transaction():
             OUTBOX.write(db, batch)
-        started, cpu_before = time.monotonic(), cpu_seconds(relay.pid)
+        started = time.monotonic()
+        cpu_before = sum(cpu_seconds(r.pid) for r in relays)
         database_before = backend_cpu(db)
-        broker = Accounting(bootstrap, "relay")
-        # Watched on its metrics (`identity_outbox_published_total`, counted after each
-        # DELETE) every 50 ms: a count(*) every few ms would load the database the relay
-        # reads from, and scraping it more often would take the relay's own CPU.
+        broker = Accounting(bootstrap, side(instances))
+        # Watched on their metrics (`identity_outbox_published_total`, counted after each
+        # DELETE) every 50 ms: a count(*) every few ms would load the database the relays
+        # read from, and scraping them more often would take the relays' own CPU.
         wait_until(
-            lambda: relay.metric("identity_outbox_published_total") >= len(batch),
+            lambda: sum(r.metric("identity_outbox_published_total") for r in relays) >= len(batch),
             300,
             "the batch published",
-            alive=[relay],
+            alive=relays,
         )
         took = time.monotonic() - started
-        RELAY_CPU.append(cpu_seconds(relay.pid) - cpu_before)
+        spent = sum(cpu_seconds(r.pid) for r in relays) - cpu_before
+        CLIENT_CPU.setdefault(side(instances), []).append(spent)
+        SECONDS.setdefault(side(instances), []).append(took)
         broker.done()
         database_after = backend_cpu(db)
         if database_after:
-            DATABASE_CPU.append(
-                sum(t - database_before.get(pid, 0.0) for pid, t in database_after.items())
-            )
+            sessions = spent_by_session(database_before, database_after)
+            DATABASE_CPU.setdefault(side(instances), []).append(sum(sessions.values()))
+            for kind, seconds in sessions.items():
+                SESSION_CPU.setdefault((side(instances), kind), []).append(seconds)
         if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
-            raise RuntimeError("the relay reported more rows than it deleted")
+            raise RuntimeError("the relays reported more rows than they deleted")
         return took
 
 
@@ -247,13 +304,19 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--lanes", type=int, default=8)
+    parser.add_argument(
+        "--relays",
+        type=int,
+        nargs="+",
+        default=[1, 4],
+        help="relay instances sharing the lanes in each round (1 is always measured)",
+    )
     args = parser.parse_args()
+    counts = sorted({1, *args.relays})
 
     services = environment_or_local()
     admin_dsn, bootstrap = services.postgres_dsn, services.kafka_bootstrap
     topics = TopicFactory(bootstrap, prefix="pin-bench-relay")
-    plain: list[float] = []
-    relay: list[float] = []
     with temporary_database(admin_dsn, "pin_bench_relay") as dsn:
         try:
             migrate_database(dsn)
@@ -263,15 +326,15 @@ def main() -> None:
             size = sum(len(m.value) for m in batch) / len(batch)
             for round_ in range(args.rounds):
                 with console.status(f"round {round_ + 1}: plain producer"):
-                    topic = create_topic(topics)
-                    plain.append(plain_producer(bootstrap, topic, batch))
-                with console.status(f"round {round_ + 1}: relay"):
-                    topic = create_topic(topics)
-                    moved = [msg_for(m, topic) for m in batch]
-                    relay.append(relay_drain(dsn, bootstrap, topic, moved, args.lanes))
+                    plain_producer(bootstrap, create_topic(topics), batch)
+                for instances in counts:
+                    with console.status(f"round {round_ + 1}: {side(instances)}"):
+                        topic = create_topic(topics)
+                        moved = [msg_for(m, topic) for m in batch]
+                        relay_drain(dsn, bootstrap, topic, moved, args.lanes, instances=instances)
         finally:
             topics.delete_all()
-    report(args.rows, size, args.lanes, plain, relay)
+    report(args.rows, size, args.lanes, counts)
 
 
 def msg_for(message: OutboxMessage, topic: Topic) -> OutboxMessage:
@@ -279,64 +342,90 @@ def msg_for(message: OutboxMessage, topic: Topic) -> OutboxMessage:
     return msgspec.structs.replace(message, topic=topic.name)
 
 
-def report(rows: int, size: float, lanes: int, plain: list[float], relay: list[float]) -> None:
+def report(rows: int, size: float, lanes: int, counts: list[int]) -> None:
+    sides = [PLAIN, *map(side, counts)]
     table = Table(
         title=f"identity-fanout relay: drain {rows:,} outbox rows (~{size:.0f} B each, "
-        f"acks=all, idempotent, {COMPRESSION}; {lanes} lanes, one instance; "
+        f"acks=all, idempotent, {COMPRESSION}; {lanes} lanes; "
         f"{os.cpu_count()} cores shared with PostgreSQL and Kafka)",
         title_justify="left",
     )
-    for column in ("measure", "seconds (rounds)", "best rows/s", "ratio", "target"):
-        table.add_column(column, justify="left" if column == "measure" else "right")
-    plain_rate, relay_rate = rows / min(plain), rows / min(relay)
-    table.add_row(
-        "plain confluent-kafka producer",
-        ", ".join(f"{t:.2f}" for t in plain),
-        f"{plain_rate:,.0f}",
-        "1.00",
-        "",
-    )
-    table.add_row(
-        "relay (commit -> last row deleted)",
-        ", ".join(f"{t:.2f}" for t in relay),
-        f"{relay_rate:,.0f}",
-        f"{relay_rate / plain_rate:.2f}",
-        f">= {TARGET:.2f}",
-    )
-    table.add_row(
-        "relay process CPU during the drain",
-        ", ".join(f"{t:.2f}" for t in RELAY_CPU),
-        "",
-        "",
-        "",
-    )
-    for label, seconds in (
-        ("plain producer CPU-s per 100,000 rows", PLAIN_CPU),
-        ("broker CPU-s per 100,000 rows, plain", BROKER_CPU["plain"]),
-        ("relay CPU-s per 100,000 rows", RELAY_CPU),
-        ("its PostgreSQL backends' CPU-s per 100,000 rows", DATABASE_CPU),
-        ("broker CPU-s per 100,000 rows, relay", BROKER_CPU["relay"]),
-    ):
-        if seconds:
-            per_row = ", ".join(f"{t * 100_000 / rows:.2f}" for t in seconds)
-            table.add_row(label, per_row, "", "", "")
-    for side in ("plain", "relay"):
-        busy = ", ".join(f"{b:.0%}" for b in BUSY[side])
-        table.add_row(f"machine busy during the {side} runs", busy, "", "", "")
+    table.add_column("measure (per 100,000 rows: CPU-s)")
+    for name in sides:
+        table.add_column(name, justify="right")
+    table.add_column("target", justify="right")
+    rate = {name: rows / min(SECONDS[name]) for name in sides}
     ceiling = cpu_ceiling()
+
+    def rounds(figures: dict[str, list[float]], shown: Callable[[float], str]) -> list[str]:
+        return [", ".join(map(shown, figures.get(name, []))) or "-" for name in sides]
+
+    def per_row(t: float) -> str:
+        return f"{t * 100_000 / rows:.2f}"
+
+    table.add_row("seconds (rounds)", *rounds(SECONDS, lambda t: f"{t:.2f}"), "")
+    table.add_row("best rows/s", *(f"{rate[name]:,.0f}" for name in sides), "")
+    table.add_row(
+        "ratio to the plain producer",
+        *(f"{rate[name] / rate[PLAIN]:.2f}" for name in sides),
+        f">= {TARGET:.2f} (1 relay)",
+    )
     if ceiling is not None:
-        table.add_row("CPU-bound ceiling of the ratio on these cores", "", "", f"{ceiling:.2f}", "")
+        table.add_row(
+            "  CPU-bound ceiling of the ratio here",
+            *["", f"{ceiling:.2f}"],
+            *[""] * (len(sides) - 1),
+        )
+    table.add_row("producing process(es)", *rounds(CLIENT_CPU, per_row), "")
+    table.add_row("Kafka broker", *rounds(BROKER_CPU, per_row), "")
+    table.add_row("the relays' PostgreSQL backends", *rounds(DATABASE_CPU, per_row), "")
+    for kind in (LANES, DELETES):
+        by_side = {name: SESSION_CPU.get((name, kind), []) for name in sides}
+        table.add_row(f"  of which {kind}", *rounds(by_side, per_row), "")
+    taxes = {n: tax(n) for n in counts if n > 1}
+    table.add_row(
+        "  PostgreSQL per row vs 1 relay",
+        *["", "1.00"],
+        *(f"{taxes[n]:.2f}x" if taxes[n] is not None else "-" for n in counts[1:]),
+        f"<= {TAX_TARGET:.2f}x",
+    )
+    table.add_row("machine busy", *rounds(BUSY, lambda b: f"{b:.0%}"), "")
     console.print(table)
     record(
         Comparison.rate(
             f"2. relay drain, {rows:,} outbox rows, one instance, {lanes} lanes",
-            Figure("relay (commit -> last row deleted)", relay_rate),
-            Figure("plain confluent-kafka producer", plain_rate),
+            Figure("relay (commit -> last row deleted)", rate[side(1)]),
+            Figure("plain confluent-kafka producer", rate[PLAIN]),
             unit="rows/s",
             target=TARGET,
-            note=f"best of {len(relay)} rounds each"
+            note=f"best of {len(SECONDS[PLAIN])} rounds each"
             + ("" if ceiling is None else f"; CPU-bound ceiling here {ceiling:.2f}"),
         )
+    )
+    for instances in counts[1:]:
+        if DATABASE_CPU.get(side(instances)) and DATABASE_CPU.get(side(1)):
+            record(
+                Comparison.duration(
+                    f"2. relays do not tax each other: PostgreSQL CPU-s per 100,000 rows, "
+                    f"{instances} relays vs 1",
+                    Figure(side(instances), median_per_row(side(instances), rows)),
+                    Figure(side(1), median_per_row(side(1), rows)),
+                    target=TAX_TARGET,
+                    note=f"median of {len(DATABASE_CPU[side(1)])} rounds each",
+                )
+            )
+
+
+def median_per_row(name: str, rows: int) -> float:
+    return statistics.median(DATABASE_CPU[name]) * 100_000 / rows
+
+
+def tax(instances: int) -> float | None:
+    """PostgreSQL CPU per row with `instances` relays over that of one (medians)."""
+    if not (DATABASE_CPU.get(side(instances)) and DATABASE_CPU.get(side(1))):
+        return None
+    return statistics.median(DATABASE_CPU[side(instances)]) / statistics.median(
+        DATABASE_CPU[side(1)]
     )
 
 
@@ -344,11 +433,12 @@ def cpu_ceiling() -> float | None:
     """The highest relay/plain ratio a relay costing the plain producer's client CPU per row
     could reach while both sides keep the cores busy (medians of the rounds); None without
     the broker's or PostgreSQL's figures."""
-    if not (BROKER_CPU["plain"] and BROKER_CPU["relay"] and DATABASE_CPU):
+    one = side(1)
+    if not (BROKER_CPU.get(PLAIN) and BROKER_CPU.get(one) and DATABASE_CPU.get(one)):
         return None
-    client = statistics.median(PLAIN_CPU)
-    plain = client + statistics.median(BROKER_CPU["plain"])
-    relay = client + statistics.median(BROKER_CPU["relay"]) + statistics.median(DATABASE_CPU)
+    client = statistics.median(CLIENT_CPU[PLAIN])
+    plain = client + statistics.median(BROKER_CPU[PLAIN])
+    relay = client + statistics.median(BROKER_CPU[one]) + statistics.median(DATABASE_CPU[one])
     return plain / relay
 
 

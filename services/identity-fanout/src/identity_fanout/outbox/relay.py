@@ -72,8 +72,10 @@ __all__ = [
 
 LOCK_RETRY_INTERVAL: Final = 2.0
 """Seconds between an instance's looks at the lanes: its take-over and hand-over delay."""
-GAUGES_IDLE_INTERVAL: Final = 1.0
-"""Seconds between an idle instance's refreshes of the backlog gauges (at each look too)."""
+GAUGES_INTERVAL: Final = 2.0
+"""Seconds between an instance's refreshes of the backlog gauges, times the instances
+running: every instance reports the whole outbox, so the fleet counts it once per this
+interval however many run (docs/design/identity-fanout.md "Relays side by side")."""
 COMPRESSION: Final[Compression] = "zstd"
 """zstd makes a 20,000-assignment snapshot 6.4x smaller (lz4: 3.5x) for ~40 ms of CPU: the
 broker's limit applies to the compressed batch (docs/design/identity-fanout.md "Sizes")."""
@@ -85,8 +87,8 @@ class Rounds:
 
     A round starts with the connection and, every `lock_retry_interval` (or when forced), a
     look at the lanes (rebalance); it ends with the pump's tally taken, the backlog gauges
-    refreshed when due (at each look, after a quarantine, when idle at most once per
-    `GAUGES_IDLE_INTERVAL`), the pause for a refusal
+    refreshed when due (at the first round, after a quarantine, and every `GAUGES_INTERVAL`
+    times the instances running), the pause for a refusal
     of the cluster decided (`pause.next_pause`) and reported on a change, readiness set
     from the round's outcome and the result kept as `last_round`.
     """
@@ -99,8 +101,7 @@ class Rounds:
     _: KW_ONLY
     look_interval: float
     _next_look: float = field(init=False, default=0.0)
-    _gauges_due: bool = field(init=False, default=False)
-    _refreshed_at: float = field(init=False, default=-GAUGES_IDLE_INTERVAL)
+    _refreshed_at: float | None = field(init=False, default=None)
     last_round: RoundResult | None = field(init=False, default=None)
     pause: Pause | None = field(init=False, default=None)
     """The refusal of the cluster the relay waits out now (None: not paused)."""
@@ -112,7 +113,6 @@ class Rounds:
         if force or now >= self._next_look:
             self._next_look = now + self.look_interval
             self.session.rebalance()
-            self._gauges_due = True
         return conn
 
     def finish(self, conn: psycopg.Connection[TupleRow]) -> RoundResult:
@@ -120,19 +120,17 @@ class Rounds:
         if idle:
             self.pump.flush()  # nothing else to do: the last deletes
         result = self.pump.take_tally()
-        # After the step (the backlog it left): at each look, on a quarantine, and when idle
-        # at most once per GAUGES_IDLE_INTERVAL. Not at every idle step: a relay goes idle
-        # after each writer's commit it answered, and every instance counts the whole
-        # outbox, so with 8 instances the counts were the relays' costliest statement
-        # (docs/design/identity-fanout.md "Relays side by side").
+        # After the step (the backlog it left): at the first round, on a quarantine, and
+        # every GAUGES_INTERVAL times the instances running. Every instance counts the
+        # whole outbox (any one of them shows it, and a stuck one cannot hide the others'
+        # backlog), so a fixed interval per instance made the counts grow with the
+        # instances: with 8 they were the relays' costliest statement in a drain, 10-40 ms
+        # each over the dead rows at the outbox's head (docs/design/identity-fanout.md
+        # "Relays side by side").
         now = time.monotonic()
-        if (
-            self._gauges_due
-            or result.quarantined
-            or (idle and now - self._refreshed_at >= GAUGES_IDLE_INTERVAL)
-        ):
+        interval = GAUGES_INTERVAL * self.session.instances
+        if self._refreshed_at is None or result.quarantined or now - self._refreshed_at >= interval:
             self._refreshed_at = now
-            self._gauges_due = False
             self.gauges.refresh(conn)
         result.active = bool(self.session.lanes)
         # Only a read that found nothing shows that nothing waits: a step inside a read's

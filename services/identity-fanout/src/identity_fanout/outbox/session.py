@@ -81,6 +81,8 @@ class LaneSession:
         self._foreign_seen: set[tuple[int, str | None, str | None]] = set()
         self._probe = probe or (lambda _event, _lane: None)
         self._held: set[int] = set()
+        self.instances = 1
+        """Relay instances running, as the last look counted them (this one included)."""
         self._releasing: set[int] = set()
         self._standby_logged = False
 
@@ -118,6 +120,7 @@ class LaneSession:
                 self._lane_locks, {"class": self._lane_class, "members": self._member_class}
             ).fetchall()
         members = relay_instances(locks)
+        self.instances = max(1, members)
         # A slot any other session holds is not free, whoever holds it: a foreign holder is
         # reported, never raced.
         others = {lk.key % self._lanes for lk in locks if not lk.member and lk.pid != me}
