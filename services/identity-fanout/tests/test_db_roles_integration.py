@@ -117,7 +117,10 @@ def test_migrate_without_createrole_names_the_roles_to_create(postgres_admin_dsn
     try:
         refused = run_cli("identity-fanout", ["migrate"], env, timeout=60, check=False)
         assert refused.returncode == 1, refused.stderr
-        [line] = refused.stderr.strip().splitlines()
+        # The failure's one line comes last; the command's JSON log lines (stderr, too: its
+        # stdout is only ever its result) come before it.
+        *logged, line = refused.stderr.strip().splitlines()
+        assert all(entry.startswith("{") for entry in logged), logged
         assert line.startswith("error: database role(s) ")
         assert ", ".join(roles) in line
         assert f"CREATE ROLE {prefix}identity_fanout_worker NOLOGIN" in line

@@ -1,7 +1,8 @@
 """The shape every service's composition root has: one way to run a command, one runtime.
 
 - `run_command` maps what a command raises to the process's exit code and ONE line on
-  stderr, never a traceback that could quote a DSN: a bad setting is exit 2 (`config error:
+  stderr (its last: the command's JSON log lines may precede it), never a traceback that
+  could quote a DSN: a bad setting is exit 2 (`config error:
   VARIABLE: reason`, as `settings.settings_or_exit`); a refused migration or a domain error
   of the service is exit 1 (`error: ...`); a database that cannot be reached is exit 1
   (`error: database unavailable: <first line of the driver's message>`), and so is a
