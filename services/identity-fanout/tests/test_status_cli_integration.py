@@ -59,6 +59,10 @@ def test_status_shows_a_split_task_a_waiting_one_and_what_the_outbox_holds(
     assert shown["outbox"]["by_topic"] == {"pin.identity.access.v1": 10}
     assert shown["outbox"]["relay_active"] is False
     assert sum(shown["outbox"]["backlog_by_lane"].values()) == 10
+    # Each lane with rows says how long its oldest has waited: a stuck lane shows alone.
+    ages = shown["outbox"]["oldest_age_by_lane"]
+    assert ages.keys() == shown["outbox"]["backlog_by_lane"].keys()
+    assert all(0 <= age <= shown["outbox"]["oldest_age_seconds"] + 1 for age in ages.values())
 
     code, out, err = status(identity_dsn)
     assert code == 0, err

@@ -55,6 +55,8 @@ class OutboxStatus(msgspec.Struct, frozen=True, kw_only=True):
     instances: int = 0
     """Running relay instances (holding lanes or not)."""
     backlog_by_lane: dict[int, int] = msgspec.field(default_factory=dict)
+    oldest_age_by_lane: dict[int, float] = msgspec.field(default_factory=dict)
+    """Seconds the oldest waiting row of each lane has waited (lanes with rows only)."""
     quarantined: dict[str, int] = msgspec.field(default_factory=dict)
     """Rows Kafka refused for good, by topic (`outbox quarantine list`)."""
     foreign: tuple[ForeignHolder, ...] = ()
@@ -76,8 +78,11 @@ def outbox_status(
         ).fetchall()
     holders = _holders([lk for lk in locks if lk.relay_login], lanes)
     by_lane: dict[int, int] = {}
-    for slot, count in conn.execute(tables.compose(_outbox, "slot_backlog")).fetchall():
-        by_lane[lane_of_slot(slot, lanes)] = by_lane.get(lane_of_slot(slot, lanes), 0) + count
+    oldest_by_lane: dict[int, float] = {}
+    for slot, count, age in conn.execute(tables.compose(_outbox, "slot_backlog")).fetchall():
+        lane = lane_of_slot(slot, lanes)
+        by_lane[lane] = by_lane.get(lane, 0) + count
+        oldest_by_lane[lane] = max(oldest_by_lane.get(lane, 0.0), 0.0, age)
     return OutboxStatus(
         backlog=sum(by_topic.values()),
         oldest_created_at=head[0] if head else None,
@@ -89,6 +94,7 @@ def outbox_status(
         holders=tuple(holders),
         instances=relay_instances(locks),
         backlog_by_lane=dict(sorted(by_lane.items())),
+        oldest_age_by_lane={lane: round(age, 1) for lane, age in sorted(oldest_by_lane.items())},
         quarantined=Quarantine(tables).counts(conn),
         foreign=tuple(foreign_holders(locks)),
     )
@@ -130,7 +136,10 @@ def status_table(status: OutboxStatus) -> Fields:
         (f"quarantined {topic}", f"{count} (outbox quarantine list)")
         for topic, count in status.quarantined.items()
     ]
-    pairs += [(f"lane {lane}", str(count)) for lane, count in status.backlog_by_lane.items()]
+    pairs += [
+        (f"lane {lane}", f"{count} (oldest {status.oldest_age_by_lane.get(lane, 0.0):.1f}s)")
+        for lane, count in status.backlog_by_lane.items()
+    ]
     if not status.holders:
         pairs.append(
             (

@@ -17,7 +17,12 @@ SELECT created_at, extract(epoch FROM clock_timestamp() - created_at)::float8
  LIMIT 1
 
 -- name: slot_backlog --
-SELECT key_slot, count(*) FROM {outbox} GROUP BY key_slot
+-- Rows waiting per slot and the age of each slot's oldest (s): a lane whose relay is stuck
+-- shows as its own rows ageing while the others' move.
+SELECT key_slot, count(*),
+       extract(epoch FROM clock_timestamp() - min(created_at))::float8
+  FROM {outbox}
+ GROUP BY key_slot
 
 -- name: depth --
 -- How far the relays are behind, as the fan-out worker checks it before every batch: the id
