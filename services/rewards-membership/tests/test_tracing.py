@@ -41,7 +41,7 @@ def test_spans_follow_the_message_trace(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     consumer = start_consumer(tracer=provider.get_tracer("test"))
-    envelope = envelope_for(event(uuid.uuid4(), uuid.uuid4(), 1))
+    envelope = envelope_for(event(uuid.uuid4(), uuid.uuid4(), 1), correlation_id="role-change-7")
     headers = headers_for(envelope, trace_context={"traceparent": f"00-{TRACE_ID}-{PARENT}-01"})
     kafka.send_raw((kafka_key(envelope), encode(envelope), headers))
     consumer.wait_handled(1)
@@ -81,6 +81,7 @@ def test_spans_follow_the_message_trace(
     assert storage.parent.span_id == handled.context.span_id
     assert handled.attributes is not None
     assert handled.attributes["messaging.message.id"] == str(envelope.message_id)
+    assert handled.attributes["messaging.message.conversation_id"] == "role-change-7"
     assert handled.attributes["messaging.operation.type"] == "process"
     assert handled.attributes["rewards.membership.outcome"] == "membership-applied"
     assert [link.context.span_id for link in handled.links] == [process.context.span_id]

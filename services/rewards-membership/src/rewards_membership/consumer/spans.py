@@ -27,7 +27,7 @@ from pin_contracts import TRACEPARENT_HEADER
 from pin_runtime.tracing import extract_context
 from rewards_membership.consumer.records import key_text, offset_of, partition_of
 from rewards_membership.rules.plan import Outcome
-from rewards_membership.rules.validation import Item
+from rewards_membership.rules.validation import Item, MembershipChange
 
 __all__ = ["STORAGE_ATTRIBUTES", "STORAGE_SPAN", "BatchSpans", "BatchTimes"]
 
@@ -116,6 +116,14 @@ class BatchSpans:
             attributes["messaging.kafka.message.key"] = key
         if item.message_id is not None:
             attributes["messaging.message.id"] = str(item.message_id)
+        # The envelope's CorrelationId (identity sets it on every event), where readable.
+        correlation = (
+            item.correlation_id
+            if isinstance(item, MembershipChange)
+            else item.fields.get("CorrelationId")
+        )
+        if correlation:
+            attributes["messaging.message.conversation_id"] = str(correlation)
         receive = self.tracer.start_span(
             f"poll {self.topic}",
             context=extract_context(message.headers()),
