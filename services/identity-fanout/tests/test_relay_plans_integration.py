@@ -137,6 +137,12 @@ def test_the_depth_backlog_and_deletes_are_never_prepared_so_a_burst_finds_them_
         ):
             plan = plan_of(conn, statement, params)
             assert "Seq Scan" not in plan, plan
+        # The depth finds the head once: that walk passes the deleted rows VACUUM has not
+        # removed yet, and a throttled worker looks every 0.1 s (the newest row is the
+        # primary key's other end, read backward).
+        depth = plan_of(worker, OUTBOX_TABLES.compose(_outbox, "depth"))
+        forward = [line for line in depth.splitlines() if "outbox_pkey" in line]
+        assert sum("Backward" not in line for line in forward) == 1, depth
     deleter.close(5.0)
 
 

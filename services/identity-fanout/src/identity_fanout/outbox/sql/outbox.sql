@@ -28,9 +28,12 @@ SELECT key_slot, count(*),
 -- How far the relays are behind, as the fan-out worker checks it before every batch: the id
 -- span from the oldest unpublished row to the newest (an upper bound of the rows waiting:
 -- rows the relays already published inside the span count too, so a slow lane holds the
--- fan-out back as a full outbox would), and the age of the oldest row. Two primary-key
--- lookups and one row: cheap next to a batch.
-SELECT coalesce(max(id) - min(id) + 1, 0),
-       coalesce(extract(epoch FROM clock_timestamp() - (
-           SELECT created_at FROM {outbox} ORDER BY id LIMIT 1))::float8, 0)
-FROM {outbox}
+-- fan-out back as a full outbox would), and the age of the oldest row. The head is found
+-- once (the CTE, used twice, is computed once): finding it walks past the rows the relays
+-- deleted and VACUUM has not removed yet, the costly part of a look that a throttled
+-- worker repeats every 0.1 s; the newest is the primary key's other end.
+WITH head AS (
+    SELECT id, created_at FROM {outbox} ORDER BY id LIMIT 1
+)
+SELECT coalesce((SELECT max(id) FROM {outbox}) - (SELECT id FROM head) + 1, 0),
+       coalesce(extract(epoch FROM clock_timestamp() - (SELECT created_at FROM head))::float8, 0)
