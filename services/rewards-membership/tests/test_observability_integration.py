@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import msgspec
+import psycopg
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 from consumer_kit import record_of
@@ -20,8 +21,10 @@ from pin_contracts import EMPTY_GUID, envelope_for
 from pin_runtime.kafka import create_admin, ensure_topics
 from pin_testkit import fixtures
 from pin_testkit.waiting import wait_until
+from rewards_membership.consumer.database import Applied, BatchApplier
 from rewards_membership.consumer.partitions import PartitionControl
 from rewards_membership.dlq.writer import DeadLetterer, DeadLetterResult
+from rewards_membership.errors import CommitInDoubtError
 
 pytestmark = pytest.mark.integration
 
@@ -147,6 +150,51 @@ def test_a_batch_that_fails_after_its_commit_is_reported_once_as_what_it_was(
     kafka.send(*payloads)
     consumer.wait_handled(4)
     wait_until(lambda: failures and consumer.total("rewards_membership_retries_total") >= 1, 30)
+    assert consumer.total("rewards_membership_applied_total") == 4
+    assert consumer.total("rewards_membership_skipped_duplicate_total") == 0
+    consumer.close()
+    assert len(lines(json_logs, "membership-applied")) == 4
+    assert lines(json_logs, "skipped-duplicate") == []
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "rolled-back"])
+def test_a_batch_whose_commit_went_unanswered_is_reported_once_as_what_it_was(
+    *,
+    committed: bool,
+    kafka: Any,
+    start_consumer: Any,
+    event: Callable[..., Any],
+    json_logs: io.StringIO,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The connection goes after the batch's statement answered and before its COMMIT did
+    # (PostgreSQL stopped mid-commit): the transaction committed or not, the consumer cannot
+    # tell. Its retry can: records it finds in the inbox are the ones that try committed,
+    # reported as what that try decided; records it does not find are decided anew. Either
+    # way each record is reported once, as applied, none as a duplicate.
+    apply = BatchApplier._apply
+    unanswered: list[object] = []
+
+    def commit_unanswered(self: BatchApplier, items: Any, document: str) -> Applied:
+        if unanswered:
+            return apply(self, items, document)
+        if committed:
+            outcomes = apply(self, items, document).outcomes  # committed; its answer lost
+        else:
+            conn = self._store.connection()
+            with conn.transaction(force_rollback=True):  # decided, never committed
+                outcomes = self._store.apply(conn, document)
+        unanswered.append(outcomes)
+        lost = psycopg.OperationalError("server closed the connection unexpectedly")
+        raise CommitInDoubtError(outcomes, lost) from lost
+
+    monkeypatch.setattr(BatchApplier, "_apply", commit_unanswered)
+    consumer = start_consumer()
+    payloads = [event(uuid.uuid4(), uuid.uuid4(), 1) for _ in range(4)]
+    kafka.send(*payloads)
+    consumer.wait_handled(4)
+    wait_until(lambda: unanswered and consumer.total("rewards_membership_retries_total") >= 1, 30)
+    wait_until(lambda: consumer.total("rewards_membership_applied_total") >= 4, 30)
     assert consumer.total("rewards_membership_applied_total") == 4
     assert consumer.total("rewards_membership_skipped_duplicate_total") == 0
     consumer.close()

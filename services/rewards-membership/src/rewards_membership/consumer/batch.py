@@ -50,7 +50,7 @@ from rewards_membership.consumer.records import offset_of, partition_of
 from rewards_membership.consumer.report import BatchReporter
 from rewards_membership.consumer.spans import BatchTimes
 from rewards_membership.dlq.writer import DeadLetterer, DeadLetterResult, Position, Receipt
-from rewards_membership.errors import ConcurrentApplyError, is_infrastructure
+from rewards_membership.errors import CommitInDoubtError, ConcurrentApplyError, is_infrastructure
 from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import InvalidEvent, Item
 
@@ -314,11 +314,16 @@ class BatchFinisher:
             committed = time.time_ns()
         except Exception as exc:
             future = batch.outcomes
+            ours_now = [p for p in batch.first if ours(p)]
             if future.done() and future.exception() is None:
                 # The transaction committed; a later step failed: the retry finds these
                 # records applied, and must still report them as what they were.
-                ours_now = [p for p in batch.first if ours(p)]
                 self.earlier.remember(batch.records, future.result().outcomes, ours_now)
+            elif isinstance(exc, CommitInDoubtError):
+                # Committed or not: if it was, the retry finds the records in the inbox and
+                # reports them as decided here; if not, it decides them anew (an earlier
+                # outcome only ever replaces a duplicate).
+                self.earlier.remember(batch.records, exc.outcomes, ours_now)
             if not is_infrastructure(exc):
                 batch.process.record_exception(exc)
                 batch.process.end()

@@ -36,7 +36,7 @@ from opentelemetry.trace import SpanKind
 from pin_runtime.logging import log_event
 from rewards_membership.batch_sql import records_document
 from rewards_membership.consumer.spans import STORAGE_ATTRIBUTES, STORAGE_SPAN
-from rewards_membership.errors import ConcurrentApplyError
+from rewards_membership.errors import CommitInDoubtError, ConcurrentApplyError
 from rewards_membership.rules.plan import Outcome, inbox_keys, plan_batch
 from rewards_membership.rules.validation import InvalidEvent, MembershipChange
 from rewards_membership.store import MembershipStore
@@ -157,9 +157,19 @@ class BatchApplier:
                 # decided by the pure plan.
                 outcomes = plan_batch(items, self._store.seen_keys(conn, keys), {}).outcomes
             else:
-                # Pipelined: BEGIN goes with the statement, one round trip, then COMMIT.
-                with conn.pipeline(), conn.transaction():
-                    outcomes = self._store.apply(conn, document)
+                decided: list[Outcome] | None = None
+                try:
+                    # Pipelined: BEGIN goes with the statement, one round trip, then COMMIT.
+                    with conn.pipeline(), conn.transaction():
+                        decided = self._store.apply(conn, document)
+                except psycopg.OperationalError as exc:
+                    if decided is None:
+                        raise
+                    # The statement answered and the connection went before COMMIT did:
+                    # committed or not, nobody can say. The retry tells: a record it finds
+                    # in the inbox is one this try committed, and is reported as decided.
+                    raise CommitInDoubtError(decided, exc) from exc
+                outcomes = decided
         return Applied(outcomes, (started, time.time_ns()))
 
     def mark_dead_lettered(self, keys: Sequence[str]) -> None:
