@@ -145,11 +145,23 @@ def test_a_batch_that_fails_after_its_commit_is_reported_once_as_what_it_was(
         commit(self, partitions, raise_errors=raise_errors)
 
     monkeypatch.setattr(PartitionControl, "commit", flaky)
-    consumer = start_consumer()
+    four_applied_once_after_a_retry(kafka, start_consumer(), event, json_logs, failures)
+
+
+def four_applied_once_after_a_retry(
+    kafka: Any,
+    consumer: Any,
+    event: Callable[..., Any],
+    json_logs: io.StringIO,
+    failed: list[object],
+) -> None:
+    """Four new events through a consumer whose first try of their batch fails (`failed`
+    gets an entry then): each reported once, as applied, none as a duplicate."""
     payloads = [event(uuid.uuid4(), uuid.uuid4(), 1) for _ in range(4)]
     kafka.send(*payloads)
     consumer.wait_handled(4)
-    wait_until(lambda: failures and consumer.total("rewards_membership_retries_total") >= 1, 30)
+    wait_until(lambda: failed and consumer.total("rewards_membership_retries_total") >= 1, 30)
+    wait_until(lambda: consumer.total("rewards_membership_applied_total") >= 4, 30)
     assert consumer.total("rewards_membership_applied_total") == 4
     assert consumer.total("rewards_membership_skipped_duplicate_total") == 0
     consumer.close()
@@ -189,17 +201,7 @@ def test_a_batch_whose_commit_went_unanswered_is_reported_once_as_what_it_was(
         raise CommitInDoubtError(outcomes, lost) from lost
 
     monkeypatch.setattr(BatchApplier, "_apply", commit_unanswered)
-    consumer = start_consumer()
-    payloads = [event(uuid.uuid4(), uuid.uuid4(), 1) for _ in range(4)]
-    kafka.send(*payloads)
-    consumer.wait_handled(4)
-    wait_until(lambda: unanswered and consumer.total("rewards_membership_retries_total") >= 1, 30)
-    wait_until(lambda: consumer.total("rewards_membership_applied_total") >= 4, 30)
-    assert consumer.total("rewards_membership_applied_total") == 4
-    assert consumer.total("rewards_membership_skipped_duplicate_total") == 0
-    consumer.close()
-    assert len(lines(json_logs, "membership-applied")) == 4
-    assert lines(json_logs, "skipped-duplicate") == []
+    four_applied_once_after_a_retry(kafka, start_consumer(), event, json_logs, unanswered)
 
 
 @pytest.mark.parametrize("failures", [1, 2], ids=["once", "twice"])
