@@ -72,6 +72,10 @@ def test_dropped_records_of_a_partition_back_again_are_sought_to_the_first_of_th
 
 # -- real Kafka and PostgreSQL -----------------------------------------------------------------
 
+BACKLOG = 30_000
+"""Records ahead of the consumers while the second one joins: about 8 s of one consumer's
+work here, where the rebalance reaches the first one about 3 s after the join."""
+
 
 @pytest.mark.integration
 def test_a_rebalance_with_a_batch_in_flight_loses_and_repeats_nothing(
@@ -93,20 +97,23 @@ def test_a_rebalance_with_a_batch_in_flight_loses_and_repeats_nothing(
         settle(self, exclude)
 
     monkeypatch.setattr(BatchPipeline, "settle_and_report", watched)
-    available = stream(agents=150, versions=200)  # fed as they are consumed
-    payloads = available[:1000]
+    # The first consumer must still be busy when the rebalance reaches it (within a few
+    # heartbeats of the second one's join). Topping the topic up as it is consumed cannot
+    # ensure that: the consumer drains records faster than the test produces them, and a
+    # revoke then finds it idle (it did, against services that had run for hours). So the
+    # backlog is there before the second one joins, and topped up while it lasts.
+    available = stream(agents=400, versions=200)  # 80,000 events
+    payloads = available[:BACKLOG]
     kafka.send(*payloads)
     first = start_consumer(batch_size=50)
     first.wait_handled(300)
     second = start_consumer(batch_size=50)
 
     def fed_until_taken_over() -> bool:
-        # Records keep coming until the second consumer took partitions over, so the first
-        # always has a batch in its transaction when the rebalance calls it.
         if second.consumer.assigned_partitions and revokes:
             return True
-        if len(payloads) - (first.handled + second.handled) < 600:
-            more = available[len(payloads) : len(payloads) + 200]
+        if len(payloads) - (first.handled + second.handled) < BACKLOG // 2:
+            more = available[len(payloads) : len(payloads) + BACKLOG // 2]
             assert more, "the first consumer was never asked to give partitions up"
             kafka.send(*more)
             payloads.extend(more)
