@@ -30,7 +30,7 @@ from pin_contracts import (
     USER_ACCESS_CHANGED,
     FanOutTaskStatus,
 )
-from pin_e2e.chaos.faults import Fault, long_faults, pages, schedule
+from pin_e2e.chaos.faults import BROKER, Fault, FaultKind, long_faults, pages, schedule
 from pin_e2e.chaos.injector import Heal, inject
 from pin_e2e.chaos.invariants import (
     Invariant,
@@ -39,9 +39,9 @@ from pin_e2e.chaos.invariants import (
     duplicates_bounded,
     last_event_is_final,
     memberships_match,
-    poison_isolated_once,
+    poison_isolated,
 )
-from pin_e2e.chaos.topology import ACCESS_CACHE, PROCESS_LABELS, ChaosSystem
+from pin_e2e.chaos.topology import ACCESS_CACHE, CONSUMERS, PROCESS_LABELS, ChaosSystem
 from pin_e2e.chaos.workload import Driver, Role, seed_roles, write_relay_poison
 from pin_e2e.checks import expected_snapshots, identity_memberships, rewards_rows
 from pin_e2e.poison import NOT_JSON, empty_agent_event, oversized_dead_letter_event
@@ -343,6 +343,17 @@ def _note_not_converged(
             player.note(f"{label} not running")
 
 
+def _cuts_consumers(fault: Fault) -> bool:
+    """Whether `fault` may stop a consumer between a dead letter's acknowledgement and its
+    inbox mark: the consumer killed or cut off, or its partitions lost while the broker is
+    down (the next owner does not know what the last one had written)."""
+    return (
+        fault.target in CONSUMERS
+        or fault.target == BROKER
+        or fault.kind in (FaultKind.ALL_CONSUMERS_DOWN,)
+    )
+
+
 def _failed_tasks(identity_dsn: str) -> Invariant:
     with psycopg.connect(identity_dsn, autocommit=True) as conn:
         row = conn.execute(
@@ -430,11 +441,12 @@ def _run(
             identity_memberships(identity_dsn, agents),
             rewards_rows(system.base.rewards_dsn, agents),
         ),
-        poison_isolated_once(
+        poison_isolated(
             quarantined,
             relay_poison,
             read_topic(system.bootstrap, IDENTITY_MEMBERSHIP_DLQ.name),
             consumer_poison,
+            sum(map(_cuts_consumers, report.faults)),
         ),
         cache_reset_in_time(system.applied_log, user_versions, changed_at, CACHE_RESET_LIMIT),
         _failed_tasks(identity_dsn),

@@ -25,7 +25,7 @@ __all__ = [
     "duplicates_bounded",
     "last_event_is_final",
     "memberships_match",
-    "poison_isolated_once",
+    "poison_isolated",
 ]
 
 
@@ -115,14 +115,19 @@ def memberships_match(
     )
 
 
-def poison_isolated_once(
+def poison_isolated(
     quarantined: Mapping[UUID, int],
     relay_poison: Sequence[UUID],
     dead_letters: Sequence[Record],
     consumer_poison: Sequence[tuple[int, int]],
+    consumer_faults: int,
 ) -> Invariant:
-    """Each relay poison row quarantined once; each consumer poison (partition, offset) in
-    the DLQ once."""
+    """Each relay poison row quarantined once (its move is one transaction); each consumer
+    poison (partition, offset) in the DLQ at least once, and again at most once per fault
+    that could cut a consumer off between a dead letter's acknowledgement and its inbox
+    mark's commit (`consumer_faults`: a consumer killed, cut off, or losing its partitions
+    to a broker fault). The dead-letterer writes no second copy otherwise: it remembers
+    what the broker acknowledged, and the inbox mark does across a restart."""
     problems = [
         f"outbox {m}: {quarantined.get(m, 0)}x" for m in relay_poison if quarantined.get(m) != 1
     ]
@@ -134,12 +139,14 @@ def poison_isolated_once(
     problems += [
         f"record {p}/{o}: {places.get((p, o), 0)}x"
         for p, o in consumer_poison
-        if places.get((p, o)) != 1
+        if not 1 <= places.get((p, o), 0) <= 1 + consumer_faults
     ]
+    copies = sum(places.get(place, 0) for place in consumer_poison) - len(consumer_poison)
     return Invariant(
-        "each poison record quarantined or dead-lettered exactly once",
+        "each poison record isolated once (DLQ copy only after a fault)",
         not problems,
         f"{len(relay_poison)} in quarantine, {len(consumer_poison)} in the DLQ"
+        f" ({max(copies, 0)} copies, bound {consumer_faults} consumer faults)"
         + (f"; {', '.join(problems)}" if problems else ""),
     )
 
