@@ -90,12 +90,9 @@ class QuarantineChange(msgspec.Struct, Generic[R], frozen=True, kw_only=True):
 
 
 def retried(rows: Sequence[RequeuedRow], *, dry_run: bool) -> QuarantineChange[RetriedRow]:
-    return QuarantineChange(
-        action="retry",
-        dry_run=dry_run,
-        count=len(rows),
-        ids=tuple(r.quarantine_id for r in rows),
-        rows=tuple(
+    return _change(
+        "retry",
+        [
             RetriedRow(
                 quarantine_id=r.quarantine_id,
                 outbox_id=None if dry_run else r.outbox_id,
@@ -104,13 +101,21 @@ def retried(rows: Sequence[RequeuedRow], *, dry_run: bool) -> QuarantineChange[R
                 attempts=r.attempts,
             )
             for r in rows
-        ),
+        ],
+        dry_run=dry_run,
     )
 
 
 def discarded(rows: Sequence[DiscardedRow], *, dry_run: bool) -> QuarantineChange[DiscardedRow]:
+    return _change("discard", rows, dry_run=dry_run)
+
+
+def _change(
+    action: Literal["retry", "discard"], rows: Sequence[R], *, dry_run: bool
+) -> QuarantineChange[R]:
+    """The document's count and ids are the rows' own, taken here once for both actions."""
     return QuarantineChange(
-        action="discard",
+        action=action,
         dry_run=dry_run,
         count=len(rows),
         ids=tuple(r.quarantine_id for r in rows),
