@@ -46,6 +46,7 @@ from pin_contracts.topics import (
     REWARDS_MEMBERSHIP_CONSUMER_GROUP,
     USER_ACCESS_CHANGED,
     Topic,
+    key_partition,
 )
 from pin_contracts.wire import EMPTY_GUID, is_empty_guid
 
@@ -89,6 +90,7 @@ __all__ = [
     "headers_for",
     "is_empty_guid",
     "kafka_key",
+    "key_partition",
     "parse_enum",
     "trace_context",
     "trace_headers",

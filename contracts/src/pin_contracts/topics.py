@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, replace
 
 from pin_contracts.access import UserAccessChangedKafkaEvent
@@ -15,10 +16,25 @@ __all__ = [
     "REWARDS_MEMBERSHIP_CONSUMER_GROUP",
     "USER_ACCESS_CHANGED",
     "Topic",
+    "key_partition",
 ]
 
 
 _ONE_MIB = 1_048_576
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition of a record key among `partitions`: CRC32 of the key bytes modulo the count.
+
+    The choice librdkafka's default partitioner (`consistent_random`) makes for a non-empty
+    key, so pinning a producer to it moved no key when it came in. Computed from the
+    catalogue's count, not the cluster's: a topic grown behind the contract's back keeps
+    every key on the partition it had, and so its order (docs/design/identity-fanout.md
+    "Partitions").
+    """
+    if partitions < 1:
+        raise ValueError(f"partitions must be >= 1, got {partitions}")
+    return zlib.crc32(key) % partitions
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +78,11 @@ class Topic:
         """The DLQ of this topic: the same records (key, value, headers) and partition count,
         so a dead letter keeps its source partition number."""
         return replace(self, name=name, dead_letter_of=self.name)
+
+    def partition_of(self, key: bytes) -> int:
+        """The partition a record of this key belongs on: `key_partition` by the catalogue's
+        count, whatever the cluster has."""
+        return key_partition(key, self.partitions)
 
     def config(self) -> dict[str, str]:
         """Topic-level configuration to create the topic with (and to set on a cluster)."""

@@ -38,6 +38,8 @@ def test_producer_config() -> None:
         "max.in.flight.requests.per.connection": 5,
         "linger.ms": 10,
         "compression.type": "lz4",
+        # Partitions added to a topic are seen within 10 s (librdkafka's default: 300 s).
+        "topic.metadata.refresh.interval.ms": 10_000,
     }
 
 
@@ -72,6 +74,7 @@ def test_consumer_config() -> None:
         "auto.offset.reset": "earliest",
         "partition.assignment.strategy": "cooperative-sticky",
         "isolation.level": "read_committed",
+        "topic.metadata.refresh.interval.ms": 10_000,
     }
 
 

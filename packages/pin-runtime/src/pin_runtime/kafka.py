@@ -30,6 +30,7 @@ from pin_runtime.kafka_settings import (
 from pin_runtime.logging import log_event
 
 __all__ = [
+    "METADATA_REFRESH_MS",
     "ConfigValue",
     "KafkaClientSettings",
     "KafkaConfig",
@@ -57,6 +58,11 @@ _librdkafka_log = logging.getLogger("pin_runtime.kafka.librdkafka")
 
 # The broker (librdkafka) refuses idempotence with more than 5 requests in flight.
 MAX_IN_FLIGHT_WITH_IDEMPOTENCE: Final = 5
+METADATA_REFRESH_MS: Final = 10_000
+"""librdkafka's `topic.metadata.refresh.interval.ms` for producers and consumers (its
+default: 300 s). Partitions added to a topic are seen within it: a consumer fetches a new
+partition's records at most this long (plus a rebalance) after they arrived, where the
+default left them waiting for minutes with no gauge moving."""
 
 
 def _base(bootstrap: str, client_id: str) -> KafkaConfig:
@@ -84,6 +90,7 @@ def producer_config(
         "linger.ms": linger_ms,
         # lz4: cheapest CPU per byte saved; every broker since 0.10 reads it.
         "compression.type": compression,
+        "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
     }
     config.update(extra or {})
     in_flight = config["max.in.flight.requests.per.connection"]
@@ -116,6 +123,8 @@ def consumer_config(
         "partition.assignment.strategy": "cooperative-sticky",
         # The identity relay's writes are visible only once the broker committed them.
         "isolation.level": "read_committed",
+        # New partitions of a subscribed topic are assigned within this (not 5 minutes).
+        "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
     }
     config.update(extra or {})
     return config
