@@ -142,7 +142,7 @@ def test_a_topic_the_relay_may_not_write_pauses_it_and_every_row_follows_in_orde
         pause = relay.pause
         # It keeps retrying (every row refused again, each time), and keeps every row.
         wait_until(
-            lambda: sample("identity_outbox_delivery_failures_total") >= 3 * rows,
+            lambda: sample("identity_outbox_delivery_failures_total") >= 3,
             30,
             "three refused retries",
         )

@@ -79,11 +79,14 @@ def report_stopped(
 ) -> None:
     """`outbox delivery failed`: the rows from the first unsettled one on go out again.
 
-    A flow `refused` by the cluster is counted but not logged: `report_pause` says it once
-    per pause, where this line would come at every retry."""
+    Counted once per stopped flow (the row it stopped on), never per row of the window that
+    goes out again with it: a window of 16,000 rows refused at each retry counted 16,000 a
+    retry, which read as a flood of failures where one refusal was retried. A flow `refused`
+    by the cluster is counted but not logged: `report_pause` says it once per pause, where
+    this line would come at every retry."""
     if settlement.stopped_at is None:
         return
-    metrics.delivery_failures.inc(settlement.waiting)
+    metrics.delivery_failures.inc()
     if refused:
         return
     log_event(
