@@ -31,6 +31,7 @@ class RelayMetrics(MetricSet):
     quarantine_rows: Gauge
     paused: Gauge
     foreign_lock_holders: Gauge
+    topic_partitions: Gauge
 
     def __post_init__(self) -> None:
         self._quarantine_topics: set[str] = set()
@@ -43,6 +44,24 @@ class RelayMetrics(MetricSet):
         if refusal is not None:
             self.paused.labels(reason=refusal[0], topic=refusal[1]).set(1)
         self._paused = refusal
+
+    def set_unknown(self) -> None:
+        """The gauges read from the database, NaN while this instance cannot read it.
+
+        NaN, not the last value nor no series: a last value of 0 read as an empty outbox
+        while nothing was looked at, and a removed series looks like a relay that is not
+        running; NaN keeps the series (the relay runs) and says it cannot see. `max` over
+        instances skips NaN, so one instance that sees still decides the alerts, and the
+        stall alert pages for a blind relay itself (`x != x`)."""
+        nan = float("nan")
+        self.backlog.set(nan)
+        self.oldest_age_seconds.set(nan)
+        self.foreign_lock_holders.set(nan)
+        for topic in self._quarantine_topics:
+            self.quarantine_rows.labels(topic=topic).set(nan)
+
+    def set_topic_partitions(self, topic: str, count: int) -> None:
+        self.topic_partitions.labels(topic=topic).set(count)
 
     def set_lanes(self, lanes: frozenset[int]) -> None:
         self.lanes_held.set(len(lanes))

@@ -37,6 +37,7 @@ from psycopg.rows import TupleRow
 from identity_fanout.outbox import log as _log
 from identity_fanout.outbox.lanes import DEFAULT_LANES, MAX_LANES
 from identity_fanout.outbox.metrics import RelayMetrics
+from identity_fanout.outbox.partitions import catalogue_partitions
 from identity_fanout.outbox.pause import Pause, next_pause
 from identity_fanout.outbox.publisher import Publisher
 from identity_fanout.outbox.pump import (
@@ -115,6 +116,12 @@ class Rounds:
             self.session.rebalance()
         return conn
 
+    def blind(self) -> None:
+        """The database failed the round: the gauges read from it are unknown (NaN) until
+        the next round that reaches it refreshes them, at once."""
+        self._refreshed_at = None
+        self.metrics.set_unknown()
+
     def finish(self, conn: psycopg.Connection[TupleRow]) -> RoundResult:
         idle = not self.pump.tally.read and not len(self.pump.window)
         if idle:
@@ -186,6 +193,9 @@ class RelayConfig(msgspec.Struct, frozen=True, kw_only=True):
     kafka_extra: dict[str, ConfigValue] = msgspec.field(default_factory=dict)
     """More producer properties: the cluster's security settings."""
     session: SessionLimits = msgspec.field(default_factory=SessionLimits)
+    partitions: dict[str, int] = msgspec.field(default_factory=catalogue_partitions)
+    """The topic catalogue's partition count per topic: each record's partition is its key's
+    by this count (`outbox.partitions`), whatever the cluster has."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.lanes <= MAX_LANES:
@@ -255,6 +265,8 @@ class OutboxRelay:
                 extra=config.kafka_extra,
                 delivery_timeout=config.delivery_timeout,
                 tracer=(tracer_provider or trace.get_tracer_provider()).get_tracer(__name__),
+                partitions=config.partitions,
+                on_partitions=self.metrics.set_topic_partitions,
             ),
             InflightWindow(max_records=config.window_records, max_bytes=config.window_bytes),
             self.metrics,
@@ -390,6 +402,7 @@ class OutboxRelay:
         except Exception:
             self._session.drop()
             self._pump.forget()
+            self._rounds.blind()
             raise
 
     def close(self) -> None:
