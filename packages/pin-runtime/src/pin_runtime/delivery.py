@@ -69,6 +69,10 @@ CLUSTER_WIDE: Final[dict[int, str]] = {
     # by the broker, or by the client once topic.metadata.propagation.max.ms ran out.
     KafkaError.UNKNOWN_TOPIC_OR_PART: "unknown-topic",
     KafkaError._UNKNOWN_TOPIC: "unknown-topic",
+    # A record names a partition the topic does not have: the topic has fewer partitions
+    # than the catalogue fixes (recreated smaller), every record pinned there is refused
+    # alike until its count matches again.
+    KafkaError._UNKNOWN_PARTITION: "partition-count",
 }
 """Error code -> reason label of the refusals that are the cluster's, not the record's.
 
@@ -88,7 +92,8 @@ class DeliveryFailure:
     reason: str
     """A short label: too-large, invalid-record, invalid-topic (the record's); the cluster's
     refusal (`CLUSTER_WIDE`: topic-authorization, cluster-authorization, authentication,
-    unknown-topic); or retriable for every other failure a later attempt may cure."""
+    unknown-topic, partition-count); or retriable for every other failure a later attempt
+    may cure."""
     message: str
     retriable: bool
     cluster_wide: bool = False

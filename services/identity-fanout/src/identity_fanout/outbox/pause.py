@@ -5,9 +5,11 @@ write a topic or use the cluster, its credentials are refused, the topic does no
 would refuse every row behind the first one alike, so it is never a reason to quarantine:
 the relay stops there as for an outage (the rows stay in the outbox in id order, nothing is
 quarantined or deleted), retries with backoff and goes on by itself once Kafka takes a row
-again. Unlike an outage it needs an operator, so it says so: one log line when the relay
-pauses (or the refusal changes), one when it resumes, a gauge by reason and topic, and
-readiness degraded meanwhile (`relay_rounds.Rounds` keeps the state; this module decides).
+again. A topic with fewer partitions than the catalogue's is refused alike (partition-count:
+its records name partitions that may not exist, `partitions`). Unlike an outage it needs an
+operator, so it says so: one log line when the relay pauses (or the refusal changes), one
+when it resumes, a gauge by reason and topic, and readiness degraded meanwhile
+(`relay_rounds.Rounds` keeps the state; this module decides).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pin_runtime.delivery import DeliveryFailure
 
 __all__ = ["TOPIC_REFUSALS", "Pause", "next_pause", "refusal_of"]
 
-TOPIC_REFUSALS: Final = frozenset({"topic-authorization", "unknown-topic"})
+TOPIC_REFUSALS: Final = frozenset({"topic-authorization", "unknown-topic", "partition-count"})
 """Reasons that are one topic's: only an acknowledgement of that topic lifts them. The others
 (authentication, cluster authorization) are the client's: any acknowledgement does."""
 

@@ -6,6 +6,8 @@ by the broker in a delivery report, each classified retriable or not), or still 
 outcome. What to do with each is `relay_settlement.settle`'s decision, not this module's.
 A refusal of the cluster the producer reports for itself (its credentials refused) is kept
 as `refusal` until a record is acknowledged again: it is why records time out meanwhile.
+Every record names its partition, by the catalogue's count (`partitions`): a topic with
+fewer partitions than that, or none, refuses its records here as the cluster would.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from identity_fanout.outbox.partitions import Change, TopicPartitions
 from identity_fanout.outbox.records import OutboxRecord, span_links
 from identity_fanout.outbox.window import InflightWindow
 from pin_runtime.delivery import DeliveryFailure, classify
@@ -39,6 +42,8 @@ TOPIC_PROPAGATION_MS: Final = 10_000
 itself): how long a topic the cluster does not know may be new. Past it the topic's records
 fail as UNKNOWN_TOPIC_OR_PART, a refusal the relay pauses for and says so, where a timeout
 would look like an outage. Topics are created before the services are deployed."""
+METADATA_TIMEOUT: Final = 2.0
+"""Seconds one look at a topic's partition count may take (an outage: seen next time)."""
 
 
 class Publisher:
@@ -58,7 +63,11 @@ class Publisher:
         extra: Mapping[str, ConfigValue] | None,
         delivery_timeout: float,
         tracer: trace.Tracer,
+        partitions: Mapping[str, int] | None = None,
+        on_partitions: Callable[[str, int], None] | None = None,
     ) -> None:
+        """`partitions`: the catalogue's count per topic, what records are pinned by;
+        `on_partitions(topic, count)`: each count seen in the metadata (0: no such topic)."""
         self._bootstrap = bootstrap
         self._client_id = client_id
         self._config: dict[str, ConfigValue] = {
@@ -82,6 +91,10 @@ class Publisher:
         self._fatal = False
         self.refusal: DeliveryFailure | None = None
         """A cluster-wide refusal the client reported (error_cb) since the last ack."""
+        self._partitions = TopicPartitions.of(partitions or {})
+        self._on_partitions = on_partitions
+        self._topics: set[str] = set()
+        """Topics of the records produced so far: the ones looked at besides the catalogue's."""
         # Made now, not at the first row: librdkafka checks its settings when a client is
         # made, so a value it refuses stops the relay as it starts, not at its first burst.
         self._current_producer()
@@ -93,6 +106,9 @@ class Publisher:
         record is in the window with its failure, the rest were not produced.
         """
         producer = self._current_producer()
+        self._topics.update(r.topic for r in records)
+        self._check_partitions(producer)
+        pins = self._partitions
         now = time.monotonic()
         produced = True
         name, attributes = _span(records, self._client_id)
@@ -104,11 +120,14 @@ class Publisher:
             send, report = producer.produce, window.on_delivery  # bound once per read
             for index, record in enumerate(records):
                 try:
+                    if not pins.usable(record.topic):
+                        raise pins.refusal(record.topic)
                     # Headers go out as stored: their traceparent is the writer's context.
                     send(
                         record.topic,
                         key=record.key,
                         value=record.value,
+                        partition=pins.partition(record.topic, record.key),
                         headers=record.headers,
                         on_delivery=report,
                     )
@@ -127,7 +146,34 @@ class Publisher:
     def serve(self, timeout: float) -> None:
         """Serve delivery reports for up to `timeout` seconds (returns at the first)."""
         if self._producer is not None:
+            self._check_partitions(self._producer)
             self._producer.poll(timeout)
+
+    def _check_partitions(self, producer: Producer) -> None:
+        """Look at the partition counts due (`TopicPartitions.due`): one metadata request
+        per topic, every `partitions.CHECK_INTERVAL` seconds or at a try of a waiting one."""
+        now = time.monotonic()
+        due = self._partitions.due(self._topics, now)
+        if not due:
+            return
+        counts: dict[str, int | None] = {}
+        for topic in sorted(due):
+            try:
+                metadata = producer.list_topics(topic, timeout=METADATA_TIMEOUT).topics.get(topic)
+            except KafkaException:
+                continue  # the cluster is away: an outage, seen by the deliveries
+            error = None if metadata is None else metadata.error
+            if metadata is None or (
+                error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            ):
+                counts[topic] = None
+            elif error is None:
+                counts[topic] = len(metadata.partitions)
+        for change in self._partitions.observe(counts, now, looked=due):
+            _report_partitions(change)
+        if self._on_partitions is not None:
+            for topic, count in counts.items():
+                self._on_partitions(topic, count or 0)
 
     def wait(
         self,
@@ -180,6 +226,27 @@ class Publisher:
         failure = classify(error)
         if failure.cluster_wide:
             self.refusal = failure
+
+
+def _report_partitions(change: Change) -> None:
+    if change.matches:
+        log_event(
+            _log,
+            "kafka topic partitions match the catalogue again",
+            topic=change.topic,
+            partitions=change.observed,
+        )
+        return
+    log_event(
+        _log,
+        "kafka topic partitions differ from the catalogue",
+        logging.WARNING,
+        topic=change.topic,
+        partitions=change.observed,
+        expected=change.expected,
+        # More: published on as pinned. Fewer or none: the topic's records wait.
+        publishing="pinned" if (change.observed or 0) > change.expected else "paused",
+    )
 
 
 def _span(records: Sequence[OutboxRecord], client_id: str) -> tuple[str, dict[str, str | int]]:
