@@ -131,8 +131,8 @@ def test_the_depth_backlog_and_deletes_are_never_prepared_so_a_burst_finds_them_
         assert outbox_statements(worker) == []
         assert outbox_statements(relay) == []
         for conn, statement, params in (
-            (worker, OUTBOX_TABLES.compose(_outbox, "depth"), None),
-            (relay, OUTBOX_TABLES.compose(_q, "backlog"), {"exact_up_to": 10_000}),
+            (worker, OUTBOX_TABLES.compose(_outbox, "depth"), {"floor": 1}),
+            (relay, OUTBOX_TABLES.compose(_q, "backlog"), {"exact_up_to": 10_000, "floor": 1}),
             (relay, OUTBOX_TABLES.compose(_q, "delete_published"), {"ids": "{1,2,3}"}),
         ):
             plan = plan_of(conn, statement, params)
@@ -140,7 +140,7 @@ def test_the_depth_backlog_and_deletes_are_never_prepared_so_a_burst_finds_them_
         # The depth finds the head once: that walk passes the deleted rows VACUUM has not
         # removed yet, and a throttled worker looks every 0.1 s (the newest row is the
         # primary key's other end, read backward).
-        depth = plan_of(worker, OUTBOX_TABLES.compose(_outbox, "depth"))
+        depth = plan_of(worker, OUTBOX_TABLES.compose(_outbox, "depth"), {"floor": 1})
         forward = [line for line in depth.splitlines() if "outbox_pkey" in line]
         assert sum("Backward" not in line for line in forward) == 1, depth
     deleter.close(5.0)

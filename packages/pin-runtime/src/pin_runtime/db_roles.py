@@ -93,6 +93,11 @@ class RuntimeRole(msgspec.Struct, frozen=True):
     purpose: str
     """Which process logs in with it: the role's comment in the database."""
     grants: tuple[TableGrant, ...]
+    reads_statistics: bool = False
+    """Member of `pg_read_all_stats` (read-only statistics: every session's backend_xmin and
+    transaction start in pg_stat_activity), for the horizon watch (pin_runtime.horizon) and
+    the outbox floor (identity-fanout); granted when the migrating user may, else a
+    warning, and revoked once no longer declared."""
 
     def __post_init__(self) -> None:
         if not _IDENTIFIER.fullmatch(self.name):
@@ -136,6 +141,7 @@ def apply_runtime_roles(
                     role=role_id,
                 )
             )
+        _statistics(conn, role_id, names[role.name], grant=role.reads_statistics)
     _grant_connect(conn, [names[role.name] for role in roles])
     return missing
 
@@ -175,6 +181,31 @@ def _create(conn: psycopg.Connection[TupleRow], roles: list[RuntimeRole], prefix
         except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
             continue
         log_event(_log, "database role created", role=role.named(prefix))
+
+
+def _statistics(
+    conn: psycopg.Connection[TupleRow], role_id: sql.Identifier, name: str, *, grant: bool
+) -> None:
+    """`pg_read_all_stats` for `role_id` as declared. Granting a predefined role needs
+    CREATEROLE (or its admin option): a migrating user without it leaves the membership as
+    it is and says so, since the service runs without it (the horizon watch sees only its
+    own role's sessions, the outbox floor never rises)."""
+    held = conn.execute(_q.reads_statistics, (name,)).fetchone()
+    if held is not None and bool(held[0]) == grant:
+        return
+    statement = _q.grant_statistics if grant else _q.revoke_statistics
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL(statement).format(role=role_id))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        log_event(
+            _log,
+            "database role statistics not changed",
+            logging.WARNING,
+            role=name,
+            grant=grant,
+            error=str(exc).strip(),
+        )
 
 
 def _grant_connect(conn: psycopg.Connection[TupleRow], names: list[str]) -> None:

@@ -20,10 +20,11 @@ from identity_fanout.outbox.relay import OutboxRelay, RelayConfig
 from identity_fanout.schema import OUTBOX_TABLES
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from pin_runtime.composition import Runtime, collect_less, long_running
+from pin_runtime.horizon import HorizonWatch
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import create_pool
+from pin_runtime.postgres import connect, create_pool
 from pin_runtime.settings import settings_for_log
 
 _log = logging.getLogger(__name__)
@@ -53,6 +54,16 @@ def runtime(settings: Settings, command: str, *, kafka: bool) -> Iterator[Runtim
         heartbeat=_heartbeat(settings),
     ) as rt:
         rt.serve()
+        # Who holds the database's xmin horizon back, every 15 s on a session of its own
+        # (the outbox's head statements are what a held snapshot costs most).
+        HorizonWatch(
+            lambda: connect(
+                settings.database_dsn.reveal(),
+                settings.database_session(),
+                application_name=f"{SERVICE_NAME}-horizon",
+            ),
+            rt.registry,
+        ).start(rt.stop)
         if kafka:
             kafka_or_exit(settings, ENV_PREFIX, command=command)
         log_event(_log, "process started", command=command, settings=settings_for_log(settings))

@@ -18,6 +18,7 @@ from opentelemetry import trace
 
 from pin_contracts import CATALOGUE, IDENTITY_MEMBERSHIP_DLQ
 from pin_runtime.composition import collect_less, long_running
+from pin_runtime.horizon import HorizonWatch
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.kafka import create_consumer, create_producer
 from pin_runtime.kafka_security import kafka_or_exit
@@ -197,6 +198,15 @@ def run_consumer(settings: Settings) -> None:
         consumer, producer = build_consumer(settings, metrics=metrics, heartbeat=heartbeat)
         try:
             ops = rt.serve({"postgresql": consumer.database_state, "kafka": consumer.kafka_state})
+            # Who holds the database's xmin horizon back, every 15 s on a session of its own.
+            HorizonWatch(
+                lambda: connect(
+                    settings.database_dsn.reveal(),
+                    settings.database_session(),
+                    application_name=f"{SERVICE_NAME}-horizon",
+                ),
+                rt.registry,
+            ).start(rt.stop)
             log_event(
                 _log, "ops server listening", port=ops.port, settings=settings_for_log(settings)
             )

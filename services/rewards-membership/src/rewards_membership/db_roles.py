@@ -26,6 +26,8 @@ CONSUMER: Final = RuntimeRole(
         # Seen keys, idempotency and dead-letter marks, the unreplayed dead letters gauge.
         TableGrant("inbox", ("SELECT", "INSERT")),
     ),
+    # The horizon watch (pin_runtime.horizon): every session's snapshot in pg_stat_activity.
+    reads_statistics=True,
 )
 
 OPERATOR: Final = RuntimeRole(

@@ -44,3 +44,14 @@ GRANT CONNECT ON DATABASE {database} TO {roles}
 
 -- name: revoke_public_connect --
 REVOKE CONNECT, TEMPORARY ON DATABASE {database} FROM PUBLIC
+
+-- name: reads_statistics --
+-- Whether the role is a member of pg_read_all_stats (directly: that is what this grants).
+SELECT EXISTS (SELECT 1 FROM pg_auth_members
+                WHERE roleid = 'pg_read_all_stats'::regrole AND member = %s::regrole)
+
+-- name: grant_statistics --
+GRANT pg_read_all_stats TO {role}
+
+-- name: revoke_statistics --
+REVOKE pg_read_all_stats FROM {role}

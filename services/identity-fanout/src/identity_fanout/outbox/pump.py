@@ -32,6 +32,7 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from identity_fanout.outbox import log as _log
+from identity_fanout.outbox.floor import OutboxFloor
 from identity_fanout.outbox.lanes import slots_of
 from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.pause import Pause, refusal_of
@@ -126,6 +127,8 @@ class Pump:
         self._next_read = 0.0
         """monotonic() before which `cycle` does not read (a caught-up read's cooldown)."""
         self._cursors: dict[int, int] = {}
+        self.floor = OutboxFloor(tables)
+        """Where a lane without a cursor reads from (taken over, or nothing in flight)."""
         self.quarantine = Quarantine(tables)
         self._reader = Reader(LaneRead(tables))
         self._to_delete: list[int] = []
@@ -150,7 +153,11 @@ class Pump:
             return 0
         if not len(self.window) and not self._to_delete and not self._deleter.pending:
             self._cursors.clear()  # nothing in flight: from the heads (late commits too)
-        self._cursors = {lane: self._cursors.get(lane, 0) for lane in lanes}
+        # A lane's head is read from the floor, below which no row is nor will be (late
+        # commits included): not from the first index entry, past every deleted row that a
+        # held snapshot keeps alive (outbox.floor).
+        start = self.floor.after
+        self._cursors = {lane: self._cursors.get(lane, start) for lane in lanes}
         groups: dict[int, list[int]] = {}
         for lane, after in self._cursors.items():
             groups.setdefault(after, []).append(lane)

@@ -134,11 +134,14 @@ class Rounds:
         # instances: with 8 they were the relays' costliest statement in a drain, 10-40 ms
         # each over the dead rows at the outbox's head (docs/design/identity-fanout.md
         # "Relays side by side").
+        # The floor the next reads from a lane's head and the gauges start at (a step every
+        # FLOOR_INTERVAL at most: outbox.floor).
+        floor = self.pump.floor.refresh(conn)
         now = time.monotonic()
         interval = GAUGES_INTERVAL * self.session.instances
         if self._refreshed_at is None or result.quarantined or now - self._refreshed_at >= interval:
             self._refreshed_at = now
-            self.gauges.refresh(conn)
+            self.gauges.refresh(conn, floor)
         result.active = bool(self.session.lanes)
         # Only a read that found nothing shows that nothing waits: a step inside a read's
         # cooldown did not look.
@@ -332,7 +335,9 @@ class OutboxRelay:
                     delay = self._guarded(self._step)
                 except Exception as exc:
                     delay = self._db_backoff.next_delay()
-                    self.state.degraded(report_failed_round(exc, delay))
+                    self.state.degraded(
+                        report_failed_round(self.metrics, exc, delay, dsn=self.config.dsn)
+                    )
                 if delay > 0:
                     self._pace.sleep(delay)
         finally:

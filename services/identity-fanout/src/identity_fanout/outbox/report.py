@@ -172,11 +172,12 @@ class Gauges:
         self._quarantine = quarantine
         self._backlog = quarantine.tables.compose(_q, "backlog")
 
-    def refresh(self, conn: psycopg.Connection[TupleRow]) -> None:
+    def refresh(self, conn: psycopg.Connection[TupleRow], floor: int = 1) -> None:
+        """The gauges, counted from `floor` (outbox.floor: no row lies below it)."""
         metrics = self._metrics
         # Unprepared, as every frequent statement on the outbox (pump.fetch says why).
         row = conn.execute(
-            self._backlog, {"exact_up_to": BACKLOG_EXACT_UP_TO}, prepare=False
+            self._backlog, {"exact_up_to": BACKLOG_EXACT_UP_TO, "floor": floor}, prepare=False
         ).fetchone()
         if row is not None:
             counted, span, _oldest, age = row

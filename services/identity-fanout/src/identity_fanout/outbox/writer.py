@@ -17,6 +17,7 @@ from psycopg import Connection
 from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
+from identity_fanout.outbox.floor import OutboxFloor
 from identity_fanout.outbox.lanes import key_slot
 from identity_fanout.outbox.tables import OutboxTables
 from pin_contracts import Envelope, EventPayload, encode, headers_for, kafka_key
@@ -93,11 +94,14 @@ class Outbox:
         self._copy = tables.compose(_q, "copy_outbox")
         self._depth = tables.compose(_q, "depth")
 
-    def depth(self, conn: Connection[TupleRow]) -> OutboxDepth:
+    def depth(self, conn: Connection[TupleRow], floor: OutboxFloor | None = None) -> OutboxDepth:
+        """How far the relays are behind; the head looked for from `floor` (refreshed here
+        when due), from the first index entry without one."""
+        start = 1 if floor is None else floor.refresh(conn)
         # Unprepared: a generic plan made while the outbox was empty (every writer checks
         # the depth before each batch, from the first) scans the whole table twice once it
         # fills, 158 ms a check at 200,000 rows (pump.fetch, docs/design "Plans on the outbox").
-        row = conn.execute(self._depth, prepare=False).fetchone()
+        row = conn.execute(self._depth, {"floor": start}, prepare=False).fetchone()
         return OutboxDepth(0, 0.0) if row is None else OutboxDepth(int(row[0]), float(row[1]))
 
     def wake_relays(self, conn: Connection[tuple[object, ...]]) -> None:

@@ -31,9 +31,13 @@ SELECT key_slot, count(*),
 -- fan-out back as a full outbox would), and the age of the oldest row. The head is found
 -- once (the CTE, used twice, is computed once): finding it walks past the rows the relays
 -- deleted and VACUUM has not removed yet, the costly part of a look that a throttled
--- worker repeats every 0.1 s; the newest is the primary key's other end.
+-- worker repeats every 0.1 s; the newest is the last id handed out (the sequence: a tail of
+-- deleted rows is never walked backward). The head's walk starts at the worker's floor
+-- (`floor`, outbox.floor): while a snapshot older than the deletes is held, a walk from the
+-- first entry fetched every deleted row from the heap again.
 WITH head AS (
-    SELECT id, created_at FROM {outbox} ORDER BY id LIMIT 1
+    SELECT id, created_at FROM {outbox} WHERE id >= %(floor)s ORDER BY id LIMIT 1
 )
-SELECT coalesce((SELECT max(id) FROM {outbox}) - (SELECT id FROM head) + 1, 0),
+SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence({outbox_name}, 'id')::regclass)
+                - (SELECT id FROM head) + 1, 0),
        coalesce(extract(epoch FROM clock_timestamp() - (SELECT created_at FROM head))::float8, 0)
