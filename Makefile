@@ -112,9 +112,12 @@ chaos: up ## chaos campaign: 50 random faults, then the long ones, invariants an
 		PIN_CHAOS_LONG=$${PIN_CHAOS_LONG:-1} $(RUN) pytest tests-e2e/test_10_chaos_campaign.py
 
 # Whole-path fuzzing with many more examples than `make test` runs (a few hundred each),
-# and the consumer's batch statement proved against the pure plan on as many batches.
+# the consumer's batch statement proved against the pure plan on as many batches, and the
+# pure paths that read a record's bytes fed hostile ones (nesting, size, encoding, numbers).
 FUZZ_TESTS := $(wildcard services/*/tests/test_fuzz_integration.py) \
-	services/rewards-membership/tests/test_batch_sql_integration.py
+	services/rewards-membership/tests/test_batch_sql_integration.py \
+	services/rewards-membership/tests/test_hostile_bytes_fuzz.py \
+	services/identity-fanout/tests/test_hostile_rows_fuzz.py
 .PHONY: fuzz
 fuzz: up ## fuzz the consumer, the relay and the batch statement against real Kafka and PostgreSQL (10,000 examples each)
 	eval "$$($(RUN) pin-local -q env)" && PIN_FUZZ_EXAMPLES=$${PIN_FUZZ_EXAMPLES:-10000} \

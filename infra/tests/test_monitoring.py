@@ -63,14 +63,17 @@ GUARD_ALERTS = {
     },
 }
 # Alerts for failures the specs do not name: the cluster refusing the relay (ACLs,
-# credentials, a missing topic) holds every event, where a quarantine holds one.
+# credentials, a missing topic) holds every event, where a quarantine holds one. Membership
+# records keyed other than by their AgentUserId break the spec's per-agent order.
 OWN_ALERTS: dict[str, dict[str, str]] = {
     "identity-fanout": {
         "IdentityOutboxRelayRefused": "identity_outbox_relay_paused",
         "IdentityFanoutTaskWaiting": "identity_access_fanout_oldest_waiting_seconds",
         "IdentityOutboxForeignLaneLocks": "identity_outbox_foreign_lock_holders",
     },
-    "rewards-membership": {},
+    "rewards-membership": {
+        "RewardsMembershipKeyMismatch": "rewards_membership_key_mismatch_total",
+    },
 }
 ALERTS = {
     service: SPEC_ALERTS[service] | GUARD_ALERTS[service] | OWN_ALERTS[service]

@@ -48,6 +48,7 @@ from pin_contracts.topics import (
     Topic,
     key_partition,
 )
+from pin_contracts.untrusted import Unreadable, read_untrusted
 from pin_contracts.wire import EMPTY_GUID, is_empty_guid
 
 __all__ = [
@@ -80,6 +81,7 @@ __all__ = [
     "Topic",
     "UnknownEnumValue",
     "UnknownEnumValueError",
+    "Unreadable",
     "UserAccessChangedKafkaEvent",
     "decode",
     "decode_access_changed",
@@ -92,6 +94,7 @@ __all__ = [
     "kafka_key",
     "key_partition",
     "parse_enum",
+    "read_untrusted",
     "trace_context",
     "trace_headers",
 ]

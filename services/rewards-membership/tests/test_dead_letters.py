@@ -35,7 +35,7 @@ from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_admin, create_consumer, create_producer, ensure_topics
 from pin_testkit import fixtures
 from rewards_membership.cli import main
-from rewards_membership.dlq.reference import decode_reference, sha256_hex
+from rewards_membership.dlq.reference import DeadLetterReference, decode_reference, sha256_hex
 from rewards_membership.dlq.topic import DeadLetterRecord, read_at, read_dead_letters
 from rewards_membership.dlq.writer import DeadLetterer
 from rewards_membership.rules.validation import InvalidEvent, validate
@@ -231,6 +231,7 @@ def test_dead_letter_too_large_for_the_dlq_becomes_a_reference_record(  # noqa: 
     assert letter.replaced == "too-large"
     assert (DLT_VALUE_REPLACED_HEADER, b"too-large") in letter.headers
     reference = decode_reference(letter.value)
+    assert isinstance(reference, DeadLetterReference)
     assert (reference.original_topic, reference.original_partition) == (topic, 0)
     assert reference.original_offset == 1
     assert reference.size == len(bad[2])

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import msgspec
-import pytest
 
 from pin_contracts import (
     DLT_VALUE_REPLACED_HEADER,
@@ -15,6 +14,7 @@ from pin_contracts import (
     MESSAGE_ID_HEADER,
     AgentMembershipChanged,
     DeadLetterInfo,
+    Unreadable,
     encode,
     envelope_for,
 )
@@ -28,6 +28,7 @@ from rewards_membership.consumer.partitions import (
 )
 from rewards_membership.dlq.reference import (
     MAX_KEPT_HEADER_BYTES,
+    DeadLetterReference,
     decode_reference,
     reference_for,
     reference_headers,
@@ -153,6 +154,7 @@ class TestReference:
         encoded = reference_for(info(), value, "MSG_SIZE_TOO_LARGE: too large")
         assert len(encoded) < 500
         reference = decode_reference(encoded)
+        assert isinstance(reference, DeadLetterReference)
         assert reference.original_partition == 2
         assert reference.original_offset == 41
         assert reference.size == 2_000_000
@@ -173,8 +175,8 @@ class TestReference:
         assert reference_headers(huge, info(), "too-large")[0][0] != "x-blob"
 
     def test_not_a_reference(self) -> None:
-        with pytest.raises(msgspec.DecodeError):
-            decode_reference(b"not json")
+        assert isinstance(decode_reference(b"not json"), Unreadable)
+        assert decode_reference(b'{"a":' * 100_000) == Unreadable("JSON nested too deeply")
 
 
 def test_a_dead_lettered_message_id_is_a_duplicate_before_validation(event: Event) -> None:

@@ -17,10 +17,19 @@ from pin_contracts import (
     encode,
     envelope_for,
 )
-from rewards_membership.rules.validation import InvalidEvent, MembershipChange, validate
+from rewards_membership.rules.validation import (
+    KEY_MISSING,
+    KEY_NOT_AGENT_USER_ID,
+    KEY_NOT_UTF8,
+    InvalidEvent,
+    MembershipChange,
+    readable_fields,
+    validate,
+)
 
 AGENT = uuid.UUID("11111111-1111-1111-1111-111111111111")
 COMPANY = uuid.UUID("22222222-2222-2222-2222-222222222222")
+LETTERED = uuid.UUID("6f1c8a62-5f2f-4b8e-9d7e-1a2b3c4d5e6f")
 
 
 def change(value: bytes) -> MembershipChange:
@@ -133,3 +142,38 @@ def test_wrong_json_type_names_the_field(event: Callable[..., AgentMembershipCha
     data["Payload"]["Version"] = "seven"
     result = invalid(msgspec.json.encode(data))
     assert result.path == "$.Payload.Version"
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [
+        (str(LETTERED).encode(), None),
+        (None, KEY_MISSING),
+        (b"", KEY_MISSING),
+        (b"\xff\xfe", KEY_NOT_UTF8),
+        (str(LETTERED).upper().encode(), KEY_NOT_AGENT_USER_ID),
+        (str(COMPANY).encode(), KEY_NOT_AGENT_USER_ID),
+        (b"{" + str(LETTERED).encode() + b"}", KEY_NOT_AGENT_USER_ID),
+    ],
+)
+def test_a_key_other_than_the_agent_user_id_is_named_not_refused(
+    event: Callable[..., AgentMembershipChanged], key: bytes | None, problem: str | None
+) -> None:
+    value = encode(envelope_for(event(LETTERED, COMPANY, 1)))
+    result = validate(value, key)
+    assert isinstance(result, MembershipChange)
+    assert result.key_problem == problem
+    assert change(value).key_problem is None  # not checked unless a key is given
+
+
+def test_the_log_fields_of_hostile_bytes_are_read_without_an_error() -> None:
+    deep = b'{"MessageId":"' + str(AGENT).encode() + b'","X":' + b"[" * 100_000
+    assert readable_fields(b"[" * 1_000 + b"]" * 1_000) == (None, {})
+    assert readable_fields(deep) == (None, {})
+    assert invalid(deep).reason == "JSON nested too deeply"
+    odd = (
+        b'{"MessageId":"' + str(AGENT).encode() + b'","CorrelationId":1e400,'
+        b'"Payload":{"AgentUserId":"\xff","Version":' + b"9" * 400 + b',"Status":"Left",'
+        b'"Status":"Active","Reason":[[["x"]]]}}'
+    )
+    assert readable_fields(odd) == (AGENT, {"Status": "Active"})

@@ -10,7 +10,6 @@ migration or a service error exits 1 with `error: ...`, an unreachable database 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import logging
 import sys
@@ -43,7 +42,7 @@ from rewards_membership.app import (
     run_consumer,
     run_migrations,
 )
-from rewards_membership.dlq.reference import decode_reference
+from rewards_membership.dlq.reference import DeadLetterReference, decode_reference
 from rewards_membership.dlq.replay import Replayer, ReplayResult, ReplayState
 from rewards_membership.dlq.resolve import Resolver, ResolveResult, ResolveState
 from rewards_membership.dlq.topic import (
@@ -64,7 +63,7 @@ from rewards_membership.store import (
     prune_inbox,
 )
 
-__all__ = ["main"]
+__all__ = ["DeadLetterRow", "dead_letter_row", "main"]
 
 _log = logging.getLogger("rewards_membership")
 
@@ -268,7 +267,7 @@ def _dlq_list(settings: Settings, limit: int, *, as_json: bool = False) -> int:
                 for record, position in zip(page, positions, strict=True):
                     state = _state(replays.get(position), resolutions.get(position))
                     pending += state == "pending"
-                    rows.append(_row(record, state))
+                    rows.append(dead_letter_row(record, state))
                 shown += len(page)
                 if as_json:
                     sys.stdout.writelines(msgspec.json.encode(r).decode() + "\n" for r in rows)
@@ -301,13 +300,14 @@ def _state(replayed_at: datetime | None, resolution: Resolution | None) -> str:
     return "pending"
 
 
-def _row(record: DeadLetterRecord, state: str) -> DeadLetterRow:
+def dead_letter_row(record: DeadLetterRecord, state: str) -> DeadLetterRow:
+    """What `dlq list` shows of one dead letter: whatever its bytes, it is listed."""
     info = record.info
     replaced = record.replaced
     if replaced is not None:
         value = f"reference ({replaced})"
-        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-            reference = decode_reference(record.value)
+        reference = decode_reference(record.value)
+        if isinstance(reference, DeadLetterReference):
             value = (
                 f"reference ({replaced}, {reference.size} bytes, sha256 {reference.sha256[:12]})"
             )

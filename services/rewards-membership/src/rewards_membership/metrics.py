@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pin_runtime.metrics import MetricSet, load_catalogue
+from rewards_membership.rules.validation import KEY_PROBLEMS
 
 __all__ = ["CONTRACT_VERSION_LABELS", "Metrics", "contract_version_label"]
 
@@ -38,6 +39,7 @@ class Metrics(MetricSet):
     lag_seconds: Gauge
     dlq: Counter
     contract_mismatch: Counter
+    key_mismatch: Counter
     consumer_lag: Gauge
     retries: Counter
     paused_partitions: Gauge
@@ -50,3 +52,9 @@ class Metrics(MetricSet):
         if registry is None:
             registry = CollectorRegistry(auto_describe=True)
         super().__init__(registry)
+
+    def __post_init__(self) -> None:
+        # Every reason is exported from the start (at 0): an alert on its increase sees the
+        # first wrong key, not a series that appears with it.
+        for reason in KEY_PROBLEMS:
+            self.key_mismatch.labels(reason)

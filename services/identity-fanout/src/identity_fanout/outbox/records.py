@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import chain
@@ -13,9 +14,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 from psycopg.rows import TupleRow
 
+from pin_contracts import Unreadable, read_untrusted
+from pin_runtime.logging import log_event
 from pin_runtime.tracing import Headers, extract_context
 
 __all__ = ["MAX_SPAN_LINKS", "OutboxRecord", "record_from_row", "records_from_rows", "span_links"]
+
+_log = logging.getLogger("identity_fanout.outbox.records")
 
 MAX_SPAN_LINKS: Final = 32
 """Links from a round's span to the traces that wrote its rows (distinct contexts, first N)."""
@@ -63,17 +68,19 @@ def records_from_rows(rows: Sequence[TupleRow]) -> list[OutboxRecord]:
     columns are transposed (`zip`), the read's joined header texts decoded in one msgspec
     call, keys encoded by `map`, and each record built by `tuple.__new__` (a named tuple's
     own constructor is a Python function). A read with a header set of another shape (an
-    object, non-string values) falls back to row by row for the headers.
+    object, non-string values, anything unreadable) falls back to row by row for the
+    headers.
     """
     if not rows:
         return []
     ids, topics, keys, payloads, raw_headers, slots = zip(*rows, strict=True)
-    headers: Sequence[Headers]
-    try:
-        # str values are what the producer takes; the type only widens to Headers.
-        headers = cast("list[Headers]", _BATCH_HEADERS.decode("[" + ",".join(raw_headers) + "]"))
-    except msgspec.ValidationError:
-        headers = [_headers(raw) for raw in raw_headers]
+    # str values are what the producer takes; the type only widens to Headers.
+    read = read_untrusted(_BATCH_HEADERS, "[" + ",".join(raw_headers) + "]")
+    headers: Sequence[Headers] = (
+        [_headers(raw, id_) for raw, id_ in zip(raw_headers, ids, strict=True)]
+        if isinstance(read, Unreadable)
+        else cast("list[Headers]", read)
+    )
     keys_bytes, values = map(str.encode, keys), map(bytes, payloads)
     columns = zip(ids, topics, keys_bytes, values, headers, slots, strict=True)
     return list(map(_new_record, columns))
@@ -84,21 +91,51 @@ _new_record = cast(
 )
 
 
-def _headers(raw: object) -> Headers:
+def _headers(raw: object, id_: int | None = None) -> Headers:
     """jsonb `[[name, value], ...]` (or an object, the column default) as Kafka headers.
 
     Read as text (`headers::text`) and decoded by msgspec straight into (name, value) pairs:
-    the producer takes str values as they are, so no row costs a Python loop here.
+    the producer takes str values as they are, so no row costs a Python loop here. A value
+    of another JSON type goes out as its JSON text. Never raises: headers that cannot be
+    read at all (nested deeper than msgspec reads, which jsonb admits) are left off the
+    record, with a warning naming the row; its key and value go out as stored.
     """
     if isinstance(raw, str | bytes):
-        try:
-            decoded: Headers = msgspec.json.decode(raw, type=_HeaderPairs)
-        except msgspec.ValidationError:
-            raw = msgspec.json.decode(raw)  # an object, or values of other JSON types
-        else:
-            return decoded
-    pairs: Any = raw.items() if isinstance(raw, dict) else (raw or [])
-    return [(str(name), None if value is None else str(value).encode()) for name, value in pairs]
+        decoded = read_untrusted(_PAIRS, raw)
+        if not isinstance(decoded, Unreadable):
+            # str values are what the producer takes; the type only widens to Headers.
+            return cast("Headers", decoded)
+        as_pairs = read_untrusted(_ANY_PAIRS, raw)
+        if not isinstance(as_pairs, Unreadable):
+            return [(name, _header_value(value)) for name, value in as_pairs]
+        as_object = read_untrusted(_ANY_OBJECT, raw)
+        if not isinstance(as_object, Unreadable):
+            return [(name, _header_value(value)) for name, value in as_object.items()]
+        log_event(
+            _log,
+            "outbox-headers-unreadable",
+            logging.WARNING,
+            outboxId=id_,
+            reason=decoded.reason,
+        )
+        return []
+    pairs_: Any = raw.items() if isinstance(raw, dict) else (raw or [])
+    return [(str(name), None if value is None else str(value).encode()) for name, value in pairs_]
+
+
+_PAIRS: Final = msgspec.json.Decoder(_HeaderPairs)
+_ANY_PAIRS: Final = msgspec.json.Decoder(list[tuple[str, msgspec.Raw]])
+_ANY_OBJECT: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_TEXT: Final = msgspec.json.Decoder(str | None)
+
+
+def _header_value(raw: msgspec.Raw) -> bytes | None:
+    """A header's stored JSON value as the header's bytes: text as it is, null as no value,
+    any other value (a number of any size, an object) as its JSON text."""
+    text = read_untrusted(_TEXT, raw)
+    if isinstance(text, Unreadable):
+        return bytes(raw)
+    return None if text is None else text.encode()
 
 
 def span_links(records: Sequence[OutboxRecord]) -> list[Link]:

@@ -181,7 +181,7 @@ class MembershipConsumer:
         records = self._rebalances.keep_polled([m for m in messages if _is_record(m)])
         # Decoded, and the batch statement's document encoded, while the batch before is in
         # its transaction on the database thread.
-        items: list[Item] = [_keyed(m, validate(m.value())) for m in records]
+        items: list[Item] = [_keyed(m, validate(m.value(), m.key())) for m in records]
         document: str | None = records_document(items) if items else None
         self._batches.settle()
         pauser, assigned = self._partitions.pauser, self._partitions.assigned

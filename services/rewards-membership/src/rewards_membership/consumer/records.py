@@ -4,6 +4,7 @@ and the dead-letter writer's alike)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 from confluent_kafka import Message
@@ -89,12 +90,15 @@ def _trace_id(message: Message) -> str | None:
         return None
     pairs = headers.items() if isinstance(headers, dict) else headers
     for name, value in pairs:
-        if name == TRACEPARENT_HEADER and isinstance(value, bytes) and len(value) >= _TRACE_END:
-            trace_id = value[3:_TRACE_END].decode("ascii", errors="replace")
-            return trace_id if trace_id != _NO_TRACE else None
+        if name == TRACEPARENT_HEADER and isinstance(value, bytes):
+            # Any bytes may stand here: only 32 lowercase hex digits, not all zero, are a
+            # trace id (W3C); anything else is no trace id, not an error.
+            found = _TRACE_ID.match(value)
+            trace_id = found and found.group(1)
+            return trace_id.decode() if trace_id and trace_id != _NO_TRACE else None
     return None
 
 
-_TRACE_END: Final = 35
-"""Where the trace id of a W3C traceparent ends (`00-` and 32 hex digits)."""
-_NO_TRACE: Final = "0" * 32
+_TRACE_ID: Final = re.compile(rb"[0-9a-f]{2}-([0-9a-f]{32})-")
+"""The trace id of a W3C traceparent (`<version>-<trace id>-<span id>-<flags>`)."""
+_NO_TRACE: Final = b"0" * 32

@@ -84,11 +84,15 @@ class BatchReporter:
                 # The common case first, without a call per record: a valid event, no log
                 # line at this level, no warning to raise.
                 quiet = not (info or item.unknown_status or item.unknown_reason)
-                if quiet and item.contract_version == EXPECTED_CONTRACT_VERSION:
+                if (
+                    quiet
+                    and item.contract_version == EXPECTED_CONTRACT_VERSION
+                    and item.key_problem is None
+                ):
                     counts[(outcome, item.status.value)] += 1
                 else:
                     fields = event_fields(item, message, batch_context)
-                    self._report_change(item, outcome, counts, fields, info=info)
+                    self._report_change(item, message, outcome, counts, fields, info=info)
                 if earliest is None or item.occurred_at < earliest:
                     earliest = item.occurred_at
             elif isinstance(item, InvalidEvent):
@@ -145,6 +149,7 @@ class BatchReporter:
     def _report_change(
         self,
         item: MembershipChange,
+        message: Message,
         outcome: Outcome,
         counts: Counter[tuple[Outcome, str]],
         fields: dict[str, Any],
@@ -153,11 +158,13 @@ class BatchReporter:
     ) -> None:
         counts[(outcome, item.status.value)] += 1
         if outcome is not Outcome.DUPLICATE:
-            self._report_warnings(item, fields)
+            self._report_warnings(item, message, fields)
         if info:
             log_event(_log, outcome.value, **fields)
 
-    def _report_warnings(self, item: MembershipChange, fields: dict[str, Any]) -> None:
+    def _report_warnings(
+        self, item: MembershipChange, message: Message, fields: dict[str, Any]
+    ) -> None:
         metrics = self._metrics
         if item.contract_mismatch:
             metrics.contract_mismatch.labels(contract_version_label(item.contract_version)).inc()
@@ -167,6 +174,18 @@ class BatchReporter:
                 logging.WARNING,
                 expectedContractVersion=EXPECTED_CONTRACT_VERSION,
                 ContractVersion=item.contract_version,
+                **fields,
+            )
+        if item.key_problem is not None:
+            # Applied all the same: the version guard keeps the row right whatever the order
+            # a wrong key brought it in (docs/design/rewards-membership.md "Record keys").
+            metrics.key_mismatch.labels(item.key_problem).inc()
+            log_event(
+                _log,
+                "membership-key-mismatch",
+                logging.WARNING,
+                keyReason=item.key_problem,
+                key=key_text(message),
                 **fields,
             )
         if item.unknown_status:

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
 
-from pin_contracts import DLT_VALUE_REPLACED_HEADER, DeadLetterInfo, Headers
+from pin_contracts import (
+    DLT_VALUE_REPLACED_HEADER,
+    DeadLetterInfo,
+    Headers,
+    Unreadable,
+    read_untrusted,
+)
 
 __all__ = [
     "MAX_KEPT_HEADER_BYTES",
@@ -35,8 +41,9 @@ class DeadLetterReference(msgspec.Struct, frozen=True, kw_only=True, rename="cam
     """The value of a reference record (JSON, camelCase names)."""
 
     original_topic: str
-    original_partition: int
-    original_offset: int
+    original_partition: Annotated[int, msgspec.Meta(ge=0, lt=2**31)]
+    original_offset: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    """Bounded as Kafka bounds them: a replay reads the source topic at this place."""
     original_timestamp_ms: int
     size: int
     """Bytes of the original value."""
@@ -78,6 +85,7 @@ def reference_headers(
     return [*kept, *info.to_headers(), (DLT_VALUE_REPLACED_HEADER, reason.encode())]
 
 
-def decode_reference(value: bytes | None) -> DeadLetterReference:
-    """Parse a reference record's value; `msgspec.ValidationError`/`DecodeError` if it is not."""
-    return _decoder.decode(value or b"")
+def decode_reference(value: bytes | None) -> DeadLetterReference | Unreadable:
+    """A reference record's value, or why it is not one (never raises: a DLQ holds
+    whatever anyone wrote to it)."""
+    return read_untrusted(_decoder, value or b"")

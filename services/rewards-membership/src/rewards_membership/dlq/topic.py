@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, NamedTuple, TypeVar
 
-import msgspec
 from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_LOG_APPEND_TIME,
@@ -26,6 +25,7 @@ from pin_contracts import (
     ContractViolation,
     DeadLetterInfo,
     Headers,
+    Unreadable,
     original_headers,
 )
 from rewards_membership.consumer.records import headers_of, offset_of, partition_of, topic_of
@@ -39,6 +39,7 @@ __all__ = [
     "Target",
     "dead_letter_at",
     "dead_letter_info",
+    "dead_letter_record",
     "partitions_holding",
     "read_at",
     "read_dead_letters",
@@ -114,7 +115,8 @@ class Handled(Generic[S]):
     """Where its copy went (`dlq replay`)."""
 
 
-def _record(message: Message) -> DeadLetterRecord:
+def dead_letter_record(message: Message) -> DeadLetterRecord:
+    """A record read from the DLQ, its DLQ headers read (or why they cannot be)."""
     headers = headers_of(message)
     try:
         info: DeadLetterInfo | None = DeadLetterInfo.from_headers(headers)
@@ -164,7 +166,7 @@ def dead_letter_at(
     consumer: Consumer, topic: str, partition: int, offset: int, *, timeout: float
 ) -> DeadLetterRecord | None:
     message = read_at(consumer, topic, partition, offset, timeout=timeout)
-    return _record(message) if message is not None else None
+    return dead_letter_record(message) if message is not None else None
 
 
 class OriginalUnavailable(NamedTuple):
@@ -179,10 +181,9 @@ def read_original(
 ) -> Message | OriginalUnavailable:
     """The original record a reference record stands for, read back from the source topic
     and checked against the reference's sha256."""
-    try:
-        reference = decode_reference(record.value)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return OriginalUnavailable(gone=False, detail=f"unreadable reference: {exc}")
+    reference = decode_reference(record.value)
+    if isinstance(reference, Unreadable):
+        return OriginalUnavailable(gone=False, detail=f"unreadable reference: {reference.reason}")
     place = (
         f"{reference.original_topic}[{reference.original_partition}]@{reference.original_offset}"
     )
@@ -250,6 +251,6 @@ def read_dead_letters(
                 continue
             if offset + 1 >= ends[partition]:
                 del ends[partition]
-            yield _record(message)
+            yield dead_letter_record(message)
     finally:
         consumer.unassign()

@@ -6,6 +6,7 @@ No I/O: the consumer decides what to do with the outcome (apply, dead-letter, wa
 from __future__ import annotations
 
 import contextlib
+import enum
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Final
@@ -21,17 +22,26 @@ from pin_contracts import (
     ContractViolation,
     LeaveReason,
     UnknownEnumValue,
+    Unreadable,
     decode_membership_changed,
+    read_untrusted,
 )
 
 __all__ = [
     "EXPECTED_CONTRACT_VERSION",
     "IDEMPOTENCY_PREFIX",
+    "KEY_MISSING",
+    "KEY_NOT_AGENT_USER_ID",
+    "KEY_NOT_UTF8",
+    "KEY_PROBLEMS",
     "LOGGED_FIELDS",
+    "NO_KEY_CHECK",
     "InvalidEvent",
     "Item",
     "MembershipChange",
+    "NoKeyCheck",
     "idempotency_key",
+    "key_problem",
     "position_key",
     "readable_fields",
     "validate",
@@ -78,6 +88,10 @@ class MembershipChange(msgspec.Struct, frozen=True, kw_only=True):
 
     key: str
     """The inbox key, `idempotency_key(message_id)`, computed once: a batch looks it up twice."""
+    key_problem: str | None = None
+    """Why the record's Kafka key is not its AgentUserId's canonical text (`KEY_PROBLEMS`),
+    None when it is: such a change is applied all the same (the version guard keeps its row
+    right whatever the order), counted and logged."""
     row_key: tuple[UUID, UUID]
     """(AgentUserId, CompanyId): the projection row the change belongs to."""
 
@@ -109,6 +123,15 @@ Item = MembershipChange | InvalidEvent
 """What `validate` makes of one record: a change to apply or the reason it is invalid."""
 
 
+class NoKeyCheck(enum.Enum):
+    """`validate` without the key check (the sentinel's type)."""
+
+    NO_KEY_CHECK = enum.auto()
+
+
+NO_KEY_CHECK: Final = NoKeyCheck.NO_KEY_CHECK
+
+
 LOGGED_FIELDS: Final = ("AgentUserId", "CompanyId", "Status", "Reason", "Version")
 """The payload's fields every log line of an event names (spec "Наблюдаемость"), MessageId
 and CorrelationId beside them."""
@@ -116,35 +139,79 @@ _LONGEST_LOGGED: Final = 100
 """A refused record's field is logged up to this many characters (it may be anything)."""
 
 
+_OBJECT: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_SCALAR: Final = msgspec.json.Decoder(str | int | float | bool | None)
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+
+
 def readable_fields(value: bytes | None) -> tuple[UUID | None, dict[str, object]]:
     """What the log of a record the contract refuses can still say: its MessageId and the
     payload's named fields wherever the bytes are a JSON object holding them, as they are
-    (scalars only, long text cut). Pure; nothing here decides anything."""
-    try:
-        document = msgspec.json.decode(value or b"")
-    except msgspec.DecodeError:
-        return None, {}
-    if not isinstance(document, dict):
+    (scalars only, long text cut). Pure; nothing here decides anything.
+
+    Never raises, whatever the bytes (`read_untrusted`): each level is read as an object of
+    unread (raw) members and only the named ones are read further, so a member that is not
+    a scalar, a number beyond int64 and float, or invalid text costs only that field, and
+    of duplicate keys the last counts (as for the contract's decoder).
+    """
+    document = read_untrusted(_OBJECT, value or b"")
+    if isinstance(document, Unreadable):
         return None, {}
     message_id: UUID | None = None
-    raw_id = document.get("MessageId")
+    raw_id = _scalar(document, "MessageId")
     if isinstance(raw_id, str):
         with contextlib.suppress(ValueError):
             message_id = UUID(raw_id)
     fields: dict[str, object] = {}
-    payload = document.get("Payload")
+    raw_payload = document.get("Payload")
+    payload: dict[str, msgspec.Raw] | Unreadable | None = None
+    if raw_payload is not None:
+        payload = read_untrusted(_OBJECT, raw_payload)
     places = [(name, payload) for name in LOGGED_FIELDS] if isinstance(payload, dict) else []
     for name, where in [*places, ("CorrelationId", document)]:
-        found = where.get(name)
+        found = _scalar(where, name)
         if isinstance(found, str):
             fields[name] = found[:_LONGEST_LOGGED]
-        elif isinstance(found, bool | int | float):
+        elif isinstance(found, int) and not _INT64_MIN <= found <= _INT64_MAX:
+            continue  # thousands of digits are no log field (nor text Python will format)
+        elif found is not None:
             fields[name] = found
     return message_id, fields
 
 
-def validate(value: bytes | None) -> Item:
-    """Decode and check one record value (spec steps 1-2, without the inbox lookup)."""
+def _scalar(members: dict[str, msgspec.Raw], name: str) -> str | int | float | bool | None:
+    raw = members.get(name)
+    found = read_untrusted(_SCALAR, raw) if raw is not None else None
+    return None if isinstance(found, Unreadable) else found
+
+
+KEY_MISSING: Final = "missing"
+KEY_NOT_UTF8: Final = "not_utf8"
+KEY_NOT_AGENT_USER_ID: Final = "not_agent_user_id"
+KEY_PROBLEMS: Final = (KEY_MISSING, KEY_NOT_UTF8, KEY_NOT_AGENT_USER_ID)
+"""The `reason` label values of `rewards_membership_key_mismatch_total`."""
+
+
+def key_problem(key: bytes | None, agent_user_id: UUID) -> str | None:
+    """Why `key` is not the record key the spec fixes (AgentUserId, canonical lowercase
+    UUID text, as `pin_contracts.kafka_key` writes it), or None. One bytes comparison for
+    a right key; the reason is worked out only for a wrong one."""
+    if key == str(agent_user_id).encode():
+        return None
+    if not key:
+        return KEY_MISSING  # null, or empty: no key either way
+    try:
+        bytes(key).decode()
+    except UnicodeDecodeError:
+        return KEY_NOT_UTF8
+    return KEY_NOT_AGENT_USER_ID
+
+
+def validate(value: bytes | None, key: bytes | NoKeyCheck | None = NO_KEY_CHECK) -> Item:
+    """Decode and check one record value (spec steps 1-2, without the inbox lookup), and,
+    when given, its Kafka `key` against the payload's AgentUserId (the consumer gives it;
+    a replay or a listing checks only the value)."""
     try:
         envelope = decode_membership_changed(value)
     except ContractViolation as exc:
@@ -191,6 +258,7 @@ def validate(value: bytes | None) -> Item:
             leave_reason = parsed_reason
     return MembershipChange(
         payload=payload,
+        key_problem=None if key is NO_KEY_CHECK else key_problem(key, payload.agent_user_id),
         message_id=envelope.message_id,
         contract_version=envelope.contract_version,
         occurred_at=envelope.occurred_at,
