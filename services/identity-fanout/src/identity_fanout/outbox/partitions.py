@@ -121,7 +121,9 @@ class TopicPartitions:
         observed, expected = self.observed.get(topic), self.expected.get(topic)
         if observed is None:
             return KafkaException(
-                KafkaError(KafkaError._UNKNOWN_TOPIC, f"topic {topic} is not in the metadata")
+                KafkaError(
+                    KafkaError.UNKNOWN_TOPIC_OR_PART, f"topic {topic} is not in the metadata"
+                )
             )
         return KafkaException(
             KafkaError(
