@@ -1,0 +1,70 @@
+"""Partitions added to the membership topic while the consumer runs (real Kafka, PostgreSQL).
+
+The catalogue fixes the topic at 3 partitions, and identity's relay never writes beyond them;
+but a record that does reach a new partition (a producer outside the contract) must not wait
+unseen for librdkafka's default metadata refresh (5 minutes): the consumer refreshes every
+`pin_runtime.kafka.METADATA_REFRESH_MS` (10 s), and applies it within `BOUND`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka.cimpl import NewPartitions
+from consumer_kit import record_of
+
+from pin_contracts import envelope_for
+from pin_runtime.delivery import DeliveryTracker, flush_or_raise
+from pin_runtime.kafka import create_admin, create_producer
+
+pytestmark = pytest.mark.integration
+
+BOUND = 30.0
+"""Seconds from a record's arrival on a new partition to its being applied: the metadata
+refresh (10 s), a rebalance that assigns the partition, and a batch (README "Partitions")."""
+
+
+def test_a_record_on_a_partition_added_while_running_is_applied_within_the_bound(
+    kafka: Any, start_consumer: Any, event: Any, sql: Any, wait: Any
+) -> None:
+    company = uuid.uuid4()
+    first, late = uuid.uuid4(), uuid.uuid4()
+    consumer = start_consumer()
+    kafka.send(event(first, company, 1))
+    consumer.wait_handled(1)  # running, its partitions assigned
+
+    admin = create_admin(kafka.bootstrap, client_id="rewards-membership-test-admin")
+    for future in admin.create_partitions([NewPartitions(kafka.topic, 6)]).values():
+        future.result(30)
+    # A plain producer that knows the new partitions, straight into the last one.
+    producer = create_producer(kafka.bootstrap, client_id="rewards-membership-test-grown")
+    wait(
+        lambda: (
+            len(producer.list_topics(kafka.topic, timeout=10).topics[kafka.topic].partitions) == 6
+        ),
+        30,
+        "the producer sees 6 partitions",
+    )
+    key, value, headers = record_of(envelope_for(event(late, company, 1)))
+    tracker = DeliveryTracker[int]()
+    producer.produce(
+        kafka.topic, key=key, value=value, headers=headers, partition=5, on_delivery=tracker
+    )
+    flush_or_raise(producer, 30.0, tracker)
+    arrived = time.monotonic()
+
+    def applied() -> bool:
+        return bool(
+            sql(
+                "SELECT 1 FROM rewards.agent_performance WHERE agent_user_id = %(agent)s",
+                {"agent": late},
+            )
+        )
+
+    took = wait(applied, BOUND, f"the record on partition 5 applied within {BOUND:g}s")
+    assert time.monotonic() - arrived < BOUND
+    assert consumer.error is None
+    print(f"applied {took:.1f}s after it arrived on a new partition")  # noqa: T201
