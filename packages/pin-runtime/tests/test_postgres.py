@@ -6,7 +6,14 @@ import pytest
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout, TooManyRequests
 
 from pin_runtime.errors import MigrationError
-from pin_runtime.postgres import causes, create_pool, is_retriable
+from pin_runtime.postgres import (
+    DatabaseAuthError,
+    auth_failure,
+    causes,
+    create_pool,
+    is_retriable,
+    login_of,
+)
 
 RETRIABLE: list[BaseException] = [
     psycopg.OperationalError("connection refused"),  # client side, no SQLSTATE
@@ -123,3 +130,55 @@ def test_causes_walks_the_raise_from_chain_once_even_in_a_cycle() -> None:
     inner.__cause__ = outer  # a cycle: the walk must still end
     assert list(causes(outer)) == [outer, middle, inner]
     assert is_retriable(outer)
+
+
+@pytest.mark.parametrize(
+    ("message", "sqlstate"),
+    [
+        (
+            'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
+            'FATAL:  password authentication failed for user "relay"',
+            "28P01",
+        ),
+        ("connection failed: fe_sendauth: no password supplied", "28P01"),
+        ('connection failed: FATAL:  role "gone" does not exist', "28000"),
+        (
+            'connection failed: FATAL:  no pg_hba.conf entry for host "10.0.0.9", user "relay"',
+            "28000",
+        ),
+        ('connection failed: FATAL:  role "relay" is not permitted to log in', "28000"),
+    ],
+)
+def test_a_refused_login_is_told_apart_and_stays_retriable(message: str, sqlstate: str) -> None:
+    # libpq gives a refused connect no SQLSTATE: the server's FATAL line tells it.
+    exc = psycopg.OperationalError(message)
+    assert auth_failure(exc) == sqlstate
+    assert auth_failure(RuntimeError("wrapped")) is None
+    wrapped = RuntimeError("round failed")
+    wrapped.__cause__ = exc
+    assert auth_failure(wrapped) == sqlstate
+    # A rewritten passfile or a restored password heals it without a restart.
+    assert is_retriable(exc)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        psycopg.OperationalError("connection failed: Connection refused"),
+        psycopg.OperationalError('FATAL:  database "x" does not exist'),
+        pe.QueryCanceled(),
+        pe.InsufficientPrivilege(),
+    ],
+)
+def test_other_failures_are_no_refused_login(exc: BaseException) -> None:
+    assert auth_failure(exc) is None
+
+
+def test_a_refused_login_names_user_and_host_never_the_password() -> None:
+    dsn = "host=db.internal port=6432 user=relay password=s3cret dbname=pin passfile=/x"
+    assert login_of(dsn) == ("relay", "db.internal:6432")
+    refused = DatabaseAuthError(*login_of(dsn), "28P01")
+    assert str(refused) == (
+        "the database refused the login of user relay at db.internal:6432 (28P01 invalid_password)"
+    )
+    assert "s3cret" not in str(refused)

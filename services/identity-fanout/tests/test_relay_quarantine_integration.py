@@ -345,9 +345,7 @@ def test_a_topic_that_does_not_exist_pauses_the_relay_and_quarantines_nothing(
             # Refused again at each retry, the relay stays in the same pause throughout.
             failures = sample(registry, "identity_outbox_delivery_failures_total")
             wait_until(
-                lambda: (
-                    sample(registry, "identity_outbox_delivery_failures_total") >= failures + 2
-                ),
+                lambda: sample(registry, "identity_outbox_delivery_failures_total") >= failures + 2,
                 60,
                 "two more refused retries",
             )

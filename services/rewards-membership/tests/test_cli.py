@@ -123,6 +123,34 @@ def test_a_value_its_consumer_would_refuse_stops_consume_at_start(
     assert "Traceback" not in done.stderr + done.stdout
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("command", [["consume"], ["status"]])
+def test_a_login_the_database_refuses_exits_2_naming_the_dsn_variable(
+    settings: Settings, command: list[str]
+) -> None:
+    # Was: exit 1 "database unavailable" (status), or retried for ever (consume), as if
+    # the server were down, where a refused Kafka login exits 2.
+    dsn = conninfo_to_dict(settings.database_dsn.reveal())
+    refused = " ".join(
+        f"{k}={v}" for k, v in {**dsn, "user": f"nobody_{uuid.uuid4().hex[:8]}"}.items()
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REWARDS_MEMBERSHIP_")}
+    env |= environment(settings, refused) | {"REWARDS_MEMBERSHIP_KAFKA_BOOTSTRAP": "127.0.0.1:1"}
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("rewards-membership")), *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr + done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("config error: REWARDS_MEMBERSHIP_DATABASE_DSN: "), last
+    assert "28000" in last
+    assert "Traceback" not in done.stderr + done.stdout
+
+
 def test_bad_setting_exits_2_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,7 +7,10 @@
   of the service is exit 1 (`error: ...`); a database that cannot be reached is exit 1
   (`error: database unavailable: <first line of the driver's message>`), and so is a
   statement it refused (`error: the database refused the command (SQLSTATE): ...`), and
-  anything else a command raises (`error: Type: message`, the traceback in the JSON log).
+  anything else a command raises (`error: Type: message`, the traceback in the JSON log);
+  a login it refuses (SQLSTATE 28P01/28000, `postgres.auth_failure`; `postgres.check_login`
+  at a long-lived command's start) is a bad setting, exit 2 (`config error:
+  <PREFIX>DATABASE_DSN: the database refused the login ...`).
   Every line passes through `settings.redact`. Kafka credentials the brokers refuse are
   exit 2 through `kafka_security.kafka_or_exit`, which each command that talks to Kafka
   calls first.
@@ -48,6 +51,7 @@ from pin_runtime.build import BuildInfo, register_process_metrics
 from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import Check, Heartbeat, OpsServer
 from pin_runtime.logging import LogLevel, configure_logging, log_event
+from pin_runtime.postgres import AUTH_FAILURE_SQLSTATES, DatabaseAuthError, auth_failure
 from pin_runtime.settings import (
     CONFIG_ERROR_EXIT_CODE,
     S,
@@ -95,21 +99,32 @@ def _first_line(exc: BaseException) -> str:
 
 
 def run_command(
-    command: Callable[[], int | None], *, errors: tuple[type[Exception], ...] = ()
+    command: Callable[[], int | None],
+    *,
+    errors: tuple[type[Exception], ...] = (),
+    dsn_variable: str = "DATABASE_DSN",
 ) -> int:
-    """Run `command` and return its exit code (None is 0), the failures above mapped."""
+    """Run `command` and return its exit code (None is 0), the failures above mapped.
+
+    `dsn_variable`: the variable holding the DSN, named when the database refuses the login
+    (exit 2, as credentials the brokers refuse: retrying cannot fix a wrong password)."""
     typed: tuple[type[Exception], ...] = (MigrationError, *errors)
     try:
         code = command()
     except SettingsError as exc:
         error_line(f"config error: {exc.variable}: {exc.reason}")
         return CONFIG_ERROR_EXIT_CODE
+    except (DatabaseAuthError, psycopg.OperationalError) as exc:
+        refused = _refused_login(exc)
+        error_line(
+            f"error: database unavailable: {_first_line(exc)}"
+            if refused is None
+            else f"config error: {dsn_variable}: {refused}"
+        )
+        return ERROR_EXIT_CODE if refused is None else CONFIG_ERROR_EXIT_CODE
     except typed as exc:
         # MigrationError: `migrate` refused (an edited file, roles it may not create).
         error_line(f"error: {exc}")
-        return ERROR_EXIT_CODE
-    except psycopg.OperationalError as exc:
-        error_line(f"error: database unavailable: {_first_line(exc)}")
         return ERROR_EXIT_CODE
     except psycopg.Error as exc:
         # A statement the database refused (a permission, a constraint, a value it cannot
@@ -124,6 +139,17 @@ def run_command(
         error_line(f"error: {type(exc).__name__}: {_first_line(exc)}")
         return ERROR_EXIT_CODE
     return 0 if code is None else code
+
+
+def _refused_login(exc: Exception) -> str | None:
+    """The line for a login PostgreSQL refused (None: the database is unavailable)."""
+    if isinstance(exc, DatabaseAuthError):
+        return str(exc)
+    sqlstate = auth_failure(exc)
+    if sqlstate is None:
+        return None
+    name = AUTH_FAILURE_SQLSTATES[sqlstate]
+    return f"the database refused the login ({sqlstate} {name}): {_first_line(exc)}"
 
 
 @dataclass(frozen=True)
@@ -186,7 +212,11 @@ class Cli(Generic[S]):
         configure_logging(getattr(settings, "log_level", "INFO"), self.service, stream=sys.stderr)
         for variable in unknown_variables(self.settings_type, self.env_prefix):
             log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
-        return run_command(lambda: run(args, settings), errors=self.errors)
+        return run_command(
+            lambda: run(args, settings),
+            errors=self.errors,
+            dsn_variable=f"{self.env_prefix}DATABASE_DSN",
+        )
 
 
 class _PrintVersion(argparse.Action):

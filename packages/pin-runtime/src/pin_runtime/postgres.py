@@ -8,8 +8,10 @@ outage loses work.
 
 from __future__ import annotations
 
+import getpass
 import ipaddress
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -22,24 +24,30 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout, TooManyRequests
 
 from pin_runtime.errors import PinRuntimeError, TemplatedError
+from pin_runtime.logging import log_event
 from pin_runtime.sql import load_queries
 
 __all__ = [
+    "AUTH_FAILURE_SQLSTATES",
     "CONNECT_TIMEOUT",
     "PINNED_SETTINGS",
     "RETRIABLE_SQLSTATES",
     "RETRIABLE_SQLSTATE_CLASSES",
+    "DatabaseAuthError",
     "DsnError",
     "LazyConnection",
     "Pool",
     "SessionLimitError",
     "SessionLimits",
+    "auth_failure",
     "causes",
     "check_dsn",
+    "check_login",
     "connect",
     "create_pool",
     "is_retriable",
     "listen",
+    "login_of",
     "notify",
 ]
 
@@ -68,6 +76,28 @@ RETRIABLE_SQLSTATES: Final = {
 }
 
 
+# A refused login (SQLSTATE class 28): retriable like an outage (a rotated password or a
+# rewritten passfile heals it without a restart), but told apart (`auth_failure`): it needs
+# an operator, and at a command's start it is a bad setting (exit 2), not an outage.
+AUTH_FAILURE_SQLSTATES: Final = {
+    "28P01": "invalid_password",
+    "28000": "invalid_authorization_specification",
+}
+# libpq reports a refused connect without its SQLSTATE (there is no result to carry one),
+# so the server's FATAL line (and libpq's own "no password supplied") is what tells it;
+# a server whose lc_messages is not English words these differently and goes unclassified.
+_AUTH_FAILURE_TEXTS: Final = (
+    (re.compile(r"password authentication failed|no password supplied"), "28P01"),
+    (
+        re.compile(
+            r"no pg_hba\.conf entry|pg_hba\.conf rejects connection|authentication failed for user"
+            r'|role "[^"]*" (?:does not exist|is not permitted to log in)'
+        ),
+        "28000",
+    ),
+)
+
+
 def causes(exc: BaseException) -> Iterator[BaseException]:
     """`exc`, then each exception it was raised `from` (explicit `raise X from psycopg_error`
     wrappers), once each: a cycle in the chain ends the walk."""
@@ -86,6 +116,76 @@ def is_retriable(exc: BaseException) -> bool:
         if verdict is not None:
             return verdict
     return False
+
+
+def auth_failure(exc: BaseException) -> str | None:
+    """The SQLSTATE (28P01 or 28000) when `exc`, or an exception it was raised `from`, is
+    PostgreSQL refusing the login; None for anything else."""
+    for current in causes(exc):
+        if isinstance(current, DatabaseAuthError):
+            return current.sqlstate
+        if not isinstance(current, psycopg.Error):
+            continue
+        if current.sqlstate in AUTH_FAILURE_SQLSTATES:
+            return current.sqlstate
+        if current.sqlstate is None and isinstance(current, psycopg.OperationalError):
+            for pattern, sqlstate in _AUTH_FAILURE_TEXTS:
+                if pattern.search(str(current)):
+                    return sqlstate
+    return None
+
+
+class DatabaseAuthError(PinRuntimeError, TemplatedError):
+    """PostgreSQL refused the login of `user` at `host` (never the password)."""
+
+    template = "the database refused the login of user {user} at {host} ({sqlstate} {name})"
+    user: str
+    host: str
+    sqlstate: str
+
+    @property
+    def name(self) -> str:
+        return AUTH_FAILURE_SQLSTATES.get(self.sqlstate, "authentication failed")
+
+    def describe(self) -> str:
+        return self.template.format(
+            user=self.user, host=self.host, sqlstate=self.sqlstate, name=self.name
+        )
+
+
+def login_of(dsn: str) -> tuple[str, str]:
+    """The user and host a DSN logs in as and to, for a log line (never its password):
+    libpq's defaults where the DSN names none (PGUSER, PGHOST, the OS user, the socket)."""
+    try:
+        options = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        options = {}
+    user = str(options.get("user") or os.environ.get("PGUSER") or getpass.getuser())
+    host = str(options.get("host") or options.get("hostaddr") or os.environ.get("PGHOST") or "")
+    port = str(options.get("port") or os.environ.get("PGPORT") or "")
+    where = host or "local socket"
+    return user, f"{where}:{port}" if port and host else where
+
+
+def check_login(dsn: str, session: SessionLimits) -> None:
+    """The start of a long-lived command: one connect, to refuse a login the server rejects.
+
+    Raises `DatabaseAuthError` for a refused login (a bad setting: `run_command` exits 2
+    naming the DSN's variable, as for credentials the brokers refuse); a server that does not
+    answer is an outage the command's loops wait out, so that is logged and not raised."""
+    try:
+        connect(dsn, session).close()
+    except psycopg.OperationalError as exc:
+        sqlstate = auth_failure(exc)
+        if sqlstate is not None:
+            user, host = login_of(dsn)
+            raise DatabaseAuthError(user, host, sqlstate) from None
+        log_event(
+            _log,
+            "database unreachable at start",
+            logging.WARNING,
+            error=(str(exc).strip().splitlines() or [type(exc).__name__])[0],
+        )
 
 
 def _classify(exc: BaseException) -> bool | None:

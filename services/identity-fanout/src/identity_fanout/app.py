@@ -24,7 +24,7 @@ from pin_runtime.horizon import HorizonWatch
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import connect, create_pool
+from pin_runtime.postgres import check_login, connect, create_pool
 from pin_runtime.settings import settings_for_log
 
 _log = logging.getLogger(__name__)
@@ -66,6 +66,9 @@ def runtime(settings: Settings, command: str, *, kafka: bool) -> Iterator[Runtim
         ).start(rt.stop)
         if kafka:
             kafka_or_exit(settings, ENV_PREFIX, command=command)
+        # A refused login exits 2 here, as refused Kafka credentials do; an unreachable
+        # server is waited out by the loops.
+        check_login(settings.database_dsn.reveal(), settings.database_session())
         log_event(_log, "process started", command=command, settings=settings_for_log(settings))
         try:
             yield rt

@@ -24,7 +24,7 @@ from pin_runtime.kafka import create_consumer, create_producer
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.logging import log_event
 from pin_runtime.migrations import migrate
-from pin_runtime.postgres import SessionLimits, connect
+from pin_runtime.postgres import SessionLimits, check_login, connect
 from pin_runtime.settings import settings_for_log
 from rewards_membership.consumer.loop import MembershipConsumer
 from rewards_membership.db_roles import RUNTIME_ROLES
@@ -195,6 +195,8 @@ def run_consumer(settings: Settings) -> None:
         registry=metrics.registry,
     ) as rt:
         kafka_or_exit(settings, ENV_PREFIX, command="consume")
+        # A refused database login exits 2 as refused Kafka credentials do (`check_login`).
+        check_login(settings.database_dsn.reveal(), settings.database_session())
         consumer, producer = build_consumer(settings, metrics=metrics, heartbeat=heartbeat)
         try:
             ops = rt.serve({"postgresql": consumer.database_state, "kafka": consumer.kafka_state})

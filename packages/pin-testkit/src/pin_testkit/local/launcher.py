@@ -155,8 +155,11 @@ def _ensure_postgres(pg: Postgres, bindir: Path, account: RunAs, deadline: Deadl
     if not pg.initialised():
         pg.init(bindir, account)
     changed = pg.write_conf(account)
+    rules_changed = pg.write_hba()
     if pg.running(bindir, account):
         if not changed and _answers_soon(pg, REUSE_PROBE):
+            if rules_changed:
+                pg.reload()  # new pg_hba.conf rules need no restart
             log.info("postgres: reusing the server on 127.0.0.1:%d", pg.port)
             return
         log.info(

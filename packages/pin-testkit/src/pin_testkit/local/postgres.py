@@ -29,6 +29,16 @@ MAINTENANCE_DB = "postgres"
 DATABASES = ("pin_identity", "pin_rewards")
 BINDIR_ENV = "PIN_LOCAL_PG_BINDIR"
 CONF_NAME = "pin-local.conf"
+PASSWORD_GROUP = "pin_password_auth"  # noqa: S105 - a role's name, no password
+"""Roles in this group log in with their password over TCP (scram-sha-256); every other
+role is trusted on loopback. Tests of a refused or rotated password make their role a
+member (the local cluster trusts everyone else, so a password is never checked)."""
+_HBA_NAME = "pg_hba.conf"
+_HBA_BLOCK = (
+    f"# pin-local: members of {PASSWORD_GROUP} log in with their password\n"
+    f"host all +{PASSWORD_GROUP} 127.0.0.1/32 scram-sha-256\n"
+    f"host all +{PASSWORD_GROUP} ::1/128 scram-sha-256\n"
+)
 SERVER_USER = "postgres"  # PostgreSQL refuses to run as root: as root, run it as this user
 _SOCKET_PATH_MAX = 107  # sun_path of sockaddr_un, less the terminating NUL
 _PG_CTL_NOT_RUNNING = 3
@@ -243,6 +253,21 @@ class Postgres:
             self._chown(path, account)
         return changed
 
+    def write_hba(self) -> bool:
+        """Put the password rules of `PASSWORD_GROUP` first in pg_hba.conf (before the
+        trust rules); True when they were not there (the server must reload)."""
+        path = self.layout.pg_data / _HBA_NAME
+        text = path.read_text(encoding="utf-8")
+        if text.startswith(_HBA_BLOCK):
+            return False
+        path.write_text(_HBA_BLOCK + text, encoding="utf-8")  # keeps the file's owner
+        return True
+
+    def reload(self) -> None:
+        """The server rereads pg_hba.conf (no restart: open sessions stay)."""
+        with psycopg.connect(dsn(self.port), autocommit=True, connect_timeout=10) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+
     def running(self, bindir: Path, account: RunAs) -> bool:
         """Whether the postmaster of this data directory is alive (``pg_ctl status``)."""
         if not self.initialised():
@@ -339,6 +364,13 @@ class Postgres:
                 if name not in existing:
                     conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
                     created.append(name)
+            # The group the password rules name (pg_hba.conf): created once, no login.
+            conn.execute(
+                sql.SQL(
+                    "DO $$ BEGIN CREATE ROLE {} NOLOGIN;"
+                    " EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+                ).format(sql.Identifier(PASSWORD_GROUP))
+            )
         if created:
             log.info("postgres: created databases %s", ", ".join(created))
         return created

@@ -31,6 +31,7 @@ class RelayMetrics(MetricSet):
     quarantine_rows: Gauge
     paused: Gauge
     foreign_lock_holders: Gauge
+    database_auth_failures: Counter
     topic_partitions: Gauge
 
     def __post_init__(self) -> None:

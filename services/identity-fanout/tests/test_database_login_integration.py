@@ -1,0 +1,173 @@
+"""A database login the server refuses, and one whose password rotates: on a real PostgreSQL
+whose pg_hba.conf checks the passwords of `pin_password_auth`'s members (pin-local's rule;
+every other role is trusted on loopback)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from prometheus_client import CollectorRegistry
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from relay_support import RelayFactory, RelayThread, access_event, access_topic, outbox_count, write
+
+from identity_fanout.outbox.writer import outbox_message
+from pin_runtime.http import ComponentState
+from pin_testkit.local.postgres import PASSWORD_GROUP
+from pin_testkit.service import run_cli, service_environment
+from pin_testkit.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "first-Secret-1"
+ROTATED = "second-Secret-2"
+
+
+def sample(registry: CollectorRegistry, name: str) -> float | None:
+    return registry.get_sample_value(name)
+
+
+class Login:
+    """A login of the relay's group that must give its password (`PASSWORD_GROUP`)."""
+
+    def __init__(self, admin_dsn: str, relay_dsn: str, name: str) -> None:
+        self.admin_dsn = admin_dsn
+        self.name = name
+        base = {k: v for k, v in conninfo_to_dict(relay_dsn).items() if k != "password"}
+        self.base = make_conninfo("", **{**base, "user": name})
+
+    def dsn(self, **options: str) -> str:
+        return make_conninfo(self.base, **options)
+
+    def rotate(self, password: str) -> None:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(
+                psycopg.sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    psycopg.sql.Identifier(self.name), psycopg.sql.Literal(password)
+                )
+            )
+
+    def kill_sessions(self) -> int:
+        """pg_terminate_backend of every session of this login; how many."""
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (self.name,),
+            ).fetchall()
+        return sum(1 for (killed,) in rows if killed)
+
+
+@pytest.fixture
+def login(postgres_admin_dsn: str, relay_dsn: str) -> Iterator[Login]:
+    name = f"pin_test_pw_{uuid.uuid4().hex[:10]}"
+    relay_group = conninfo_to_dict(relay_dsn)["user"]
+    made = Login(postgres_admin_dsn, relay_dsn, name)
+    with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
+        group = admin.execute(
+            "SELECT r.rolname FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid"
+            " JOIN pg_roles u ON u.oid = m.member WHERE u.rolname = %s",
+            (relay_group,),
+        ).fetchone()
+        assert group is not None
+        admin.execute(
+            psycopg.sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {}").format(
+                psycopg.sql.Identifier(name),
+                psycopg.sql.Literal(PASSWORD),
+                psycopg.sql.Identifier(PASSWORD_GROUP),
+                psycopg.sql.Identifier(group[0]),
+            )
+        )
+    yield made
+    with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
+        )
+        admin.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(name)))
+
+
+def logged(stream: io.StringIO, event: str) -> list[dict[str, object]]:
+    lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
+    return [line for line in lines if line.get("event") == event]
+
+
+def test_a_relay_whose_login_is_refused_says_so_counts_it_and_reports_its_gauges_unknown(
+    login: Login, make_relay: RelayFactory, json_logs: io.StringIO
+) -> None:
+    registry = CollectorRegistry()
+    state = ComponentState()
+    relay = make_relay(dsn=login.dsn(password="wrong"), registry=registry, state=state)
+    with RelayThread(relay):
+        wait_until(
+            lambda: (sample(registry, "identity_outbox_database_auth_failures_total") or 0) >= 2,
+            30,
+            "two refused logins counted",
+        )
+    [first, *_] = logged(json_logs, "database authentication failed")
+    assert first["level"] == "ERROR"
+    assert first["user"] == login.name
+    assert first["host"] == f"127.0.0.1:{conninfo_to_dict(login.base)['port']}"
+    assert first["sqlstate"] == "28P01"
+    assert "wrong" not in json_logs.getvalue()
+    # Never a healthy 0 for an outbox it could not look at.
+    for gauge in ("identity_outbox_oldest_age_seconds", "identity_outbox_backlog"):
+        value = sample(registry, gauge)
+        assert value is not None, gauge
+        assert math.isnan(value), gauge
+    check = state()
+    assert check.status == "degraded"
+    assert "refused the login" in (check.detail or "")
+
+
+@pytest.mark.parametrize("command", ["relay", "worker", "status"])
+def test_a_refused_login_at_start_exits_2_naming_the_dsn_variable(
+    login: Login, command: str
+) -> None:
+    env = service_environment(
+        ("IDENTITY_FANOUT_",),
+        IDENTITY_FANOUT_DATABASE_DSN=login.dsn(password="wrong-Secret"),
+        IDENTITY_FANOUT_KAFKA_BOOTSTRAP=os.environ["PIN_KAFKA_BOOTSTRAP"],
+        IDENTITY_FANOUT_METRICS_HOST="127.0.0.1",
+        IDENTITY_FANOUT_METRICS_PORT="0",
+    )
+    result = run_cli("identity-fanout", [command], env, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("config error: IDENTITY_FANOUT_DATABASE_DSN: "), last
+    assert "28P01" in last
+    assert "wrong-Secret" not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_a_passfile_rewritten_with_a_rotated_password_is_read_at_the_next_connect(
+    login: Login,
+    identity_dsn: str,
+    make_relay: RelayFactory,
+    kafka_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    # libpq reads the passfile at every connect: the relay's sessions, killed after the
+    # role's password changed, come back with the rewritten file and no restart.
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(f"*:*:*:{login.name}:{PASSWORD}\n")
+    passfile.chmod(0o600)
+    topic = access_topic(kafka_topic(partitions=3))
+    registry = CollectorRegistry()
+    relay = make_relay(dsn=login.dsn(passfile=str(passfile)), registry=registry)
+    with RelayThread(relay):
+        write(identity_dsn, [outbox_message(access_event(), topic) for _ in range(3)])
+        wait_until(lambda: outbox_count(identity_dsn) == 0, 60, "first rows published")
+
+        login.rotate(ROTATED)
+        passfile.write_text(f"*:*:*:{login.name}:{ROTATED}\n")
+        assert login.kill_sessions() >= 1  # the lanes' session at least
+        write(identity_dsn, [outbox_message(access_event(), topic) for _ in range(3)])
+        wait_until(lambda: outbox_count(identity_dsn) == 0, 60, "rows after the rotation")
+    assert (sample(registry, "identity_outbox_database_auth_failures_total") or 0) == 0
+    assert (sample(registry, "identity_outbox_published_total") or 0) >= 6
