@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka.cimpl import NewPartitions
 from prometheus_client import CollectorRegistry
 
 from pin_runtime.http import ComponentState
@@ -79,6 +80,7 @@ def watch(kafka_bootstrap: str) -> Iterator[WatchFactory]:
         exclude: frozenset[str] = frozenset(),
         bootstrap: str = kafka_bootstrap,
         timeout: float = 10.0,
+        partitions: dict[str, int] | None = None,
     ) -> Watch:
         registry = CollectorRegistry()
         state = ComponentState()
@@ -110,6 +112,7 @@ def watch(kafka_bootstrap: str) -> Iterator[WatchFactory]:
             max_groups=50,
             interval=1.0,
             stale_after=600.0,
+            partitions=partitions or {},
         )
         watcher = LagWatcher(
             plan=plan,
@@ -177,6 +180,34 @@ def test_a_backlog_shows_in_records_and_seconds_and_is_gone_once_caught_up(
     w.now[0] += 15
     w.watcher.run_pass()
     assert (w.lag(group, topic, 0), w.seconds(group, topic, 0)) == (0, 0)
+
+
+def test_a_topic_grown_past_the_catalogues_count_shows_beside_it(
+    kafka_bootstrap: str, kafka_topic: Callable[..., str], watch: WatchFactory
+) -> None:
+    topic = kafka_topic(partitions=3)
+    w = watch((topic,), groups=(new_group(),), partitions={topic: 3})
+
+    def counts() -> tuple[float | None, float | None]:
+        return (
+            w.registry.get_sample_value("pin_lag_watcher_topic_partitions", {"topic": topic}),
+            w.registry.get_sample_value(
+                "pin_lag_watcher_topic_partitions_expected", {"topic": topic}
+            ),
+        )
+
+    assert counts() == (None, 3)  # the catalogue's from the start, the cluster's once read
+    w.watcher.run_pass()
+    assert counts() == (3, 3)
+    admin = create_admin(kafka_bootstrap, client_id="pin-runtime-test-lag-admin")
+    for future in admin.create_partitions([NewPartitions(topic, 6)]).values():
+        future.result(30)
+
+    def grown() -> bool:
+        w.watcher.run_pass()
+        return counts() == (6, 3)
+
+    wait_until(grown, 30, "6 partitions seen beside the catalogue's 3")
 
 
 def test_a_listed_group_that_never_committed_counts_from_the_first_record(

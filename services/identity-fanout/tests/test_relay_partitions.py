@@ -11,6 +11,7 @@ from identity_fanout.outbox.partitions import (
     TopicPartitions,
     catalogue_partitions,
 )
+from identity_fanout.settings import LagWatchSettings
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, USER_ACCESS_CHANGED, key_partition
 from pin_runtime.delivery import classify
 
@@ -65,3 +66,8 @@ def test_looks_are_periodic_and_a_waiting_or_new_topic_is_looked_at_sooner() -> 
 
 def test_an_unknown_partition_from_the_client_is_the_same_refusal() -> None:
     assert classify(KafkaError(KafkaError._UNKNOWN_PARTITION)).reason == "partition-count"
+
+
+def test_the_lag_watcher_exports_the_access_topics_catalogue_count() -> None:
+    watch = LagWatchSettings(kafka_bootstrap="k:9092")
+    assert watch.catalogue_partitions() == {ACCESS: 3}

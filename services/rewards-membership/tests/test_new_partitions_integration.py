@@ -19,6 +19,7 @@ from consumer_kit import record_of
 from pin_contracts import envelope_for
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_admin, create_producer
+from rewards_membership.settings import LagWatchSettings
 
 pytestmark = pytest.mark.integration
 
@@ -68,3 +69,8 @@ def test_a_record_on_a_partition_added_while_running_is_applied_within_the_bound
     assert time.monotonic() - arrived < BOUND
     assert consumer.error is None
     print(f"applied {took:.1f}s after it arrived on a new partition")  # noqa: T201
+
+
+def test_the_lag_watcher_exports_the_membership_topics_catalogue_count() -> None:
+    watch = LagWatchSettings(kafka_bootstrap="k:9092")
+    assert watch.catalogue_partitions() == {"pin.identity.agent-membership-changed.v1": 3}

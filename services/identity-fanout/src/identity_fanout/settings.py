@@ -11,7 +11,7 @@ from typing import Annotated, Final
 
 from msgspec import Meta
 
-from pin_contracts.topics import AGENT_MEMBERSHIP_CHANGED, USER_ACCESS_CHANGED
+from pin_contracts.topics import AGENT_MEMBERSHIP_CHANGED, CATALOGUE, USER_ACCESS_CHANGED
 from pin_runtime.clients import Port, ServiceSettings
 from pin_runtime.lag_watch.settings import LagWatchSettings as BaseLagWatchSettings
 from pin_runtime.lag_watch.settings import TopicName
@@ -113,3 +113,6 @@ class LagWatchSettings(BaseLagWatchSettings, frozen=True, kw_only=True):
     lag_watch_topics: tuple[TopicName, ...] = (USER_ACCESS_CHANGED.name,)
     lag_watch_discover: bool = True
     metrics_port: Port = 9108
+
+    def catalogue_partitions(self) -> dict[str, int]:
+        return {t.name: t.partitions for t in CATALOGUE if t.name in self.lag_watch_topics}

@@ -13,6 +13,7 @@ from msgspec import Meta
 
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
+    CATALOGUE,
     IDENTITY_MEMBERSHIP_DLQ,
     REWARDS_MEMBERSHIP_CONSUMER_GROUP,
 )
@@ -114,3 +115,6 @@ class LagWatchSettings(BaseLagWatchSettings, frozen=True, kw_only=True):
     lag_watch_topics: tuple[TopicName, ...] = (AGENT_MEMBERSHIP_CHANGED.name,)
     lag_watch_groups: tuple[GroupName, ...] = (REWARDS_MEMBERSHIP_CONSUMER_GROUP,)
     metrics_port: Port = 9109
+
+    def catalogue_partitions(self) -> dict[str, int]:
+        return {t.name: t.partitions for t in CATALOGUE if t.name in self.lag_watch_topics}

@@ -29,6 +29,8 @@ class LagWatchMetrics(MetricSet):
     groups: Gauge
     errors: Counter
     pass_seconds: Histogram
+    topic_partitions: Gauge
+    catalogue_partitions: Gauge
 
     def __post_init__(self) -> None:
         for kind in ERROR_KINDS:  # every kind exported from the start, at 0

@@ -9,6 +9,7 @@ database: the watcher's pod gets no DSN.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated
 
@@ -53,6 +54,12 @@ class LagWatchSettings(KafkaClientSettings, frozen=True, kw_only=True):
     metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
     metrics_port: Port = 0
     log_level: LogLevel = "INFO"
+
+    def catalogue_partitions(self) -> Mapping[str, int]:
+        """The topic catalogue's partition count of each watched topic it fixes: exported
+        beside the count the cluster has, for the alert that they differ. A service's
+        subclass answers from its catalogue (pin-runtime knows none)."""
+        return {}
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the Kafka authentication checks

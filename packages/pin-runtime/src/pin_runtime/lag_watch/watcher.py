@@ -43,6 +43,8 @@ class WatchPlan:
     max_groups: int
     interval: float
     stale_after: float
+    partitions: Mapping[str, int] = field(default_factory=dict)
+    """The topic catalogue's partition count of the watched topics it fixes."""
 
     @classmethod
     def of(cls, settings: LagWatchSettings, *, reader_group: str) -> WatchPlan:
@@ -55,6 +57,7 @@ class WatchPlan:
             max_groups=settings.lag_watch_max_groups,
             interval=settings.lag_watch_interval.total_seconds(),
             stale_after=settings.lag_watch_stale_after.total_seconds(),
+            partitions=dict(settings.catalogue_partitions()),
         )
 
 
@@ -95,6 +98,8 @@ class LagWatcher:
             # Exported from the start: a watcher that never succeeds shows 0 (very old).
             self.metrics.last_success.labels(topic).set(0)
             self.metrics.groups.labels(topic).set(0)
+            if topic in self.plan.partitions:
+                self.metrics.catalogue_partitions.labels(topic).set(self.plan.partitions[topic])
 
     def run(self, stop: Event, heartbeat: Heartbeat | None = None) -> None:
         """Pass after pass, one every interval, until `stop` is set."""
@@ -129,6 +134,10 @@ class LagWatcher:
                 found[topic] = self.brokers.partitions(topic)
             except BrokerReadError as exc:
                 report.fail("metadata", exc)
+            else:
+                # Beside the catalogue's count: a topic grown (or recreated) behind the
+                # contract's back alerts from here, whether its consumers run or not.
+                self.metrics.topic_partitions.labels(topic).set(len(found[topic]))
         return found
 
     def _group_offsets(
