@@ -70,9 +70,11 @@ OWN_ALERTS: dict[str, dict[str, str]] = {
         "IdentityOutboxRelayRefused": "identity_outbox_relay_paused",
         "IdentityFanoutTaskWaiting": "identity_access_fanout_oldest_waiting_seconds",
         "IdentityOutboxForeignLaneLocks": "identity_outbox_foreign_lock_holders",
+        "IdentityAccessTopicPartitionsChanged": "pin_lag_watcher_topic_partitions",
     },
     "rewards-membership": {
         "RewardsMembershipKeyMismatch": "rewards_membership_key_mismatch_total",
+        "RewardsMembershipTopicPartitionsChanged": "pin_lag_watcher_topic_partitions",
     },
 }
 ALERTS = {
