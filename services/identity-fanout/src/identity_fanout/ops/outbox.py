@@ -18,6 +18,7 @@ from identity_fanout.outbox.lanes import (
     relay_instances,
     slots_of,
 )
+from identity_fanout.outbox.pause_mark import base_name, pause_of
 from identity_fanout.outbox.quarantine import Quarantine
 from identity_fanout.outbox.tables import OutboxTables
 from pin_runtime.listing import Fields
@@ -35,6 +36,21 @@ class RelayHolder(msgspec.Struct, frozen=True, kw_only=True):
     client_addr: str | None
     lanes: tuple[int, ...] = ()
     """The lanes whose every slot this session holds."""
+
+
+class RelayPause(msgspec.Struct, frozen=True, kw_only=True):
+    """A running relay instance that holds its rows for a refusal of the cluster, as its
+    lanes' session names it (`outbox.pause_mark`)."""
+
+    pid: int
+    application_name: str | None
+    """The session's name without the pause's mark."""
+    client_addr: str | None
+    reason: str
+    """What the cluster refuses (the relay's `relay paused` reason: unknown-topic,
+    topic-authorization, authentication, ...)."""
+    topic: str | None
+    """Where it showed (None: the name had no room for it; the relay's log has it)."""
 
 
 class OutboxStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,6 +77,8 @@ class OutboxStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Rows Kafka refused for good, by topic (`outbox quarantine list`)."""
     foreign: tuple[ForeignHolder, ...] = ()
     """Sessions of other logins holding lane locks (their slots are not published)."""
+    paused: tuple[RelayPause, ...] = ()
+    """Running relay instances paused for a refusal of the cluster, and why."""
 
 
 def outbox_status(
@@ -97,7 +115,24 @@ def outbox_status(
         oldest_age_by_lane={lane: round(age, 1) for lane, age in sorted(oldest_by_lane.items())},
         quarantined=Quarantine(tables).counts(conn),
         foreign=tuple(foreign_holders(locks)),
+        paused=_paused(locks),
     )
+
+
+def _paused(locks: list[LaneLock]) -> tuple[RelayPause, ...]:
+    """Every relay instance (its member lock) whose session's name carries a pause."""
+    paused: dict[int, RelayPause] = {}
+    for lk in locks:
+        mark = pause_of(lk.application_name) if lk.member and lk.relay_login else None
+        if mark is not None:
+            paused[lk.pid] = RelayPause(
+                pid=lk.pid,
+                application_name=base_name(lk.application_name),
+                client_addr=lk.client_addr,
+                reason=mark.reason,
+                topic=mark.topic,
+            )
+    return tuple(paused[pid] for pid in sorted(paused))
 
 
 def _holders(locks: list[LaneLock], lanes: int) -> list[RelayHolder]:
@@ -106,7 +141,7 @@ def _holders(locks: list[LaneLock], lanes: int) -> list[RelayHolder]:
     for lk in locks:
         if not lk.member:
             slots.setdefault(lk.pid, set()).add(lk.key)
-            who[lk.pid] = (lk.application_name, lk.client_addr)
+            who[lk.pid] = (base_name(lk.application_name), lk.client_addr)
     holders = [
         RelayHolder(
             pid=pid,
@@ -164,6 +199,16 @@ def status_table(status: OutboxStatus) -> Fields:
             " (not a relay login: these slots are not published while it holds them)",
         )
         for holder in status.foreign
+    ]
+    pairs += [
+        (
+            f"relay pid {pause.pid} paused",
+            f"{pause.reason}"
+            + (f" on {pause.topic}" if pause.topic else "")
+            + f": {pause.application_name or '?'} holds its rows until the cluster takes"
+            " them (relay paused in its log; IdentityOutboxRelayRefused)",
+        )
+        for pause in status.paused
     ]
     unheld = [lane for lane in range(status.lanes) if lane not in held]
     if status.holders and unheld:

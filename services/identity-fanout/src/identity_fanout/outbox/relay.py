@@ -153,6 +153,12 @@ class Rounds:
             ),
         )
         report_pause(self.metrics, before, self.pause)
+        if self.pause is not before:
+            pause = self.pause
+            self.session.mark_pause(
+                None if pause is None else pause.failure.reason,
+                None if pause is None else pause.topic,
+            )
         if self.pause is not None:
             self.state.degraded(f"kafka: {self.pause.describe()}")
         elif result.error is None:

@@ -28,6 +28,7 @@ from identity_fanout.outbox.lanes import (
     relay_instances,
     slots_of,
 )
+from identity_fanout.outbox.pause_mark import session_name
 from identity_fanout.outbox.tables import OutboxTables
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import LazyConnection, SessionLimits, connect, listen
@@ -73,8 +74,11 @@ class LaneSession:
         self._member_class = tables.member_lock_class
         self._lane_locks = tables.compose(_q, "lane_locks")
         # Autocommit: each statement its own transaction; LISTEN delivers at once.
+        self._base_name = application_name
+        self._name = session_name(application_name, None)
+        # A reconnect takes the name as it is now (a pause's mark included).
         self._conn = LazyConnection(
-            lambda: connect(dsn, limits, application_name=application_name), prepare=self._join
+            lambda: connect(dsn, limits, application_name=self._name), prepare=self._join
         )
         self._on_change = on_change or (lambda _lanes: None)
         self._on_foreign = on_foreign or (lambda _count: None)
@@ -104,6 +108,18 @@ class LaneSession:
         if not self._conn.is_open:
             self.drop()  # the locks of a lost session are gone with it
         return self._conn.get()
+
+    def mark_pause(self, reason: str | None, topic: str | None = None) -> None:
+        """Show the relay's pause (None: none) in this session's application_name, where
+        `outbox status` reads it (`pause_mark`). Called when the pause changes, not per
+        round; a session opened later is named so from its start."""
+        name = session_name(self._base_name, reason, topic)
+        if name == self._name:
+            return
+        self._name = name
+        conn = self._conn.current
+        if conn is not None and self._conn.is_open:
+            conn.execute(_q.set_name, {"name": name})
 
     def _join(self, conn: psycopg.Connection[TupleRow]) -> None:
         conn.execute(_q.join_members, {"members": self._member_class})

@@ -32,3 +32,8 @@ SELECT l.classid::bigint = %(members)s AS member, l.objid::bigint AS key, l.pid,
    -- A two-int4 key shows as classid = first key, objid = second key, objsubid = 2.
    AND l.objsubid = 2
    AND l.classid::bigint IN (%(class)s, %(members)s)
+
+-- name: set_name --
+-- The session's application_name, changed with the relay's pause (outbox.pause_mark):
+-- pg_stat_activity shows it to `outbox status` beside the session's lane locks.
+SELECT set_config('application_name', %(name)s, false)
