@@ -22,8 +22,10 @@ __all__ = [
     "DEPENDENCIES",
     "LONG_FAULTS",
     "PAGES",
+    "TOPIC_FAULTS",
     "Fault",
     "FaultKind",
+    "keeps_firing",
     "long_faults",
     "pages",
     "schedule",
@@ -40,6 +42,7 @@ class FaultKind(StrEnum):
     POSTGRES_RESTART_FAST = "PostgreSQL restart (fast)"
     POSTGRES_RESTART_IMMEDIATE = "PostgreSQL restart (immediate)"
     HOT_ROW_LOCK = "lock held on hot rows"
+    PARTITIONS_ADDED = "partitions added (3 -> 6, both identity topics)"
     LATENCY = "latency"
     STALL = "stalled connection"
     RESET = "connection reset"
@@ -74,6 +77,11 @@ LONG_FAULTS: Final = (
 )
 """Faults of a whole kind of process or of every path at once, played by the long campaign
 only, one at a time and long enough to page (never drawn at random)."""
+TOPIC_FAULTS: Final = (FaultKind.PARTITIONS_ADDED,)
+"""Faults of the topics themselves, drawn at most once per campaign: partitions only grow,
+and the topics stay grown (their alerts keep firing to the end, `keeps_firing`)."""
+GROWN_PARTITIONS: Final = 6
+TOPICS: Final = "topics"
 DEPENDENCIES: Final = ("postgres", "kafka")
 BROKER: Final = "broker"
 POSTGRES: Final = "postgres"
@@ -86,6 +94,9 @@ _DURATIONS: Final[dict[FaultKind, tuple[float, float]]] = {
     FaultKind.POSTGRES_RESTART_FAST: (1.0, 5.0),
     FaultKind.POSTGRES_RESTART_IMMEDIATE: (1.0, 5.0),
     FaultKind.HOT_ROW_LOCK: (2.0, 8.0),
+    # The window of its alerts (the lag watcher's 5 s pass, then 1 minute of `for`) and a
+    # margin: the topics stay grown after it, only the matrix's window ends.
+    FaultKind.PARTITIONS_ADDED: (100.0, 100.0),
     FaultKind.LATENCY: (3.0, 10.0),
     FaultKind.STALL: (2.0, 8.0),
     FaultKind.RESET: (0.0, 0.0),
@@ -121,10 +132,14 @@ PAGES: Final[dict[FaultKind, frozenset[str]]] = {
         {"RewardsMembershipConsumerAbsent", "RewardsMembershipLagHigh"}
     ),
     FaultKind.ALL_BATCHES_FAILING: frozenset({"IdentityFanoutNoSuccessfulRun"}),
+    FaultKind.PARTITIONS_ADDED: frozenset(
+        {"IdentityAccessTopicPartitionsChanged", "RewardsMembershipTopicPartitionsChanged"}
+    ),
 }
 """The alert matrix: what must fire while a fault of that kind lasts its whole duration.
-Short faults page nothing (each is shorter than every alert's window); the partial outage
-must leave no task Failed, whatever pages."""
+Short faults page nothing (each is shorter than every alert's window) but the topics'
+partitions added, which last their alerts' window; the partial outage must leave no task
+Failed, whatever pages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +180,10 @@ def schedule(
     kinds = list(short)
     rng.shuffle(kinds)
     drawn = kinds[:count] + [rng.choice(short) for _ in range(count - len(kinds))]
+    # Partitions only grow: a topic fault drawn again is another kind.
+    others = [kind for kind in short if kind not in TOPIC_FAULTS]
+    for index in [i for i, kind in enumerate(drawn) if kind in TOPIC_FAULTS][1:]:
+        drawn[index] = rng.choice(others)
     offsets = sorted(rng.uniform(0.0, span) for _ in drawn)
     faults: list[Fault] = []
     for number, (at, kind) in enumerate(zip(offsets, drawn, strict=True), start=1):
@@ -172,6 +191,8 @@ def schedule(
         duration = round(rng.uniform(low, high), 1)
         if kind in PROCESS_FAULTS:
             faults.append(Fault(number, at, kind, rng.choice(labels)))
+        elif kind in TOPIC_FAULTS:
+            faults.append(Fault(number, at, kind, TOPICS, duration=duration))
         elif kind in NETWORK_FAULTS:
             target = rng.choice(connected)
             dependency = rng.choice(sorted(processes[target]))
@@ -180,6 +201,14 @@ def schedule(
             server = BROKER if kind.name.startswith("BROKER") else POSTGRES
             faults.append(Fault(number, at, kind, server, duration=duration))
     return faults
+
+
+def keeps_firing(faults: Sequence[Fault]) -> frozenset[str]:
+    """The alerts of `faults` that fire to the campaign's end: a grown topic stays grown (as
+    in production, until its consumers move to a new topic version)."""
+    return frozenset(
+        alert for fault in faults if fault.kind in TOPIC_FAULTS for alert in PAGES[fault.kind]
+    )
 
 
 def long_faults(after: float, first_number: int) -> list[Fault]:

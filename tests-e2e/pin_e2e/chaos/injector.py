@@ -21,9 +21,21 @@ from collections.abc import Callable
 from typing import Final
 
 import psycopg
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.cimpl import NewPartitions
 
-from pin_e2e.chaos.faults import LONG_FAULTS, NETWORK_FAULTS, PROCESS_FAULTS, Fault, FaultKind
+from pin_contracts import AGENT_MEMBERSHIP_CHANGED, USER_ACCESS_CHANGED
+from pin_e2e.chaos.faults import (
+    GROWN_PARTITIONS,
+    LONG_FAULTS,
+    NETWORK_FAULTS,
+    PROCESS_FAULTS,
+    TOPIC_FAULTS,
+    Fault,
+    FaultKind,
+)
 from pin_e2e.chaos.topology import CONSUMERS, RELAYS, WORKERS, ChaosSystem
+from pin_runtime.kafka import create_admin
 from pin_testkit.local.toxiproxy import Stream
 
 __all__ = ["Heal", "inject"]
@@ -51,7 +63,35 @@ def inject(system: ChaosSystem, fault: Fault) -> Heal:
         return _network_fault(system, fault)
     if fault.kind in LONG_FAULTS:
         return _long_fault(system, fault.kind)
+    if fault.kind in TOPIC_FAULTS:
+        return _partitions_added(system)
     return _server_fault(system, fault.kind)
+
+
+def _partitions_added(system: ChaosSystem) -> Heal:
+    """Both identity topics grown from 3 to `GROWN_PARTITIONS` partitions, as an operator's
+    `kafka-topics --alter` would while everything runs; retried while the broker is down (a
+    broker fault may overlap). Nothing heals it: partitions only grow."""
+    topics = [NewPartitions(t.name, GROWN_PARTITIONS) for t in (USER_ACCESS_CHANGED, AGENT_MEMBERSHIP_CHANGED)]
+    admin = create_admin(system.bootstrap, client_id="chaos-partitions")
+    deadline = time.monotonic() + LOCK_ACQUIRE_DEADLINE
+    pending = topics
+    while pending:
+        futures = admin.create_partitions(pending, request_timeout=10)
+        failed = []
+        for request in pending:
+            try:
+                futures[request.topic].result(15)
+            except KafkaException as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                if exc.args and getattr(exc.args[0], "code", lambda: None)() == KafkaError.INVALID_PARTITIONS:
+                    continue  # already grown (a retry after a lost answer)
+                failed.append(request)
+        pending = failed
+        if pending:
+            time.sleep(1.0)  # the broker is restarting: nothing to await but its return
+    return _nothing
 
 
 def _long_fault(system: ChaosSystem, kind: FaultKind) -> Heal:
