@@ -18,6 +18,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Final
 
 import psycopg
@@ -72,26 +73,31 @@ def _partitions_added(system: ChaosSystem) -> Heal:
     """Both identity topics grown from 3 to `GROWN_PARTITIONS` partitions, as an operator's
     `kafka-topics --alter` would while everything runs; retried while the broker is down (a
     broker fault may overlap). Nothing heals it: partitions only grow."""
-    topics = [NewPartitions(t.name, GROWN_PARTITIONS) for t in (USER_ACCESS_CHANGED, AGENT_MEMBERSHIP_CHANGED)]
+    pending = [
+        NewPartitions(t.name, GROWN_PARTITIONS)
+        for t in (USER_ACCESS_CHANGED, AGENT_MEMBERSHIP_CHANGED)
+    ]
     admin = create_admin(system.bootstrap, client_id="chaos-partitions")
     deadline = time.monotonic() + LOCK_ACQUIRE_DEADLINE
-    pending = topics
-    while pending:
+    while True:
         futures = admin.create_partitions(pending, request_timeout=10)
-        failed = []
-        for request in pending:
-            try:
-                futures[request.topic].result(15)
-            except KafkaException as exc:
-                if time.monotonic() >= deadline:
-                    raise
-                if exc.args and getattr(exc.args[0], "code", lambda: None)() == KafkaError.INVALID_PARTITIONS:
-                    continue  # already grown (a retry after a lost answer)
-                failed.append(request)
-        pending = failed
-        if pending:
-            time.sleep(1.0)  # the broker is restarting: nothing to await but its return
-    return _nothing
+        pending = [request for request in pending if not _grown(futures[request.topic])]
+        if not pending:
+            return _nothing
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"partitions not added within {LOCK_ACQUIRE_DEADLINE:g}s")
+        time.sleep(1.0)  # the broker is restarting: nothing to await but its return
+
+
+def _grown(future: Future[None]) -> bool:
+    """Whether a partitions request took, or found the topic grown already (a retry after
+    a lost answer)."""
+    try:
+        future.result(15)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        return isinstance(error, KafkaError) and error.code() == KafkaError.INVALID_PARTITIONS
+    return True
 
 
 def _long_fault(system: ChaosSystem, kind: FaultKind) -> Heal:
