@@ -23,6 +23,7 @@ __all__ = [
     "access_delivered",
     "cache_reset_in_time",
     "duplicates_bounded",
+    "keys_on_one_partition",
     "last_event_is_final",
     "memberships_match",
     "poison_isolated",
@@ -79,6 +80,29 @@ def last_event_is_final(records: Sequence[Record], final_versions: Mapping[UUID,
         "per key, the last access event is the final Version",
         not behind,
         f"{len(final_versions):,} keys, {len(behind)} ending on an older Version",
+    )
+
+
+def keys_on_one_partition(topics: Mapping[str, Sequence[Record]]) -> Invariant:
+    """Per topic, every key's records sit on one partition: the order a consumer or a replay
+    from offset 0 reads them in is the order they were written, partitions added or not."""
+    keys = moved = 0
+    spread: list[str] = []
+    for topic, records in topics.items():
+        partitions: dict[bytes, set[int]] = defaultdict(set)
+        for record in records:
+            if record.key is not None:
+                partitions[record.key].add(record.partition)
+        keys += len(partitions)
+        off = sum(len(seen) > 1 for seen in partitions.values())
+        moved += off
+        if off:
+            spread.append(f"{topic}: {off}")
+    return Invariant(
+        "per key, one partition (its order kept)",
+        not moved,
+        f"{keys:,} keys on {len(topics)} topics, {moved} on more than one partition"
+        + (f" ({', '.join(spread)})" if spread else ""),
     )
 
 
