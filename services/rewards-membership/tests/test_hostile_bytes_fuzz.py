@@ -26,10 +26,14 @@ from pin_contracts import (
     DeadLetterInfo,
     Headers,
     Unreadable,
+    encode,
+    envelope_for,
+    kafka_key,
 )
 from pin_runtime.logging import FIELDS_ATTRIBUTE, JsonFormatter
+from pin_testkit.events import membership_event
 from pin_testkit.fuzzing import fuzz_settings
-from pin_testkit.hostile_bytes import header_lists, keys, values
+from pin_testkit.hostile_bytes import extended, header_lists, keys, values
 from rewards_membership.cli import dead_letter_row
 from rewards_membership.consumer.records import event_fields, headers_of, key_text
 from rewards_membership.dlq.reference import DeadLetterReference, decode_reference
@@ -92,6 +96,32 @@ def test_any_record_is_a_change_or_a_dead_letter_the_tools_read_back(
     assert row.reason == item.message
     msgspec.json.encode(row)  # `dlq list --json`
     assert isinstance(validate(dead.value), InvalidEvent)  # what `dlq replay` checks first
+
+
+@st.composite
+def events(draw: st.DrawFn) -> tuple[bytes, bytes | None]:
+    """A valid event, as is or with members appended (duplicate keys among them), and its
+    right key or any other."""
+    payload = membership_event(draw(st.uuids()), draw(st.uuids()), draw(st.integers(1, 2**40)))
+    envelope = envelope_for(payload)
+    value = draw(st.one_of(st.just(encode(envelope)), extended(encode(envelope), MAX_BYTES)))
+    return value, draw(st.one_of(st.just(kafka_key(envelope)), keys))
+
+
+@fuzz_settings()
+@given(event=events(), headers=header_lists)
+def test_any_key_of_a_valid_or_bent_event_is_named_never_raised(
+    event: tuple[bytes, bytes | None], headers: Headers
+) -> None:
+    value, key = event
+    record = message(AGENT_MEMBERSHIP_CHANGED.name, key, value, headers)
+    item = validate(record.value(), record.key())
+    if isinstance(item, MembershipChange):
+        assert item.key_problem in (None, *KEY_PROBLEMS)
+        assert (item.key_problem is None) == (key == str(item.payload.agent_user_id).encode())
+    else:
+        assert item.reason
+    event_fields(item, record, None)
 
 
 @fuzz_settings()

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_DEPTH",
     "PAYLOAD_NAMES",
     "documents",
+    "extended",
     "header_lists",
     "keys",
     "nested",
@@ -115,6 +116,17 @@ def documents(draw: st.DrawFn, max_size: int) -> bytes:
             body = draw(st.sampled_from([b"x", b"\xff", b"\xc3\xa9"])) * (filler // 2 * 2)
             document = document[:-1] + (b"," if members else b"") + b'"Filler":"' + body + b'"}'
     return document[:max_size]
+
+
+@st.composite
+def extended(draw: st.DrawFn, document: bytes, max_size: int) -> bytes:
+    """`document` (a JSON object, a valid event say) with members appended: the envelope's
+    names again (duplicate keys: the last counts) or others, holding hostile values, so
+    many examples stay valid or nearly."""
+    value = st.one_of(scalars, nested(), _payloads)
+    members = draw(st.lists(_member(ENVELOPE_NAMES, value), min_size=1, max_size=3))
+    bent = document[:-1] + b"," + b",".join(members) + b"}"
+    return bent if len(bent) <= max_size else document
 
 
 def values(max_size: int) -> st.SearchStrategy[bytes | None]:
