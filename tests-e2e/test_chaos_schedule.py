@@ -11,7 +11,9 @@ from pin_e2e.chaos.faults import (
     LONG_FAULTS,
     LONG_GAP,
     PAGES,
+    TOPIC_FAULTS,
     FaultKind,
+    keeps_firing,
     long_faults,
     pages,
     schedule,
@@ -62,6 +64,23 @@ def test_the_long_faults_follow_each_other_and_outlast_the_alerts_they_must_rais
         assert later.at == earlier.at + earlier.duration + LONG_GAP
     # Each outlasts its alerts' windows: 6 minutes at least (5m of absence or age + `for`).
     assert all(f.duration >= 6 * 60 for f in faults if pages(f))
-    assert set(PAGES) <= set(LONG_FAULTS)
-    assert not any(pages(f) for f in schedule(3, 50, PROCESSES, span=300))
+    assert set(PAGES) <= set(LONG_FAULTS) | set(TOPIC_FAULTS)
+    assert not any(
+        pages(f) for f in schedule(3, 50, PROCESSES, span=300) if f.kind not in TOPIC_FAULTS
+    )
     assert next(f for f in faults if f.kind is FaultKind.PARTIAL_OUTAGE).duration == 600.0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_partitions_are_added_at_most_once_and_page_both_topics_to_the_end(seed: int) -> None:
+    faults = schedule(seed, 50, PROCESSES, span=300)
+    [grown] = [f for f in faults if f.kind is FaultKind.PARTITIONS_ADDED]
+    assert grown.target == "topics"
+    assert pages(grown) == {
+        "IdentityAccessTopicPartitionsChanged",
+        "RewardsMembershipTopicPartitionsChanged",
+    }
+    # Long enough for the lag watcher's pass and the alerts' 1 minute of `for`.
+    assert grown.duration >= 90
+    assert keeps_firing(faults) == pages(grown)
+    assert keeps_firing([f for f in faults if f is not grown]) == frozenset()
