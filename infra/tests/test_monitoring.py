@@ -70,6 +70,7 @@ OWN_ALERTS: dict[str, dict[str, str]] = {
         "IdentityOutboxRelayRefused": "identity_outbox_relay_paused",
         "IdentityFanoutTaskWaiting": "identity_access_fanout_oldest_waiting_seconds",
         "IdentityOutboxForeignLaneLocks": "identity_outbox_foreign_lock_holders",
+        "IdentityDatabaseAuthFailed": "identity_outbox_database_auth_failures_total",
         "IdentityAccessTopicPartitionsChanged": "pin_lag_watcher_topic_partitions",
     },
     "rewards-membership": {
