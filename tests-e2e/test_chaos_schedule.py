@@ -4,20 +4,28 @@ the long faults follow each other, each long enough to page."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
+import yaml
 from pin_e2e.chaos.faults import (
     DEPENDENCIES,
+    HELD_FAULTS,
+    HELD_SNAPSHOT_SECONDS,
     LONG_FAULTS,
     LONG_GAP,
     PAGES,
     TOPIC_FAULTS,
     FaultKind,
+    held_snapshots,
     keeps_firing,
     long_faults,
     pages,
     schedule,
 )
+from pin_e2e.chaos.rules import SHORTENED, campaign_rule_files
+
+from pin_testkit.local.prometheus import repository_rule_files
 
 PROCESSES = {
     "worker-1": DEPENDENCIES,
@@ -37,7 +45,7 @@ def test_the_same_seed_replays_the_same_schedule_and_another_seed_does_not() -> 
 def test_a_long_schedule_has_every_kind_in_order_within_its_span() -> None:
     faults = schedule(7, 50, PROCESSES, span=300)
     assert len(faults) == 50
-    assert {f.kind for f in faults} == set(FaultKind) - set(LONG_FAULTS)
+    assert {f.kind for f in faults} == set(FaultKind) - set(LONG_FAULTS) - set(HELD_FAULTS)
     assert [f.at for f in faults] == sorted(f.at for f in faults)
     assert all(0 <= f.at <= 300 for f in faults)
     assert [f.number for f in faults] == list(range(1, 51))
@@ -69,6 +77,39 @@ def test_the_long_faults_follow_each_other_and_outlast_the_alerts_they_must_rais
         pages(f) for f in schedule(3, 50, PROCESSES, span=300) if f.kind not in TOPIC_FAULTS
     )
     assert next(f for f in faults if f.kind is FaultKind.PARTIAL_OUTAGE).duration == 600.0
+
+
+def test_a_snapshot_is_held_on_each_database_at_once_and_pages_its_own_service() -> None:
+    faults = held_snapshots(after=90.0, first_number=11)
+    assert [(f.number, f.target, f.at) for f in faults] == [
+        (11, "identity", 90.0),
+        (12, "rewards", 90.0),
+    ]
+    assert all(f.duration == HELD_SNAPSHOT_SECONDS for f in faults)
+    assert [pages(f) for f in faults] == [
+        {"IdentityPostgresHorizonHeld"},
+        {"RewardsMembershipPostgresHorizonHeld"},
+    ]
+    assert faults[0].describe().endswith("on identity 90s")
+
+
+def test_the_campaign_evaluates_the_horizon_alerts_with_short_windows(tmp_path: Path) -> None:
+    files = campaign_rule_files(tmp_path)
+    assert {f.name for f in files} == {p.name for p in repository_rule_files()}
+    rules = {
+        rule["alert"]: rule
+        for path in files
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    for alert in SHORTENED:
+        assert rules[alert]["expr"].rstrip().endswith("> 20"), rules[alert]["expr"]
+        assert rules[alert]["for"] == "15s"
+    # The rest are the repository's as they are.
+    assert rules["IdentityOutboxBacklogHigh"]["for"] == "5m"
+    # Shorter than the fault: the watch's poll (15 s) + threshold + `for` + scraping.
+    assert HELD_SNAPSHOT_SECONDS > 15 + 20 + 15 + 10
 
 
 @pytest.mark.parametrize("seed", range(40))

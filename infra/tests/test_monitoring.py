@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.outbox.relay import RelayMetrics
 from pin_runtime.build import BuildInfo, register_process_metrics
+from pin_runtime.horizon import HorizonMetrics
 from pin_runtime.lag_watch.metrics import LagWatchMetrics
 from rewards_membership.metrics import Metrics as MembershipMetrics
 
@@ -70,11 +71,13 @@ OWN_ALERTS: dict[str, dict[str, str]] = {
         "IdentityOutboxRelayRefused": "identity_outbox_relay_paused",
         "IdentityFanoutTaskWaiting": "identity_access_fanout_oldest_waiting_seconds",
         "IdentityOutboxForeignLaneLocks": "identity_outbox_foreign_lock_holders",
+        "IdentityPostgresHorizonHeld": "pin_postgres_oldest_xmin_age_seconds",
         "IdentityDatabaseAuthFailed": "identity_outbox_database_auth_failures_total",
         "IdentityAccessTopicPartitionsChanged": "pin_lag_watcher_topic_partitions",
     },
     "rewards-membership": {
         "RewardsMembershipKeyMismatch": "rewards_membership_key_mismatch_total",
+        "RewardsMembershipPostgresHorizonHeld": "pin_postgres_oldest_xmin_age_seconds",
         "RewardsMembershipTopicPartitionsChanged": "pin_lag_watcher_topic_partitions",
     },
 }
@@ -103,6 +106,7 @@ def exported_names(service: str) -> set[str]:
     # Every long-running command's process and build metrics (`pin_runtime.build`).
     register_process_metrics(registry, BuildInfo.of(service))
     LagWatchMetrics(registry)  # `<service> lag-watch`, in each chart
+    HorizonMetrics(registry)  # every long-running process of both services
     if service == "identity-fanout":
         FanoutMetrics(registry)
         RelayMetrics(registry)

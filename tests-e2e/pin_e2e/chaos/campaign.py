@@ -2,9 +2,10 @@
 
 `run_campaign` returns a `CampaignReport` (faults with their timeline, alerts seen during
 which faults, the invariants); the caller prints its table and fails on any violation with
-the seed, so the same campaign can be replayed. With `long`, the long faults follow the
-random ones (`faults.long_faults`), and the alert matrix is checked: each raised the alerts
-it must (`faults.PAGES`) while it lasted.
+the seed, so the same campaign can be replayed. A snapshot held on each service's database
+follows the random faults (`faults.held_snapshots`); with `long`, the long faults follow
+(`faults.long_faults`), and the alert matrix is checked: each raised the alerts it must
+(`faults.pages`) while it lasted.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from pin_contracts import (
 )
 from pin_e2e.chaos.faults import (
     BROKER,
+    HELD_SNAPSHOT_SECONDS,
     Fault,
     FaultKind,
+    held_snapshots,
     keeps_firing,
     long_faults,
     pages,
@@ -50,6 +53,7 @@ from pin_e2e.chaos.invariants import (
     memberships_match,
     poison_isolated,
 )
+from pin_e2e.chaos.rules import campaign_rule_files
 from pin_e2e.chaos.topology import ACCESS_CACHE, CONSUMERS, PROCESS_LABELS, ChaosSystem
 from pin_e2e.chaos.workload import Driver, Role, seed_roles, write_relay_poison
 from pin_e2e.checks import expected_snapshots, identity_memberships, rewards_rows
@@ -81,6 +85,9 @@ LONG_RESOLVE_TIMEOUT: Final = 600.0
 10-minute `for` after a long outage."""
 LONG_FAULTS_AFTER: Final = 60.0
 """Seconds between the end of the random faults' span and the first long fault."""
+HELD_AFTER: Final = 30.0
+"""Seconds between the end of the random faults' span and the held snapshots, and between
+their end and the long faults (the horizon alerts resolve)."""
 
 
 @dataclass
@@ -241,7 +248,9 @@ def run_campaign(
     with (
         ToxiproxyServer(workdir / "toxiproxy") as toxiproxy,
         PrivateKafka.launch(proxied=len(PROCESS_LABELS)) as broker,
-        PrometheusServer(workdir / "prometheus") as prometheus,
+        PrometheusServer(
+            workdir / "prometheus", rule_files=campaign_rule_files(workdir / "rules")
+        ) as prometheus,
     ):
         system = ChaosSystem.create(servers, broker, toxiproxy, workdir)
         try:
@@ -372,6 +381,16 @@ def _failed_tasks(identity_dsn: str) -> Invariant:
     return Invariant("no fan-out task Failed (outages are not poison)", failed == 0, f"{failed}")
 
 
+def _plan(system: ChaosSystem, *, seed: int, count: int, span: float, long: bool) -> list[Fault]:
+    """The random faults over `span`, then the held snapshots, then (`long`) the long ones."""
+    plan = schedule(seed, count, system.dependencies(), span=span)
+    plan += held_snapshots(after=span + HELD_AFTER, first_number=len(plan) + 1)
+    if long:
+        after = span + 2 * HELD_AFTER + HELD_SNAPSHOT_SECONDS + LONG_FAULTS_AFTER
+        plan += long_faults(after=after, first_number=len(plan) + 1)
+    return plan
+
+
 def _run(
     system: ChaosSystem,
     prometheus: PrometheusServer,
@@ -384,9 +403,7 @@ def _run(
     identity_dsn = system.base.identity_dsn
     roles = seed_roles(identity_dsn, ROLE_SIZES)
     system.build()
-    plan = schedule(seed, count, system.dependencies(), span=span)
-    if long:
-        plan += long_faults(after=span + LONG_FAULTS_AFTER, first_number=len(plan) + 1)
+    plan = _plan(system, seed=seed, count=count, span=span, long=long)
     report = CampaignReport(seed, plan)
     for member in system.members.values():
         member.process.start()

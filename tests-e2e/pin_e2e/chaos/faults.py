@@ -8,6 +8,10 @@ failed campaign is rerun with its printed seed.
 The long campaign (`make chaos`) then plays the long faults (`long_faults`) one after the
 other: each lasts longer than the window of the alerts it must raise (`PAGES`), and the
 campaign checks that those alerts fired while it lasted — every stall pages.
+
+Every campaign, short or long, plays a snapshot held on each service's database after the
+random faults (`held_snapshots`), checked against its alert the same way; the campaign's
+Prometheus evaluates that alert with shortened windows (`chaos.rules`).
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from typing import Final
 
 __all__ = [
     "DEPENDENCIES",
+    "HELD_SNAPSHOT_SECONDS",
     "LONG_FAULTS",
     "PAGES",
     "TOPIC_FAULTS",
     "Fault",
     "FaultKind",
+    "held_snapshots",
     "keeps_firing",
     "long_faults",
     "pages",
@@ -51,6 +57,7 @@ class FaultKind(StrEnum):
     ALL_CONSUMERS_DOWN = "every consumer down"
     ALL_BATCHES_FAILING = "every worker batch failing (role_assignments refused to the workers)"
     PARTIAL_OUTAGE = "partial outage (the workers' PostgreSQL paths flapping)"
+    HELD_SNAPSHOT = "snapshot held (a session idle in a REPEATABLE READ transaction)"
 
 
 PROCESS_FAULTS: Final = (FaultKind.SIGKILL, FaultKind.SIGTERM)
@@ -77,6 +84,16 @@ LONG_FAULTS: Final = (
 )
 """Faults of a whole kind of process or of every path at once, played by the long campaign
 only, one at a time and long enough to page (never drawn at random)."""
+HELD_FAULTS: Final = (FaultKind.HELD_SNAPSHOT,)
+"""Played by every campaign after the random faults (`held_snapshots`), never drawn."""
+HELD_DATABASES: Final[dict[str, frozenset[str]]] = {
+    "identity": frozenset({"IdentityPostgresHorizonHeld"}),
+    "rewards": frozenset({"RewardsMembershipPostgresHorizonHeld"}),
+}
+"""The databases a snapshot is held on, and the alert each must raise."""
+HELD_SNAPSHOT_SECONDS: Final = 90.0
+"""How long the snapshots are held: the campaign's shortened window of the horizon alerts
+(age > 20 s for 15 s, `chaos.rules`) plus the watch's 15 s poll and a margin."""
 TOPIC_FAULTS: Final = (FaultKind.PARTITIONS_ADDED,)
 """Faults of the topics themselves, drawn at most once per campaign: partitions only grow,
 and the topics stay grown (their alerts keep firing to the end, `keeps_firing`)."""
@@ -161,6 +178,8 @@ class Fault:
         if self.kind in PROCESS_FAULTS:
             return f"{self.kind} {self.target}"
         lasting = f" {self.duration:.0f}s" if self.duration else ""
+        if self.kind is FaultKind.HELD_SNAPSHOT:
+            return f"{self.kind} on {self.target}{lasting}"
         return f"{self.kind}{lasting}"
 
 
@@ -176,7 +195,7 @@ def schedule(
     labels = sorted(processes)
     connected = [label for label in labels if processes[label]]
     rng = random.Random(seed)
-    short = [kind for kind in FaultKind if kind not in LONG_FAULTS]
+    short = [kind for kind in FaultKind if kind not in LONG_FAULTS + HELD_FAULTS]
     kinds = list(short)
     rng.shuffle(kinds)
     drawn = kinds[:count] + [rng.choice(short) for _ in range(count - len(kinds))]
@@ -223,6 +242,17 @@ def long_faults(after: float, first_number: int) -> list[Fault]:
     return faults
 
 
+def held_snapshots(after: float, first_number: int) -> list[Fault]:
+    """A snapshot held on each service's database at once, from `after` seconds, for
+    `HELD_SNAPSHOT_SECONDS`, numbered from `first_number`."""
+    return [
+        Fault(number, after, FaultKind.HELD_SNAPSHOT, database, duration=HELD_SNAPSHOT_SECONDS)
+        for number, database in enumerate(sorted(HELD_DATABASES), start=first_number)
+    ]
+
+
 def pages(fault: Fault) -> frozenset[str]:
     """The alerts `fault` must raise while it lasts (none for a short one)."""
+    if fault.kind is FaultKind.HELD_SNAPSHOT:
+        return HELD_DATABASES[fault.target]
     return PAGES.get(fault.kind, frozenset())

@@ -10,6 +10,10 @@ The long faults stop a whole kind of process (every relay, every consumer) until
 take the workers' privilege on `identity.role_assignments` away (every worker batch fails
 while the platform's role changes go on), or flap every worker's path to PostgreSQL (down
 10 s, up 10 s) while they last.
+
+A held snapshot is a session of the campaign's that opened a REPEATABLE READ transaction on
+a service's database, read once and went idle in it (a console left open): it holds the
+database's xmin horizon until healed.
 """
 
 from __future__ import annotations
@@ -66,7 +70,24 @@ def inject(system: ChaosSystem, fault: Fault) -> Heal:
         return _long_fault(system, fault.kind)
     if fault.kind in TOPIC_FAULTS:
         return _partitions_added(system)
+    if fault.kind is FaultKind.HELD_SNAPSHOT:
+        return _held_snapshot(system, fault.target)
     return _server_fault(system, fault.kind)
+
+
+def _held_snapshot(system: ChaosSystem, database: str) -> Heal:
+    """A snapshot held on `database` (identity or rewards) until healed."""
+    dsn = system.base.identity_dsn if database == "identity" else system.base.rewards_dsn
+    conn = psycopg.connect(dsn, connect_timeout=5, application_name="chaos-held-snapshot")
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    conn.execute("SELECT 1")
+
+    def heal() -> None:
+        with contextlib.suppress(psycopg.Error):  # a restart may have ended it already
+            conn.rollback()
+        conn.close()
+
+    return heal
 
 
 def _partitions_added(system: ChaosSystem) -> Heal:
