@@ -77,6 +77,7 @@ OWN_ALERTS: dict[str, dict[str, str]] = {
     },
     "rewards-membership": {
         "RewardsMembershipKeyMismatch": "rewards_membership_key_mismatch_total",
+        "RewardsMembershipPartitionLocked": "rewards_membership_paused_partitions_by_reason",
         "RewardsMembershipPostgresHorizonHeld": "pin_postgres_oldest_xmin_age_seconds",
         "RewardsMembershipTopicPartitionsChanged": "pin_lag_watcher_topic_partitions",
     },

@@ -127,6 +127,21 @@ def test_readyz_runs_checks(server: OpsServer) -> None:
     assert b"refused" not in raw
 
 
+def test_readyz_serves_a_checks_public_facts_beside_its_status(server: OpsServer) -> None:
+    paused = [{"partition": 0, "reason": "lock_timeout", "since": "2026-01-01T00:00:00+00:00"}]
+    server.add_check(
+        "partitions",
+        lambda: CheckResult("ok", "row (1,2) locked by pid 4242", public={"paused": paused}),
+    )
+    server.add_check("worst", lambda: CheckResult("ok", public={"status": "degraded", "extra": 1}))
+    status, _, raw = get(server, "/readyz")
+    assert status == 200  # facts do not change readiness
+    checks = body(raw)["checks"]
+    assert checks["partitions"] == {"status": "ok", "paused": paused}
+    assert checks["worst"] == {"status": "ok", "extra": 1}  # never replaces the status
+    assert b"4242" not in raw  # the detail stays in the process
+
+
 def test_readyz_never_serves_exception_text_and_logs_it_once_per_change(
     server: OpsServer, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -49,11 +49,11 @@ class RacingStore(MembershipStore):
         """Batch statements run: each reads the rows and inbox keys afresh."""
 
     def apply(  # type: ignore[override]  # the parent's is static; this one counts its calls
-        self, conn: psycopg.Connection[TupleRow], document: str
+        self, conn: psycopg.Connection[TupleRow], document: str, lock_timeout_ms: int | None = None
     ) -> list[Outcome]:
         self.reads += 1
         if self.reads > 1:
-            return MembershipStore.apply(conn, document)
+            return MembershipStore.apply(conn, document, lock_timeout_ms)
         with psycopg.connect(self._owner_dsn) as other:
             other.execute(self._interloper.encode(), self._params)  # holds the row, uncommitted
             committer = threading.Thread(
@@ -61,7 +61,7 @@ class RacingStore(MembershipStore):
             )
             committer.start()
             try:
-                return MembershipStore.apply(conn, document)
+                return MembershipStore.apply(conn, document, lock_timeout_ms)
             finally:
                 committer.join()
 

@@ -436,12 +436,21 @@ def test_dead_letters_acknowledged_before_a_failure_are_not_written_again(
             ),
             what="the batch retried several times",
         )
-        assert consumer.consumer.database_state().status == "degraded"
-        assert "LockNotAvailable" in consumer.consumer.database_state().detail
+        # A lock, not an outage: the partitions wait for it, the database stays ready.
+        wait(
+            lambda: (
+                consumer.value(
+                    "rewards_membership_paused_partitions_by_reason", reason="lock_timeout"
+                )
+                >= 1
+            ),
+            what="partitions paused for the lock",
+        )
+        assert consumer.consumer.database_state().status == "ok"
         assert len(dead_letters(kafka.bootstrap, kafka.dlq_topic)) == 5
         blocker.rollback()
     consumer.wait_handled(5)
-    wait(lambda: consumer.consumer.database_state().status == "ok", what="ready again")
+    wait(lambda: consumer.consumer.paused_partitions == frozenset(), what="resumed")
     letters = dead_letters(kafka.bootstrap, kafka.dlq_topic)
     assert sorted(
         (r.info.original_partition, r.info.original_offset) for r in letters if r.info
@@ -464,7 +473,7 @@ def test_dead_letters_acknowledged_before_a_failure_are_not_written_again(
     assert len(dead_letters(kafka.bootstrap, kafka.dlq_topic)) == 5
 
 
-def test_a_row_locked_elsewhere_fails_within_the_lock_timeout_and_recovers(
+def test_a_row_locked_elsewhere_pauses_its_partition_within_the_lock_timeout_and_recovers(
     *,
     kafka: Any,
     start_consumer: Any,
@@ -477,14 +486,17 @@ def test_a_row_locked_elsewhere_fails_within_the_lock_timeout_and_recovers(
     blocker = locked_row(agent, company)
     consumer = start_consumer(db_lock_timeout=timedelta(milliseconds=300))
     kafka.send(event(agent, company, 2, "Left", reason="SelfLeave"))
+    paused = "rewards_membership_paused_partitions_by_reason"
     wait(
-        lambda: consumer.consumer.database_state().status == "degraded",
-        what="the blocked statement failed within the lock timeout",
+        lambda: consumer.value(paused, reason="lock_timeout") == 1,
+        what="the blocked statement failed within the lock timeout, its partition paused",
     )
+    # A lock, not an outage: the database stays ready.
+    assert consumer.consumer.database_state().status == "ok"
     assert consumer.handled == 0
     blocker.rollback()
     consumer.wait_handled(1)
-    wait(lambda: consumer.consumer.database_state().status == "ok", what="ready again")
+    wait(lambda: consumer.value(paused, reason="lock_timeout") == 0, what="resumed")
     assert states() == [("Left", 2, 2)]
 
 

@@ -187,11 +187,13 @@ def test_a_batch_whose_commit_went_unanswered_is_reported_once_as_what_it_was(
     apply = BatchApplier._apply
     unanswered: list[object] = []
 
-    def commit_unanswered(self: BatchApplier, items: Any, document: str) -> Applied:
+    def commit_unanswered(
+        self: BatchApplier, items: Any, document: str, lock_timeout_ms: int | None = None
+    ) -> Applied:
         if unanswered:
-            return apply(self, items, document)
+            return apply(self, items, document, lock_timeout_ms)
         if committed:
-            outcomes = apply(self, items, document).outcomes  # committed; its answer lost
+            outcomes = apply(self, items, document, lock_timeout_ms).outcomes  # answer lost
         else:
             conn = self._store.connection()
             with conn.transaction(force_rollback=True):  # decided, never committed

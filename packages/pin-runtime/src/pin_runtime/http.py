@@ -44,9 +44,10 @@ _CATEGORY = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 class CheckResult(msgspec.Struct, frozen=True):
     """Outcome of one readiness check.
 
-    `/readyz` serves `status`, `since` and `category` only. `detail` (an exception's text,
-    say) stays in the process: it may hold host names, user names or worse, and it changes
-    with every error, so it goes to the log once per change of state instead.
+    `/readyz` serves `status`, `since`, `category` and `public` only. `detail` (an
+    exception's text, say) stays in the process: it may hold host names, user names or
+    worse, and it changes with every error, so it goes to the log once per change of state
+    instead.
     """
 
     status: Literal["ok", "degraded"]
@@ -54,6 +55,10 @@ class CheckResult(msgspec.Struct, frozen=True):
     since: datetime.datetime | None = None
     category: str = ""
     """A short stable word (`starting`, `unavailable`, ...): safe to serve and to alert on."""
+    public: Mapping[str, Any] | None = None
+    """Facts the check built to be served beside its status (numbers, short words, times;
+    never an exception's text): what is partly wrong in a process that is still ready, say.
+    Their keys never replace `status`, `since` or `category`."""
 
 
 def ok(detail: str = "") -> CheckResult:
@@ -294,11 +299,13 @@ class OpsServer:
             thread.join(timeout)
 
 
-def _public(result: CheckResult) -> dict[str, str]:
+def _public(result: CheckResult) -> dict[str, Any]:
     """What `/readyz` shows of a check: nothing a check's free text could leak."""
-    body: dict[str, str] = {"status": result.status}
+    body: dict[str, Any] = {"status": result.status}
     if result.since is not None:
         body["since"] = result.since.isoformat(timespec="seconds")
     if result.category:
         body["category"] = result.category
+    for key, value in (result.public or {}).items():
+        body.setdefault(key, value)
     return body

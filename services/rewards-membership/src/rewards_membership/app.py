@@ -199,7 +199,7 @@ def run_consumer(settings: Settings) -> None:
         check_login(settings.database_dsn.reveal(), settings.database_session())
         consumer, producer = build_consumer(settings, metrics=metrics, heartbeat=heartbeat)
         try:
-            ops = rt.serve({"postgresql": consumer.database_state, "kafka": consumer.kafka_state})
+            ops = rt.serve(consumer.readiness_checks())
             # Who holds the database's xmin horizon back, every 15 s on a session of its own.
             HorizonWatch(
                 lambda: connect(

@@ -43,6 +43,7 @@ class Metrics(MetricSet):
     consumer_lag: Gauge
     retries: Counter
     paused_partitions: Gauge
+    paused_by_reason: Gauge
     partition_paused_seconds: Gauge
     dlq_unreplayed: Gauge
     dlq_replaced: Counter

@@ -39,6 +39,9 @@ class PausedPartition(msgspec.Struct, frozen=True, kw_only=True):
     partition: int
     dependency: str
     """What failed: postgresql, kafka (the DLQ)."""
+    cause: str
+    """Why it waits: `lock_timeout` (a row of it locked elsewhere: the database answers,
+    the other partitions go on), else the dependency, unavailable."""
     reason: str
     paused_seconds: float
     """How long it has been paused, now."""
@@ -78,6 +81,7 @@ def consumer_status(settings: Settings, conn: psycopg.Connection[TupleRow]) -> C
         PausedPartition(
             partition=p.partition,
             dependency=note.paused,
+            cause=note.cause or note.paused,
             reason=note.reason,
             paused_seconds=round(max(0.0, now - note.since), 1),
             retry_in_seconds=round(note.retry_at - now, 1),
@@ -115,6 +119,7 @@ _PARTITION_COLUMNS: Columns[PartitionLag] = {
 _PAUSED_COLUMNS: Columns[PausedPartition] = {
     "partition": lambda p: str(p.partition),
     "dependency": lambda p: p.dependency,
+    "cause": lambda p: p.cause,
     "paused for": lambda p: _age(p.paused_seconds),
     "next retry": lambda p: (
         f"in {p.retry_in_seconds:.1f}s"

@@ -98,14 +98,20 @@ class MembershipStore:
         self._conn.discard()
 
     @staticmethod
-    def apply(conn: psycopg.Connection[TupleRow], document: str) -> list[Outcome]:
+    def apply(
+        conn: psycopg.Connection[TupleRow], document: str, lock_timeout_ms: int | None = None
+    ) -> list[Outcome]:
         """Apply a batch (its `batch_sql.records_document`) in the caller's transaction, in
-        one statement; every record's outcome, in order.
+        one statement; every record's outcome, in order. `lock_timeout_ms`: the lock
+        timeout of this transaction alone (sent with the statement, no round trip of its
+        own in a pipeline), else the session's.
 
         Raises `ConcurrentApplyError` when another writer changed, created or recorded
         something of the batch after the statement's snapshot: the caller rolls back and
         decides again.
         """
+        if lock_timeout_ms is not None:
+            conn.execute(_projection.local_lock_timeout, {"lock_timeout": f"{lock_timeout_ms}ms"})
         try:
             answer = conn.execute(APPLY_BATCH, {"records": document}).fetchone()
         except psycopg.errors.UniqueViolation as exc:

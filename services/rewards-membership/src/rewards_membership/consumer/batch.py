@@ -25,8 +25,12 @@ Kafka consumer): it waits for the batch's transaction on the database thread, th
 4. pauses and seeks back the partitions that did not, each with its own backoff.
 
 A database failure concerns the whole batch: every partition of it is paused and retried
-after a `SELECT 1` probe. Partitions that left this instance meanwhile (`exclude`: lost)
-are neither dead-lettered nor committed here: their next owner reads them again.
+after a `SELECT 1` probe. A row locked elsewhere concerns the partitions whose records touch
+it: the database thread applied the others in transactions of their own
+(`database.Applied.contended`), so only those partitions are paused (cause `lock_timeout`,
+no probe: the database answers) while the others are finished as above. Partitions that
+left this instance meanwhile (`exclude`: lost) are neither dead-lettered nor committed
+here: their next owner reads them again.
 """
 
 from __future__ import annotations
@@ -40,12 +44,13 @@ import psycopg
 from confluent_kafka import KafkaException, Message
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
+from psycopg.errors import LockNotAvailable
 
 from pin_runtime.errors import DeliveryError
 from pin_runtime.http import ComponentState
-from pin_runtime.postgres import is_retriable
+from pin_runtime.postgres import causes, is_retriable
 from rewards_membership.consumer.database import Applied, DatabaseThread
-from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl
+from rewards_membership.consumer.partitions import LOCK_TIMEOUT, POSTGRESQL, PartitionControl
 from rewards_membership.consumer.records import offset_of, partition_of
 from rewards_membership.consumer.report import BatchReporter
 from rewards_membership.consumer.spans import BatchTimes
@@ -236,9 +241,16 @@ class BatchPipeline:
         handed = time.time_ns()
         poll_started, polled = poll or (handed, handed)
         process = self.reporter.spans.start(records, poll_started=poll_started, polled=polled)
-        with trace.use_span(process, end_on_exit=False):
-            outcomes = self.finisher.database.submit(items, document)
         first, last = bounds(records)
+        suspects = self.finisher.partitions.pauser.suspects.intersection(first)
+        with trace.use_span(process, end_on_exit=False):
+            outcomes = self.finisher.database.submit(
+                items,
+                document,
+                # Asked on the database thread only when the batch is split.
+                partitions=lambda: [partition_of(m) for m in records],
+                suspects=suspects,
+            )
         self.in_flight = InFlight(
             records=records,
             items=items,
@@ -298,13 +310,17 @@ class BatchFinisher:
             return partition in assigned and partition not in exclude
 
         try:
-            outcomes, stored = batch.outcomes.result()
-            partitions = [p for p in batch.first if ours(p)]
+            applied = batch.outcomes.result()
+            outcomes, stored, contended = applied.outcomes, applied.stored, applied.contended
+            # The records whose transaction committed: all, or those of the partitions that
+            # met no row lock held elsewhere.
+            records, items = _committed(batch, contended)
+            partitions = [p for p in batch.first if ours(p) and p not in (contended or {})]
             # The invalid records of our partitions (dead letters, and duplicates of ones
             # this process dead-lettered in an earlier try of the batch).
             kept = [
                 (m, item, outcome)
-                for m, item, outcome in zip(batch.records, batch.items, outcomes, strict=True)
+                for m, item, outcome in zip(records, items, outcomes, strict=True)
                 if type(item) is InvalidEvent and partition_of(m) in partitions
             ]
             letters, receipts = self._dead_letter(kept, batch.process.get_span_context())
@@ -318,7 +334,10 @@ class BatchFinisher:
             if future.done() and future.exception() is None:
                 # The transaction committed; a later step failed: the retry finds these
                 # records applied, and must still report them as what they were.
-                self.earlier.remember(batch.records, future.result().outcomes, ours_now)
+                done_before = future.result()
+                self.earlier.remember(
+                    _committed(batch, done_before.contended)[0], done_before.outcomes, ours_now
+                )
             elif isinstance(exc, CommitInDoubtError):
                 # Committed or not: if it was, the retry finds the records in the inbox and
                 # reports them as decided here; if not, it decides them anew (an earlier
@@ -335,10 +354,19 @@ class BatchFinisher:
         # The partitions whose dead letter could not be written are read again, but their
         # other records committed with the batch: their retry reports those as what they
         # were (as after a failure above), not as duplicates of this try.
-        self.earlier.remember(batch.records, outcomes, letters.failed)
+        self.earlier.remember(records, outcomes, letters.failed)
         for partition, failure in letters.failed.items():
             # Only this partition: its dead letter could not be written.
             self.fail({partition: batch.first[partition]}, DeliveryError(str(failure)), batch=False)
+        for partition, error in (contended or {}).items():
+            # Only this partition: a row of it is locked elsewhere (its part rolled back).
+            if ours(partition):
+                self.fail({partition: batch.first[partition]}, error, batch=False)
+        if contended and not done:
+            # Nothing of the batch committed: nothing to report.
+            batch.process.set_status(Status(StatusCode.ERROR, "rows locked elsewhere"))
+            batch.process.end()
+            return None
         self.partitions.pauser.succeeded(done)
         self.database_state.ok()
         if "kafka" not in self.partitions.pauser.dependencies():
@@ -346,8 +374,8 @@ class BatchFinisher:
         times = BatchTimes(batch.poll_started, batch.polled, batch.handed, stored, committed)
         return Finished(
             done=finished_records(
-                batch.records,
-                batch.items,
+                records,
+                items,
                 outcomes,
                 done,
                 receipts,
@@ -387,13 +415,28 @@ class BatchFinisher:
             return
         dependency = _dependency(exc)
         reason = f"{type(exc).__name__}: {exc}".strip()[:300]
-        if dependency == POSTGRESQL:
+        event = "batch rolled back, partitions paused" if batch else "dead letter not written"
+        cause = None
+        if any(isinstance(e, LockNotAvailable) for e in causes(exc)):
+            # A lock held elsewhere: the database answers (the connection stays, readiness
+            # too); the partitions wait for the lock, with their backoff.
+            cause, event = LOCK_TIMEOUT, "rows locked elsewhere, partitions paused"
+        elif dependency == POSTGRESQL:
             self.database.discard()
             self.database_state.degraded(reason)
         else:
             self.kafka_state.degraded(reason)
-        event = "batch rolled back, partitions paused" if batch else "dead letter not written"
-        self.partitions.pause(first, dependency=dependency, reason=reason, event=event)
+        self.partitions.pause(first, dependency=dependency, reason=reason, event=event, cause=cause)
+
+
+def _committed(
+    batch: InFlight, contended: Mapping[int, object] | None
+) -> tuple[Sequence[Message], Sequence[Item]]:
+    """The batch's records (and items) whose transaction committed: those of the partitions
+    not `contended`."""
+    if not contended:
+        return batch.records, batch.items
+    return keep_partitions(batch.records, batch.items, lambda p: p not in contended)
 
 
 def _at(message: Message) -> Position:

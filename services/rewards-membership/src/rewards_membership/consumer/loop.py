@@ -31,7 +31,7 @@ import msgspec
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from opentelemetry import trace
 
-from pin_runtime.http import ComponentState, Heartbeat
+from pin_runtime.http import Check, ComponentState, Heartbeat
 from pin_runtime.logging import log_event
 from pin_runtime.shutdown import GracefulShutdown
 from rewards_membership.batch_sql import records_document
@@ -156,6 +156,16 @@ class MembershipConsumer:
                 self._lag.close()
                 self._database.close()
         log_event(_log, "consumer closed", topic=self._topic)
+
+    def readiness_checks(self) -> dict[str, Check]:
+        """`/readyz`'s checks: `postgresql` and `kafka` degrade while that dependency is
+        down; `partitions` stays ready and lists the partitions paused (a row lock held
+        elsewhere pauses one partition while the others are served)."""
+        return {
+            "postgresql": self.database_state,
+            "kafka": self.kafka_state,
+            "partitions": self._partitions.readiness,
+        }
 
     @property
     def paused_partitions(self) -> frozenset[int]:

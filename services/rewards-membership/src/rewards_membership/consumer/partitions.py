@@ -17,6 +17,7 @@ commit, after a batch of it succeeded, clears it.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import socket
 import time
@@ -28,6 +29,7 @@ import msgspec
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from pin_runtime.backoff import Backoff
+from pin_runtime.http import CheckResult
 from pin_runtime.logging import log_event
 from rewards_membership.metrics import Metrics
 
@@ -40,10 +42,16 @@ _REBALANCING: Final = frozenset(
     }
 )
 
-__all__ = ["PartitionControl", "PauseNote", "pause_note_of"]
+__all__ = ["LOCK_TIMEOUT", "PAUSE_REASONS", "PartitionControl", "PauseNote", "pause_note_of"]
 
 _log = logging.getLogger("rewards_membership.consumer.loop")
 POSTGRESQL = "postgresql"
+LOCK_TIMEOUT = "lock_timeout"
+"""The cause of a pause for a row of the partition locked elsewhere (SQLSTATE 55P03): the
+database answers, only that partition waits."""
+PAUSE_REASONS: Final = (POSTGRESQL, "kafka", LOCK_TIMEOUT)
+"""Why a partition is paused, as the gauge, `/readyz` and `status` name it: the dependency
+that is unavailable, or the lock its rows wait for."""
 
 
 def seek_back(consumer: Consumer, tp: TopicPartition, *, pause: bool = False) -> bool:
@@ -70,6 +78,9 @@ class PauseNote(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     paused: str
     """The dependency that failed: postgresql, kafka (the DLQ)."""
     reason: str
+    cause: str | None = None
+    """`lock_timeout`: a row of the partition is locked elsewhere (the dependency answers);
+    None: the dependency is unavailable."""
     since: float
     """Unix time (s) the partition was first paused (kept across its retries)."""
     retry_at: float
@@ -117,8 +128,21 @@ class PartitionControl:
         self._on_committed = on_committed
         self._on_forget = on_forget
         self.assigned: set[int] = set()
+        self.paused_now: tuple[PausedNow, ...] = ()
+        """The paused partitions as `/readyz` shows them: replaced whole on every change,
+        so the ops server's thread reads it without a lock."""
+        for label in PAUSE_REASONS:
+            metrics.paused_by_reason.labels(label).set(0)
 
-    def pause(self, first: Mapping[int, int], *, dependency: str, reason: str, event: str) -> None:
+    def pause(
+        self,
+        first: Mapping[int, int],
+        *,
+        dependency: str,
+        reason: str,
+        event: str,
+        cause: str | None = None,
+    ) -> None:
         """Seek each partition back to `first[p]` and pause it until its backoff ends."""
         now = self._clock()
         delays = []
@@ -127,17 +151,23 @@ class PartitionControl:
             if not seek_back(self._consumer, tp, pause=True):
                 continue
             pause = self.pauser.pause(
-                partition, seek_to=offset, dependency=dependency, reason=reason, now=now
+                partition,
+                seek_to=offset,
+                dependency=dependency,
+                reason=reason,
+                now=now,
+                cause=cause,
             )
             delays.append(round(pause.retry_at - now, 3))
         self._metrics.retries.labels(dependency).inc()
-        self._metrics.paused_partitions.set(len(self.pauser.paused))
+        self._paused_changed()
         self._note(sorted(first), now)
         log_event(
             _log,
             event,
             logging.WARNING,
             dependency=dependency,
+            cause=cause,
             reason=reason,
             partitions=sorted(first),
             firstOffsets=dict(first),
@@ -150,7 +180,8 @@ class PartitionControl:
         due = self.pauser.due(now)
         if not due:
             return
-        waiting_db = [p for p in due if self._dependency(p) == POSTGRESQL]
+        # A partition waiting for a row lock is retried without a probe: the database answers.
+        waiting_db = [p for p in due if self._waits_for_database(p)]
         if waiting_db and not probe():
             for partition in waiting_db:
                 pause = self.pauser.postpone(partition, now=now)
@@ -169,7 +200,32 @@ class PartitionControl:
             self._consumer.resume([TopicPartition(self._topic, p) for p in due])
             self.pauser.resume(due)
             log_event(_log, "partitions resumed", partitions=due)
+        self._paused_changed()
+
+    def _paused_changed(self) -> None:
+        """The gauges and `/readyz`'s view after a partition was paused or resumed."""
         self._metrics.paused_partitions.set(len(self.pauser.paused))
+        counts = self.pauser.by_reason()
+        for label in PAUSE_REASONS:
+            self._metrics.paused_by_reason.labels(label).set(counts.get(label, 0))
+        wall = time.time() - self._clock()  # the pauser's clock is monotonic
+        self.paused_now = tuple(
+            PausedNow(
+                partition=partition,
+                reason=pause.label,
+                since=_iso(pause.since + wall),
+                retry_at=_iso(pause.retry_at + wall),
+                attempts=pause.attempts,
+            )
+            for partition, pause in sorted(self.pauser.items())
+        )
+
+    def readiness(self) -> CheckResult:
+        """`/readyz`'s `partitions` check: ready (the other partitions are served; a
+        dependency that is down degrades its own check), with every paused partition, why,
+        since when and its next retry."""
+        paused = [msgspec.structs.asdict(p) for p in self.paused_now]
+        return CheckResult("ok", public={"paused": paused})
 
     def _note(self, partitions: Sequence[int], now: float) -> None:
         """Commit each paused partition's position again with its `PauseNote`.
@@ -207,6 +263,7 @@ class PartitionControl:
                         PauseNote(
                             paused=pauses[partition].dependency,
                             reason=pauses[partition].reason[:_NOTE_REASON_CHARS],
+                            cause=pauses[partition].cause,
                             since=round(pauses[partition].since + wall, 3),
                             retry_at=round(pauses[partition].retry_at + wall, 3),
                             attempts=pauses[partition].attempts,
@@ -226,9 +283,9 @@ class PartitionControl:
         for partition, offset in applied.items():
             self._on_committed(partition, offset)
 
-    def _dependency(self, partition: int) -> str | None:
+    def _waits_for_database(self, partition: int) -> bool:
         pause = self.pauser.get(partition)
-        return pause.dependency if pause is not None else None
+        return pause is not None and pause.dependency == POSTGRESQL and pause.cause is None
 
     def commit(self, partitions: Iterable[int] | None = None, *, raise_errors: bool) -> None:
         """Commit the ledger's offsets (of `partitions`); synchronous."""
@@ -272,7 +329,7 @@ class PartitionControl:
                 self.pauser.hold(partition, database_down, now=self._clock())
         elif partitions:
             consumer.resume(partitions)
-        self._metrics.paused_partitions.set(len(self.pauser.paused))
+        self._paused_changed()
         log_event(
             _log, "partitions assigned", partitions=numbers, paused=sorted(self.pauser.paused)
         )
@@ -294,7 +351,23 @@ class PartitionControl:
         self.pauser.forget(numbers)
         self.assigned.difference_update(numbers)
         self._on_forget(numbers)
-        self._metrics.paused_partitions.set(len(self.pauser.paused))
+        self._paused_changed()
+
+
+class PausedNow(msgspec.Struct, frozen=True, kw_only=True):
+    """A paused partition as `/readyz` shows it: numbers, a reason word and times only."""
+
+    partition: int
+    reason: str
+    """One of `PAUSE_REASONS`."""
+    since: str
+    retry_at: str
+    """UTC, ISO 8601, to the second."""
+    attempts: int
+
+
+def _iso(unix: float) -> str:
+    return datetime.datetime.fromtimestamp(unix, datetime.UTC).isoformat(timespec="seconds")
 
 
 # -- which partitions are paused (pure) ----------------------------------------------------
@@ -302,9 +375,10 @@ class PartitionControl:
 # Which partitions are paused, why, since when and until when: pure bookkeeping.
 #
 # A partition is paused when a failure keeps its records from being finished: a database
-# outage pauses every partition of the batch, a dead letter that cannot be written pauses
-# only its own. Each partition has its own backoff (1 s -> 60 s), so one partition failing
-# again and again does not slow the retries of the others. The consumer does the Kafka side
+# outage pauses every partition of the batch, a dead letter that cannot be written or a row
+# locked elsewhere (cause `lock_timeout`) pauses only its own. Each partition has its own
+# backoff (1 s -> 60 s), so one partition failing again and again does not slow the retries
+# of the others. The consumer does the Kafka side
 # (pause, seek, resume); this class only decides, and takes the time as an argument so its
 # tests need no clock and no broker.
 
@@ -323,6 +397,14 @@ class Pause:
     """The offset it resumes from: its first record of the failed batch (None: a partition
     paused on assignment, which resumes from its committed offset)."""
     attempts: int = field(default=1)
+    cause: str | None = None
+    """`LOCK_TIMEOUT`: a row of the partition is locked elsewhere, the database answers (no
+    probe before the retry; the dependency is not down); None: the dependency failed."""
+
+    @property
+    def label(self) -> str:
+        """Why it is paused, one of `PAUSE_REASONS`."""
+        return self.cause or self.dependency
 
 
 class PartitionPauser:
@@ -331,6 +413,7 @@ class PartitionPauser:
         self._maximum = maximum
         self._pauses: dict[int, Pause] = {}
         self._backoffs: dict[int, Backoff] = {}
+        self._suspects: set[int] = set()
 
     def _backoff(self, partition: int) -> Backoff:
         backoff = self._backoffs.get(partition)
@@ -341,7 +424,14 @@ class PartitionPauser:
         return backoff
 
     def pause(
-        self, partition: int, *, seek_to: int | None, dependency: str, reason: str, now: float
+        self,
+        partition: int,
+        *,
+        seek_to: int | None,
+        dependency: str,
+        reason: str,
+        now: float,
+        cause: str | None = None,
     ) -> Pause:
         """Pause (or keep paused) `partition` until its next backoff delay has passed."""
         delay = self._backoff(partition).next_delay()
@@ -353,6 +443,7 @@ class PartitionPauser:
             retry_at=now + delay,
             seek_to=seek_to,
             attempts=self._backoffs[partition].attempts,
+            cause=cause,
         )
         self._pauses[partition] = pause
         return pause
@@ -378,6 +469,7 @@ class PartitionPauser:
             dependency=pause.dependency,
             reason=pause.reason,
             now=now,
+            cause=pause.cause,
         )
 
     def due(self, now: float) -> list[int]:
@@ -385,9 +477,12 @@ class PartitionPauser:
         return sorted(p for p, pause in self._pauses.items() if pause.retry_at <= now)
 
     def resume(self, partitions: Iterable[int]) -> None:
-        """The partitions are read again; their backoff continues until a batch succeeds."""
+        """The partitions are read again; their backoff continues until a batch succeeds.
+        One paused for a row lock is a suspect until then (`suspects`)."""
         for partition in partitions:
-            self._pauses.pop(partition, None)
+            pause = self._pauses.pop(partition, None)
+            if pause is not None and pause.cause == LOCK_TIMEOUT:
+                self._suspects.add(partition)
 
     def succeeded(self, partitions: Iterable[int]) -> None:
         """A batch of these partitions was committed: their next failure starts at 1 s."""
@@ -395,15 +490,34 @@ class PartitionPauser:
             backoff = self._backoffs.get(partition)
             if backoff is not None:
                 backoff.reset()
+            self._suspects.discard(partition)
 
     def forget(self, partitions: Iterable[int]) -> None:
         """Revoked or lost: the next owner starts afresh."""
         for partition in partitions:
             self._pauses.pop(partition, None)
             self._backoffs.pop(partition, None)
+            self._suspects.discard(partition)
 
     def get(self, partition: int) -> Pause | None:
         return self._pauses.get(partition)
+
+    def items(self) -> list[tuple[int, Pause]]:
+        return list(self._pauses.items())
+
+    @property
+    def suspects(self) -> frozenset[int]:
+        """Partitions resumed after a pause for a row lock whose batch has not succeeded
+        since: their records are tried in transactions of their own, at a short lock
+        timeout, so a lock still held costs the other partitions no lock timeout."""
+        return frozenset(self._suspects)
+
+    def by_reason(self) -> dict[str, int]:
+        """How many partitions are paused, per `Pause.label`."""
+        counts: dict[str, int] = {}
+        for pause in self._pauses.values():
+            counts[pause.label] = counts.get(pause.label, 0) + 1
+        return counts
 
     def is_paused(self, partition: int) -> bool:
         return partition in self._pauses
@@ -417,8 +531,11 @@ class PartitionPauser:
         return {p: max(0.0, now - pause.since) for p, pause in self._pauses.items()}
 
     def down(self, dependency: str) -> Pause | None:
-        """A pause for `dependency` (the earliest retry), if that dependency is down."""
-        pauses = [p for p in self._pauses.values() if p.dependency == dependency]
+        """A pause for `dependency` (the earliest retry), if that dependency is down (a pause
+        for a row lock says nothing of the database)."""
+        pauses = [
+            p for p in self._pauses.values() if p.dependency == dependency and p.cause is None
+        ]
         return min(pauses, key=lambda p: p.retry_at) if pauses else None
 
     def dependencies(self) -> set[str]:

@@ -5,3 +5,8 @@
 -- name: probe --
 -- The recovery probe after an outage: does the database answer again?
 SELECT 1
+
+-- name: local_lock_timeout --
+-- The lock timeout of the current transaction alone (SET LOCAL): a batch's part applied for
+-- one partition after a lock timeout waits this long for a row, not the session's timeout.
+SELECT set_config('lock_timeout', %(lock_timeout)s, true)
