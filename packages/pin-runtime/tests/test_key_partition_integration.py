@@ -37,7 +37,8 @@ def test_key_partition_agrees_with_librdkafka_default_partitioner(
     def on_delivery(error: KafkaError | None, message: Message) -> None:
         assert error is None, error
         key, partition = message.key(), message.partition()
-        assert key is not None and partition is not None
+        assert key is not None
+        assert partition is not None
         chosen[key] = partition
 
     for key in keys:
