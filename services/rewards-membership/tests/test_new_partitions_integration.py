@@ -12,13 +12,15 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
 import pytest
 from confluent_kafka.cimpl import NewPartitions
 from consumer_kit import record_of
 
-from pin_contracts import envelope_for
+from pin_contracts import DeadLetterInfo, envelope_for, key_partition
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_admin, create_producer
+from rewards_membership.cli import main
 from rewards_membership.settings import LagWatchSettings
 
 pytestmark = pytest.mark.integration
@@ -74,3 +76,62 @@ def test_a_record_on_a_partition_added_while_running_is_applied_within_the_bound
 def test_the_lag_watcher_exports_the_membership_topics_catalogue_count() -> None:
     watch = LagWatchSettings(kafka_bootstrap="k:9092")
     assert watch.catalogue_partitions() == {"pin.identity.agent-membership-changed.v1": 3}
+
+
+def test_a_replayed_dead_letter_goes_to_its_keys_catalogue_partition_on_a_grown_topic(
+    *,
+    kafka: Any,
+    settings: Any,
+    operator_dsn: str,
+    sql: Any,
+    event: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # An agent whose key librdkafka would put on a new partition of the grown topic.
+    agent = next(a for a in iter(uuid.uuid4, None) if key_partition(str(a).encode(), 6) >= 3)
+    envelope = envelope_for(event(agent, uuid.uuid4(), 1))
+    key, value, headers = record_of(envelope)
+    info = DeadLetterInfo(
+        error_code="REWARDS_MEMBERSHIP_EVENT_INVALID",
+        exception_message="$.Payload.Reason: missing",
+        exception_fqcn="pin_contracts.errors.ContractViolation",
+        original_topic=kafka.topic,
+        original_partition=key_partition(key, 3),
+        original_offset=0,
+        original_timestamp_ms=1_700_000_000_000,
+        original_consumer_group=settings.group_id,
+    )
+    tracker = DeliveryTracker[int]()
+    kafka.producer.produce(
+        kafka.dlq_topic,
+        key=key,
+        value=value,
+        headers=[*headers, *info.to_headers()],
+        partition=0,
+        on_delivery=tracker,
+    )
+    flush_or_raise(kafka.producer, 30.0, tracker)
+    inbox_key = f"rewards:identity-membership:{envelope.message_id}"
+    sql(
+        "INSERT INTO rewards.inbox (idempotency_key, outcome) VALUES (%s, 'dead-lettered')",
+        [inbox_key],
+    )
+    admin = create_admin(kafka.bootstrap, client_id="rewards-membership-test-admin")
+    for future in admin.create_partitions([NewPartitions(kafka.topic, 6)]).values():
+        future.result(30)
+    for name, value in {
+        "DATABASE_DSN": operator_dsn,
+        "KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "TOPIC": settings.topic,
+        "DLQ_TOPIC": settings.dlq_topic,
+        "GROUP_ID": settings.group_id,
+        "DELIVERY_TIMEOUT": "20s",
+    }.items():
+        monkeypatch.setenv(f"REWARDS_MEMBERSHIP_{name}", value)
+    capsys.readouterr()
+    assert main(["dlq", "replay", "--all", "--json"]) == 0
+    replayed = msgspec.json.decode(capsys.readouterr().out.splitlines()[0])
+    assert replayed["result"] == "replayed"
+    # Beside the agent's other records (partition CRC32(key) mod 3), not on a new one.
+    assert replayed["target_partition"] == key_partition(key, 3)

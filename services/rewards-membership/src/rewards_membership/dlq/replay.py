@@ -5,7 +5,9 @@ Per page of DLQ records: skip those `rewards.dlq_replays` says were replayed, an
 original back from the source topic for a reference record (and check its sha256); refuse a
 record whose bytes fail validation again (unless forced); delete the records' dead-letter
 inbox marks (so the consumer processes the copies instead of skipping them as duplicates);
-republish; and record, after the broker acknowledged them, which DLQ records were replayed.
+republish (each copy on its key's partition by the topic catalogue's count, as identity's
+relay publishes: docs/design/rewards-membership.md "Partitions"); and record, after the
+broker acknowledged them, which DLQ records were replayed.
 A copy the broker did not acknowledge gets its mark back: its record stays a dead letter
 (counted by the unreplayed gauge, its alert firing) until a replay succeeds.
 A crash between the acknowledgement and the record leaves at most one extra copy, which the
@@ -22,7 +24,7 @@ from typing import Final
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from pin_contracts import Headers
+from pin_contracts import AGENT_MEMBERSHIP_CHANGED, CATALOGUE, Headers, key_partition
 from pin_runtime.delivery import DeliveryTracker
 from rewards_membership.consumer.records import headers_of, offset_of, partition_of
 from rewards_membership.dlq.passes import DeadLetterPass, History
@@ -139,6 +141,15 @@ class Replayer(DeadLetterPass):
         topic = info.original_topic if info is not None else self.default_topic
         return _Copy(record, topic, value, headers, key)
 
+    def _partition(self, topic: str, key: bytes | None) -> int:
+        """The catalogue's partition of `key` on `topic` (the consumer's own source topic is
+        the membership topic, whatever its name here); -1, librdkafka's choice, for a null
+        key or a topic outside the catalogue."""
+        counts = {t.name: t.partitions for t in CATALOGUE}
+        counts[self.default_topic] = AGENT_MEMBERSHIP_CHANGED.partitions
+        partitions = counts.get(topic)
+        return -1 if partitions is None or not key else key_partition(key, partitions)
+
     def _original(self, record: DeadLetterRecord) -> Message | ReplayResult:
         original = read_original(self.source, record, timeout=self.read_timeout)
         if isinstance(original, OriginalUnavailable):
@@ -162,6 +173,7 @@ class Replayer(DeadLetterPass):
                     key=copy.record.key,
                     value=copy.value,
                     headers=copy.headers,
+                    partition=self._partition(copy.topic, copy.record.key),
                     on_delivery=_target_of(tracker, position, targets),
                 )
             except (KafkaException, BufferError) as exc:
