@@ -92,6 +92,7 @@ def test_a_replayed_dead_letter_goes_to_its_keys_catalogue_partition_on_a_grown_
     agent = next(a for a in iter(uuid.uuid4, None) if key_partition(str(a).encode(), 6) >= 3)
     envelope = envelope_for(event(agent, uuid.uuid4(), 1))
     key, value, headers = record_of(envelope)
+    assert key is not None
     info = DeadLetterInfo(
         error_code="REWARDS_MEMBERSHIP_EVENT_INVALID",
         exception_message="$.Payload.Reason: missing",
@@ -107,7 +108,7 @@ def test_a_replayed_dead_letter_goes_to_its_keys_catalogue_partition_on_a_grown_
         kafka.dlq_topic,
         key=key,
         value=value,
-        headers=[*headers, *info.to_headers()],
+        headers=[*(headers or []), *info.to_headers()],
         partition=0,
         on_delivery=tracker,
     )
