@@ -28,6 +28,7 @@ pytestmark = pytest.mark.integration
 
 PASSWORD = "first-Secret-1"
 ROTATED = "second-Secret-2"
+REFUSED = "Wr0ng-Secret-3"
 
 
 def sample(registry: CollectorRegistry, name: str) -> float | None:
@@ -102,27 +103,35 @@ def test_a_relay_whose_login_is_refused_says_so_counts_it_and_reports_its_gauges
 ) -> None:
     registry = CollectorRegistry()
     state = ComponentState()
-    relay = make_relay(dsn=login.dsn(password="wrong"), registry=registry, state=state)
+    relay = make_relay(dsn=login.dsn(password=REFUSED), registry=registry, state=state)
     with RelayThread(relay):
         wait_until(
             lambda: (sample(registry, "identity_outbox_database_auth_failures_total") or 0) >= 2,
             30,
             "two refused logins counted",
         )
+        # Never a healthy 0 for an outbox it could not look at.
+        for gauge in ("identity_outbox_oldest_age_seconds", "identity_outbox_backlog"):
+            value = sample(registry, gauge)
+            assert value is not None, gauge
+            assert math.isnan(value), gauge
+        check = state()
+        assert check.status == "degraded"
+        assert "refused the login" in (check.detail or "")
+        # The role takes that password now: the next retry logs in, the gauges are read.
+        login.rotate(REFUSED)
+        wait_until(
+            lambda: sample(registry, "identity_outbox_backlog") == 0,
+            30,
+            "the backlog read again",
+        )
+        assert sample(registry, "identity_outbox_oldest_age_seconds") == 0
     [first, *_] = logged(json_logs, "database authentication failed")
     assert first["level"] == "ERROR"
     assert first["user"] == login.name
     assert first["host"] == f"127.0.0.1:{conninfo_to_dict(login.base)['port']}"
     assert first["sqlstate"] == "28P01"
-    assert "wrong" not in json_logs.getvalue()
-    # Never a healthy 0 for an outbox it could not look at.
-    for gauge in ("identity_outbox_oldest_age_seconds", "identity_outbox_backlog"):
-        value = sample(registry, gauge)
-        assert value is not None, gauge
-        assert math.isnan(value), gauge
-    check = state()
-    assert check.status == "degraded"
-    assert "refused the login" in (check.detail or "")
+    assert REFUSED not in json_logs.getvalue()
 
 
 @pytest.mark.parametrize("command", ["relay", "worker", "status"])
