@@ -17,7 +17,13 @@ from msgspec import Meta
 from pin_runtime.db_roles import check_role_prefix
 from pin_runtime.kafka_settings import KafkaClientSettings
 from pin_runtime.logging import LogLevel
-from pin_runtime.postgres import DsnError, SessionLimitError, SessionLimits, check_dsn
+from pin_runtime.postgres import (
+    DsnError,
+    SessionLimitError,
+    SessionLimits,
+    check_dsn,
+    dsn_has_password,
+)
 from pin_runtime.settings import Secret
 
 __all__ = ["ClientSettings", "Port", "ServiceSettings"]
@@ -73,6 +79,10 @@ class ServiceSettings(ClientSettings, frozen=True, kw_only=True):
     """libpq DSN of the service's database: a service's `Settings` makes it required. It is
     parsed at start, so a malformed one stops the process (exit 2) instead of reading as a
     database that is down."""
+    database_password_file: str | None = None
+    """A file holding the database password alone (a mounted Secret), read at every connect
+    (`postgres.LoginConnection`): a rewritten file is taken by the next session, no restart.
+    Any file mode; the DSN then carries no password. Checked readable as a command starts."""
     metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
     metrics_port: Port = 0
     log_level: LogLevel = "INFO"
@@ -89,6 +99,11 @@ class ServiceSettings(ClientSettings, frozen=True, kw_only=True):
                 check_dsn(self.database_dsn.reveal())
             except DsnError as exc:
                 raise ValueError(f"DATABASE_DSN: {exc}") from None
+            if self.database_password_file and dsn_has_password(self.database_dsn.reveal()):
+                raise ValueError(
+                    "DATABASE_PASSWORD_FILE: the DATABASE_DSN carries a password too; "
+                    "set one of them"
+                )
         try:
             check_role_prefix(self.db_role_prefix)
         except ValueError as exc:

@@ -10,7 +10,8 @@
   anything else a command raises (`error: Type: message`, the traceback in the JSON log);
   a login it refuses (SQLSTATE 28P01/28000, `postgres.auth_failure`; `postgres.check_login`
   at a long-lived command's start) is a bad setting, exit 2 (`config error:
-  <PREFIX>DATABASE_DSN: the database refused the login ...`).
+  <PREFIX>DATABASE_DSN: the database refused the login ...`; `<PREFIX>DATABASE_PASSWORD_FILE`
+  when the password comes from that file, which `Cli` checks readable as a command starts).
   Every line passes through `settings.redact`. Kafka credentials the brokers refuse are
   exit 2 through `kafka_security.kafka_or_exit`, which each command that talks to Kafka
   calls first.
@@ -51,10 +52,17 @@ from pin_runtime.build import BuildInfo, register_process_metrics
 from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import Check, Heartbeat, OpsServer
 from pin_runtime.logging import LogLevel, configure_logging, log_event
-from pin_runtime.postgres import AUTH_FAILURE_SQLSTATES, DatabaseAuthError, auth_failure
+from pin_runtime.postgres import (
+    AUTH_FAILURE_SQLSTATES,
+    DatabaseAuthError,
+    auth_failure,
+    read_password_from,
+)
+from pin_runtime.secret_files import unreadable_secret_file
 from pin_runtime.settings import (
     CONFIG_ERROR_EXIT_CODE,
     S,
+    Secret,
     redact,
     settings_or_exit,
     unknown_variables,
@@ -212,11 +220,33 @@ class Cli(Generic[S]):
         configure_logging(getattr(settings, "log_level", "INFO"), self.service, stream=sys.stderr)
         for variable in unknown_variables(self.settings_type, self.env_prefix):
             log_event(_log, "unknown setting ignored", logging.WARNING, variable=variable)
+        password_file = getattr(settings, "database_password_file", None)
+
+        def command() -> int | None:
+            _read_password_file(settings, self.env_prefix)
+            return run(args, settings)
+
         return run_command(
-            lambda: run(args, settings),
+            command,
             errors=self.errors,
-            dsn_variable=f"{self.env_prefix}DATABASE_DSN",
+            # A refused login is the password's fault: where it is set is what to fix.
+            dsn_variable=f"{self.env_prefix}DATABASE_"
+            + ("PASSWORD_FILE" if password_file else "DSN"),
         )
+
+
+def _read_password_file(settings: object, prefix: str) -> None:
+    """`<PREFIX>DATABASE_PASSWORD_FILE`: one that gives no password is a bad setting (exit 2
+    naming it); else every connection to the settings' DSN reads it at its connect, for
+    every command, long-running or one-shot (`postgres.read_password_from`)."""
+    path = getattr(settings, "database_password_file", None)
+    dsn = getattr(settings, "database_dsn", None)
+    if not path or not isinstance(dsn, Secret):
+        return
+    reason = unreadable_secret_file(path)
+    if reason is not None:
+        raise SettingsError(f"{prefix}DATABASE_PASSWORD_FILE", reason)
+    read_password_from(dsn.reveal(), path)
 
 
 class _PrintVersion(argparse.Action):

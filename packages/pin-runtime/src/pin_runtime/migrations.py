@@ -24,7 +24,7 @@ from psycopg.rows import TupleRow
 from pin_runtime.db_roles import RuntimeRole, apply_runtime_roles
 from pin_runtime.errors import MigrationError
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import is_retriable
+from pin_runtime.postgres import LoginConnection, is_retriable
 from pin_runtime.sql import load_queries
 
 __all__ = ["Migration", "advisory_lock_key", "load_migrations", "migrate"]
@@ -95,7 +95,7 @@ def migrate(
     for role in roles:
         role.named(role_prefix)  # a bad prefix fails before touching the database too
     if isinstance(conn_or_dsn, str):
-        with psycopg.connect(conn_or_dsn, autocommit=True) as conn:
+        with LoginConnection.connect(conn_or_dsn, autocommit=True) as conn:
             return _migrate(conn, schema, plan, roles, role_prefix)
     with _autocommit(conn_or_dsn) as conn:
         return _migrate(conn, schema, plan, roles, role_prefix)

@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Self
 
 import psycopg
 from psycopg import sql
@@ -25,6 +25,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout, TooManyRequest
 
 from pin_runtime.errors import PinRuntimeError, TemplatedError
 from pin_runtime.logging import log_event
+from pin_runtime.secret_files import SecretFileError, read_secret_file
 from pin_runtime.sql import load_queries
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "DatabaseAuthError",
     "DsnError",
     "LazyConnection",
+    "LoginConnection",
     "Pool",
     "SessionLimitError",
     "SessionLimits",
@@ -45,10 +47,12 @@ __all__ = [
     "check_login",
     "connect",
     "create_pool",
+    "dsn_has_password",
     "is_retriable",
     "listen",
     "login_of",
     "notify",
+    "read_password_from",
 ]
 
 _log = logging.getLogger(__name__)
@@ -165,6 +169,14 @@ def login_of(dsn: str) -> tuple[str, str]:
     port = str(options.get("port") or os.environ.get("PGPORT") or "")
     where = host or "local socket"
     return user, f"{where}:{port}" if port and host else where
+
+
+def dsn_has_password(dsn: str) -> bool:
+    """Whether the DSN carries a password of its own (`password=`, or a URL's user:pw@)."""
+    try:
+        return bool(conninfo_to_dict(dsn).get("password"))
+    except psycopg.ProgrammingError:
+        return False
 
 
 def check_login(dsn: str, session: SessionLimits) -> None:
@@ -401,6 +413,45 @@ def _check_hosts(options: Mapping[str, Any]) -> None:
         raise DsnError("host and hostaddr must list the same number of entries")
 
 
+# The password file of a DSN (`<PREFIX>DATABASE_PASSWORD_FILE`), by the DSN's exact text:
+# every connection here is made from the settings' DSN as it is, and a test process that
+# runs several configurations keeps each one's file to its own DSN.
+_password_files: dict[str, str] = {}
+
+
+def read_password_from(dsn: str, path: str | None) -> None:
+    """From now on, every connection to `dsn` opened here logs in with the password `path`
+    holds, read at each connect (`LoginConnection`); None: the DSN's own (or libpq's).
+
+    Called once as a command starts (`composition.Cli`), after the file was found readable:
+    a rotated password written to the file is then taken by the next session the pool, a
+    loop's `LazyConnection` or a probe opens, with no restart."""
+    if path is None:
+        _password_files.pop(dsn, None)
+    else:
+        _password_files[dsn] = path
+
+
+class LoginConnection(psycopg.Connection[TupleRow]):
+    """psycopg's connection whose `connect` reads the password file registered for its DSN
+    (`read_password_from`) at every connect: the class of the pools and of every connection
+    the services open.
+
+    A file that cannot be read at that moment (a Secret volume being swapped) fails the
+    connect as an outage does (OperationalError, retried), naming the file, never the
+    password."""
+
+    @classmethod
+    def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+        path = _password_files.get(conninfo)
+        if path is not None:
+            try:
+                kwargs["password"] = read_secret_file(path)
+            except SecretFileError as exc:
+                raise psycopg.OperationalError(f"database password file: {exc}") from None
+        return super().connect(conninfo, **kwargs)
+
+
 def connect(dsn: str, session: SessionLimits, *, application_name: str | None = None) -> Connection:
     """One autocommit connection bounded by `session`, its connect too.
 
@@ -411,7 +462,7 @@ def connect(dsn: str, session: SessionLimits, *, application_name: str | None = 
     kwargs = session.connect_kwargs()
     if application_name is not None:
         kwargs["application_name"] = application_name[:63]  # the server's NAMEDATALEN
-    return psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **kwargs)
+    return LoginConnection.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **kwargs)
 
 
 class LazyConnection:
@@ -505,6 +556,8 @@ def create_pool(
     }
     return ConnectionPool(
         dsn,
+        # Each connection the pool opens reads the DSN's password file (if any) again.
+        connection_class=LoginConnection,
         kwargs=kwargs,
         min_size=min_size,
         max_size=max_size,

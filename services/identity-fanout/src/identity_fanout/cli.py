@@ -41,6 +41,7 @@ from pin_contracts import FanOutTaskStatus
 from pin_runtime.composition import Cli, error_line, uuid_argument
 from pin_runtime.lag_watch.cli import COMMAND as LAG_WATCH
 from pin_runtime.lag_watch.cli import LagWatchCommand
+from pin_runtime.postgres import LoginConnection
 
 # Plain messages never wrap (scripts parse them); listings take the terminal's width (a
 # table where it fits, else a block per row: pin_runtime.listing).
@@ -214,7 +215,7 @@ def _changed(count: int, what: str, *, dry_run: bool) -> str:
 
 def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
     """A connection bounded by the service's session limits (a blocked statement fails)."""
-    return psycopg.connect(
+    return LoginConnection.connect(
         settings.database_dsn.reveal(), **settings.database_session().connect_kwargs()
     )
 
