@@ -102,7 +102,11 @@ class HorizonWatch:
 
     def _run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # a bug: the watch goes on, the process is not its to stop
+                self.metrics.errors.inc()
+                _log.exception("horizon poll failed")
             stop.wait(self.interval)
         self._conn.discard()
 
