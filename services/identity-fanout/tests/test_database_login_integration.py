@@ -21,7 +21,8 @@ from relay_support import RelayFactory, RelayThread, access_event, access_topic,
 from identity_fanout.outbox.writer import outbox_message
 from pin_runtime.http import ComponentState
 from pin_testkit.local.postgres import PASSWORD_GROUP
-from pin_testkit.service import run_cli, service_environment
+from pin_testkit.ports import free_port
+from pin_testkit.service import ServiceProcess, run_cli, service_environment
 from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -180,3 +181,90 @@ def test_a_passfile_rewritten_with_a_rotated_password_is_read_at_the_next_connec
         wait_until(lambda: outbox_count(identity_dsn) == 0, 60, "rows after the rotation")
     assert (sample(registry, "identity_outbox_database_auth_failures_total") or 0) == 0
     assert (sample(registry, "identity_outbox_published_total") or 0) >= 6
+
+
+def test_a_relay_process_takes_a_rewritten_password_file_without_a_restart(
+    login: Login,
+    identity_dsn: str,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    # IDENTITY_FANOUT_DATABASE_PASSWORD_FILE, group-readable as a Secret volume's file is
+    # under the pod's fsGroup (libpq's passfile would be ignored): pin-runtime reads it at
+    # every connect, so sessions killed after the rotation come back with the new password.
+    secret = tmp_path / "database-password"
+    secret.write_text(PASSWORD + "\n")
+    secret.chmod(0o640)
+    topic = access_topic(kafka_topic(partitions=3))
+    port = free_port()
+    env = service_environment(
+        ("IDENTITY_FANOUT_",),
+        IDENTITY_FANOUT_DATABASE_DSN=login.dsn(),
+        IDENTITY_FANOUT_DATABASE_PASSWORD_FILE=str(secret),
+        IDENTITY_FANOUT_KAFKA_BOOTSTRAP=kafka_bootstrap,
+        IDENTITY_FANOUT_METRICS_HOST="127.0.0.1",
+        IDENTITY_FANOUT_METRICS_PORT=str(port),
+        IDENTITY_FANOUT_RELAY_POLL_INTERVAL="200ms",
+    )
+    relay = ServiceProcess(
+        "relay", "identity-fanout", ("relay",), env, port, tmp_path / "relay.log"
+    )
+    with relay.start():
+        relay.wait_ready()
+        write(identity_dsn, [outbox_message(access_event(), topic) for _ in range(3)])
+        wait_until(lambda: outbox_count(identity_dsn) == 0, 60, "first rows", alive=[relay])
+
+        login.rotate(ROTATED)
+        secret.write_text(ROTATED + "\n")
+        secret.chmod(0o640)
+        assert login.kill_sessions() >= 1  # the lanes' session at least
+        write(identity_dsn, [outbox_message(access_event(), topic) for _ in range(3)])
+        wait_until(
+            lambda: outbox_count(identity_dsn) == 0, 60, "rows after the rotation", alive=[relay]
+        )
+        relay.assert_running()
+        assert relay.metric("identity_outbox_published_total") >= 6
+        assert relay.metric("identity_outbox_database_auth_failures_total") == 0
+        assert relay.terminate() == 0  # the one run there was, stopped here
+    assert PASSWORD not in relay.log_text()
+    assert ROTATED not in relay.log_text()
+
+
+@pytest.mark.parametrize("command", ["relay", "status"])
+def test_a_password_file_that_gives_no_password_or_a_refused_one_exits_2_naming_it(
+    login: Login, command: str, tmp_path: Path
+) -> None:
+    secret = tmp_path / "database-password"
+    base = {
+        "IDENTITY_FANOUT_DATABASE_DSN": login.dsn(),
+        "IDENTITY_FANOUT_KAFKA_BOOTSTRAP": os.environ["PIN_KAFKA_BOOTSTRAP"],
+        "IDENTITY_FANOUT_METRICS_HOST": "127.0.0.1",
+        "IDENTITY_FANOUT_METRICS_PORT": "0",
+        "IDENTITY_FANOUT_DATABASE_PASSWORD_FILE": str(secret),
+    }
+    missing = run_cli(
+        "identity-fanout",
+        [command],
+        service_environment(("IDENTITY_FANOUT_",), **base),
+        timeout=60,
+        check=False,
+    )
+    assert missing.returncode == 2, missing.stderr
+    assert missing.stderr.strip().splitlines()[-1] == (
+        f"config error: IDENTITY_FANOUT_DATABASE_PASSWORD_FILE: cannot read {str(secret)!r}:"
+        " No such file or directory"
+    )
+    secret.write_text("wrong-Secret\n")
+    refused = run_cli(
+        "identity-fanout",
+        [command],
+        service_environment(("IDENTITY_FANOUT_",), **base),
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2, refused.stderr
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("config error: IDENTITY_FANOUT_DATABASE_PASSWORD_FILE: "), last
+    assert "28P01" in last
+    assert "wrong-Secret" not in refused.stderr + refused.stdout
