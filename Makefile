@@ -88,6 +88,23 @@ test: lint infra-check up pact ## lint, infra checks, pact, then every test on r
 	eval "$$($(RUN) pin-local -q env)" && $(RUN) pytest $(TEST_PATHS) \
 		$(addprefix --ignore=,$(PACT_CONSUMER_TESTS) $(PACT_PROVIDER_TESTS))
 
+# The shipped artefacts on a Docker engine (infra/README.md "Containers"): the engine itself
+# (Debian's docker.io, Compose built from the Go module proxy, dockerd without a bridge), the
+# images built from the package registries alone, and integration tests on testcontainers.
+.PHONY: engine
+engine: ## a Docker engine here: docker.io and Compose where missing, dockerd without bridge (idempotent)
+	infra/docker/engine.sh up
+
+.PHONY: images
+images: sync engine ## the base images from Debian, PyPI and Maven Central, then both service images labelled with the revision
+	UV=$(UV) infra/docker/images.sh all
+
+TESTCONTAINERS_TESTS := packages/pin-testkit/tests/test_runtime_roles_integration.py \
+	services/rewards-membership/tests/test_hostile_records_integration.py
+.PHONY: testcontainers
+testcontainers: images ## integration tests on PostgreSQL and Kafka that testcontainers starts (PIN_SERVICES=containers)
+	PIN_SERVICES=containers $(RUN) pytest $(TESTCONTAINERS_TESTS)
+
 # What a developer runs between edits: no service is started, nothing is left running.
 UNIT_PATHS := contracts/tests $(wildcard packages/*/tests) $(wildcard services/*/tests)
 

@@ -2,10 +2,15 @@
 
 Order, as the repository README promises: the environment variables
 (``PIN_POSTGRES_DSN`` / ``PIN_KAFKA_BOOTSTRAP``), then testcontainers where a Docker engine
-answers, then the local launcher (``pin-local up``: the machine's PostgreSQL binaries and
-Kafka jars from Maven Central). A service that cannot be had by any of them is an error,
-never a reason to skip: a test suite that silently skips its integration tests is green
-without having tested anything.
+answers (``pin_testkit.containers``), then the local launcher (``pin-local up``: the
+machine's PostgreSQL binaries and Kafka jars from Maven Central). A service that cannot be
+had by any of them is an error, never a reason to skip: a test suite that silently skips its
+integration tests is green without having tested anything.
+
+``PIN_SERVICES`` names one source and allows no other: ``containers`` (the environment's
+addresses are ignored, and no engine or a failed start is an error, never a fall back to
+pin-local), ``local`` (pin-local only) or ``environment``; ``auto`` (the default) is the
+order above, and a container start that failed before the fall back is named in the source.
 """
 
 from __future__ import annotations
@@ -13,15 +18,14 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 POSTGRES_DSN_VAR = "PIN_POSTGRES_DSN"
 KAFKA_BOOTSTRAP_VAR = "PIN_KAFKA_BOOTSTRAP"
 
-# Images used only where a Docker engine answers; the versions match infra/compose.
-POSTGRES_IMAGE = "postgres:15"
-KAFKA_IMAGE = "apache/kafka:4.2.0"
+SERVICES_VAR = "PIN_SERVICES"
+SOURCES = ("auto", "containers", "local", "environment")
 
 
 class ServiceUnavailableError(RuntimeError):
@@ -65,21 +69,14 @@ def docker_engine_answers(environ: Mapping[str, str] | None = None) -> bool:
         return False
 
 
-def _from_containers(cleanups: list[Callable[[], Any]]) -> Services:
-    from testcontainers.community.kafka import KafkaContainer  # noqa: PLC0415
-    from testcontainers.community.postgres import PostgresContainer  # noqa: PLC0415
+def _from_containers(environ: Mapping[str, str], cleanups: list[Callable[[], Any]]) -> Services:
+    from pin_testkit.containers import start_containers  # noqa: PLC0415 - only with an engine
 
-    pg = PostgresContainer(POSTGRES_IMAGE, username="pin", password="pin", dbname="postgres")  # noqa: S106 - throwaway container
-    pg.start()
-    cleanups.append(pg.stop)
-    kafka = KafkaContainer(KAFKA_IMAGE).with_kraft()
-    kafka.start()
-    cleanups.append(kafka.stop)
-    host, port = pg.get_container_host_ip(), pg.get_exposed_port(5432)
+    started = start_containers(environ, cleanups)
     return Services(
-        postgres_dsn=f"postgresql://pin:pin@{host}:{port}/postgres",
-        kafka_bootstrap=kafka.get_bootstrap_server(),
-        source="testcontainers",
+        postgres_dsn=started.postgres_dsn,
+        kafka_bootstrap=started.kafka_bootstrap,
+        source=f"testcontainers ({started.description})",
     )
 
 
@@ -105,30 +102,64 @@ def environment_or_local(environ: Mapping[str, str] | None = None) -> Services:
     return _from_launcher()
 
 
+def _only_containers(environ: Mapping[str, str], cleanups: list[Callable[[], Any]]) -> Services:
+    from pin_testkit.containers import engine_of  # noqa: PLC0415
+
+    if not docker_engine_answers(environ):
+        raise ServiceUnavailableError(
+            f"{SERVICES_VAR}=containers but no Docker engine answers at {engine_of(environ)} "
+            "(infra/docker/engine.sh up starts one)"
+        )
+    try:
+        return _from_containers(environ, cleanups)
+    except Exception as exc:
+        raise ServiceUnavailableError(
+            f"{SERVICES_VAR}=containers: testcontainers could not start the services: {exc}"
+        ) from exc
+
+
 def discover(
     environ: Mapping[str, str],
     cleanups: list[Callable[[], Any]],
 ) -> Services:
     """Find both services; ``cleanups`` receives what must be stopped at the end."""
+    wanted = environ.get(SERVICES_VAR, "").strip() or "auto"
+    if wanted not in SOURCES:
+        raise ServiceUnavailableError(
+            f"{SERVICES_VAR}={wanted!r}: expected one of {', '.join(SOURCES)}"
+        )
+    if wanted == "containers":
+        return _only_containers(environ, cleanups)
+    if wanted == "local":
+        try:
+            return _from_launcher()
+        except Exception as exc:
+            raise ServiceUnavailableError(f"{SERVICES_VAR}=local: pin-local: {exc}") from exc
     dsn = environ.get(POSTGRES_DSN_VAR, "").strip()
     bootstrap = environ.get(KAFKA_BOOTSTRAP_VAR, "").strip()
     if dsn and bootstrap:
         return Services(postgres_dsn=dsn, kafka_bootstrap=bootstrap, source="environment")
-    if dsn or bootstrap:
+    if dsn or bootstrap or wanted == "environment":
         missing = KAFKA_BOOTSTRAP_VAR if dsn else POSTGRES_DSN_VAR
         raise ServiceUnavailableError(
             f"{missing} is not set while its sibling is: name both services or neither"
+            if dsn or bootstrap
+            else f"{SERVICES_VAR}=environment: set {POSTGRES_DSN_VAR} and {KAFKA_BOOTSTRAP_VAR}"
         )
     errors: list[str] = []
     if docker_engine_answers(environ):
         try:
-            return _from_containers(cleanups)
+            return _from_containers(environ, cleanups)
         except Exception as exc:
             errors.append(f"testcontainers: {exc}")
     try:
-        return _from_launcher()
+        local = _from_launcher()
     except Exception as exc:
         errors.append(f"pin-local: {exc}")
+    else:
+        if errors:  # said, not silent: the run's header names the failure
+            return replace(local, source=f"pin-local (after {errors[0]})")
+        return local
     raise ServiceUnavailableError(
         "no PostgreSQL/Kafka for the integration tests ("
         + "; ".join(errors)

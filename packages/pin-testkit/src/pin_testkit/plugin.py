@@ -66,13 +66,24 @@ def _secrets_of_one_test() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def pin_services() -> Iterator[Services]:
+def pin_services(pytestconfig: pytest.Config) -> Iterator[Services]:
     """Both services, or a failed test that says how to get them (never a skip)."""
     cleanups: list[Callable[[], Any]] = []
     try:
         services = discover(os.environ, cleanups)
     except ServiceUnavailableError as exc:
+        for cleanup in reversed(cleanups):
+            cleanup()
         pytest.fail(str(exc), pytrace=False)
+    # Which servers the run tested against, in its output: a fall back is never silent.
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(
+                f"pin services: {services.source}: "
+                f"{services.postgres_dsn}, {services.kafka_bootstrap}"
+            )
     try:
         yield services
     finally:
