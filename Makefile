@@ -105,6 +105,17 @@ TESTCONTAINERS_TESTS := packages/pin-testkit/tests/test_runtime_roles_integratio
 testcontainers: images ## integration tests on PostgreSQL and Kafka that testcontainers starts (PIN_SERVICES=containers)
 	PIN_SERVICES=containers $(RUN) pytest $(TESTCONTAINERS_TESTS)
 
+# The whole system in containers (infra/compose), on the local bases unless PIN_IMAGE_BASES=public.
+STACK := $(if $(filter public,$(PIN_IMAGE_BASES)),,PIN_POSTGRES_IMAGE=$${PIN_POSTGRES_IMAGE:-pin-base/postgres:15} \
+	PIN_KAFKA_IMAGE=$${PIN_KAFKA_IMAGE:-pin-base/kafka:4.2.0}) docker compose -f infra/compose/docker-compose.yml
+.PHONY: stack
+stack: images ## the whole system in containers, as the charts run it (infra/compose): up and healthy
+	$(STACK) up -d --wait
+
+.PHONY: stack-down
+stack-down: ## remove the compose stack and its volumes
+	$(STACK) down -v --remove-orphans
+
 # What a developer runs between edits: no service is started, nothing is left running.
 UNIT_PATHS := contracts/tests $(wildcard packages/*/tests) $(wildcard services/*/tests)
 

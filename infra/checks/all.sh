@@ -3,7 +3,7 @@
 # pin-contracts release gate. Tools are installed into the per-user tools cache on the first run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
-for check in images sbom helm monitoring asyncapi contracts-release; do
+for check in images sbom helm compose monitoring asyncapi contracts-release; do
     echo "== infra/checks/$check.sh"
     start=$SECONDS
     "./$check.sh"
