@@ -9,8 +9,11 @@ import json
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
+import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
@@ -33,8 +36,14 @@ from pin_contracts import AGENT_MEMBERSHIP_CHANGED, decode_access_changed, decod
 from pin_runtime.http import ComponentState
 from pin_runtime.kafka import create_admin, create_consumer, ensure_topics
 from pin_runtime.settings import load_settings
+from pin_testkit.private import PrivateKafka
 from pin_testkit.records import read_messages
-from pin_testkit.secured import SecuredKafka, TopicAcls, assert_wrong_password_refused
+from pin_testkit.secured import (
+    ScramLogin,
+    SecuredKafka,
+    TopicAcls,
+    assert_wrong_password_refused,
+)
 from pin_testkit.waiting import wait_until
 
 USERS = 40
@@ -184,3 +193,84 @@ def test_a_topic_the_relay_may_not_write_pauses_it_and_every_row_follows_in_orde
     assert (resume["reason"], resume["topic"]) == ("topic-authorization", topic.name)
     assert resume["pausedSeconds"] > 0
     assert not [line for line in lines if line["event"] == "outbox delivery failed"]
+
+
+FIRST_PASSWORD = "first-Kafka-Secret-1"
+ROTATED_PASSWORD = "second-Kafka-Secret-2"
+
+
+@pytest.fixture(scope="module")
+def restartable_secured_kafka() -> Iterator[PrivateKafka]:
+    """A secured broker of this module's own, which a test may restart (the run's shared
+    one serves every other test)."""
+    with PrivateKafka.launch(secure=True) as broker:
+        yield broker
+
+
+def test_a_rotated_sasl_password_file_rebuilds_the_relays_producer_without_a_restart(
+    restartable_secured_kafka: PrivateKafka,
+    relay_dsn: str,
+    identity_dsn: str,
+    json_logs: io.StringIO,
+    tmp_path: Path,
+) -> None:
+    broker = restartable_secured_kafka
+    secured = broker.secured
+    login = ScramLogin(secured, f"pin-rotate-{uuid.uuid4().hex[:10]}")
+    login.set_password(FIRST_PASSWORD)
+    secret = tmp_path / "kafka-password"
+    secret.write_text(FIRST_PASSWORD + "\n")
+    secret.chmod(0o640)  # a Secret volume's file under the pod's fsGroup
+    settings = load_settings(
+        Settings,
+        ENV_PREFIX,
+        {**login.environment(ENV_PREFIX, secret), f"{ENV_PREFIX}DATABASE_DSN": relay_dsn},
+    )
+    topic = access_topic(f"pin-test.rotate.{uuid.uuid4().hex[:12]}")
+    admin = create_admin(secured.plaintext_bootstrap, client_id="secured-test")
+    ensure_topics(admin, [(topic.name, topic.partitions, topic.config())])
+    registry, state = CollectorRegistry(), ComponentState()
+    relay = new_relay(
+        relay_dsn,
+        secured.bootstrap,
+        registry=registry,
+        state=state,
+        kafka_extra=relay_config(settings).kafka_extra,
+        **RELAY_TEST_OPTIONS | {"poll_interval": 0.2, "delivery_timeout": 5.0},
+    )
+
+    def published() -> float:
+        return registry.get_sample_value("identity_outbox_published_total") or 0.0
+
+    with RelayThread(relay):
+        write(identity_dsn, [outbox_message(access_event(), topic) for _ in range(3)])
+        wait_until(lambda: outbox_count(identity_dsn) == 0, 60, "published as the user")
+
+        # The password changes on the broker first; the Secret volume shows it later. A
+        # connection authenticated before stays so (the broker checks a password at login):
+        # the broker's restart makes the producer log in again, refused.
+        login.set_password(ROTATED_PASSWORD)
+        broker.stop()
+        broker.start()
+        write(identity_dsn, [outbox_message(access_event(), topic) for _ in range(3)])
+        wait_until(
+            lambda: relay.pause is not None and relay.pause.failure.reason == "authentication",
+            60,
+            "the relay paused for its refused login",
+        )
+        assert outbox_count(identity_dsn) == 3  # every row kept meanwhile
+        assert published() == 3
+
+        secret.write_text(ROTATED_PASSWORD + "\n")
+        secret.chmod(0o640)
+        wait_until(lambda: outbox_count(identity_dsn) == 0, 60, "published after the rotation")
+        wait_until(lambda: relay.pause is None, 10, "relay resumed")
+        assert published() >= 6
+        wait_until(lambda: state().status == "ok", 10, "ready again")
+    lines = [json.loads(line) for line in json_logs.getvalue().splitlines() if line.strip()]
+    rebuilt = [
+        e for e in lines if e["event"] == "kafka producer rebuilt with the rotated SASL password"
+    ]
+    assert len(rebuilt) == 1
+    assert FIRST_PASSWORD not in json_logs.getvalue()
+    assert ROTATED_PASSWORD not in json_logs.getvalue()

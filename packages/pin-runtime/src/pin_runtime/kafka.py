@@ -25,6 +25,8 @@ from pin_runtime.kafka_settings import (
     KafkaConfig,
     SaslMechanism,
     SecurityProtocol,
+    librdkafka_config,
+    renewed_sasl_password,
     security_config,
 )
 from pin_runtime.logging import log_event
@@ -44,6 +46,8 @@ __all__ = [
     "create_producer",
     "ensure_topics",
     "producer_config",
+    "refused_login",
+    "renewed_sasl_password",
     "security_config",
     "verify_connection",
 ]
@@ -157,6 +161,13 @@ def _error_callback(client_id: str, on_error: ErrorCallback | None) -> ErrorCall
     return callback
 
 
+def refused_login(error: KafkaError) -> bool:
+    """Whether the brokers refused the client's credentials (a wrong or rotated SASL
+    password): librdkafka retries the same password without end, so the client's owner
+    asks `renewed_sasl_password` whether its file holds another one to rebuild with."""
+    return error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED)
+
+
 class ProducerOptions(TypedDict, total=False):
     """The optional settings of `producer_config`, passed through by `create_producer`."""
 
@@ -174,7 +185,11 @@ def create_producer(
 ) -> Producer:
     config = producer_config(bootstrap, client_id=client_id, **options)
     return Producer(
-        {**config, "error_cb": _error_callback(client_id, on_error), "logger": _librdkafka_log}
+        {
+            **librdkafka_config(config),
+            "error_cb": _error_callback(client_id, on_error),
+            "logger": _librdkafka_log,
+        }
     )
 
 
@@ -188,7 +203,11 @@ def create_consumer(
 ) -> Consumer:
     config = consumer_config(bootstrap, group_id=group_id, client_id=client_id, extra=extra)
     return Consumer(
-        {**config, "error_cb": _error_callback(client_id, on_error), "logger": _librdkafka_log}
+        {
+            **librdkafka_config(config),
+            "error_cb": _error_callback(client_id, on_error),
+            "logger": _librdkafka_log,
+        }
     )
 
 
@@ -197,7 +216,7 @@ def create_admin(
 ) -> AdminClient:
     # The stubs type admin config values as scalars; librdkafka's logger hook is accepted too.
     config: dict[str, Any] = {
-        **admin_config(bootstrap, client_id=client_id, extra=extra),
+        **librdkafka_config(admin_config(bootstrap, client_id=client_id, extra=extra)),
         "logger": _librdkafka_log,
     }
     return AdminClient(config)

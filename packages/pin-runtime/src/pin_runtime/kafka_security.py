@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from pin_runtime.errors import KafkaSetupError, KafkaUnreachableError
-from pin_runtime.kafka_settings import ConfigValue, KafkaClientSettings
+from pin_runtime.kafka_settings import ConfigValue, KafkaClientSettings, librdkafka_config
 from pin_runtime.logging import log_event
 from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE
 
@@ -47,7 +47,7 @@ def verify_connection(config: Mapping[str, ConfigValue], *, timeout: float = 10.
     """
     errors: list[KafkaError] = []
     client_config: dict[str, Any] = {
-        **config,
+        **librdkafka_config(config),
         "error_cb": errors.append,
         "logger": _verify_log,
         # The outcome is the exception; librdkafka's own lines would repeat it per retry.
@@ -144,6 +144,9 @@ def kafka_or_exit(
     """
     if not settings.kafka_bootstrap.strip():
         _exit_with(f"config error: {prefix}KAFKA_BOOTSTRAP: required by `{command}`")
+    refused = settings.unreadable_sasl_password_file()
+    if refused is not None:
+        _exit_with(f"config error: {prefix}KAFKA_SASL_PASSWORD_FILE: {refused}")
     unreadable = settings.unreadable_tls_file()
     if unreadable is not None:
         path = getattr(settings, unreadable)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Final, Literal
+from collections.abc import Mapping
+from typing import Any, Final, Literal
 
 import msgspec
 
+from pin_runtime.secret_files import SecretFileError, read_secret_file
 from pin_runtime.settings import Secret
 
 ConfigValue = str | int | float | bool
@@ -28,6 +30,33 @@ _TLS_FILES: Final = (
     "kafka_ssl_certificate_location",
     "kafka_ssl_key_location",
 )
+
+
+SASL_PASSWORD_FILE: Final = "pin.sasl.password.file"  # noqa: S105 - a key, no password
+"""Not a librdkafka setting: the file a config's `sasl.password` was read from
+(`<PREFIX>KAFKA_SASL_PASSWORD_FILE`). pin_runtime's clients take it out before librdkafka
+sees the config (`librdkafka_config`); `renewed_sasl_password` reads the file again."""
+
+
+def librdkafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """`config` as librdkafka takes it: without pin_runtime's own `SASL_PASSWORD_FILE`."""
+    return {key: value for key, value in config.items() if key != SASL_PASSWORD_FILE}
+
+
+def renewed_sasl_password(config: Mapping[str, ConfigValue]) -> KafkaConfig | None:
+    """`config` with the SASL password its file holds now, when that is not the password
+    `config` has; None when `config` reads no file or the file holds the same password.
+
+    Asked when the brokers refused a client's login: a rotated password is taken by a
+    client built again from the returned config. A file that cannot be read now raises
+    `SecretFileError` (the old password goes on being tried)."""
+    path = config.get(SASL_PASSWORD_FILE)
+    if not isinstance(path, str):
+        return None
+    password = read_secret_file(path)
+    if password == config.get("sasl.password"):
+        return None
+    return {**config, "sasl.password": password}
 
 
 def security_config(
@@ -129,6 +158,10 @@ class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
     kafka_sasl_username: str | None = None
     kafka_sasl_password: Secret | None = None
     """Never logged or printed (`Secret`)."""
+    kafka_sasl_password_file: str | None = None
+    """A file holding the SASL password alone (a mounted Secret), instead of
+    `kafka_sasl_password`: read when a client is built, and again when the brokers refuse its
+    login, which rebuilds the client if the file holds a new password (no restart)."""
     kafka_ssl_ca_location: str | None = None
     """PEM file of the CA that signs the brokers' certificates; unset: the system CAs."""
     kafka_ssl_certificate_location: str | None = None
@@ -145,9 +178,17 @@ class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
         _check_bootstrap(self.kafka_bootstrap)
         protocol = self.kafka_security_protocol
         if protocol.startswith("SASL"):
-            for name in ("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password"):
+            for name in ("kafka_sasl_mechanism", "kafka_sasl_username"):
                 if not getattr(self, name):
                     raise ValueError(f"{name.upper()}: required with {protocol}")
+            if not (self.kafka_sasl_password or self.kafka_sasl_password_file):
+                raise ValueError(
+                    f"KAFKA_SASL_PASSWORD: required with {protocol} (or KAFKA_SASL_PASSWORD_FILE)"
+                )
+        if self.kafka_sasl_password is not None and self.kafka_sasl_password_file:
+            raise ValueError(
+                "KAFKA_SASL_PASSWORD_FILE: set with KAFKA_SASL_PASSWORD; set one of them"
+            )
         if (
             protocol == "SASL_PLAINTEXT"
             and self.kafka_sasl_mechanism == "PLAIN"
@@ -180,13 +221,32 @@ class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
                 return name
         return None
 
+    def unreadable_sasl_password_file(self) -> str | None:
+        """Why `kafka_sasl_password_file` gives no password, or None (also when unset):
+        asked by the commands as they start (`kafka_security.kafka_or_exit`), as for the
+        TLS files."""
+        if not self.kafka_sasl_password_file:
+            return None
+        try:
+            read_secret_file(self.kafka_sasl_password_file)
+        except SecretFileError as exc:
+            return str(exc)
+        return None
+
     def kafka_security(self) -> KafkaConfig:
-        """The librdkafka settings of this authentication, for every client's `extra`."""
-        return security_config(
+        """The librdkafka settings of this authentication, for every client's `extra`.
+
+        With `kafka_sasl_password_file`, the password the file holds now, and the file
+        itself under `SASL_PASSWORD_FILE` (`renewed_sasl_password` reads it again)."""
+        password = self.kafka_sasl_password.reveal() if self.kafka_sasl_password else None
+        path = self.kafka_sasl_password_file
+        if path and self.kafka_security_protocol.startswith("SASL"):
+            password = read_secret_file(path)
+        config = security_config(
             protocol=self.kafka_security_protocol,
             sasl_mechanism=self.kafka_sasl_mechanism,
             sasl_username=self.kafka_sasl_username,
-            sasl_password=self.kafka_sasl_password.reveal() if self.kafka_sasl_password else None,
+            sasl_password=password,
             ssl_ca_location=self.kafka_ssl_ca_location,
             ssl_certificate_location=self.kafka_ssl_certificate_location,
             ssl_key_location=self.kafka_ssl_key_location,
@@ -195,6 +255,9 @@ class KafkaClientSettings(msgspec.Struct, frozen=True, kw_only=True):
             ),
             allow_plaintext_sasl_plain=self.kafka_allow_plaintext_sasl_plain,
         )
+        if path and "sasl.password" in config:
+            config[SASL_PASSWORD_FILE] = path
+        return config
 
     def kafka_connection(self) -> KafkaConfig:
         """Bootstrap servers and authentication: what `verify_connection` needs."""

@@ -20,6 +20,13 @@ from confluent_kafka.admin._acl import (
     AclPermissionType,
 )
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
+from confluent_kafka.admin._scram import (
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialAlteration,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
+)
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
@@ -28,6 +35,7 @@ from pin_testkit.service import run_cli, service_environment
 __all__ = [
     "ENVIRONMENT",
     "ClientTls",
+    "ScramLogin",
     "SecuredKafka",
     "TopicAcls",
     "assert_wrong_password_refused",
@@ -196,6 +204,56 @@ class TopicAcls:
 
     def _admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.secured.plaintext_bootstrap, "log_level": 0})
+
+
+@dataclass(frozen=True, slots=True)
+class ScramLogin:
+    """A SCRAM user of a test's own on the secured broker, whose password the test rotates
+    (the broker's own user is shared by every test of the run, so never rotated).
+
+    Set as ANONYMOUS over the broker's loopback PLAINTEXT listener, a super user; the user
+    may do everything a resource without ACLs allows (``allow.everyone.if.no.acl.found``).
+    A changed password refuses new logins at once; connections already authenticated stay.
+    """
+
+    secured: SecuredKafka
+    name: str
+
+    def set_password(self, password: str) -> None:
+        """Create the user, or change its password, for every SCRAM mechanism the broker
+        takes (the one the services use among them)."""
+        alterations: list[UserScramCredentialAlteration] = [
+            UserScramCredentialUpsertion(
+                self.name, ScramCredentialInfo(mechanism, 4096), password.encode()
+            )
+            for mechanism in (ScramMechanism.SCRAM_SHA_512, ScramMechanism.SCRAM_SHA_256)
+        ]
+        self._alter(alterations)
+
+    def delete(self) -> None:
+        """The user's credentials gone: it logs in no more."""
+        self._alter(
+            [
+                UserScramCredentialDeletion(self.name, mechanism)
+                for mechanism in (ScramMechanism.SCRAM_SHA_512, ScramMechanism.SCRAM_SHA_256)
+            ]
+        )
+
+    def environment(self, prefix: str, password_file: Path) -> dict[str, str]:
+        """The ``<PREFIX>KAFKA_*`` variables of a service logging in as this user with its
+        password read from ``password_file`` (``<PREFIX>KAFKA_SASL_PASSWORD_FILE``)."""
+        env = self.secured.environment(prefix)
+        del env[f"{prefix}KAFKA_SASL_PASSWORD"]
+        return env | {
+            f"{prefix}KAFKA_SASL_USERNAME": self.name,
+            f"{prefix}KAFKA_SASL_PASSWORD_FILE": str(password_file),
+        }
+
+    def _alter(self, alterations: list[UserScramCredentialAlteration]) -> None:
+        admin = AdminClient({"bootstrap.servers": self.secured.plaintext_bootstrap, "log_level": 0})
+        for alteration in alterations:  # the broker takes one alteration per user a request
+            for future in admin.alter_user_scram_credentials([alteration]).values():
+                future.result(timeout=30)
 
 
 def _common_name(certificate: Path) -> str:

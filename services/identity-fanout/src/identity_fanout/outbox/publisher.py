@@ -25,8 +25,14 @@ from identity_fanout.outbox.partitions import Change, TopicPartitions
 from identity_fanout.outbox.records import OutboxRecord, span_links
 from identity_fanout.outbox.window import InflightWindow
 from pin_runtime.delivery import DeliveryFailure, classify
-from pin_runtime.kafka import Compression, ConfigValue, create_producer
+from pin_runtime.kafka import (
+    Compression,
+    ConfigValue,
+    create_producer,
+    renewed_sasl_password,
+)
 from pin_runtime.logging import log_event
+from pin_runtime.secret_files import SecretFileError
 
 __all__ = ["BATCH_SIZE_BYTES", "FLUSH_MARGIN", "Publisher"]
 
@@ -42,6 +48,8 @@ TOPIC_PROPAGATION_MS: Final = 10_000
 itself): how long a topic the cluster does not know may be new. Past it the topic's records
 fail as UNKNOWN_TOPIC_OR_PART, a refusal the relay pauses for and says so, where a timeout
 would look like an outage. Topics are created before the services are deployed."""
+RENEWAL_INTERVAL: Final = 1.0
+"""Seconds between two reads of the SASL password file while the brokers refuse the login."""
 METADATA_TIMEOUT: Final = 2.0
 """Seconds one look at a topic's partition count may take (an outage: seen next time)."""
 
@@ -50,7 +58,8 @@ class Publisher:
     """The relay's producer: produce into the in-flight window, serve reports, purge.
 
     A producer that hit a fatal error (e.g. the idempotent producer fenced) is replaced
-    before the next round.
+    before the next round; so is one whose login the brokers refuse once its SASL password
+    file holds another password (`<PREFIX>KAFKA_SASL_PASSWORD_FILE` rotated).
     """
 
     def __init__(
@@ -89,6 +98,7 @@ class Publisher:
         self._tracer = tracer
         self._producer: Producer | None = None
         self._fatal = False
+        self._next_renewal = 0.0
         self.refusal: DeliveryFailure | None = None
         """A cluster-wide refusal the client reported (error_cb) since the last ack."""
         self._partitions = TopicPartitions.of(partitions or {})
@@ -209,6 +219,10 @@ class Publisher:
         if self._producer is not None and self._fatal:
             log_event(_log, "kafka producer replaced after fatal error", logging.WARNING)
             self.close(0.0)
+        if self._producer is not None and self._password_renewed():
+            # What the old client still held goes back to the outbox (purged, retried).
+            log_event(_log, "kafka producer rebuilt with the rotated SASL password")
+            self.close(0.0)
         if self._producer is None:
             self._fatal = False
             self._producer = create_producer(
@@ -219,6 +233,27 @@ class Publisher:
                 on_error=self._on_error,
             )
         return self._producer
+
+    def _password_renewed(self) -> bool:
+        """While the brokers refuse the login: whether the SASL password file holds a new
+        password (then `_config` has it). Read at most every `RENEWAL_INTERVAL` seconds: the
+        client reports a refusal it repeats only once, and a Secret volume takes up to a
+        minute or two to show a rotated Secret."""
+        refusal = self.refusal
+        now = time.monotonic()
+        if refusal is None or refusal.reason != "authentication" or now < self._next_renewal:
+            return False
+        self._next_renewal = now + RENEWAL_INTERVAL
+        try:
+            renewed = renewed_sasl_password(self._config)
+        except SecretFileError as exc:
+            log_event(_log, "kafka sasl password file unreadable", logging.WARNING, reason=str(exc))
+            return False
+        if renewed is None:
+            return False
+        self._config = renewed
+        self.refusal = None
+        return True
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
