@@ -30,12 +30,14 @@ from pin_runtime.kafka_settings import (
     security_config,
 )
 from pin_runtime.logging import log_event
+from pin_runtime.secret_files import SecretFileError
 
 __all__ = [
     "METADATA_REFRESH_MS",
     "ConfigValue",
     "KafkaClientSettings",
     "KafkaConfig",
+    "LoginRenewal",
     "SaslMechanism",
     "SecurityProtocol",
     "TopicSpec",
@@ -166,6 +168,50 @@ def refused_login(error: KafkaError) -> bool:
     password): librdkafka retries the same password without end, so the client's owner
     asks `renewed_sasl_password` whether its file holds another one to rebuild with."""
     return error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED)
+
+
+RENEWAL_INTERVAL: Final = 1.0
+"""Seconds between two reads of a SASL password file while the brokers refuse the login."""
+
+
+class LoginRenewal:
+    """Whether clients built from `config` are to be built again with a rotated password.
+
+    Their error callbacks report to `refused`; their owner asks `due()` in its loop: True
+    once their login was refused and the SASL password file (`SASL_PASSWORD_FILE`) holds a
+    password other than the one they were built with. The file is read at most every
+    `interval` seconds, and only after a refusal: librdkafka reports a refusal it repeats
+    once, and a Secret volume shows a rotated Secret a minute or two after the brokers."""
+
+    def __init__(
+        self,
+        config: Mapping[str, ConfigValue],
+        *,
+        interval: float = RENEWAL_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = dict(config)
+        self._interval = interval
+        self._clock = clock
+        self._refused = False
+        self._next_look = 0.0
+
+    def refused(self, error: KafkaError) -> None:
+        """An error callback: notes a refused login (`refused_login`), ignores the rest."""
+        if refused_login(error):
+            self._refused = True
+
+    def due(self) -> bool:
+        """Whether the file holds a new password since a refusal (read it again if so)."""
+        now = self._clock()
+        if not self._refused or now < self._next_look:
+            return False
+        self._next_look = now + self._interval
+        try:
+            return renewed_sasl_password(self._config) is not None
+        except SecretFileError as exc:
+            log_event(_log, "kafka sasl password file unreadable", logging.WARNING, reason=str(exc))
+            return False
 
 
 class ProducerOptions(TypedDict, total=False):

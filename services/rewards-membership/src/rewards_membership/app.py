@@ -19,8 +19,8 @@ from opentelemetry import trace
 from pin_contracts import CATALOGUE, IDENTITY_MEMBERSHIP_DLQ
 from pin_runtime.composition import collect_less, long_running
 from pin_runtime.horizon import HorizonWatch
-from pin_runtime.http import ComponentState, Heartbeat
-from pin_runtime.kafka import create_consumer, create_producer
+from pin_runtime.http import Check, CheckResult, ComponentState, Heartbeat
+from pin_runtime.kafka import LoginRenewal, create_consumer, create_producer, refused_login
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.logging import log_event
 from pin_runtime.migrations import migrate
@@ -104,15 +104,25 @@ def build_consumer(
     tracer: trace.Tracer | None = None,
     heartbeat: Heartbeat | None = None,
     client_id: str | None = None,
+    renewal: LoginRenewal | None = None,
 ) -> tuple[MembershipConsumer, Producer]:
-    """The consumer and its DLQ producer (the caller flushes the producer on exit)."""
+    """The consumer and its DLQ producer (the caller flushes the producer on exit).
+
+    `renewal`: told of every error of both clients, so a refused login is seen by the
+    caller's loop (`run_consumer` builds them again once the password file is rotated)."""
     metrics = metrics or Metrics()
     database_state = ComponentState()
     kafka_state = ComponentState()
 
     def on_kafka_error(error: KafkaError) -> None:
-        if error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT) or error.fatal():
+        if (
+            error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT)
+            or error.fatal()
+            or refused_login(error)
+        ):
             kafka_state.degraded(f"{error.name()}: {error.str()}")
+        if renewal is not None:
+            renewal.refused(error)
 
     name = client_id or f"{SERVICE_NAME}-{socket.gethostname()}"
     consumer = create_consumer(
@@ -197,9 +207,13 @@ def run_consumer(settings: Settings) -> None:
         kafka_or_exit(settings, ENV_PREFIX, command="consume")
         # A refused database login exits 2 as refused Kafka credentials do (`check_login`).
         check_login(settings.database_dsn.reveal(), settings.database_session())
-        consumer, producer = build_consumer(settings, metrics=metrics, heartbeat=heartbeat)
+        renewal = LoginRenewal(settings.kafka_security())
+        consumer, producer = build_consumer(
+            settings, metrics=metrics, heartbeat=heartbeat, renewal=renewal
+        )
+        running = [consumer]
         try:
-            ops = rt.serve(consumer.readiness_checks())
+            ops = rt.serve(_readiness_of(running))
             # Who holds the database's xmin horizon back, every 15 s on a session of its own.
             HorizonWatch(
                 lambda: connect(
@@ -213,6 +227,51 @@ def run_consumer(settings: Settings) -> None:
                 _log, "ops server listening", port=ops.port, settings=settings_for_log(settings)
             )
             log_event(_log, "consumer starting", topic=settings.topic, group=settings.group_id)
-            consumer.run(rt.shutdown)
+            consumer.run(rt.shutdown, until=renewal.due)
+            while not rt.shutdown.requested:
+                # The brokers refused the login and the SASL password file holds another
+                # password: the consumer closed as at a stop (its batch finished, what is
+                # applied committed, the group left); its clients are built again with the
+                # file's password and join the group, which hands them their partitions
+                # from the committed offsets (a record applied but not committed comes again
+                # and changes nothing: the version guard).
+                _drop(producer)
+                renewal = LoginRenewal(settings.kafka_security())
+                consumer, producer = build_consumer(
+                    settings, metrics=metrics, heartbeat=heartbeat, renewal=renewal
+                )
+                running[0] = consumer
+                log_event(
+                    _log,
+                    "kafka clients rebuilt with the rotated SASL password",
+                    topic=settings.topic,
+                    group=settings.group_id,
+                )
+                consumer.run(rt.shutdown, until=renewal.due)
         finally:
             producer.flush(settings.delivery_timeout.total_seconds())
+
+
+def _readiness_of(running: list[MembershipConsumer]) -> dict[str, Check]:
+    """`/readyz`'s checks, each asked of the consumer running now (`running[0]`, replaced
+    when its clients are built again)."""
+
+    def ask(name: str) -> Check:
+        def check() -> CheckResult:
+            current = running[0].readiness_checks()[name]
+            if isinstance(current, ComponentState) and not current.name:
+                current.name = name  # its log lines name the component as /readyz does
+            return current()
+
+        return check
+
+    return {name: ask(name) for name in running[0].readiness_checks()}
+
+
+def _drop(producer: Producer) -> None:
+    """The DLQ producer of clients being replaced. The consumer's close waited for its
+    batch's dead letters; one still queued belongs to a batch that was not committed, whose
+    records come again to the new consumer and are dead-lettered by its producer."""
+    producer.flush(0)
+    producer.purge(in_queue=True, in_flight=False)
+    producer.poll(0)

@@ -122,11 +122,12 @@ class MembershipConsumer:
             on_assigned=self._assigned,
         )
 
-    def run(self, stop: GracefulShutdown) -> None:
-        """Poll until `stop` is requested; then finish the batch, commit, leave the group."""
+    def run(self, stop: GracefulShutdown, *, until: Callable[[], bool] | None = None) -> None:
+        """Poll until `stop` is requested (or `until()` is true: the process builds its
+        clients again); then finish the batch, commit, leave the group."""
         self.subscribe()
         try:
-            while not stop.requested:
+            while not stop.requested and not (until is not None and until()):
                 self.poll_once()
         finally:
             self.close()
