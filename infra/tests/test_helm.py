@@ -46,6 +46,8 @@ SECRET_SETTINGS = {
     "KAFKA_SASL_PASSWORD",
     "KAFKA_SSL_KEY_PASSWORD",
 }
+# Paths of password files, set in a pod's env only when its values mount the Secret there.
+FILE_SETTINGS = {"DATABASE_PASSWORD_FILE", "KAFKA_SASL_PASSWORD_FILE"}
 VALUES = ("default", "production")
 # The sidecar ci/production-values.yaml adds to every Deployment (extraContainers).
 SIDECARS = {"log-shipper"}
@@ -120,7 +122,7 @@ def test_configmap_and_secret_refs_cover_every_setting(chart: str, values: str) 
     docs = render(chart, values)
     expected = {prefix + field.name.upper() for field in msgspec.structs.fields(settings)}
     in_configmap = set(configmap(docs, chart)["data"])
-    assert in_configmap == expected - {prefix + name for name in SECRET_SETTINGS}
+    assert in_configmap == expected - {prefix + name for name in SECRET_SETTINGS | FILE_SETTINGS}
     for name, container in containers(docs):
         if container.get("args") == ["migrate"] or container["name"] == LAG_WATCHER:
             continue
@@ -449,6 +451,112 @@ def test_client_certificate_is_mounted_and_its_key_password_referenced(chart: st
         } in container["volumeMounts"]
 
 
+PASSWORD_FILES = ("kafka.sasl.passwordFile=true", "kafka.sasl.mechanism=SCRAM-SHA-512")
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_password_files_are_mounted_whole_and_named_by_their_variables(chart: str) -> None:
+    settings, prefix = SETTINGS[chart]
+    kinds = {kind for kind in DATABASE_LOGINS[chart].values() if kind != "migration"}
+    docs = render(
+        chart,
+        "default",
+        "kafka.securityProtocol=SASL_SSL",
+        "kafka.sasl.existingSecret=kafka-user",
+        *PASSWORD_FILES,
+        *(f"database.{kind}.passwordKey=password" for kind in kinds),
+    )
+    values = yaml.safe_load((CHARTS / chart / "values.yaml").read_text())["database"]
+    seen = set()
+    for doc in docs:
+        if doc["kind"] not in {"Deployment", "Job"}:
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        volumes = {volume["name"]: volume for volume in pod["volumes"]}
+        for container in pod["containers"]:
+            if container["name"] in SIDECARS:
+                continue
+            env = {e["name"]: e for e in container.get("env", [])}
+            mounts = {m["name"]: m for m in container.get("volumeMounts", [])}
+            seen.add(container["name"])
+            # Kafka: the file, never the variable (the service refuses both).
+            assert prefix + "KAFKA_SASL_PASSWORD" not in env, container["name"]
+            if container.get("args") == ["migrate"]:
+                assert prefix + "DATABASE_PASSWORD_FILE" not in env
+                continue
+            assert env[prefix + "KAFKA_SASL_PASSWORD_FILE"]["value"] == (
+                "/etc/pin/kafka-sasl/password"
+            )
+            assert volumes["kafka-sasl"]["secret"]["secretName"] == "kafka-user"
+            assert volumes["kafka-sasl"]["secret"]["items"] == [
+                {"key": "password", "path": "password"}
+            ]
+            # Mounted whole: a subPath mount is never updated when the Secret changes.
+            assert mounts["kafka-sasl"] == {
+                "name": "kafka-sasl",
+                "mountPath": "/etc/pin/kafka-sasl",
+                "readOnly": True,
+            }
+            if container["name"] == LAG_WATCHER:  # no database login at all
+                assert "database-password" not in volumes
+                continue
+            kind = DATABASE_LOGINS[chart][container["name"]]
+            assert env[prefix + "DATABASE_PASSWORD_FILE"]["value"] == ("/etc/pin/database/password")
+            assert volumes["database-password"]["secret"] == {
+                "secretName": values[kind]["existingSecret"],
+                "defaultMode": 0o440,
+                "items": [{"key": "password", "path": "password"}],
+            }
+            assert mounts["database-password"] == {
+                "name": "database-password",
+                "mountPath": "/etc/pin/database",
+                "readOnly": True,
+            }
+            assert "subPath" not in mounts["database-password"]
+    assert seen >= set(DATABASE_LOGINS[chart]) | {LAG_WATCHER}
+    # What the pods get is what the service takes: a DSN without a password and both files.
+    data = configmap(docs, chart)["data"]
+    loaded = load_settings(
+        settings,
+        prefix,
+        {
+            **data,
+            prefix + "DATABASE_DSN": "postgresql://u@db/x",
+            prefix + "DATABASE_PASSWORD_FILE": "/etc/pin/database/password",
+            prefix + "KAFKA_SASL_USERNAME": "u",
+            prefix + "KAFKA_SASL_PASSWORD_FILE": "/etc/pin/kafka-sasl/password",
+        },
+    )
+    assert loaded.kafka_sasl_password_file == "/etc/pin/kafka-sasl/password"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_without_password_files_nothing_more_is_mounted(chart: str) -> None:
+    for values in VALUES:
+        for doc in render(chart, values):
+            if doc["kind"] in {"Deployment", "Job"}:
+                names = {v["name"] for v in doc["spec"]["template"]["spec"]["volumes"]}
+                assert not names & {"kafka-sasl", "database-password"}
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "extraVolumes[0].name=kafka-sasl",
+        "extraVolumes[0].name=database-password",
+        "extraVolumeMounts[0].name=x,extraVolumeMounts[0].mountPath=/etc/pin/database",
+        "kafka.sasl.passwordFile=yes",
+    ],
+)
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_bad_password_file_values_are_rejected(chart: str, setting: str) -> None:
+    kind = "relay" if chart == "identity-fanout" else "consumer"
+    for bad in (setting, f"database.{kind}.passwordKey=a key"):
+        with pytest.raises(subprocess.CalledProcessError) as failure:
+            render(chart, "default", bad)
+        assert "Error" in failure.value.stderr
+
+
 @pytest.mark.parametrize(
     "setting",
     [
@@ -495,7 +603,7 @@ def test_the_lag_watcher_gets_exactly_its_settings_and_the_kafka_credentials(
     docs = render(chart, values)
     data = configmap(docs, chart, "-lag-watcher")["data"]
     expected = {prefix + field.name.upper() for field in msgspec.structs.fields(settings)}
-    assert set(data) == expected - {prefix + name for name in SECRET_SETTINGS}
+    assert set(data) == expected - {prefix + name for name in SECRET_SETTINGS | FILE_SETTINGS}
     environ = dict(data)
     if values == "production":  # SASL: the credentials come from the Secret
         environ |= {prefix + "KAFKA_SASL_USERNAME": "u", prefix + "KAFKA_SASL_PASSWORD": "p"}

@@ -69,6 +69,11 @@ env:
       secretKeyRef:
         name: {{ required (printf "database.%s.existingSecret is required" $kind) $login.existingSecret }}
         key: {{ $login.dsnKey }}
+  {{- if $login.passwordKey }}
+  {{- /* The login's Secret mounted as a volume ("svc.volumes"): read at every connect. */}}
+  - name: {{ $prefix }}DATABASE_PASSWORD_FILE
+    value: /etc/pin/database/password
+  {{- end }}
   {{- with include "svc.kafkaSecretEnv" $root | trim }}
   {{- . | nindent 2 }}
   {{- end }}
@@ -87,11 +92,17 @@ that talks to Kafka, the lag watcher (which gets no database login) included.
     secretKeyRef:
       name: {{ required "kafka.sasl.existingSecret is required when kafka.sasl.mechanism is set" $root.Values.kafka.sasl.existingSecret }}
       key: {{ $root.Values.kafka.sasl.usernameKey }}
+{{- if $root.Values.kafka.sasl.passwordFile }}
+{{- /* The Secret mounted as a volume ("svc.volumes"): read again at a refused login. */}}
+- name: {{ $prefix }}KAFKA_SASL_PASSWORD_FILE
+  value: /etc/pin/kafka-sasl/password
+{{- else }}
 - name: {{ $prefix }}KAFKA_SASL_PASSWORD
   valueFrom:
     secretKeyRef:
       name: {{ $root.Values.kafka.sasl.existingSecret }}
       key: {{ $root.Values.kafka.sasl.passwordKey }}
+{{- end }}
 {{- end }}
 {{- if $root.Values.kafka.tls.keyPasswordSecret }}
 {{- if not $root.Values.kafka.tls.clientSecret }}
@@ -141,49 +152,95 @@ after it, so an OTEL_* variable there still wins.
   value: {{ join "," $attributes | quote }}
 {{- end -}}
 
-{{/* Volumes: a writable /tmp on the read-only root filesystem, the Kafka CA bundle and client certificate. */}}
+{{/*
+Volumes: a writable /tmp on the read-only root filesystem, the Kafka CA bundle and client
+certificate, and the password files. `include "svc.volumes" (list . "worker")` adds the
+database password of that pod kind's login (`database.<kind>.passwordKey`); `.` alone (the
+lag watcher) none. A Secret volume mounted whole (never by subPath) is rewritten by the
+kubelet when the Secret changes, which is how a rotated password reaches the process.
+*/}}
 {{- define "svc.volumes" -}}
+{{- $root := . -}}
+{{- $login := dict -}}
+{{- if kindIs "slice" . -}}
+{{- $root = index . 0 -}}
+{{- $login = index $root.Values.database (index . 1) -}}
+{{- end -}}
 - name: tmp
   emptyDir:
     sizeLimit: 64Mi
-{{- if .Values.kafka.tls.caSecret }}
+{{- if $login.passwordKey }}
+- name: database-password
+  secret:
+    secretName: {{ $login.existingSecret }}
+    defaultMode: 288  # 0440: readable by the pod's group (fsGroup) only
+    items:
+      - key: {{ $login.passwordKey }}
+        path: password
+{{- end }}
+{{- if and $root.Values.kafka.sasl.mechanism $root.Values.kafka.sasl.passwordFile }}
+- name: kafka-sasl
+  secret:
+    secretName: {{ $root.Values.kafka.sasl.existingSecret }}
+    defaultMode: 288  # 0440: readable by the pod's group (fsGroup) only
+    items:
+      - key: {{ $root.Values.kafka.sasl.passwordKey }}
+        path: password
+{{- end }}
+{{- if $root.Values.kafka.tls.caSecret }}
 - name: kafka-ca
   secret:
-    secretName: {{ .Values.kafka.tls.caSecret }}
+    secretName: {{ $root.Values.kafka.tls.caSecret }}
     items:
-      - key: {{ .Values.kafka.tls.caKey }}
+      - key: {{ $root.Values.kafka.tls.caKey }}
         path: ca.crt
 {{- end }}
-{{- if .Values.kafka.tls.clientSecret }}
+{{- if $root.Values.kafka.tls.clientSecret }}
 - name: kafka-client
   secret:
-    secretName: {{ .Values.kafka.tls.clientSecret }}
+    secretName: {{ $root.Values.kafka.tls.clientSecret }}
     defaultMode: 288  # 0440: the key readable by the pod's group (fsGroup) only
     items:
-      - key: {{ .Values.kafka.tls.certificateKey }}
+      - key: {{ $root.Values.kafka.tls.certificateKey }}
         path: tls.crt
-      - key: {{ .Values.kafka.tls.keyKey }}
+      - key: {{ $root.Values.kafka.tls.keyKey }}
         path: tls.key
 {{- end }}
-{{- with .Values.extraVolumes }}
+{{- with $root.Values.extraVolumes }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
 
 {{- define "svc.volumeMounts" -}}
+{{- $root := . -}}
+{{- $login := dict -}}
+{{- if kindIs "slice" . -}}
+{{- $root = index . 0 -}}
+{{- $login = index $root.Values.database (index . 1) -}}
+{{- end -}}
 - name: tmp
   mountPath: /tmp
-{{- if .Values.kafka.tls.caSecret }}
+{{- if $login.passwordKey }}
+- name: database-password
+  mountPath: /etc/pin/database
+  readOnly: true
+{{- end }}
+{{- if and $root.Values.kafka.sasl.mechanism $root.Values.kafka.sasl.passwordFile }}
+- name: kafka-sasl
+  mountPath: /etc/pin/kafka-sasl
+  readOnly: true
+{{- end }}
+{{- if $root.Values.kafka.tls.caSecret }}
 - name: kafka-ca
   mountPath: /etc/pin/kafka-ca
   readOnly: true
 {{- end }}
-{{- if .Values.kafka.tls.clientSecret }}
+{{- if $root.Values.kafka.tls.clientSecret }}
 - name: kafka-client
   mountPath: /etc/pin/kafka-client
   readOnly: true
 {{- end }}
-{{- with .Values.extraVolumeMounts }}
+{{- with $root.Values.extraVolumeMounts }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
