@@ -6,11 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError
 
 from pin_runtime.clients import ServiceSettings
 from pin_runtime.errors import SettingsError
 from pin_runtime.kafka import (
     KafkaClientSettings,
+    LoginRenewal,
     create_producer,
     renewed_sasl_password,
 )
@@ -149,3 +151,28 @@ def test_a_database_password_file_beside_a_dsn_with_a_password_is_refused() -> N
         {"SVC_DATABASE_DSN": "host=db user=svc", "SVC_DATABASE_PASSWORD_FILE": "/secrets/db"},
     )
     assert settings.database_password_file == "/secrets/db"
+
+
+def test_a_login_renewal_reads_the_file_only_after_a_refused_login_and_once_a_second(
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "kafka"
+    secret.write_text("first\n")
+    config = load_settings(_Svc, "SVC_", scram(secret)).kafka_security()
+    now = [100.0]
+    renewal = LoginRenewal(config, interval=1.0, clock=lambda: now[0])
+    secret.write_text("second\n")
+    assert not renewal.due()  # no refusal yet: the file is not looked at
+    renewal.refused(KafkaError(KafkaError._TRANSPORT))  # an outage is no refusal
+    assert not renewal.due()
+    renewal.refused(KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED))
+    renewed = renewal.renewed()
+    assert renewed is not None
+    assert renewed["sasl.password"] == "second"
+    assert renewal.renewed() is None  # read again only a second later
+    now[0] += 1.0
+    assert renewal.due()
+    # Clients built from the renewed config: nothing more to renew until the next rotation.
+    again = LoginRenewal(renewed, interval=1.0, clock=lambda: now[0])
+    again.refused(KafkaError(KafkaError._AUTHENTICATION))
+    assert not again.due()

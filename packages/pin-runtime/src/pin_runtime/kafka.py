@@ -203,15 +203,19 @@ class LoginRenewal:
 
     def due(self) -> bool:
         """Whether the file holds a new password since a refusal (read it again if so)."""
+        return self.renewed() is not None
+
+    def renewed(self) -> KafkaConfig | None:
+        """`due()`, as the config to build the clients again with (None: not due)."""
         now = self._clock()
         if not self._refused or now < self._next_look:
-            return False
+            return None
         self._next_look = now + self._interval
         try:
-            return renewed_sasl_password(self._config) is not None
+            return renewed_sasl_password(self._config)
         except SecretFileError as exc:
             log_event(_log, "kafka sasl password file unreadable", logging.WARNING, reason=str(exc))
-            return False
+            return None
 
 
 class ProducerOptions(TypedDict, total=False):

@@ -25,14 +25,8 @@ from identity_fanout.outbox.partitions import Change, TopicPartitions
 from identity_fanout.outbox.records import OutboxRecord, span_links
 from identity_fanout.outbox.window import InflightWindow
 from pin_runtime.delivery import DeliveryFailure, classify
-from pin_runtime.kafka import (
-    Compression,
-    ConfigValue,
-    create_producer,
-    renewed_sasl_password,
-)
+from pin_runtime.kafka import Compression, ConfigValue, LoginRenewal, create_producer
 from pin_runtime.logging import log_event
-from pin_runtime.secret_files import SecretFileError
 
 __all__ = ["BATCH_SIZE_BYTES", "FLUSH_MARGIN", "Publisher"]
 
@@ -48,8 +42,6 @@ TOPIC_PROPAGATION_MS: Final = 10_000
 itself): how long a topic the cluster does not know may be new. Past it the topic's records
 fail as UNKNOWN_TOPIC_OR_PART, a refusal the relay pauses for and says so, where a timeout
 would look like an outage. Topics are created before the services are deployed."""
-RENEWAL_INTERVAL: Final = 1.0
-"""Seconds between two reads of the SASL password file while the brokers refuse the login."""
 METADATA_TIMEOUT: Final = 2.0
 """Seconds one look at a topic's partition count may take (an outage: seen next time)."""
 
@@ -98,7 +90,7 @@ class Publisher:
         self._tracer = tracer
         self._producer: Producer | None = None
         self._fatal = False
-        self._next_renewal = 0.0
+        self._renewal = LoginRenewal(self._config)
         self.refusal: DeliveryFailure | None = None
         """A cluster-wide refusal the client reported (error_cb) since the last ack."""
         self._partitions = TopicPartitions.of(partitions or {})
@@ -225,6 +217,7 @@ class Publisher:
             self.close(0.0)
         if self._producer is None:
             self._fatal = False
+            self._renewal = LoginRenewal(self._config)
             self._producer = create_producer(
                 self._bootstrap,
                 client_id=self._client_id,
@@ -235,20 +228,9 @@ class Publisher:
         return self._producer
 
     def _password_renewed(self) -> bool:
-        """While the brokers refuse the login: whether the SASL password file holds a new
-        password (then `_config` has it). Read at most every `RENEWAL_INTERVAL` seconds: the
-        client reports a refusal it repeats only once, and a Secret volume takes up to a
-        minute or two to show a rotated Secret."""
-        refusal = self.refusal
-        now = time.monotonic()
-        if refusal is None or refusal.reason != "authentication" or now < self._next_renewal:
-            return False
-        self._next_renewal = now + RENEWAL_INTERVAL
-        try:
-            renewed = renewed_sasl_password(self._config)
-        except SecretFileError as exc:
-            log_event(_log, "kafka sasl password file unreadable", logging.WARNING, reason=str(exc))
-            return False
+        """Since the brokers refused the login: whether the SASL password file holds a new
+        password (`LoginRenewal`; then `_config` has it)."""
+        renewed = self._renewal.renewed()
         if renewed is None:
             return False
         self._config = renewed
@@ -256,6 +238,7 @@ class Publisher:
         return True
 
     def _on_error(self, error: KafkaError) -> None:
+        self._renewal.refused(error)
         if error.fatal():
             self._fatal = True
         failure = classify(error)
