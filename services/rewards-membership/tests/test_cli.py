@@ -531,3 +531,30 @@ def test_status_shows_the_groups_lag_per_partition_and_the_dead_letters_pending(
         "paused partitions",
     ):
         assert text in screen, text
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", [["consume"], ["status"], ["migrate"]])
+def test_a_database_password_file_that_gives_no_password_exits_2_naming_it(
+    settings: Settings, command: list[str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "database-password"
+    options = conninfo_to_dict(settings.database_dsn.reveal())
+    no_password = " ".join(f"{k}={v}" for k, v in options.items() if k != "password")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REWARDS_MEMBERSHIP_")}
+    env |= environment(settings, no_password) | {
+        "REWARDS_MEMBERSHIP_DATABASE_PASSWORD_FILE": str(missing),
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("rewards-membership")), *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr + done.stdout
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"config error: REWARDS_MEMBERSHIP_DATABASE_PASSWORD_FILE: cannot read {str(missing)!r}:"
+        " No such file or directory"
+    )
