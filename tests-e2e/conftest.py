@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 from pin_e2e.report import Recorder
+from pin_e2e.stack import Servers, StackServers, topology
 from pin_e2e.system import (
     IDENTITY_TEMPLATE,
     REWARDS_MEMBERSHIP,
     REWARDS_TEMPLATE,
     System,
+    cli,
     process_environment,
 )
 
@@ -24,23 +26,27 @@ from identity_fanout.schema import migrate_database
 from pin_testkit.databases import create_database
 from pin_testkit.private_servers import PrivateServers
 from pin_testkit.runtime_roles import all_logins, ensure_login
-from pin_testkit.service import run_cli
 
 _RECORDER = pytest.StashKey[Recorder]()
 
 
 @pytest.fixture(scope="session")
-def e2e_servers() -> Iterator[PrivateServers]:
-    """PostgreSQL + Kafka of this suite alone (``pin_testkit.private_servers``), with migrated
-    template databases (migrated as the owner) and the runtime roles' login users."""
-    servers = PrivateServers.launch(prefix="pin-e2e-")
+def e2e_servers() -> Iterator[Servers]:
+    """PostgreSQL + Kafka of this suite alone (``pin_testkit.private_servers``, or the compose
+    stack's in the containers topology, ``pin_e2e.stack``), with migrated template databases
+    (migrated as the owner) and the runtime roles' login users."""
+    servers: Servers = (
+        StackServers.attach()
+        if topology() == "containers"
+        else PrivateServers.launch(prefix="pin-e2e-")
+    )
     try:
         admin = servers.services.postgres_dsn
         migrate_database(create_database(admin, IDENTITY_TEMPLATE, replace=True))
         # The rewards schema as an operator migrates it: the service's own command.
         rewards = create_database(admin, REWARDS_TEMPLATE, replace=True)
         env = process_environment({"REWARDS_MEMBERSHIP_DATABASE_DSN": rewards})
-        run_cli(REWARDS_MEMBERSHIP, ["migrate"], env)
+        cli(REWARDS_MEMBERSHIP, ["migrate"], env)
         # The login users of the runtime roles the migrations created; every service
         # process of a scenario connects as one (pin_e2e.system).
         for _, groups in all_logins():
@@ -61,7 +67,7 @@ def recorder(request: pytest.FixtureRequest) -> Recorder:
 
 
 @pytest.fixture
-def make_system(e2e_servers: PrivateServers, tmp_path: Path) -> Iterator[Callable[[str], System]]:
+def make_system(e2e_servers: Servers, tmp_path: Path) -> Iterator[Callable[[str], System]]:
     """``make_system("s1")``: fresh databases and consumer group; processes stopped after."""
     systems: list[System] = []
 

@@ -1,4 +1,7 @@
-"""One scenario's system: its two databases, its consumer group, its service processes."""
+"""One scenario's system: its two databases, its consumer group, its service processes.
+
+In either topology (``pin_e2e.stack``): host processes of the development environment, or
+containers of the project's images (``PIN_E2E_TOPOLOGY=containers``), the scenarios alike."""
 
 from __future__ import annotations
 
@@ -13,12 +16,13 @@ from pin_contracts import (
     REWARDS_MEMBERSHIP_CONSUMER_GROUP,
     USER_ACCESS_CHANGED,
 )
+from pin_e2e.stack import Servers, image, topology
 from pin_testkit.databases import create_database
 from pin_testkit.ports import free_port
-from pin_testkit.private_servers import PrivateServers
 from pin_testkit.records import Offsets, Record, commit_group_offsets, end_offsets, read_topic
 from pin_testkit.runtime_roles import runtime_dsn
 from pin_testkit.service import CommandResult, ServiceProcess, run_cli, service_environment
+from pin_testkit.service_container import ServiceContainer, run_cli_container
 
 __all__ = [
     "CONSUMER",
@@ -33,6 +37,7 @@ __all__ = [
     "WORKER",
     "WORKER_WITH_RELAY",
     "System",
+    "cli",
     "process_environment",
 ]
 
@@ -84,11 +89,18 @@ def process_environment(settings: Mapping[str, str]) -> dict[str, str]:
     return base | dict(settings)
 
 
+def cli(program: str, args: Sequence[str], env: Mapping[str, str]) -> CommandResult:
+    """A CLI command as the topology runs it: the console script, or the image's."""
+    if topology() == "containers":
+        return run_cli_container(image(program), args, env)
+    return run_cli(program, args, env)
+
+
 @dataclass
 class System:
     """Both services of one scenario on the e2e servers, checked from the outside."""
 
-    servers: PrivateServers
+    servers: Servers
     name: str
     workdir: Path
     identity_dsn: str = ""
@@ -100,7 +112,7 @@ class System:
     processes: list[ServiceProcess] = field(default_factory=list)
 
     @classmethod
-    def create(cls, servers: PrivateServers, name: str, workdir: Path) -> System:
+    def create(cls, servers: Servers, name: str, workdir: Path) -> System:
         admin = servers.services.postgres_dsn
         system = cls(servers, name, workdir)
         system.identity_dsn = create_database(
@@ -153,14 +165,28 @@ class System:
     def process(
         self, label: str, program: str, args: Sequence[str], env: Mapping[str, str], port: int
     ) -> ServiceProcess:
-        process = ServiceProcess(
-            name=label,
-            program=program,
-            args=tuple(args),
-            env=process_environment(env),
-            metrics_port=port,
-            log_path=self.workdir / f"{label}.log",
-        )
+        log_path = self.workdir / f"{label}.log"
+        environment = process_environment(env)
+        process: ServiceProcess
+        if topology() == "containers":
+            process = ServiceContainer(
+                name=label,
+                program=program,
+                args=tuple(args),
+                env=environment,
+                metrics_port=port,
+                log_path=log_path,
+                image=image(program),
+            )
+        else:
+            process = ServiceProcess(
+                name=label,
+                program=program,
+                args=tuple(args),
+                env=environment,
+                metrics_port=port,
+                log_path=log_path,
+            )
         self.processes.append(process)
         return process
 
@@ -188,12 +214,12 @@ class System:
     def identity_cli(self, *args: str) -> CommandResult:
         """`memberships ...` as the membership producer, the runbook as the operator."""
         login = PRODUCER if args[:1] == ("memberships",) else IDENTITY_OPERATOR
-        return run_cli(IDENTITY_FANOUT, args, process_environment(self.identity_env(login)))
+        return cli(IDENTITY_FANOUT, args, process_environment(self.identity_env(login)))
 
     def rewards_cli(self, *args: str, **settings: str) -> CommandResult:
         """The rewards tooling as the operator; ``settings`` override the system's."""
         env = process_environment(self.rewards_env(REWARDS_OPERATOR, **settings))
-        return run_cli(REWARDS_MEMBERSHIP, args, env)
+        return cli(REWARDS_MEMBERSHIP, args, env)
 
     def stop_all(self) -> None:
         for process in reversed(self.processes):

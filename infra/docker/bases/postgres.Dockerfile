@@ -18,5 +18,8 @@ ENV PATH=/usr/lib/postgresql/15/bin:$PATH \
     LANG=C.UTF-8
 COPY postgres-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 USER postgres
+# As the official image: `docker stop` is PostgreSQL's fast shutdown, not the smart one that
+# waits for every client to leave.
+STOPSIGNAL SIGINT
 ENTRYPOINT ["docker-entrypoint.sh"]
 CMD ["postgres"]
