@@ -36,6 +36,7 @@ from pin_contracts import AGENT_MEMBERSHIP_CHANGED, decode_access_changed, decod
 from pin_runtime.http import ComponentState
 from pin_runtime.kafka import create_admin, create_consumer, ensure_topics
 from pin_runtime.settings import load_settings
+from pin_testkit.ports import free_port
 from pin_testkit.private import PrivateKafka
 from pin_testkit.records import read_messages
 from pin_testkit.secured import (
@@ -44,6 +45,7 @@ from pin_testkit.secured import (
     TopicAcls,
     assert_wrong_password_refused,
 )
+from pin_testkit.service import ServiceProcess, service_environment
 from pin_testkit.waiting import wait_until
 
 USERS = 40
@@ -274,3 +276,63 @@ def test_a_rotated_sasl_password_file_rebuilds_the_relays_producer_without_a_res
     assert len(rebuilt) == 1
     assert FIRST_PASSWORD not in json_logs.getvalue()
     assert ROTATED_PASSWORD not in json_logs.getvalue()
+
+
+def test_a_rotated_sasl_password_file_rebuilds_the_lag_watchers_clients_without_a_restart(
+    restartable_secured_kafka: PrivateKafka, tmp_path: Path
+) -> None:
+    broker = restartable_secured_kafka
+    secured = broker.secured
+    login = ScramLogin(secured, f"pin-rotate-{uuid.uuid4().hex[:10]}")
+    login.set_password(FIRST_PASSWORD)
+    secret = tmp_path / "kafka-password"
+    secret.write_text(FIRST_PASSWORD + "\n")
+    secret.chmod(0o640)
+    topic = f"pin-test.rotate.{uuid.uuid4().hex[:12]}"
+    ensure_topics(create_admin(secured.plaintext_bootstrap, client_id="secured-test"), [(topic, 3)])
+    port = free_port()
+    env = service_environment(
+        (ENV_PREFIX,),
+        **login.environment(ENV_PREFIX, secret),
+        **{
+            f"{ENV_PREFIX}METRICS_HOST": "127.0.0.1",
+            f"{ENV_PREFIX}METRICS_PORT": str(port),
+            f"{ENV_PREFIX}LAG_WATCH_TOPICS": topic,
+            f"{ENV_PREFIX}LAG_WATCH_INTERVAL": "1s",
+            f"{ENV_PREFIX}LAG_WATCH_REQUEST_TIMEOUT": "1s",
+        },
+    )
+    watcher = ServiceProcess(
+        "lag-watcher", "identity-fanout", ("lag-watch",), env, port, tmp_path / "watcher.log"
+    )
+
+    def last_success() -> float:
+        return watcher.metric("pin_lag_watcher_last_success_timestamp_seconds", topic=topic)
+
+    try:
+        with watcher.start():
+            watcher.wait_ready()
+            wait_until(lambda: last_success() > 0, 60, "a pass as the user", alive=[watcher])
+
+            login.set_password(ROTATED_PASSWORD)
+            broker.stop()
+            broker.start()
+            wait_until(lambda: not watcher.ready(), 60, "not ready: login refused", alive=[watcher])
+            refused_since = time.time()
+
+            secret.write_text(ROTATED_PASSWORD + "\n")
+            secret.chmod(0o640)
+            wait_until(
+                lambda: last_success() > refused_since,
+                90,
+                "a pass after the rotation",
+                alive=[watcher],
+            )
+            wait_until(watcher.ready, 30, "ready again", alive=[watcher])
+            assert watcher.terminate() == 0  # the one run there was, stopped here
+    finally:
+        login.delete()
+    log = watcher.log_text()
+    assert log.count("kafka clients rebuilt with the rotated SASL password") == 1
+    assert FIRST_PASSWORD not in log
+    assert ROTATED_PASSWORD not in log

@@ -262,13 +262,19 @@ def create_consumer(
 
 
 def create_admin(
-    bootstrap: str, *, client_id: str, extra: Mapping[str, ConfigValue] | None = None
+    bootstrap: str,
+    *,
+    client_id: str,
+    extra: Mapping[str, ConfigValue] | None = None,
+    on_error: ErrorCallback | None = None,
 ) -> AdminClient:
     # The stubs type admin config values as scalars; librdkafka's logger hook is accepted too.
     config: dict[str, Any] = {
         **librdkafka_config(admin_config(bootstrap, client_id=client_id, extra=extra)),
         "logger": _librdkafka_log,
     }
+    if on_error is not None:
+        config["error_cb"] = _error_callback(client_id, on_error)
     return AdminClient(config)
 
 

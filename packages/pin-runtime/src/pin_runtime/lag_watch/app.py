@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
 from pin_runtime.composition import long_running
 from pin_runtime.http import ComponentState, Heartbeat
+from pin_runtime.kafka import LoginRenewal
 from pin_runtime.kafka_security import kafka_or_exit
-from pin_runtime.lag_watch.brokers import open_brokers
+from pin_runtime.lag_watch.brokers import Brokers, open_brokers
 from pin_runtime.lag_watch.cli import COMMAND
 from pin_runtime.lag_watch.metrics import LagWatchMetrics
 from pin_runtime.lag_watch.settings import LagWatchSettings
@@ -40,6 +42,16 @@ def longest_pass(settings: LagWatchSettings) -> float:
     return settings.lag_watch_interval.total_seconds() + timeout * (topics + 3 + 2 * slices)
 
 
+def _renewed(brokers: Brokers, renewal: LoginRenewal) -> Callable[[], bool]:
+    """Asked after each pass: the clients' errors served, whether to build them again."""
+
+    def renewed() -> bool:
+        brokers.serve_errors()
+        return renewal.due()
+
+    return renewed
+
+
 def run_lag_watch(service: str, prefix: str, settings: LagWatchSettings) -> None:
     """`<service> lag-watch` until SIGTERM/SIGINT."""
     registry = CollectorRegistry()
@@ -61,19 +73,31 @@ def run_lag_watch(service: str, prefix: str, settings: LagWatchSettings) -> None
         rt.serve({"kafka": state})
         client = f"{service}-lag-watcher"
         timeout = settings.lag_watch_request_timeout.total_seconds()
-        with open_brokers(
-            settings.kafka_bootstrap,
-            client_id=client,
-            security=settings.kafka_security(),
-            timeout=timeout,
-        ) as brokers:
-            log_event(_log, "process started", command=COMMAND, settings=settings_for_log(settings))
-            try:
-                LagWatcher(
-                    plan=WatchPlan.of(settings, reader_group=client),
-                    brokers=brokers,
-                    metrics=metrics,
-                    state=state,
-                ).run(rt.stop, rt.heartbeat)
-            finally:
-                log_event(_log, "process stopped", command=COMMAND)
+        watcher: LagWatcher | None = None
+        log_event(_log, "process started", command=COMMAND, settings=settings_for_log(settings))
+        try:
+            while not rt.stop.is_set():
+                # Built again, after a pass, once the brokers refused the login and the SASL
+                # password file holds another password (`LoginRenewal`): no restart.
+                security = settings.kafka_security()
+                renewal = LoginRenewal(security)
+                with open_brokers(
+                    settings.kafka_bootstrap,
+                    client_id=client,
+                    security=security,
+                    timeout=timeout,
+                    on_error=renewal.refused,
+                ) as brokers:
+                    if watcher is None:
+                        watcher = LagWatcher(
+                            plan=WatchPlan.of(settings, reader_group=client),
+                            brokers=brokers,
+                            metrics=metrics,
+                            state=state,
+                        )
+                    else:
+                        watcher.brokers = brokers  # its book and gauges go on
+                        log_event(_log, "kafka clients rebuilt with the rotated SASL password")
+                    watcher.run(rt.stop, rt.heartbeat, until=_renewed(brokers, renewal))
+        finally:
+            log_event(_log, "process stopped", command=COMMAND)

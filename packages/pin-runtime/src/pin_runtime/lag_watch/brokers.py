@@ -102,6 +102,11 @@ class Brokers:
         self._offsets_readers: dict[str, KafkaConsumer] = {}
         self._timeout = timeout
 
+    def serve_errors(self) -> None:
+        """Hand the admin client's errors to its error callback now: librdkafka queues them
+        until the client is polled, which its requests alone do not do."""
+        self._admin.poll(0)
+
     def close(self) -> None:
         readers, self._offsets_readers = self._offsets_readers, {}
         for reader in readers.values():
@@ -319,24 +324,35 @@ class Brokers:
 
 @contextmanager
 def open_brokers(
-    bootstrap: str, *, client_id: str, security: Mapping[str, ConfigValue], timeout: float
+    bootstrap: str,
+    *,
+    client_id: str,
+    security: Mapping[str, ConfigValue],
+    timeout: float,
+    on_error: Callable[[KafkaError], None] | None = None,
 ) -> Iterator[Brokers]:
     """`Brokers` with clients of its own (the admin client, the timestamp reader, an offsets
     reader per group read), all named after `client_id` and closed on exit: the lag watcher's
-    and a `status` command's one way to ask the brokers."""
-    admin = create_admin(bootstrap, client_id=client_id, extra=security)
+    and a `status` command's one way to ask the brokers. `on_error`: every client's errors
+    (the lag watcher's `LoginRenewal` learns of a refused login there)."""
+    admin = create_admin(bootstrap, client_id=client_id, extra=security, on_error=on_error)
     # Its group id is never joined nor committed to (assign only): librdkafka wants one.
     reader = create_consumer(
         bootstrap,
         group_id=client_id,
         client_id=f"{client_id}-reader",
         extra={**security, **READER_CONFIG},
+        on_error=on_error,
     )
     brokers = Brokers(
         admin=admin,
         reader=reader,
         offsets_reader=lambda group: create_consumer(
-            bootstrap, group_id=group, client_id=f"{client_id}-offsets", extra=security
+            bootstrap,
+            group_id=group,
+            client_id=f"{client_id}-offsets",
+            extra=security,
+            on_error=on_error,
         ),
         timeout=timeout,
     )

@@ -101,9 +101,16 @@ class LagWatcher:
             if topic in self.plan.partitions:
                 self.metrics.catalogue_partitions.labels(topic).set(self.plan.partitions[topic])
 
-    def run(self, stop: Event, heartbeat: Heartbeat | None = None) -> None:
-        """Pass after pass, one every interval, until `stop` is set."""
-        while not stop.is_set():
+    def run(
+        self,
+        stop: Event,
+        heartbeat: Heartbeat | None = None,
+        *,
+        until: Callable[[], bool] | None = None,
+    ) -> None:
+        """Pass after pass, one every interval, until `stop` is set (or, asked after each
+        pass, `until()` is true: the process builds its clients again)."""
+        while not stop.is_set() and not (until is not None and until()):
             started = self.clock()
             self.run_pass()
             if heartbeat is not None:
