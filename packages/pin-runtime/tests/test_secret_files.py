@@ -19,7 +19,7 @@ from pin_runtime.kafka import (
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.kafka_settings import SASL_PASSWORD_FILE, librdkafka_config
 from pin_runtime.secret_files import SecretFileError, read_secret_file, unreadable_secret_file
-from pin_runtime.settings import load_settings
+from pin_runtime.settings import load_settings, redact, secrets_forgotten_after
 
 
 class _Svc(KafkaClientSettings, frozen=True, kw_only=True):
@@ -176,3 +176,13 @@ def test_a_login_renewal_reads_the_file_only_after_a_refused_login_and_once_a_se
     again = LoginRenewal(renewed, interval=1.0, clock=lambda: now[0])
     again.refused(KafkaError(KafkaError._AUTHENTICATION))
     assert not again.due()
+
+
+def test_a_password_read_from_a_file_is_redacted_from_what_the_process_says(
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "password"
+    secret.write_text("file-Secret-7\n")
+    with secrets_forgotten_after():
+        read_secret_file(str(secret))
+        assert redact("login with file-Secret-7 refused") == "login with *** refused"

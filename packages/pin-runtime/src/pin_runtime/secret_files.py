@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pin_runtime.settings import Secret
+
 __all__ = ["SecretFileError", "read_secret_file", "unreadable_secret_file"]
 
 
@@ -29,6 +31,7 @@ def read_secret_file(path: str) -> str:
     password = text.removesuffix("\n").removesuffix("\r")
     if not password:
         raise SecretFileError(f"{path!r} is empty")
+    Secret(password)  # known to `redact` from now on, as a variable's secret is
     return password
 
 
