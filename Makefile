@@ -169,8 +169,9 @@ demo: sync ## run the whole system on this machine and show what happens
 	$(RUN) python infra/local/demo.py
 
 .PHONY: bench
-bench: up ## benchmarks (not tests): 50k-user fan-out vs the database floor, 1M-user role by 1/2/4 instances and by 1/2/4/8 with a 50m CPU limit each, revocation latency during a 1M-user fan-out, relay drain vs a plain producer and 4 relays vs 1, membership consumer drain
+bench: up ## benchmarks (not tests): 50k-user fan-out vs the database floor, 1M-user role by 1/2/4 instances and by 1/2/4/8 with a 50m CPU limit each, revocation latency during a 1M-user fan-out, relay drain vs a plain producer and 4 relays vs 1, relay drain with a snapshot held vs none, membership consumer drain
 	@set -e; eval "$$($(RUN) pin-local -q env)"; \
 	export PIN_BENCH_RESULTS="$$(mktemp -t pin-bench.XXXXXX)"; \
 	for b in $(wildcard bench/*/run.py); do echo "== $$b"; $(RUN) python $$b; done; \
+	echo "== bench/relay/held_snapshot.py"; $(RUN) python bench/relay/held_snapshot.py --rows 300000; \
 	$(RUN) python -m pin_testkit.bench; rm -f "$$PIN_BENCH_RESULTS"
