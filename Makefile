@@ -84,9 +84,10 @@ infra-check: sync ## images, SBOMs, Helm charts, monitoring rules, pin-contracts
 	UV=$(UV) infra/checks/all.sh
 
 .PHONY: test
-test: lint infra-check up pact ## lint, infra checks, pact, then every test on real PostgreSQL and Kafka
+test: lint infra-check up pact ## lint, infra checks, pact, every test on real PostgreSQL and Kafka, then the containers (test-containers)
 	eval "$$($(RUN) pin-local -q env)" && $(RUN) pytest $(TEST_PATHS) \
 		$(addprefix --ignore=,$(PACT_CONSUMER_TESTS) $(PACT_PROVIDER_TESTS))
+	$(MAKE) --no-print-directory test-containers
 
 # The shipped artefacts on a Docker engine (infra/README.md "Containers"): the engine itself
 # (Debian's docker.io, Compose built from the Go module proxy, dockerd without a bridge), the
@@ -128,6 +129,14 @@ e2e-compose: images ## build the images, bring a fresh compose stack up, run the
 	$(STACK) up -d --wait
 	PIN_E2E_TOPOLOGY=containers $(RUN) pytest $(E2E_COMPOSE_TESTS); status=$$?; \
 	$(STACK) down -v --remove-orphans; exit $$status
+
+# What `make test` runs last: the engine (installed and started where missing), every image
+# built from the registries, the scenarios on the compose stack, integration tests on
+# testcontainers; the project's containers removed afterwards, whatever happened.
+.PHONY: test-containers
+test-containers: ## the engine, the images, make e2e-compose and make testcontainers; containers removed after
+	$(MAKE) --no-print-directory e2e-compose testcontainers; status=$$?; \
+	infra/docker/engine.sh down; exit $$status
 
 # What a developer runs between edits: no service is started, nothing is left running.
 UNIT_PATHS := contracts/tests $(wildcard packages/*/tests) $(wildcard services/*/tests)

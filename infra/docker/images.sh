@@ -117,7 +117,7 @@ kafka_base() {
     sed 's#^  </dependencies>#    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>${kafka.version}</version></dependency>\n  </dependencies>#' \
         infra/local/kafka/pom.xml >"$pom"
     grep -q '<artifactId>kafka-tools</artifactId>' "$pom" || { log "images: cannot add kafka-tools to the pom"; return 1; }
-    mvn -B -q -f "$pom" -DincludeScope=runtime dependency:copy-dependencies \
+    mvn -B -q -Dstyle.color=never -f "$pom" -DincludeScope=runtime dependency:copy-dependencies \
         -DoutputDirectory="$context/libs" >&2
     build_base "$KAFKA_BASE" "$HERE/bases/kafka.Dockerfile" "$context"
     rm -rf "$context"
