@@ -92,32 +92,59 @@ def _held_snapshot(system: ChaosSystem, database: str) -> Heal:
 
 def _partitions_added(system: ChaosSystem) -> Heal:
     """Both identity topics grown from 3 to `GROWN_PARTITIONS` partitions, as an operator's
-    `kafka-topics --alter` would while everything runs; retried while the broker is down (a
-    broker fault may overlap). Nothing heals it: partitions only grow."""
+    `kafka-topics --alter` would while everything runs. A broker fault may overlap, and its
+    heal comes from the same schedule: the request is retried on a thread of its own, so the
+    schedule goes on (and brings the broker back) meanwhile. Partitions only grow: the heal
+    only checks that the growth took."""
+    refused: list[str] = []
+    grower = threading.Thread(
+        target=_grow, args=(system.bootstrap, refused), name="chaos-partitions", daemon=True
+    )
+    grower.start()
+
+    def heal() -> None:
+        grower.join(GROW_DEADLINE)
+        if grower.is_alive() or refused:
+            raise AssertionError(f"partitions not added within {GROW_DEADLINE:g}s: {refused}")
+
+    return heal
+
+
+GROW_DEADLINE: Final = 150.0
+"""How long the partitions request may keep failing (a broker fault overlapping it, its
+restart, the controller's return); shorter than the fault itself."""
+
+
+def _grow(bootstrap: str, refused: list[str]) -> None:
     pending = [
         NewPartitions(t.name, GROWN_PARTITIONS)
         for t in (USER_ACCESS_CHANGED, AGENT_MEMBERSHIP_CHANGED)
     ]
-    admin = create_admin(system.bootstrap, client_id="chaos-partitions")
-    deadline = time.monotonic() + LOCK_ACQUIRE_DEADLINE
+    admin = create_admin(bootstrap, client_id="chaos-partitions")
+    deadline = time.monotonic() + GROW_DEADLINE
+    refusals: dict[str, str] = {}
     while True:
         futures = admin.create_partitions(pending, request_timeout=10)
-        pending = [request for request in pending if not _grown(futures[request.topic])]
+        pending = [r for r in pending if not _grown(futures[r.topic], r.topic, refusals)]
         if not pending:
-            return _nothing
+            return
         if time.monotonic() >= deadline:
-            raise AssertionError(f"partitions not added within {LOCK_ACQUIRE_DEADLINE:g}s")
+            refused.extend(f"{topic}: {reason}" for topic, reason in sorted(refusals.items()))
+            return
         time.sleep(1.0)  # the broker is restarting: nothing to await but its return
 
 
-def _grown(future: Future[None]) -> bool:
+def _grown(future: Future[None], topic: str, refusals: dict[str, str]) -> bool:
     """Whether a partitions request took, or found the topic grown already (a retry after
-    a lost answer)."""
+    a lost answer); a refusal's reason is kept in `refusals` for the failure message."""
     try:
         future.result(15)
     except KafkaException as exc:
         error = exc.args[0] if exc.args else None
-        return isinstance(error, KafkaError) and error.code() == KafkaError.INVALID_PARTITIONS
+        if isinstance(error, KafkaError) and error.code() == KafkaError.INVALID_PARTITIONS:
+            return True
+        refusals[topic] = str(error)
+        return False
     return True
 
 
