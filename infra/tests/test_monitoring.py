@@ -80,6 +80,7 @@ OWN_ALERTS: dict[str, dict[str, str]] = {
         "RewardsMembershipPartitionLocked": "rewards_membership_paused_partitions_by_reason",
         "RewardsMembershipPostgresHorizonHeld": "pin_postgres_oldest_xmin_age_seconds",
         "RewardsMembershipTopicPartitionsChanged": "pin_lag_watcher_topic_partitions",
+        "RewardsMembershipAuthFailed": "rewards_membership_auth_failures_total",
     },
 }
 ALERTS = {

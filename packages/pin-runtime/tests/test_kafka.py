@@ -19,10 +19,12 @@ from pin_runtime.kafka import (
     create_consumer,
     create_producer,
     producer_config,
+    report_refused_login,
     security_config,
     verify_connection,
 )
 from pin_runtime.kafka_security import kafka_or_exit
+from pin_runtime.logging import FIELDS_ATTRIBUTE
 from pin_runtime.settings import load_settings, settings_or_exit
 from pin_testkit.ports import free_port
 
@@ -384,3 +386,38 @@ def test_a_tls_file_that_is_not_there_is_the_variables_error(
     assert capsys.readouterr().err == (
         f"config error: SVC_KAFKA_SSL_CA_LOCATION: no readable file at {str(tmp_path)!r}\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("code", "told"),
+    [
+        (KafkaError.SASL_AUTHENTICATION_FAILED, True),
+        (KafkaError._AUTHENTICATION, True),
+        (KafkaError._TRANSPORT, False),
+        (KafkaError._ALL_BROKERS_DOWN, False),
+    ],
+)
+def test_a_refused_login_is_logged_and_counted_and_nothing_else_is(
+    code: int, told: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    counted: list[None] = []
+    config = {
+        "sasl.username": "pin-consumer",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.password": "a-Secret-1",
+    }
+    with caplog.at_level(logging.INFO):
+        assert (
+            report_refused_login(KafkaError(code, "refused"), config, lambda: counted.append(None))
+            is told
+        )
+    assert len(counted) == int(told)
+    refusals = [r for r in caplog.records if r.getMessage() == "kafka authentication failed"]
+    assert len(refusals) == int(told)
+    if told:
+        [record] = refusals
+        assert record.levelno == logging.ERROR
+        fields = getattr(record, FIELDS_ATTRIBUTE)
+        assert fields["user"] == "pin-consumer"
+        assert fields["mechanism"] == "SCRAM-SHA-512"
+    assert "a-Secret-1" not in caplog.text

@@ -8,19 +8,17 @@ import io
 import json
 import math
 import os
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 from relay_support import RelayFactory, RelayThread, access_event, access_topic, outbox_count, write
 
 from identity_fanout.outbox.writer import outbox_message
 from pin_runtime.http import ComponentState
-from pin_testkit.local.postgres import PASSWORD_GROUP
+from pin_testkit.password_logins import PasswordLogin, password_login
 from pin_testkit.ports import free_port
 from pin_testkit.service import ServiceProcess, run_cli, service_environment
 from pin_testkit.waiting import wait_until
@@ -36,62 +34,19 @@ def sample(registry: CollectorRegistry, name: str) -> float | None:
     return registry.get_sample_value(name)
 
 
-class Login:
-    """A login of the relay's group that must give its password (`PASSWORD_GROUP`)."""
-
-    def __init__(self, admin_dsn: str, relay_dsn: str, name: str) -> None:
-        self.admin_dsn = admin_dsn
-        self.name = name
-        base = {k: v for k, v in conninfo_to_dict(relay_dsn).items() if k != "password"}
-        self.base = make_conninfo("", **{**base, "user": name})
-
-    def dsn(self, **options: str) -> str:
-        return make_conninfo(self.base, **options)
-
-    def rotate(self, password: str) -> None:
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(
-                psycopg.sql.SQL("ALTER ROLE {} PASSWORD {}").format(
-                    psycopg.sql.Identifier(self.name), psycopg.sql.Literal(password)
-                )
-            )
-
-    def kill_sessions(self) -> int:
-        """pg_terminate_backend of every session of this login; how many."""
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                (self.name,),
-            ).fetchall()
-        return sum(1 for (killed,) in rows if killed)
+Login = PasswordLogin
 
 
 @pytest.fixture
 def login(postgres_admin_dsn: str, relay_dsn: str) -> Iterator[Login]:
-    name = f"pin_test_pw_{uuid.uuid4().hex[:10]}"
-    relay_group = conninfo_to_dict(relay_dsn)["user"]
-    made = Login(postgres_admin_dsn, relay_dsn, name)
-    with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
-        group = admin.execute(
-            "SELECT r.rolname FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid"
-            " JOIN pg_roles u ON u.oid = m.member WHERE u.rolname = %s",
-            (relay_group,),
-        ).fetchone()
-        assert group is not None
-        admin.execute(
-            psycopg.sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {}").format(
-                psycopg.sql.Identifier(name),
-                psycopg.sql.Literal(PASSWORD),
-                psycopg.sql.Identifier(PASSWORD_GROUP),
-                psycopg.sql.Identifier(group[0]),
-            )
-        )
-    yield made
-    with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
-        )
-        admin.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(name)))
+    with password_login(postgres_admin_dsn, relay_dsn, PASSWORD) as made:
+        yield made
+
+
+@pytest.fixture
+def worker_login(postgres_admin_dsn: str, worker_dsn: str) -> Iterator[Login]:
+    with password_login(postgres_admin_dsn, worker_dsn, PASSWORD) as made:
+        yield made
 
 
 def logged(stream: io.StringIO, event: str) -> list[dict[str, object]]:
@@ -268,3 +223,57 @@ def test_a_password_file_that_gives_no_password_or_a_refused_one_exits_2_naming_
     assert last.startswith("config error: IDENTITY_FANOUT_DATABASE_PASSWORD_FILE: "), last
     assert "28P01" in last
     assert "wrong-Secret" not in refused.stderr + refused.stdout
+
+
+def test_a_worker_whose_password_is_rotated_under_it_says_so_counts_it_and_recovers(
+    worker_login: Login, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    # Its pool's connects are retried out of its loop's sight (a refused one surfaces as a
+    # pool timeout), so they are told where they are made: the same line as the relay's.
+    secret = tmp_path / "database-password"
+    secret.write_text(PASSWORD + "\n")
+    secret.chmod(0o640)
+    port = free_port()
+    env = service_environment(
+        ("IDENTITY_FANOUT_",),
+        IDENTITY_FANOUT_DATABASE_DSN=worker_login.dsn(),
+        IDENTITY_FANOUT_DATABASE_PASSWORD_FILE=str(secret),
+        IDENTITY_FANOUT_KAFKA_BOOTSTRAP=kafka_bootstrap,
+        IDENTITY_FANOUT_METRICS_HOST="127.0.0.1",
+        IDENTITY_FANOUT_METRICS_PORT=str(port),
+        IDENTITY_FANOUT_POLLING_INTERVAL="200ms",
+    )
+    counter = "identity_access_fanout_database_auth_failures_total"
+    worker = ServiceProcess(
+        "worker", "identity-fanout", ("worker", "--no-relay"), env, port, tmp_path / "worker.log"
+    )
+    with worker.start():
+        worker.wait_ready()
+        assert counter in worker.metrics()  # exported at 0 from the start
+        assert worker.metric(counter) == 0
+
+        worker_login.rotate(ROTATED)  # the file still holds the old password
+        assert worker_login.kill_sessions() >= 1
+        wait_until(lambda: worker.metric(counter) >= 1, 60, "refused login counted", alive=[worker])
+        lines = "\n".join(line for line in worker.log_text().splitlines() if line.startswith("{"))
+        [first, *_] = logged(io.StringIO(lines), "database authentication failed")
+        assert first["level"] == "ERROR"
+        assert first["user"] == worker_login.name
+        assert first["host"] == f"127.0.0.1:{conninfo_to_dict(worker_login.base)['port']}"
+        assert first["sqlstate"] == "28P01"
+
+        secret.write_text(ROTATED + "\n")
+        secret.chmod(0o640)
+        wait_until(
+            lambda: worker_login.sessions() >= 1 and worker.ready(),
+            120,
+            "logged in again, ready",
+            alive=[worker],
+        )
+        refused = worker.metric(counter)
+        assert worker_login.kill_sessions() >= 1  # the new password is the file's now
+        wait_until(lambda: worker_login.sessions() >= 1, 60, "back at once", alive=[worker])
+        assert worker.metric(counter) == refused
+        assert worker.terminate() == 0
+    assert PASSWORD not in worker.log_text()
+    assert ROTATED not in worker.log_text()

@@ -75,6 +75,7 @@ def test_consume_with_a_wrong_password_stops_at_once_with_one_line(
     )
 
 
+AUTH_FAILURES = "rewards_membership_auth_failures_total"
 FIRST_PASSWORD = "first-Kafka-Secret-1"
 ROTATED_PASSWORD = "second-Kafka-Secret-2"
 
@@ -146,6 +147,14 @@ def test_a_rotated_sasl_password_file_rebuilds_the_consumer_without_a_restart(
             wait_until(
                 lambda: not consumer.ready(), 60, "not ready: login refused", alive=[consumer]
             )
+            # Logged as such, counted and paged on (RewardsMembershipAuthFailed).
+            wait_until(
+                lambda: consumer.metric(AUTH_FAILURES, dependency="kafka") >= 1,
+                30,
+                "the refused login counted",
+                alive=[consumer],
+            )
+            assert consumer.metric(AUTH_FAILURES, dependency="postgresql") == 0
             assert not applied(second)
 
             secret.write_text(ROTATED_PASSWORD + "\n")
@@ -157,5 +166,14 @@ def test_a_rotated_sasl_password_file_rebuilds_the_consumer_without_a_restart(
         login.delete()
     log = consumer.log_text()
     assert log.count("kafka clients rebuilt with the rotated SASL password") == 1
+    refusals = [
+        line
+        for line in map(
+            msgspec.json.decode, filter(lambda text: text.startswith("{"), log.splitlines())
+        )
+        if line.get("event") == "kafka authentication failed"
+    ]
+    assert refusals, "no 'kafka authentication failed' line"
+    assert {(line["level"], line["user"]) for line in refusals} == {("ERROR", login.name)}
     assert FIRST_PASSWORD not in log
     assert ROTATED_PASSWORD not in log

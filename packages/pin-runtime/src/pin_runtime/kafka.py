@@ -50,6 +50,7 @@ __all__ = [
     "producer_config",
     "refused_login",
     "renewed_sasl_password",
+    "report_refused_login",
     "security_config",
     "verify_connection",
 ]
@@ -168,6 +169,35 @@ def refused_login(error: KafkaError) -> bool:
     password): librdkafka retries the same password without end, so the client's owner
     asks `renewed_sasl_password` whether its file holds another one to rebuild with."""
     return error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED)
+
+
+def report_refused_login(
+    error: KafkaError,
+    config: Mapping[str, ConfigValue],
+    count: Callable[[], object],
+    *,
+    log: logging.Logger = _log,
+) -> bool:
+    """`kafka authentication failed` (ERROR: the SASL user and mechanism of `config`, the
+    error librdkafka reported; never the password), counted by `count`, when `error` is the
+    brokers refusing the login (`refused_login`); False, nothing logged, for anything else.
+
+    librdkafka reports a refusal once each time it tries the login again, so the count
+    grows while the refusal lasts and an alert on its increase clears once it stops. `log`:
+    the caller's logger."""
+    if not refused_login(error):
+        return False
+    count()
+    log_event(
+        log,
+        "kafka authentication failed",
+        logging.ERROR,
+        user=str(config.get("sasl.username", "")),
+        mechanism=str(config.get("sasl.mechanism", "")),
+        code=error.name(),
+        error=error.str(),
+    )
+    return True
 
 
 RENEWAL_INTERVAL: Final = 1.0

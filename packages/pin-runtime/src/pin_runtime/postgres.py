@@ -179,6 +179,41 @@ def dsn_has_password(dsn: str) -> bool:
         return False
 
 
+def report_auth_failure(
+    exc: BaseException,
+    dsn: str,
+    count: Callable[[], object],
+    *,
+    log: logging.Logger = _log,
+    **fields: Any,
+) -> DatabaseAuthError | None:
+    """`database authentication failed` (ERROR: the user and host of `dsn`, the SQLSTATE,
+    never the password), counted by `count`, when `exc` is PostgreSQL refusing the login
+    (`auth_failure`); None, nothing logged, for anything else.
+
+    The one line every long-running process logs for a refused login while it runs (a
+    password rotated under it, a wrong Secret), so one alert query and one runbook serve
+    them all; `log`: the caller's logger (the line is its component's); `fields` add the
+    caller's own (the relay's retry delay)."""
+    sqlstate = auth_failure(exc)
+    if sqlstate is None:
+        return None
+    count()
+    user, host = login_of(dsn)
+    refused = DatabaseAuthError(user, host, sqlstate)
+    log_event(
+        log,
+        "database authentication failed",
+        logging.ERROR,
+        user=user,
+        host=host,
+        sqlstate=sqlstate,
+        error=str(refused),
+        **fields,
+    )
+    return refused
+
+
 def check_login(dsn: str, session: SessionLimits) -> None:
     """The start of a long-lived command: one connect, to refuse a login the server rejects.
 
@@ -443,16 +478,37 @@ class LoginConnection(psycopg.Connection[TupleRow]):
 
     @classmethod
     def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+        """`on_refused` (a keyword of ours, never libpq's; `OnRefused`): told of a connect
+        PostgreSQL refused the login of (`auth_failure`) before it is raised; a pool's own
+        connects are retried out of its user's sight (its `getconn` times out without their
+        cause), so this is where they are seen."""
+        on_refused: OnRefused | None = kwargs.pop("on_refused", None)
         path = _password_files.get(conninfo)
         if path is not None:
             try:
                 kwargs["password"] = read_secret_file(path)
             except SecretFileError as exc:
                 raise psycopg.OperationalError(f"database password file: {exc}") from None
-        return super().connect(conninfo, **kwargs)
+        try:
+            return super().connect(conninfo, **kwargs)
+        except psycopg.OperationalError as exc:
+            if on_refused is not None and auth_failure(exc) is not None:
+                on_refused(exc)
+            raise
 
 
-def connect(dsn: str, session: SessionLimits, *, application_name: str | None = None) -> Connection:
+OnRefused = Callable[[psycopg.OperationalError], object]
+"""Told of a connect whose login PostgreSQL refused (`LoginConnection`): a long-running
+process's `report_auth_failure` with its counter."""
+
+
+def connect(
+    dsn: str,
+    session: SessionLimits,
+    *,
+    application_name: str | None = None,
+    on_refused: OnRefused | None = None,
+) -> Connection:
     """One autocommit connection bounded by `session`, its connect too.
 
     Autocommit: every unit of work opens its own `conn.transaction()`, which then is a real
@@ -462,7 +518,9 @@ def connect(dsn: str, session: SessionLimits, *, application_name: str | None = 
     kwargs = session.connect_kwargs()
     if application_name is not None:
         kwargs["application_name"] = application_name[:63]  # the server's NAMEDATALEN
-    return LoginConnection.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **kwargs)
+    return LoginConnection.connect(
+        dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, on_refused=on_refused, **kwargs
+    )
 
 
 class LazyConnection:
@@ -538,6 +596,7 @@ def create_pool(
     configure: Callable[[psycopg.Connection[TupleRow]], None] | None = None,
     connect_kwargs: Mapping[str, Any] | None = None,
     session: SessionLimits | None = None,
+    on_refused: OnRefused | None = None,
 ) -> Pool:
     """A closed pool: the caller opens it (`pool.open(wait=True, timeout=...)`) and closes it.
 
@@ -554,6 +613,8 @@ def create_pool(
         **(session or SessionLimits()).connect_kwargs(),
         **(connect_kwargs or {}),
     }
+    if on_refused is not None:
+        kwargs["on_refused"] = on_refused  # taken by `LoginConnection.connect`, not libpq
     return ConnectionPool(
         dsn,
         # Each connection the pool opens reads the DSN's password file (if any) again.

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Final
 
 from identity_fanout.fanout.metrics import FanoutMetrics
-from identity_fanout.fanout.worker import FanoutWorker
+from identity_fanout.fanout.worker import FanoutWorker, refused_logins
 from identity_fanout.outbox.relay import OutboxRelay, RelayConfig
 from identity_fanout.schema import OUTBOX_TABLES
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
@@ -139,6 +139,7 @@ def run_worker(settings: Settings, *, with_relay: bool) -> None:
             min_size=1,
             max_size=settings.db_pool_size,
             session=settings.database_session(),
+            on_refused=refused_logins(settings.database_dsn.reveal(), metrics),
         )
         pool.open(wait=False)
         try:

@@ -20,11 +20,23 @@ from pin_contracts import CATALOGUE, IDENTITY_MEMBERSHIP_DLQ
 from pin_runtime.composition import collect_less, long_running
 from pin_runtime.horizon import HorizonWatch
 from pin_runtime.http import Check, CheckResult, ComponentState, Heartbeat
-from pin_runtime.kafka import LoginRenewal, create_consumer, create_producer, refused_login
+from pin_runtime.kafka import (
+    LoginRenewal,
+    create_consumer,
+    create_producer,
+    refused_login,
+    report_refused_login,
+)
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.logging import log_event
 from pin_runtime.migrations import migrate
-from pin_runtime.postgres import SessionLimits, check_login, connect
+from pin_runtime.postgres import (
+    OnRefused,
+    SessionLimits,
+    check_login,
+    connect,
+    report_auth_failure,
+)
 from pin_runtime.settings import settings_for_log
 from rewards_membership.consumer.loop import MembershipConsumer
 from rewards_membership.db_roles import RUNTIME_ROLES
@@ -115,6 +127,9 @@ def build_consumer(
     kafka_state = ComponentState()
 
     def on_kafka_error(error: KafkaError) -> None:
+        report_refused_login(
+            error, settings.kafka_security(), metrics.auth_failures.labels("kafka").inc, log=_log
+        )
         if (
             error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT)
             or error.fatal()
@@ -152,7 +167,10 @@ def build_consumer(
         on_error=on_kafka_error,
     )
     store = MembershipStore(
-        settings.database_dsn.reveal(), application_name=name, session=settings.database_session()
+        settings.database_dsn.reveal(),
+        application_name=name,
+        session=settings.database_session(),
+        on_refused=refused_logins(settings, metrics),
     )
     dead_letters = DeadLetterer(
         producer,
@@ -220,6 +238,7 @@ def run_consumer(settings: Settings) -> None:
                     settings.database_dsn.reveal(),
                     settings.database_session(),
                     application_name=f"{SERVICE_NAME}-horizon",
+                    on_refused=refused_logins(settings, metrics),
                 ),
                 rt.registry,
             ).start(rt.stop)
@@ -250,6 +269,14 @@ def run_consumer(settings: Settings) -> None:
                 consumer.run(rt.shutdown, until=renewal.due)
         finally:
             producer.flush(settings.delivery_timeout.total_seconds())
+
+
+def refused_logins(settings: Settings, metrics: Metrics) -> OnRefused:
+    """What the consumer's connects (its batches' session, the horizon watch's) do with a
+    login PostgreSQL refuses: `database authentication failed`, counted under postgresql."""
+    dsn = settings.database_dsn.reveal()
+    count = metrics.auth_failures.labels("postgresql").inc
+    return lambda exc: report_auth_failure(exc, dsn, count, log=_log)
 
 
 def _readiness_of(running: list[MembershipConsumer]) -> dict[str, Check]:

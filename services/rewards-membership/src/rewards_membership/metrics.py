@@ -12,7 +12,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pin_runtime.metrics import MetricSet, load_catalogue
 from rewards_membership.rules.validation import KEY_PROBLEMS
 
-__all__ = ["CONTRACT_VERSION_LABELS", "Metrics", "contract_version_label"]
+__all__ = ["AUTH_DEPENDENCIES", "CONTRACT_VERSION_LABELS", "Metrics", "contract_version_label"]
+
+AUTH_DEPENDENCIES = ("postgresql", "kafka")
+"""The `dependency` label of rewards_membership_auth_failures_total: whose login was refused."""
 
 CONTRACT_VERSION_LABELS = 16
 """ContractVersion values 1..16 get a label of their own; any other value the contract admits
@@ -48,6 +51,7 @@ class Metrics(MetricSet):
     dlq_unreplayed: Gauge
     dlq_replaced: Counter
     batch_size: Histogram
+    auth_failures: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         if registry is None:
@@ -59,3 +63,5 @@ class Metrics(MetricSet):
         # first wrong key, not a series that appears with it.
         for reason in KEY_PROBLEMS:
             self.key_mismatch.labels(reason)
+        for dependency in AUTH_DEPENDENCIES:
+            self.auth_failures.labels(dependency)

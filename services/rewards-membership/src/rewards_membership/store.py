@@ -23,7 +23,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import TupleRow, class_row
 
-from pin_runtime.postgres import LazyConnection, SessionLimits, connect
+from pin_runtime.postgres import LazyConnection, OnRefused, SessionLimits, connect
 from pin_runtime.sql import columns, load_queries
 from rewards_membership.batch_sql import APPLY_BATCH, decode_outcomes
 from rewards_membership.errors import ConcurrentApplyError
@@ -82,9 +82,17 @@ class MembershipStore:
     owning the reconnect keeps its timing under the consumer's backoff.
     """
 
-    def __init__(self, dsn: str, *, application_name: str, session: SessionLimits) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        application_name: str,
+        session: SessionLimits,
+        on_refused: OnRefused | None = None,
+    ) -> None:
+        """`on_refused`: told of each reconnect whose login PostgreSQL refused."""
         self._conn = LazyConnection(
-            lambda: connect(dsn, session, application_name=application_name)
+            lambda: connect(dsn, session, application_name=application_name, on_refused=on_refused)
         )
 
     def connection(self) -> psycopg.Connection[TupleRow]:

@@ -34,6 +34,7 @@ class FanoutMetrics(MetricSet):
     outbox_oldest_age_seconds: Gauge
     throttled: Gauge
     throttled_seconds: Counter
+    database_auth_failures: Counter
 
     def __post_init__(self) -> None:
         # Every label value exported from the start (at 0), so rates and alerts see a series

@@ -35,14 +35,27 @@ from identity_fanout.settings import Settings
 from pin_runtime.backoff import Backoff
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import LazyConnection, SessionLimits, connect, listen
+from pin_runtime.postgres import (
+    LazyConnection,
+    OnRefused,
+    SessionLimits,
+    connect,
+    listen,
+    report_auth_failure,
+)
 
-__all__ = ["FanoutWorker", "WorkerSignals"]
+__all__ = ["FanoutWorker", "WorkerSignals", "refused_logins"]
 
 _log = logging.getLogger(__name__)
 
 OUTAGE_BACKOFF_MAX_SECONDS: Final = 60.0
 """The longest wait between two tries while the database fails every poll or batch."""
+
+
+def refused_logins(dsn: str, metrics: FanoutMetrics) -> OnRefused:
+    """What the worker's connects (its pool's, its LISTEN session's) do with a login
+    PostgreSQL refuses: `database authentication failed`, counted, as the relay's rounds."""
+    return lambda exc: report_auth_failure(exc, dsn, metrics.database_auth_failures.inc, log=_log)
 
 
 class FanoutWorker:
@@ -78,6 +91,7 @@ class FanoutWorker:
             stop=stop,
             beat=self._beat,
             clock=signals.clock,
+            on_refused=refused_logins(dsn, metrics),
         )
         self._walker = Walker(
             pool,
@@ -202,11 +216,12 @@ class _Wakeup:
     stop: threading.Event
     beat: Callable[[], None]
     clock: Callable[[], float] = time.monotonic
+    on_refused: OnRefused | None = None
     _listener: LazyConnection = field(init=False)
 
     def __post_init__(self) -> None:
         self._listener = LazyConnection(
-            lambda: connect(self.dsn, self.session),
+            lambda: connect(self.dsn, self.session, on_refused=self.on_refused),
             prepare=lambda conn: listen(conn, TASKS_CHANNEL),
         )
 

@@ -19,7 +19,7 @@ from identity_fanout.outbox.settlement import Refusal, Settlement
 from identity_fanout.outbox.tables import OutboxTables
 from pin_runtime.delivery import DeliveryFailure
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import DatabaseAuthError, auth_failure, is_retriable, login_of
+from pin_runtime.postgres import is_retriable, report_auth_failure
 from pin_runtime.sql import load_queries
 
 __all__ = [
@@ -152,21 +152,10 @@ def report_failed_round(metrics: RelayMetrics, exc: Exception, retry_in: float, 
     (ERROR, counted: PostgreSQL refused the login; an operator must fix the secret or the
     role, or the passfile is rewritten and the next connect reads it); the readiness detail
     it calls for."""
-    sqlstate = auth_failure(exc)
-    if sqlstate is not None:
-        metrics.database_auth_failures.inc()
-        user, host = login_of(dsn)
-        refused = DatabaseAuthError(user, host, sqlstate)
-        log_event(
-            _log,
-            "database authentication failed",
-            logging.ERROR,
-            user=user,
-            host=host,
-            sqlstate=sqlstate,
-            error=str(refused),
-            retryInSeconds=round(retry_in, 3),
-        )
+    refused = report_auth_failure(
+        exc, dsn, metrics.database_auth_failures.inc, log=_log, retryInSeconds=round(retry_in, 3)
+    )
+    if refused is not None:
         return f"postgres: {refused}"
     retriable = is_retriable(exc)
     reason = f"{type(exc).__name__}: {exc}".strip()
