@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 import psycopg
+from idle_burst import BURST, backend_cpu
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
@@ -41,7 +42,7 @@ from identity_fanout.schema import OUTBOX_TABLES, migrate_database
 from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_runtime.sql import load_queries
-from pin_testkit.bench import Comparison, Figure, cpu_seconds, record
+from pin_testkit.bench import Comparison, Figure, record
 from pin_testkit.databases import temporary_database
 from pin_testkit.discovery import environment_or_local
 from pin_testkit.topics import TopicFactory
@@ -52,33 +53,9 @@ PARTITIONS = 6
 TARGET = 1.5
 BENCHMARK = "2. relay drain with a snapshot held the whole time vs none"
 
-# One statement writes the burst: the relay does not decode payloads, so ~1.3 KB of opaque
-# bytes per row (the size of an access event with three assignments) is what it moves.
-BURST = """
-INSERT INTO identity.outbox (topic, message_key, payload, headers, message_id, event_type,
-                             key_slot)
-SELECT %(topic)s, k, convert_to(repeat('x', 1300), 'UTF8'), '[]'::jsonb, gen_random_uuid(),
-       'UserAccessChanged', identity.outbox_key_slot(k)
-  FROM (SELECT gen_random_uuid()::text AS k FROM generate_series(1, %(rows)s)) AS users
-"""
 BACKLOG = OUTBOX_TABLES.compose(load_queries("identity_fanout", "outbox/sql/relay.sql"), "backlog")
 
 Conn = psycopg.Connection[tuple[object, ...]]
-
-
-def backend_cpu(db: Conn) -> float:
-    """CPU seconds of this database's backends other than `db`'s own (the relay's)."""
-    rows = db.execute(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-        " AND pid <> pg_backend_pid()"
-    ).fetchall()
-    total = 0.0
-    for (pid,) in rows:
-        try:
-            total += cpu_seconds(int(str(pid)))
-        except OSError:  # gone, or the server runs elsewhere
-            continue
-    return total
 
 
 def explained(db: Conn, floor: int) -> tuple[float, int]:
