@@ -38,9 +38,9 @@ from rewards_membership.cli import main
 from rewards_membership.dlq.reference import DeadLetterReference, decode_reference, sha256_hex
 from rewards_membership.dlq.topic import DeadLetterRecord, read_at, read_dead_letters
 from rewards_membership.dlq.writer import DeadLetterer
+from rewards_membership.ops.status import consumer_status
 from rewards_membership.rules.validation import InvalidEvent, validate
 from rewards_membership.settings import Settings
-from rewards_membership.status import consumer_status
 
 pytestmark = pytest.mark.integration
 

@@ -19,16 +19,17 @@ import time
 import msgspec
 import psycopg
 from psycopg.rows import TupleRow
-from rich.console import Group
+from rich.console import Console, Group
 
 from pin_runtime.lag_watch.brokers import open_brokers
 from pin_runtime.lag_watch.lag import PartitionLag
 from pin_runtime.listing import Columns, Fields, Listing
 from rewards_membership.consumer.partitions import pause_note_of
+from rewards_membership.ops.tool import connect_tool, write_json
 from rewards_membership.settings import SERVICE_NAME, Settings
 from rewards_membership.store import MembershipStore
 
-__all__ = ["ConsumerStatus", "PausedPartition", "consumer_status", "status_screen"]
+__all__ = ["ConsumerStatus", "PausedPartition", "consumer_status", "show_status", "status_screen"]
 
 _REQUEST_TIMEOUT = 10.0
 
@@ -157,3 +158,14 @@ def status_screen(status: ConsumerStatus) -> Group:
     if status.paused:
         parts.append(Listing.of(status.paused, _PAUSED_COLUMNS, title="paused partitions"))
     return Group(*parts)
+
+
+def show_status(settings: Settings, *, as_json: bool = False) -> int:
+    """The screen, or with `--json` the one `ConsumerStatus` document on stdout."""
+    with connect_tool(settings) as conn:
+        shown = consumer_status(settings, conn)
+    if as_json:
+        write_json(shown)
+    else:
+        Console().print(status_screen(shown))
+    return 0
