@@ -59,7 +59,11 @@ def helm() -> str:
 
 
 def render(chart: str, sets: list[str]) -> list[dict[str, Any]]:
-    command = [helm(), "template", chart, str(ROOT / "infra" / "helm" / chart)]
+    binary, path = helm(), str(ROOT / "infra" / "helm" / chart)
+    # The library chart packaged from the tree as it is (charts/ is built, never kept).
+    build = [binary, "dependency", "build", "--skip-refresh", path]
+    subprocess.run(build, check=True, capture_output=True, text=True)  # noqa: S603
+    command = [binary, "template", chart, path]
     command += ["--namespace", "pin", "--kube-version", KUBE_VERSION]
     for setting in sets:
         command += ["--set", setting]

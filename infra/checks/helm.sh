@@ -3,9 +3,14 @@
 # production-like values (ci/production-values.yaml), the rendered manifests validated by
 # kubeconform (strict: unknown fields fail) against the Kubernetes JSON schemas of the oldest
 # and newest supported Kubernetes and the prometheus-operator CRD schemas, and values that
-# values.schema.json (or the chart) must reject; the charts' copies of infra/helm/_helpers.tpl
-# equal to it (`helm.sh --fix` copies it over).
+# values.schema.json (or the chart) must reject. The library chart infra/helm/pin-common (the
+# templates both charts share) is linted on its own, and packaged into each chart's charts/ by
+# `helm dependency build` before the chart is linted or rendered, so what is checked is the
+# working tree's library, never an older package (charts/ is not in git; Chart.lock is, and a
+# Chart.yaml out of step with it fails here).
 set -euo pipefail
+# No arguments: there are no copies left to fix (`--fix` once copied the helpers into each chart).
+[[ $# -eq 0 ]] || { echo "usage: infra/checks/helm.sh (no arguments)" >&2; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/tools.sh"
 cd "$ROOT"
 
@@ -19,27 +24,23 @@ RENDER_K8S="${K8S_VERSIONS[-1]}"
 
 # Values each chart must refuse: schema violations, and the checks of the templates.
 declare -A BAD=(
-    [common]="otel.sampler=sometimes|otel.samplerArg=2|otel.endpoint=collector:4318|otel.unknown=1|extraVolumes[0].name=tmp|extraVolumeMounts[0].name=x|extraContainers[0].name=sidecar|initContainers[0].name=init|networkPolicy.enabled=maybe|networkPolicy.egress.postgres.ports={0}|networkPolicy.egress.smtp.ports={25}|kafka.tls.clientSecret=kafka-client|config.batchSize=0|config.batchSize=10001|config.logLevel=LOUD|image.tag=latest|kafka.bootstrap=|kafka.securityProtocol=TLS|kafka.sasl.mechanism=PLAIN|database.existingSecret=|database.migration.existingSecret=|database.migration.dsnKey=|config.dbRolePrefix=Prod-|replicaCount=-1|terminationGracePeriodSeconds=5|securityContext.readOnlyRootFilesystem=false|podSecurityContext.runAsNonRoot=false|unknownKey=1|lagWatcher.enabled=maybe|lagWatcher.config.interval=soon|lagWatcher.config.topics=null|lagWatcher.config.topics[0]=a topic|lagWatcher.config.maxGroups=0|lagWatcher.config.unknown=1"
+    [common]="otel.sampler=sometimes|otel.samplerArg=2|otel.endpoint=collector:4318|otel.unknown=1|extraVolumes[0].name=tmp|extraVolumeMounts[0].name=x|extraContainers[0].name=sidecar|initContainers[0].name=init|networkPolicy.enabled=maybe|networkPolicy.egress.postgres.ports={0}|networkPolicy.egress.smtp.ports={25}|kafka.tls.clientSecret=kafka-client|config.batchSize=0|config.batchSize=10001|config.logLevel=LOUD|image.tag=latest|kafka.bootstrap=|kafka.securityProtocol=TLS|kafka.sasl.mechanism=PLAIN|database.existingSecret=|database.migration.existingSecret=|database.migration.dsnKey=|config.dbRolePrefix=Prod-|replicaCount=-1|terminationGracePeriodSeconds=5|securityContext.readOnlyRootFilesystem=false|podSecurityContext.runAsNonRoot=false|unknownKey=1|lagWatcher.enabled=maybe|lagWatcher.config.interval=soon|lagWatcher.config.topics=null|lagWatcher.config.topics[0]=a topic|lagWatcher.config.maxGroups=0|lagWatcher.config.unknown=1|pin-common.unknown=1"
     [identity-fanout]="config.pollingInterval=5 minutes|config.dbPoolSize=1|relay.replicaCount=0|database.worker.existingSecret=|database.relay=null"
     [rewards-membership]="replicaCount=4|config.retryMax=forever|config.topic=|database.consumer.existingSecret="
 )
 
 status=0
-# The helpers are written once (infra/helm/_helpers.tpl); each chart holds a copy.
-for chart in infra/helm/*/; do
-    copy="${chart}templates/_helpers.tpl"
-    if ! cmp -s infra/helm/_helpers.tpl "$copy"; then
-        if [[ "${1:-}" == "--fix" ]]; then
-            cp infra/helm/_helpers.tpl "$copy" && echo "copied infra/helm/_helpers.tpl -> $copy"
-        else
-            echo "$copy differs from infra/helm/_helpers.tpl: run infra/checks/helm.sh --fix" >&2
-            status=1
-        fi
-    fi
-done
 for chart in infra/helm/*/; do
     chart="${chart%/}"
     name="$(basename "$chart")"
+    if grep -qx 'type: library' "$chart/Chart.yaml"; then
+        # Renders nothing of its own: linted here, rendered through the charts that use it.
+        "$HELM" lint --strict --kube-version "$RENDER_K8S" "$chart" >/dev/null
+        echo "$name: helm lint (library chart)"
+        continue
+    fi
+    # --skip-refresh: the dependencies are file:// charts of this tree; no repository is asked.
+    "$HELM" dependency build --skip-refresh "$chart" >/dev/null
     "$HELM" lint --strict --kube-version "$RENDER_K8S" "$chart" >/dev/null
     "$HELM" lint --strict --kube-version "$RENDER_K8S" "$chart" -f "$chart/ci/production-values.yaml" >/dev/null
     "$HELM" template "$name" "$chart" --namespace pin --kube-version "$RENDER_K8S" >"$OUT/$name-default.yaml"

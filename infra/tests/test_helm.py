@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import builtins
 import io
+import re
+import shutil
 import socket
 import subprocess
 import urllib.error
@@ -30,6 +32,8 @@ from rewards_membership.settings import Settings as RewardsSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHARTS = ROOT / "infra" / "helm"
+# The library chart both charts depend on (file://../pin-common): the templates they share.
+LIBRARY = "pin-common"
 SETTINGS: dict[str, tuple[type[msgspec.Struct], str]] = {
     "identity-fanout": (IdentitySettings, IDENTITY_PREFIX),
     "rewards-membership": (RewardsSettings, REWARDS_PREFIX),
@@ -66,11 +70,24 @@ def helm() -> str:
     ).stdout.strip()
 
 
-def render(chart: str, values: str = "default", *sets: str) -> list[dict[str, Any]]:
-    command = [helm(), "template", chart, str(CHARTS / chart), "--namespace", "pin"]
+def build_dependencies(path: Path) -> None:
+    """The chart's charts/: its library chart packaged from the same tree, before every render
+    (nothing is kept or reused, so an edit of the library is what renders). A failure fails
+    the test as itself, not as the refused value a test may expect."""
+    command = [helm(), "dependency", "build", "--skip-refresh", str(path)]
+    done = subprocess.run(command, check=False, capture_output=True, text=True)
+    if done.returncode:
+        pytest.fail(f"helm dependency build {path}: {done.stderr}")
+
+
+def render(
+    chart: str, values: str = "default", *sets: str, charts: Path = CHARTS
+) -> list[dict[str, Any]]:
+    build_dependencies(charts / chart)
+    command = [helm(), "template", chart, str(charts / chart), "--namespace", "pin"]
     command += ["--kube-version", KUBE_VERSION]
     if values == "production":
-        command += ["-f", str(CHARTS / chart / "ci" / "production-values.yaml")]
+        command += ["-f", str(charts / chart / "ci" / "production-values.yaml")]
     for setting in sets:
         command += ["--set", setting]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
@@ -112,6 +129,51 @@ def secret_refs(container: dict[str, Any]) -> dict[str, dict[str, str]]:
         env["name"]: env["valueFrom"]["secretKeyRef"]
         for env in container.get("env", [])
         if "secretKeyRef" in env.get("valueFrom", {})
+    }
+
+
+def test_both_charts_take_their_helpers_from_the_library_chart() -> None:
+    library = yaml.safe_load((CHARTS / LIBRARY / "Chart.yaml").read_text())
+    assert library["type"] == "library"
+    defined = set()
+    for template in (CHARTS / LIBRARY / "templates").iterdir():
+        defined |= set(re.findall(r'define "([^"]+)"', template.read_text()))
+    dependency = {
+        "name": LIBRARY,
+        "version": library["version"],
+        "repository": f"file://../{LIBRARY}",
+    }
+    for chart in sorted(SETTINGS):
+        meta = yaml.safe_load((CHARTS / chart / "Chart.yaml").read_text())
+        lock = yaml.safe_load((CHARTS / chart / "Chart.lock").read_text())
+        assert meta["dependencies"] == [dependency], chart
+        assert lock["dependencies"] == [dependency], chart
+        used = set()
+        for template in (CHARTS / chart / "templates").rglob("*"):
+            if template.is_file():
+                text = template.read_text()
+                # No copy of the helpers, nor a template of its own in their place.
+                assert not re.search(r"{{-?\s*define", text), template
+                used |= set(re.findall(r'(?:include|template) "([^"]+)"', text))
+        assert used, chart
+        assert used <= defined, (chart, used - defined)
+
+
+def test_the_charts_render_the_library_chart_of_their_tree(tmp_path: Path) -> None:
+    # A clean clone: no charts/ built yet. The render packages the library, and renders an
+    # edit of it made afterwards (a stale package in charts/ would hide it).
+    tree = tmp_path / "helm"
+    shutil.copytree(CHARTS, tree, ignore=shutil.ignore_patterns("charts", "tmpcharts-*"))
+    chart = "identity-fanout"
+    before = render(chart, "default", charts=tree)
+    assert before == render(chart, "default")
+    helpers = tree / LIBRARY / "templates" / "_helpers.tpl"
+    edited = helpers.read_text().replace("part-of: pin\n", "part-of: pin-edited\n")
+    assert edited != helpers.read_text()
+    helpers.write_text(edited)
+    after = render(chart, "default", charts=tree)
+    assert {doc["metadata"]["labels"]["app.kubernetes.io/part-of"] for doc in after} == {
+        "pin-edited"
     }
 
 

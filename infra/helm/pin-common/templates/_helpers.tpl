@@ -1,6 +1,7 @@
 {{/*
-Written once for both charts: infra/helm/_helpers.tpl is the source, each chart's
-templates/_helpers.tpl a copy (infra/checks/helm.sh fails on a difference; `--fix` copies).
+The library chart pin-common: every template here is defined for the charts that depend on it
+(identity-fanout, rewards-membership) and called by them with their own context, so .Chart,
+.Release and .Values are the calling chart's.
 Names and labels.
 */}}
 {{- define "svc.name" -}}
