@@ -34,10 +34,10 @@ from pin_runtime.logging import FIELDS_ATTRIBUTE, JsonFormatter
 from pin_testkit.events import membership_event
 from pin_testkit.fuzzing import fuzz_settings
 from pin_testkit.hostile_bytes import extended, header_lists, keys, values
-from rewards_membership.consumer.records import event_fields, headers_of, key_text
 from rewards_membership.dlq.reference import DeadLetterReference, decode_reference
 from rewards_membership.dlq.topic import dead_letter_info, dead_letter_record
 from rewards_membership.ops.dlq import dead_letter_row
+from rewards_membership.records import event_fields, headers_of, key_text
 from rewards_membership.rules.validation import (
     KEY_PROBLEMS,
     InvalidEvent,

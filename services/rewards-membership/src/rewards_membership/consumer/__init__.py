@@ -4,5 +4,5 @@ finishing and reporting it), the database side (`database`: the one thread every
 runs on and the transaction that applies a batch), the partitions (`partitions`: pause,
 seek back, resume, commit, with the pure `PartitionPauser` and `OffsetLedger` that decide
 them; `rebalance`), the stall gauges (`lag`), and the telemetry of a committed batch
-(`report`, `spans`); `records` reads a consumed message's fields, and names those every
-log line of its event carries."""
+(`report`, `spans`). A consumed message's fields are read with `rewards_membership.records`
+(shared with `dlq`); the dead letters are written with `dlq.writer`."""

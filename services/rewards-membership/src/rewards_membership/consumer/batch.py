@@ -51,11 +51,11 @@ from pin_runtime.http import ComponentState
 from pin_runtime.postgres import causes, is_retriable
 from rewards_membership.consumer.database import Applied, DatabaseThread
 from rewards_membership.consumer.partitions import LOCK_TIMEOUT, POSTGRESQL, PartitionControl
-from rewards_membership.consumer.records import offset_of, partition_of
 from rewards_membership.consumer.report import BatchReporter
 from rewards_membership.consumer.spans import BatchTimes
 from rewards_membership.dlq.writer import DeadLetterer, DeadLetterResult, Position, Receipt
 from rewards_membership.errors import CommitInDoubtError, ConcurrentApplyError, is_infrastructure
+from rewards_membership.records import offset_of, partition_of
 from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import InvalidEvent, Item
 

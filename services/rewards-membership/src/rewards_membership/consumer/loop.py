@@ -40,11 +40,11 @@ from rewards_membership.consumer.database import BatchApplier, DatabaseThread
 from rewards_membership.consumer.lag import LagReporter
 from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl, PartitionPauser
 from rewards_membership.consumer.rebalance import RebalanceGuard
-from rewards_membership.consumer.records import offset_of, partition_of, topic_of
 from rewards_membership.consumer.report import BatchReporter
 from rewards_membership.consumer.spans import BatchSpans
 from rewards_membership.dlq.writer import DeadLetterer
 from rewards_membership.metrics import Metrics
+from rewards_membership.records import offset_of, partition_of, topic_of
 from rewards_membership.rules.validation import InvalidEvent, Item, position_key, validate
 from rewards_membership.settings import Settings
 from rewards_membership.store import MembershipStore

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from pin_runtime.logging import log_event
 from rewards_membership.consumer.batch import reseek_offsets
 from rewards_membership.consumer.partitions import PartitionControl, seek_back
-from rewards_membership.consumer.records import partition_of
+from rewards_membership.records import partition_of
 
 __all__ = ["RebalanceGuard"]
 

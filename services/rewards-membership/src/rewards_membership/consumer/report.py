@@ -21,10 +21,10 @@ from confluent_kafka import Message
 from opentelemetry import trace
 
 from pin_runtime.logging import log_event
-from rewards_membership.consumer.records import event_fields, key_text, offset_of, partition_of
 from rewards_membership.consumer.spans import BatchSpans, BatchTimes
 from rewards_membership.dlq.writer import Position, Receipt
 from rewards_membership.metrics import Metrics, contract_version_label
+from rewards_membership.records import event_fields, key_text, offset_of, partition_of
 from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import (
     EXPECTED_CONTRACT_VERSION,

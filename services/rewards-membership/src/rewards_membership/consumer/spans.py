@@ -25,7 +25,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from pin_contracts import TRACEPARENT_HEADER
 from pin_runtime.tracing import extract_context
-from rewards_membership.consumer.records import key_text, offset_of, partition_of
+from rewards_membership.records import key_text, offset_of, partition_of
 from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import Item, MembershipChange
 

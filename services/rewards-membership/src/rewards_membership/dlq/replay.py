@@ -26,7 +26,6 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, CATALOGUE, Headers, key_partition
 from pin_runtime.delivery import DeliveryTracker
-from rewards_membership.consumer.records import headers_of, offset_of, partition_of
 from rewards_membership.dlq.passes import DeadLetterPass, History
 from rewards_membership.dlq.topic import (
     DeadLetterRecord,
@@ -35,6 +34,7 @@ from rewards_membership.dlq.topic import (
     Target,
     read_original,
 )
+from rewards_membership.records import headers_of, offset_of, partition_of
 from rewards_membership.rules.validation import InvalidEvent, position_key, validate
 from rewards_membership.store import (
     Position,

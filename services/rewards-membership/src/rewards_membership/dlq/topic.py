@@ -28,8 +28,8 @@ from pin_contracts import (
     Unreadable,
     original_headers,
 )
-from rewards_membership.consumer.records import headers_of, offset_of, partition_of, topic_of
 from rewards_membership.dlq.reference import decode_reference, sha256_hex
+from rewards_membership.records import headers_of, offset_of, partition_of, topic_of
 from rewards_membership.rules.validation import InvalidEvent
 
 __all__ = [

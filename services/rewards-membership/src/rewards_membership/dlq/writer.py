@@ -23,9 +23,9 @@ from opentelemetry import trace
 from pin_contracts import Headers
 from pin_runtime.delivery import DeliveryFailure, DeliveryTracker
 from pin_runtime.logging import log_event
-from rewards_membership.consumer.records import event_fields, headers_of, offset_of, partition_of
 from rewards_membership.dlq.reference import reference_for, reference_headers, sha256_hex
 from rewards_membership.dlq.topic import dead_letter_info
+from rewards_membership.records import event_fields, headers_of, offset_of, partition_of
 from rewards_membership.rules.validation import InvalidEvent
 
 __all__ = ["DeadLetterResult", "DeadLetterer", "Position", "Receipt"]

@@ -1,6 +1,7 @@
 """Typed accessors of a consumed confluent-kafka `Message` (its getters are all optional),
 and the fields every log line of its event carries (`event_fields`: the consumer's lines
-and the dead-letter writer's alike)."""
+and the dead-letter writer's alike). Read by `consumer` and `dlq` both, so it belongs to
+neither: `dlq` reads records without importing the consumer that writes through it."""
 
 from __future__ import annotations
 
