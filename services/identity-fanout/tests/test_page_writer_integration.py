@@ -1,5 +1,5 @@
 """The worker's batch built in SQL (`batch.write_page`) puts on the wire exactly what
-the Python builder does (`snapshot.build_events` + `pin_contracts.encode` + `headers_for`)
+the Python builder does (`inline.build_events` + `pin_contracts.encode` + `headers_for`)
 for the same rows, on a real PostgreSQL, over generated role data."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Ordered SQL migrations under an advisory lock, recorded in `<schema>.schema_migrations`.
 
-Files are `NNNN_description.sql`, applied by number, each in its own transaction together
+Files are `<NNNN>_<description>.sql`, applied by number, each in its own transaction together
 with its row in the migrations table, so a failure leaves the database at the last good
 version. Services ship their files inside their package (`importlib.resources`).
 """

@@ -39,7 +39,7 @@ def _source(package: str) -> Path:
 
 
 def sql_files(package: str) -> list[str]:
-    """The package's statement files, as ``dir/name.sql`` paths inside it (not migrations)."""
+    """The package's statement files, as ``<dir>/<name>.sql`` paths inside it (not migrations)."""
     source = _source(package)
     return sorted(
         str(path.relative_to(source))

@@ -172,7 +172,7 @@ def page_parameters(
         "event_type_header": EVENT_TYPE_HEADER,
         "contract_version_header": CONTRACT_VERSION_HEADER,
         "message_id_header": MESSAGE_ID_HEADER,
-        # As outbox.outbox_message stores them: [name, text] pairs.
+        # As outbox.writer.outbox_message stores them: [name, text] pairs.
         "trace_headers": _json(
             [
                 [name, value.decode() if isinstance(value, bytes) else value or ""]

@@ -82,7 +82,7 @@ WITH page AS MATERIALIZED (
            coalesce(s.assignments, '') AS assignments
     FROM page AS p
     LEFT JOIN LATERAL (
-        -- CompanyId rule of snapshot._company: the user's first assignment (by id) of the
+        -- CompanyId rule of inline._company: the user's first assignment (by id) of the
         -- changed role that carries a tenant; else the role's own tenant (above).
         SELECT (array_agg(a.company_id ORDER BY a.id)
                     FILTER (WHERE a.role_id = %(role_id)s AND a.company_id IS NOT NULL))[1]
