@@ -356,8 +356,8 @@ def _measure(args: argparse.Namespace, bootstrap: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    # The benchmark's workload is 1,000,000 events, the default (about 6 to 11 minutes here
-    # with the loading); `--events` runs a smaller one of the same shape.
+    # The benchmark's workload is 1,000,000 events, the default (how long it takes with the
+    # loading: README); `--events` runs a smaller one of the same shape.
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--agents", type=int, default=100_000)
     parser.add_argument("--agencies", type=int, default=1_000)

@@ -92,9 +92,9 @@ class Topic:
 USER_ACCESS_CHANGED = Topic.carrying(
     UserAccessChangedKafkaEvent,
     "pin.identity.access.v1",
-    # A full snapshot of a user's active assignments: 350-375 bytes each before compression
-    # (20,000 assignments: 7.5 MB raw, 1.1 MB zstd). The identity relay sends up to twice
-    # this uncompressed (docs/design/identity-fanout.md "Sizes").
+    # A full snapshot of a user's active assignments, zstd-compressed on the wire: the limit
+    # is the compressed batch's, and the identity relay sends up to twice this uncompressed
+    # (sizes and the supported assignments per user: docs/design/identity-fanout.md "Sizes").
     max_message_bytes=8_388_608,
 )
 

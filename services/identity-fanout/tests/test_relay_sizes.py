@@ -9,7 +9,8 @@ from pin_contracts import AGENT_MEMBERSHIP_CHANGED, USER_ACCESS_CHANGED
 
 
 def test_the_producer_limit_is_twice_the_access_topic_limit_with_zstd() -> None:
-    # zstd shrinks an access snapshot ~6x: whatever produce() accepts fits the topic.
+    # zstd shrinks an access snapshot far below half (design notes "Sizes"): whatever
+    # produce() accepts fits the topic.
     assert RELAY_MESSAGE_MAX_BYTES == 2 * USER_ACCESS_CHANGED.max_message_bytes == 16 * 1024**2
     assert COMPRESSION == "zstd"
 

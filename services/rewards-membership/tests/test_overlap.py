@@ -73,8 +73,8 @@ def test_dropped_records_of_a_partition_back_again_are_sought_to_the_first_of_th
 # -- real Kafka and PostgreSQL -----------------------------------------------------------------
 
 BACKLOG = 30_000
-"""Records ahead of the consumers while the second one joins: about 8 s of one consumer's
-work here, where the rebalance reaches the first one about 3 s after the join."""
+"""Records ahead of the consumers while the second one joins: more than one consumer works
+through before the rebalance reaches it (design notes "Tests", `test_overlap.py`)."""
 
 
 @pytest.mark.integration

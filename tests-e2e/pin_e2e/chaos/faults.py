@@ -113,7 +113,7 @@ _DURATIONS: Final[dict[FaultKind, tuple[float, float]]] = {
     FaultKind.HOT_ROW_LOCK: (2.0, 8.0),
     # The window of its alerts (the lag watcher's 5 s pass, then 1 minute of `for`) twice
     # and a margin: a lag watcher restarted, or the broker down, meanwhile starts the `for`
-    # again (seed 1: the rewards watcher SIGTERMed at 67 s). The topics stay grown after it,
+    # again (a campaign's other faults overlap this one). The topics stay grown after it,
     # only the matrix's window ends.
     FaultKind.PARTITIONS_ADDED: (180.0, 180.0),
     FaultKind.LATENCY: (3.0, 10.0),

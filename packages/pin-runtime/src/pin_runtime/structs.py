@@ -6,8 +6,9 @@ their field names: `built_from`
 copies the shared ones, so each mapping names only the fields that differ, and a field
 added to both types is carried over without an edit.
 
-It costs about 2 microseconds a call (keyword arguments built at run time; a spelled-out
-constructor 0.3): for a mapping done once per row of a large read, spell it out.
+It costs several times a spelled-out constructor (keyword arguments built at run time;
+the figures are in the README's row of this module): for a mapping done once per row of a
+large read, spell it out.
 """
 
 from __future__ import annotations

@@ -109,8 +109,8 @@ def _relay_thread(settings: Settings, rt: Runtime) -> None:
 def run_relay_process(settings: Settings) -> None:
     """`identity-fanout relay`: the relay alone, with its own ops server, until SIGTERM."""
     # The relay's rows, records and delivery callbacks: with Python's thresholds the
-    # collector walked its window again and again, a third of its CPU (bench/relay: 1.4 s
-    # -> 1.0 s for 50,000 rows). The relay's own process only, never the worker's.
+    # collector walked its window again and again (docs/design/identity-fanout.md "The relay
+    # process's collector"). The relay's own process only, never the worker's.
     collect_less()
     with runtime(settings, "relay", kafka=True) as rt:
         state = ComponentState()

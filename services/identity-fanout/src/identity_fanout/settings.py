@@ -25,8 +25,8 @@ RELAY_MESSAGE_MAX_BYTES: Final = 2 * max(
 )
 """The relay producer's `message.max.bytes` (16 MiB): librdkafka compares it with the
 UNCOMPRESSED record, the broker compares the topic's `max.message.bytes` (8 MiB for the
-access topic) with the zstd-COMPRESSED batch. An access snapshot compresses about 6x
-(docs/design/identity-fanout.md "Sizes"), so anything under this limit fits the access topic
+access topic) with the zstd-COMPRESSED batch. An access snapshot compresses far better than
+2x (docs/design/identity-fanout.md "Sizes"), so anything under this limit fits the access topic
 with room to spare; a record that compresses worse is refused by the broker instead, and
 quarantined all the same."""
 

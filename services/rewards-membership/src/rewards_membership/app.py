@@ -205,8 +205,9 @@ def run_consumer(settings: Settings) -> None:
     """`consume`: the consumer on pin-runtime's shape until SIGTERM/SIGINT."""
     # Every record becomes a dozen tracked objects (envelope, payload, UUIDs, the decided
     # item, the statement's row) and two or three batches are alive at once: with Python's
-    # thresholds the collector took 4-7 µs of every record's 10-16 µs of decoding, checking
-    # and encoding (50,000 records), a quarter of the consumer's CPU.
+    # thresholds the collector walked them again and again, a large share of every record's
+    # decoding, checking and encoding (docs/design/rewards-membership.md "Benchmark (one
+    # batch statement)", "The collector").
     collect_less()
     metrics = Metrics()
     # Stale only after the longest batch the settings allow (the DLQ waits beat, a batch of

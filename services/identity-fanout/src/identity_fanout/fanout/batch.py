@@ -11,16 +11,16 @@ only that long.
 
 The page's events are built inside PostgreSQL: one statement pages the users, builds every
 user's UserAccessChanged record and INSERTs the outbox rows (`write_page`, sql/fanout.sql).
-Building each event in Python (structs, `pin_contracts.encode`, headers, a COPY row) cost
-80-100 us of worker CPU per user while the connection idled in its transaction; the same
-JSON built by PostgreSQL next to the rows it reads costs a fraction of that and needs no
-round trip per page step. The wire does not change: the statement writes the JSON that
-`pin_contracts.encode` writes (same names, order and formats), and everything per batch
-that the contract defines (event type, versions, change reason, header names, trace
-headers, OccurredAt, CorrelationId) is taken from `pin_contracts` here, JSON-encoded by
-msgspec, and passed in as parameters. `tests/test_page_writer_integration.py` decodes what
-the statement wrote and compares it with the Python builder's event (`inline`) for the same
-rows.
+Building each event in Python (structs, `pin_contracts.encode`, headers, a COPY row) kept
+the worker busy while the connection idled in its transaction; the same JSON built by
+PostgreSQL next to the rows it reads costs a fraction of that and needs no round trip per
+page step (docs/design/identity-fanout.md "How a task runs"). The wire does not change:
+the statement writes the JSON that `pin_contracts.encode` writes (same names, order and
+formats), and everything per batch that the contract defines (event type, versions,
+change reason, header names, trace headers, OccurredAt, CorrelationId) is taken from
+`pin_contracts` here, JSON-encoded by msgspec, and passed in as parameters.
+`tests/test_page_writer_integration.py` decodes what the statement wrote and compares it
+with the Python builder's event (`inline`) for the same rows.
 """
 
 from __future__ import annotations

@@ -82,8 +82,8 @@ class DatabaseThread:
     def __init__(self, applier: BatchApplier) -> None:
         # Each time PostgreSQL answers, this thread needs the GIL back from the poll loop,
         # which holds it for CPU-bound decoding: by default for up to 5 ms a hand-off, a
-        # few hand-offs a batch, all on the batch's path to its commit (1.2-1.7 s of a
-        # 300,000-event drain, docs/design "Overlap"). Hand-offs only happen when a thread
+        # few hand-offs a batch, all on the batch's path to its commit
+        # (docs/design/rewards-membership.md "Overlap"). Hand-offs only happen when a thread
         # waits for the GIL, so a shorter interval costs the loop nothing otherwise.
         # Process-wide: lowered, never raised.
         sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL_S))

@@ -9,9 +9,10 @@ The broker is asked through a consumer of its own that never joins the group (it
 the group's committed offsets and the watermarks). Asked through the polling consumer, each
 request queued on the broker connection behind that consumer's long-poll fetch (a broker
 answers one request of a connection at a time), so one refresh held the poll loop for a
-fetch wait per partition: 0.6 s for 3 partitions, every interval. (An admin client would
-answer without blocking, but its offset listings leak memory when called periodically and
-its destruction from a callback can abort the process: confluent-kafka 2.x.)
+fetch wait per partition, every interval (docs/design/rewards-membership.md "A row locked
+elsewhere"). (An admin client would answer without blocking, but its offset listings leak
+memory when called periodically and its destruction from a callback can abort the process:
+confluent-kafka 2.x.)
 """
 
 from __future__ import annotations

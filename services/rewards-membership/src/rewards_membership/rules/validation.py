@@ -198,8 +198,9 @@ def key_problem(key: bytes | None, agent_user_id: UUID) -> str | None:
     """Why `key` is not the record key the spec fixes (AgentUserId, canonical lowercase
     UUID text, as `pin_contracts.kafka_key` writes it), or None. One bytes comparison for
     a right key; the reason is worked out only for a wrong one."""
-    # msgspec writes a UUID as its canonical text in C, quoted: a quarter of str(uuid)'s
-    # cost, and this runs for every record consumed.
+    # msgspec writes a UUID as its canonical text in C, quoted: cheaper than str(uuid)
+    # (docs/design/rewards-membership.md "Record keys"), and this runs for every record
+    # consumed.
     if key == _JSON_TEXT(agent_user_id)[1:-1]:
         return None
     if not key:
