@@ -3,9 +3,10 @@
 A session idle in a REPEATABLE READ transaction (`BEGIN ...; SELECT 1;`, then nothing)
 keeps every row the relay deletes after it alive for index scans: none can be marked dead,
 so a statement that walks the outbox from its first index entry fetches them all from the
-heap again at every run. Before the outbox floor an operator saw a 300,000-row drain take
-37.4 s instead of 10.6 s under a 5-minute snapshot. This script drains the same burst twice
-in one run, with one relay (`OutboxRelay.run` in a thread, the service's defaults):
+heap again at every run; without the outbox floor such a snapshot made a drain several
+times slower (docs/design/identity-fanout.md "The outbox floor"). This script drains the
+same burst twice in one run, with one relay (`OutboxRelay.run` in a thread, the service's
+defaults):
 
 - baseline: nothing else holds a snapshot;
 - held: another session opens its snapshot before the burst commits (so before any row is
@@ -14,7 +15,7 @@ in one run, with one relay (`OutboxRelay.run` in a thread, the service's default
 The clock runs from the burst's commit to the relay's published counter reaching it (a row
 is counted after its DELETE). Beside it: the PostgreSQL backends' CPU, and, with the
 snapshot still held after the drain, EXPLAIN (ANALYZE, BUFFERS) of the relay's backlog
-statement from the first index entry (what every head statement did before the floor) and
+statement from the first index entry (what a head statement without the floor does) and
 from the floor, and the backends' CPU while the relay then idles `--idle` seconds on the
 empty outbox. Target: held <= 1.5x baseline.
 
