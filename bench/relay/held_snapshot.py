@@ -39,7 +39,7 @@ from rich.table import Table
 
 from identity_fanout.outbox.floor import OutboxFloor
 from identity_fanout.outbox.relay import OutboxRelay, RelayConfig
-from identity_fanout.schema import OUTBOX_TABLES, migrate_database
+from identity_fanout.schema import OUTBOX, OUTBOX_TABLES, migrate_database
 from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_runtime.sql import load_queries
@@ -131,7 +131,7 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, *, held: bool, idle: 
         # The head statement as it was (from the first entry), then from the floor, the
         # snapshot still held over every deleted row.
         result.from_head = explained(db, 1)
-        floor = OutboxFloor(OUTBOX_TABLES)
+        floor = OutboxFloor(OUTBOX)
         for _ in range(3):
             floor.refresh(db, force=True)
         result.from_floor = explained(db, floor.value)

@@ -19,20 +19,33 @@ could reach here if its own process cost no more than the plain producer: the pl
 CPU per row (client + broker) over the relay side's with the client's part replaced by the
 plain producer's (plain client + relay's broker + PostgreSQL).
 
+The relay's own process CPU per row (all its threads, librdkafka's included) is compared
+with the plain producer's on the same rows. Target: at most 1.25x.
+
+With `--baseline REV` the relay of git revision REV (its `identity_fanout` package, run with
+this checkout's other packages) drains the same rows too, alternating with this one in
+every round: a change of the relay is judged against the code it replaces in the same run,
+not against figures of another day.
+
 The same drain is then run by several relay instances sharing the lanes (`--relays`, 4 by
 default, each holding its share before the rows commit), and the PostgreSQL CPU per row of
 their backends compared with one relay's. Target: at most 1.15x (each relay reads only its
 own lanes' rows, so more relays do not tax each other).
 
     uv run python bench/relay/run.py [--rows 50000] [--rounds 2] [--lanes 8] [--relays 1 4]
+        [--baseline REV]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
 import statistics
+import subprocess
+import tarfile
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -79,6 +92,8 @@ console = Console(width=max(120, Console().width))
 PARTITIONS = 6
 TARGET = 0.7
 """The relay's rate at least this share of the plain producer's, on the same records."""
+CPU_TARGET = 1.25
+"""The relay process's CPU per row at most this many times the plain producer's."""
 
 
 PLAIN = "plain"
@@ -106,6 +121,24 @@ relay: relays sharing the lanes do not tax each other."""
 
 def side(instances: int) -> str:
     return "relay" if instances == 1 else f"{instances} relays"
+
+
+def baseline_side(revision: str) -> str:
+    return f"relay @{revision}"
+
+
+def checkout_package(revision: str, into: str) -> str:
+    """`identity_fanout` as it is at git `revision`, extracted under `into`; the directory
+    to put first on a relay's PYTHONPATH (before this checkout's editable install)."""
+    source = "services/identity-fanout/src"
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", revision, source],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return os.path.join(into, source)
 
 
 def backend_cpu(db: psycopg.Connection[tuple[object, ...]]) -> dict[int, tuple[str, float]]:
@@ -237,6 +270,8 @@ def relay_drain(
     lanes: int,
     *,
     instances: int = 1,
+    name: str | None = None,
+    pythonpath: str | None = None,
 ) -> float:
     """Seconds from the commit of `batch` to the relays deleting its last row, with
     `instances` relay processes sharing the lanes (each ready and holding its share)."""
@@ -251,11 +286,13 @@ def relay_drain(
                 IDENTITY_FANOUT_METRICS_PORT=str(port),
                 IDENTITY_FANOUT_LOG_LEVEL="WARNING",
                 IDENTITY_FANOUT_OUTBOX_LANES=str(lanes),
+                **({} if pythonpath is None else {"PYTHONPATH": pythonpath}),
             ),
             metrics_port=port,
         )
         for n, port in enumerate(free_port() for _ in range(instances))
     ]
+    label = name or side(instances)
     share = -(-lanes // instances)  # each relay holds at most ceil(lanes / instances)
 
     def lanes_shared() -> bool:
@@ -273,7 +310,7 @@ def relay_drain(
         started = time.monotonic()
         cpu_before = sum(cpu_seconds(r.pid) for r in relays)
         database_before = backend_cpu(db)
-        broker = Accounting(bootstrap, side(instances))
+        broker = Accounting(bootstrap, label)
         # Watched on their metrics (`identity_outbox_published_total`, counted after each
         # DELETE) every 50 ms: a count(*) every few ms would load the database the relays
         # read from, and scraping them more often would take the relays' own CPU.
@@ -285,15 +322,15 @@ def relay_drain(
         )
         took = time.monotonic() - started
         spent = sum(cpu_seconds(r.pid) for r in relays) - cpu_before
-        CLIENT_CPU.setdefault(side(instances), []).append(spent)
-        SECONDS.setdefault(side(instances), []).append(took)
+        CLIENT_CPU.setdefault(label, []).append(spent)
+        SECONDS.setdefault(label, []).append(took)
         broker.done()
         database_after = backend_cpu(db)
         if database_after:
             sessions = spent_by_session(database_before, database_after)
-            DATABASE_CPU.setdefault(side(instances), []).append(sum(sessions.values()))
+            DATABASE_CPU.setdefault(label, []).append(sum(sessions.values()))
             for kind, seconds in sessions.items():
-                SESSION_CPU.setdefault((side(instances), kind), []).append(seconds)
+                SESSION_CPU.setdefault((label, kind), []).append(seconds)
         if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
             raise RuntimeError("the relays reported more rows than they deleted")
         return took
@@ -311,13 +348,22 @@ def main() -> None:
         default=[1, 4],
         help="relay instances sharing the lanes in each round (1 is always measured)",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also drain with the relay of this git revision, alternating with this one",
+    )
     args = parser.parse_args()
     counts = sorted({1, *args.relays})
 
     services = environment_or_local()
     admin_dsn, bootstrap = services.postgres_dsn, services.kafka_bootstrap
     topics = TopicFactory(bootstrap, prefix="pin-bench-relay")
-    with temporary_database(admin_dsn, "pin_bench_relay") as dsn:
+    with (
+        temporary_database(admin_dsn, "pin_bench_relay") as dsn,
+        tempfile.TemporaryDirectory(prefix="pin-bench-baseline-") as old,
+    ):
+        baseline = None if args.baseline is None else checkout_package(args.baseline, old)
         try:
             migrate_database(dsn)
             with console.status(f"building {args.rows:,} access events"):
@@ -327,6 +373,14 @@ def main() -> None:
             for round_ in range(args.rounds):
                 with console.status(f"round {round_ + 1}: plain producer"):
                     plain_producer(bootstrap, create_topic(topics), batch)
+                if baseline is not None:
+                    name = baseline_side(args.baseline)
+                    with console.status(f"round {round_ + 1}: {name}"):
+                        topic = create_topic(topics)
+                        moved = [msg_for(m, topic) for m in batch]
+                        relay_drain(
+                            dsn, bootstrap, topic, moved, args.lanes, name=name, pythonpath=baseline
+                        )
                 for instances in counts:
                     with console.status(f"round {round_ + 1}: {side(instances)}"):
                         topic = create_topic(topics)
@@ -334,7 +388,7 @@ def main() -> None:
                         relay_drain(dsn, bootstrap, topic, moved, args.lanes, instances=instances)
         finally:
             topics.delete_all()
-    report(args.rows, size, args.lanes, counts)
+    report(args.rows, size, args.lanes, counts, args.baseline)
 
 
 def msg_for(message: OutboxMessage, topic: Topic) -> OutboxMessage:
@@ -342,8 +396,9 @@ def msg_for(message: OutboxMessage, topic: Topic) -> OutboxMessage:
     return msgspec.structs.replace(message, topic=topic.name)
 
 
-def report(rows: int, size: float, lanes: int, counts: list[int]) -> None:
-    sides = [PLAIN, *map(side, counts)]
+def report(rows: int, size: float, lanes: int, counts: list[int], baseline: str | None) -> None:
+    relays = [*map(side, counts)]
+    sides = [PLAIN, side(1), *([] if baseline is None else [baseline_side(baseline)]), *relays[1:]]
     table = Table(
         title=f"identity-fanout relay: drain {rows:,} outbox rows (~{size:.0f} B each, "
         f"acks=all, idempotent, {COMPRESSION}; {lanes} lanes; "
@@ -374,9 +429,17 @@ def report(rows: int, size: float, lanes: int, counts: list[int]) -> None:
         table.add_row(
             "  CPU-bound ceiling of the ratio here",
             *["", f"{ceiling:.2f}"],
-            *[""] * (len(sides) - 1),
+            *[""] * (len(sides) - 2),
+            "",
         )
     table.add_row("producing process(es)", *rounds(CLIENT_CPU, per_row), "")
+    cpu = {name: statistics.median(CLIENT_CPU[name]) for name in sides if CLIENT_CPU.get(name)}
+    table.add_row(
+        "  relay process CPU per row vs the plain producer",
+        "1.00",
+        *(f"{cpu[name] / cpu[PLAIN]:.2f}x" if name in cpu else "-" for name in sides[1:]),
+        f"<= {CPU_TARGET:.2f}x (1 relay)",
+    )
     table.add_row("Kafka broker", *rounds(BROKER_CPU, per_row), "")
     table.add_row("the relays' PostgreSQL backends", *rounds(DATABASE_CPU, per_row), "")
     for kind in (LANES, DELETES):
@@ -386,6 +449,7 @@ def report(rows: int, size: float, lanes: int, counts: list[int]) -> None:
     table.add_row(
         "  PostgreSQL per row vs 1 relay",
         *["", "1.00"],
+        *([] if baseline is None else [""]),
         *(f"{taxes[n]:.2f}x" if taxes[n] is not None else "-" for n in counts[1:]),
         f"<= {TAX_TARGET:.2f}x",
     )
@@ -400,6 +464,15 @@ def report(rows: int, size: float, lanes: int, counts: list[int]) -> None:
             target=TARGET,
             note=f"best of {len(SECONDS[PLAIN])} rounds each"
             + ("" if ceiling is None else f"; CPU-bound ceiling here {ceiling:.2f}"),
+        )
+    )
+    record(
+        Comparison.duration(
+            f"2. relay process CPU-s per 100,000 rows, one instance, {lanes} lanes",
+            Figure("relay", cpu[side(1)] * 100_000 / rows),
+            Figure("plain confluent-kafka producer", cpu[PLAIN] * 100_000 / rows),
+            target=CPU_TARGET,
+            note=f"median of {len(CLIENT_CPU[PLAIN])} rounds each",
         )
     )
     for instances in counts[1:]:

@@ -17,7 +17,6 @@ import psycopg
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
-from identity_fanout.outbox.quarantine import Quarantine
 from identity_fanout.outbox.relay import OutboxRelay, RelayConfig, RelaySignals
 from identity_fanout.outbox.tables import OutboxTables
 from identity_fanout.outbox.writer import OutboxMessage
@@ -56,7 +55,6 @@ RELAY_TEST_OPTIONS: dict[str, Any] = {
     "backoff_maximum": 0.5,
 }
 
-QUARANTINE = Quarantine(OUTBOX_TABLES)
 """The service's quarantine, as the CLI and the relay use it."""
 
 BILLING = OutboxTables(

@@ -21,7 +21,7 @@ from psycopg.rows import TupleRow
 
 from identity_fanout.outbox.floor import OutboxFloor
 from identity_fanout.outbox.lanes import slots_of
-from identity_fanout.outbox.pump import LaneRead, ReadRequest, fetch
+from identity_fanout.outbox.store import ReadRequest
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
 from pin_runtime.postgres import SessionLimits, connect
 from pin_runtime.sql import load_queries
@@ -102,13 +102,12 @@ def test_the_head_statements_start_at_the_floor_past_dead_rows_a_snapshot_keeps(
         for _ in range(2):  # a second walk marks nothing dead either
             assert buffers(relay, backlog, {"exact_up_to": 10_000, "floor": 1}) > HEAD_WALK
 
-        floor = OutboxFloor(OUTBOX_TABLES)
+        floor = OutboxFloor(OUTBOX)
         assert raise_floor(floor, relay, last_dead) == last_dead + 1
-        worker_floor = OutboxFloor(OUTBOX_TABLES)
-        assert OUTBOX.depth(worker, worker_floor).rows == LIVE
+        worker_floor = OutboxFloor(OUTBOX)
+        assert OUTBOX.depth(worker, worker_floor.refresh(worker)).rows == LIVE
         assert raise_floor(worker_floor, worker, last_dead) == last_dead + 1
 
-        reads = LaneRead(OUTBOX_TABLES)
         touched = {
             "backlog": buffers(relay, backlog, {"exact_up_to": 10_000, "floor": floor.value}),
             "depth": buffers(
@@ -118,10 +117,10 @@ def test_the_head_statements_start_at_the_floor_past_dead_rows_a_snapshot_keeps(
         for name, slots in (("read_lanes", EVERY_SLOT), ("read_slot_heads", ONE_LANE)):
             request = ReadRequest(slots, floor.after, 5000, 32 * 1024 * 1024)
             params = request._asdict() | {"slots": list(slots)}
-            touched[name] = buffers(relay, reads.statement(slots), params)
-            assert fetch(relay, reads.statement(slots), request), name
+            touched[name] = buffers(relay, OUTBOX.read_statement(slots), params)
+            assert OUTBOX.read(relay, request), name
         assert all(count <= MOST_BUFFERS for count in touched.values()), touched
-        assert OUTBOX.depth(worker, worker_floor).rows == LIVE
+        assert OUTBOX.depth(worker, worker_floor.refresh(worker)).rows == LIVE
 
 
 def test_the_floor_never_passes_a_row_committed_late_below_rows_already_deleted(
@@ -135,17 +134,13 @@ def test_the_floor_never_passes_a_row_committed_late_below_rows_already_deleted(
         write(db, 10)
         db.execute("DELETE FROM identity.outbox")  # every committed row published
         with connect(relay_dsn, SessionLimits()) as relay:
-            floor = OutboxFloor(OUTBOX_TABLES)
+            floor = OutboxFloor(OUTBOX)
             for _ in range(6):  # while the writer is open, the floor stays below its row
                 assert floor.refresh(relay, force=True) <= late_id
             late.commit()
             raise_floor(floor, relay, late_id)
             assert floor.value == late_id  # its row, still there, is the head
-            rows = fetch(
-                relay,
-                LaneRead(OUTBOX_TABLES).statement(EVERY_SLOT),
-                ReadRequest(EVERY_SLOT, floor.after, 5000, 1 << 20),
-            )
+            rows = OUTBOX.read(relay, ReadRequest(EVERY_SLOT, floor.after, 5000, 1 << 20))
             assert [r.id for r in rows] == [late_id]
 
 

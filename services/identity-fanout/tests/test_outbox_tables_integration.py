@@ -22,9 +22,10 @@ from relay_support import (
 
 from identity_fanout.ops.outbox import outbox_status
 from identity_fanout.outbox.errors import DiscardNeedsForceError
-from identity_fanout.outbox.quarantine import Operator, Quarantine
-from identity_fanout.outbox.writer import Outbox, OutboxMessage, outbox_message
-from identity_fanout.schema import OUTBOX_TABLES
+from identity_fanout.outbox.quarantine import Operator
+from identity_fanout.outbox.store import OutboxStore
+from identity_fanout.outbox.writer import OutboxMessage, outbox_message
+from identity_fanout.schema import OUTBOX
 from pin_testkit.records import consume
 from pin_testkit.waiting import wait_until
 
@@ -71,7 +72,7 @@ def test_a_relay_given_other_tables_publishes_and_quarantines_there_only(
     invoices = [invoice(topic.name, f"invoice-{n}") for n in range(4)]
     too_large = invoice(topic.name, "invoice-big", size=MAX_BYTES * 2)
     with psycopg.connect(identity_dsn) as conn:
-        assert Outbox(BILLING).write(conn, [*invoices[:2], too_large, *invoices[2:]]) == 5
+        assert OutboxStore(BILLING).write(conn, [*invoices[:2], too_large, *invoices[2:]]) == 5
 
     relay = make_relay(dsn=identity_dsn, tables=BILLING, message_max_bytes=MAX_BYTES)
     with psycopg.connect(identity_dsn, autocommit=True) as db:
@@ -83,13 +84,13 @@ def test_a_relay_given_other_tables_publishes_and_quarantines_there_only(
         published = consume(kafka_bootstrap, topic.name, 4)
         assert sorted(r.key() or b"" for r in published) == sorted(m.key.encode() for m in invoices)
         assert outbox_count(identity_dsn) == 3  # the identity outbox is not this relay's
-        assert outbox_status(db, BILLING).backlog == 0
-        assert outbox_status(db, OUTBOX_TABLES).backlog == 3
+        assert outbox_status(db, OutboxStore(BILLING)).backlog == 0
+        assert outbox_status(db, OUTBOX).backlog == 3
 
-        quarantine = Quarantine(BILLING)
-        [refused] = quarantine.rows(db)
+        quarantine = OutboxStore(BILLING)
+        [refused] = quarantine.quarantined(db)
         assert (refused.key, refused.event_type) == ("invoice-big", "InvoiceIssued")
-        assert Quarantine(OUTBOX_TABLES).rows(db) == []
+        assert OUTBOX.quarantined(db) == []
         lines = [json.loads(line) for line in json_logs.getvalue().splitlines()]
         [logged] = [line for line in lines if line.get("event") == "outbox row quarantined"]
         assert logged["invoiceId"] == "invoice-big"

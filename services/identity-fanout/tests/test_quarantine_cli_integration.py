@@ -12,7 +12,6 @@ import msgspec
 import psycopg
 import pytest
 from psycopg.rows import TupleRow, dict_row
-from relay_support import QUARANTINE
 
 from identity_fanout.outbox.quarantine import QuarantinedRow
 from identity_fanout.outbox.records import OutboxRecord
@@ -69,7 +68,7 @@ def refuse(
         )
     [(outbox_id,)] = db.execute("SELECT max(id) FROM identity.outbox").fetchall()
     record = OutboxRecord(id=outbox_id, topic=topic, key=str(key).encode(), value=b"", headers=[])
-    [moved] = QUARANTINE.move(db, [Refusal(record, failure)])
+    [moved] = OUTBOX.move_to_quarantine(db, [Refusal(record, failure)])
     assert moved.outbox_id == outbox_id
     return int(outbox_id)
 
@@ -87,7 +86,7 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn
     refuse(db, "pin.identity.access.v1", first_user, TOO_LARGE)
     refuse(db, "pin.identity.access.v1", second_user, DENIED)
     assert outbox_ids(db) == []
-    first, second = QUARANTINE.rows(db)
+    first, second = OUTBOX.quarantined(db)
 
     listed = run(operator_dsn, "list", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -162,13 +161,13 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn
         "SELECT quarantine_attempts, first_failed_at, payload FROM identity.outbox"
     ).fetchall()
     assert (row[0], row[1], bytes(row[2])) == (1, first.first_failed_at, b"x" * 5000)
-    assert [q.id for q in QUARANTINE.rows(db)] == [second.id]
+    assert [q.id for q in OUTBOX.quarantined(db)] == [second.id]
 
     everything = run(operator_dsn, "retry", "--all", "--json")
     assert everything.returncode == 0, everything.stderr
     done = msgspec.json.decode(everything.stdout)
     assert (done["dry_run"], done["count"], done["ids"]) == (False, 1, [second.id])
-    assert QUARANTINE.rows(db) == []
+    assert OUTBOX.quarantined(db) == []
     assert len(outbox_ids(db)) == 2
     assert [r["outbox_id"] for r in done["rows"]] == outbox_ids(db)[1:]
     nothing = run(operator_dsn, "retry", "--all")  # the operator's line
@@ -178,7 +177,7 @@ def test_list_show_retry_and_retry_all(db: Conn, identity_dsn: str, operator_dsn
 def test_a_dry_run_of_retry_names_the_rows_and_moves_nothing(db: Conn, operator_dsn: str) -> None:
     for _ in range(2):
         refuse(db, "pin.identity.access.v1", uuid.uuid4(), TOO_LARGE)
-    first, second = QUARANTINE.rows(db)
+    first, second = OUTBOX.quarantined(db)
     preview = run(operator_dsn, "retry", "--all", "--dry-run", "--json")
     assert preview.returncode == 0, preview.stderr
     would = msgspec.json.decode(preview.stdout)
@@ -200,7 +199,7 @@ def test_a_dry_run_of_retry_names_the_rows_and_moves_nothing(db: Conn, operator_
     ]
     missing = run(operator_dsn, "retry", "999999", "--dry-run", "--json")
     assert (missing.returncode, missing.stdout) == (1, "")
-    assert QUARANTINE.rows(db) == [first, second]
+    assert OUTBOX.quarantined(db) == [first, second]
     assert outbox_ids(db) == []
 
 
@@ -224,7 +223,7 @@ def test_discarding_an_access_event_needs_force_and_leaves_an_audit(
     first_user, second_user, third_user = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     for user in (first_user, second_user, third_user):
         refuse(db, "pin.identity.access.v1", user, TOO_LARGE)
-    first, second, third = QUARANTINE.rows(db)
+    first, second, third = OUTBOX.quarantined(db)
 
     for bad in (
         ["discard", str(first.id)],
@@ -248,7 +247,7 @@ def test_discarding_an_access_event_needs_force_and_leaves_an_audit(
     everything = run(operator_dsn, "discard", "--all", "--reason", "drill")
     assert everything.returncode == 2, everything.stderr
     assert f"row(s) {first.id}, {second.id}, {third.id} carry access events" in (everything.stderr)
-    assert [q.id for q in QUARANTINE.rows(db)] == [first.id, second.id, third.id]
+    assert [q.id for q in OUTBOX.quarantined(db)] == [first.id, second.id, third.id]
     assert audit_rows(db) == []
     # A dry run checks as the discard does (--force still needed), then changes nothing: no
     # row gone, no audit row, no audit line.
@@ -262,7 +261,7 @@ def test_discarding_an_access_event_needs_force_and_leaves_an_audit(
     assert (would["action"], would["dry_run"], would["count"]) == ("discard", True, 3)
     assert would["ids"] == [first.id, second.id, third.id]
     assert audit_lines(preview) == []
-    assert [q.id for q in QUARANTINE.rows(db)] == [first.id, second.id, third.id]
+    assert [q.id for q in OUTBOX.quarantined(db)] == [first.id, second.id, third.id]
     assert audit_rows(db) == []
 
     one = run(
@@ -317,7 +316,7 @@ def test_discarding_an_access_event_needs_force_and_leaves_an_audit(
         line["osUser"],
         "too-large",
     )
-    assert {r.key for r in QUARANTINE.rows(db)} == {str(second_user), str(third_user)}
+    assert {r.key for r in OUTBOX.quarantined(db)} == {str(second_user), str(third_user)}
 
     rest = run(operator_dsn, "discard", "--all", "--reason", "drill", "--force")
     assert rest.returncode == 0, rest.stderr
@@ -331,7 +330,7 @@ def test_discarding_an_access_event_needs_force_and_leaves_an_audit(
         "2 row(s) discarded",
     ]
     assert len(audit_lines(rest)) == 2
-    assert QUARANTINE.rows(db) == []
+    assert OUTBOX.quarantined(db) == []
     assert outbox_ids(db) == []  # discarded, not sent again
     assert [a["quarantine_id"] for a in audit_rows(db)] == [first.id, second.id, third.id]
 
@@ -343,7 +342,7 @@ def test_discarding_another_topics_row_needs_no_force_and_is_audited(
     refuse(
         db, "pin.identity.agent-membership-changed.v1", agent, TOO_LARGE, "AgentMembershipChanged"
     )
-    [row] = QUARANTINE.rows(db)
+    [row] = OUTBOX.quarantined(db)
     gone = run(operator_dsn, "discard", str(row.id), "--reason", "membership recorded again")
     assert gone.returncode == 0, gone.stderr
     [line] = audit_lines(gone)
@@ -354,4 +353,4 @@ def test_discarding_another_topics_row_needs_no_force_and_is_audited(
     )
     [audit] = audit_rows(db)
     assert (audit["quarantine_id"], audit["forced"]) == (row.id, False)
-    assert QUARANTINE.rows(db) == []
+    assert OUTBOX.quarantined(db) == []

@@ -28,10 +28,9 @@ from relay_support import (
 
 from identity_fanout.ops.outbox import outbox_status
 from identity_fanout.outbox.lanes import key_slot
-from identity_fanout.outbox.relay import OutboxRelay
-from identity_fanout.outbox.session import LaneSession
+from identity_fanout.outbox.relay import LaneSession, OutboxRelay
 from identity_fanout.outbox.writer import outbox_message
-from identity_fanout.schema import OUTBOX_TABLES
+from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
 from pin_contracts import (
     MESSAGE_ID_HEADER,
     TRACEPARENT_HEADER,
@@ -204,7 +203,7 @@ def cut_relay_session(dsn: str, postgres_admin_dsn: str) -> Cut:
 
     def cut() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            status = outbox_status(conn, OUTBOX_TABLES)
+            status = outbox_status(conn, OUTBOX)
         assert status.relay is not None
         with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (status.relay.pid,))
@@ -327,7 +326,7 @@ def test_outbox_status_figures(
     dsn: str, topic: Topic, kafka_topic: Callable[..., str], make_relay: RelayFactory
 ) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        empty = outbox_status(conn, OUTBOX_TABLES)
+        empty = outbox_status(conn, OUTBOX)
     assert (empty.backlog, empty.by_topic, empty.relay_active) == (0, {}, False)
     assert empty.oldest_created_at is None
     assert empty.oldest_age_seconds is None
@@ -338,7 +337,7 @@ def test_outbox_status_figures(
     write(dsn, [outbox_message(access_event(), topic) for _ in range(3)])
     write(dsn, [outbox_message(access_event(), other) for _ in range(2)])
     with psycopg.connect(dsn, autocommit=True) as conn:
-        status = outbox_status(conn, OUTBOX_TABLES)
+        status = outbox_status(conn, OUTBOX)
         head = conn.execute("SELECT created_at FROM identity.outbox ORDER BY id LIMIT 1")
         [(head_created_at,)] = head.fetchall()
     assert status.backlog == 5
@@ -353,7 +352,7 @@ def test_outbox_status_figures(
 
     relay.close()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        assert not outbox_status(conn, OUTBOX_TABLES).relay_active
+        assert not outbox_status(conn, OUTBOX).relay_active
 
 
 def test_lock_classes_are_documented_recipe_and_distinct() -> None:
@@ -375,7 +374,7 @@ def test_one_wake_takes_every_notify_the_session_received_meanwhile(relay_dsn: s
     session = LaneSession(
         relay_dsn,
         lanes=8,
-        tables=OUTBOX_TABLES,
+        store=OUTBOX,
         application_name="notify-drain-test",
         limits=SessionLimits(),
     )

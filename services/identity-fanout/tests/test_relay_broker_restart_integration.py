@@ -13,7 +13,6 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 from relay_support import (
-    QUARANTINE,
     RelayThread,
     access_event,
     access_topic,
@@ -155,7 +154,7 @@ def test_relay_loses_nothing_while_the_broker_is_down(
     ]
     assert sum(quarantined) == 0
     with psycopg.connect(operator_dsn, autocommit=True) as conn:
-        assert QUARANTINE.rows(conn) == []
+        assert OUTBOX.quarantined(conn) == []
     written = writer.written
     assert len(written) == 16 * ROWS_PER_TRANSACTION
     assert sample(registry, "identity_outbox_published_total") >= len(written)

@@ -21,7 +21,7 @@ from identity_fanout.ops.outbox import OutboxStatus, outbox_status
 from identity_fanout.outbox.lanes import lane_of_slot
 from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.outbox.writer import outbox_message
-from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
+from identity_fanout.schema import OUTBOX
 from pin_contracts import (
     AccessChangeReason,
     Topic,
@@ -66,7 +66,7 @@ def write_versions(dsn: str, topic: Topic, users: list[uuid.UUID], versions: ran
 
 def status(dsn: str) -> OutboxStatus:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return outbox_status(conn, OUTBOX_TABLES, lanes=LANES)
+        return outbox_status(conn, OUTBOX, lanes=LANES)
 
 
 def lanes_of(dsn: str, app_prefix: str) -> set[int]:

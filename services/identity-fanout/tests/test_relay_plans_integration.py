@@ -13,17 +13,15 @@ EXPLAIN, never with a clock.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import LiteralString
 
 import psycopg
 import pytest
-from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 
 from identity_fanout.outbox.lanes import slots_of
-from identity_fanout.outbox.metrics import RelayMetrics
-from identity_fanout.outbox.pump import MERGED_UP_TO, Deleter, LaneRead, ReadRequest, fetch
-from identity_fanout.outbox.quarantine import Quarantine
-from identity_fanout.outbox.report import Gauges
+from identity_fanout.outbox.records import OutboxRecord
+from identity_fanout.outbox.store import MERGED_UP_TO, ReadRequest
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
 from pin_runtime.postgres import SessionLimits, connect
 from pin_runtime.sql import load_queries
@@ -62,6 +60,11 @@ def outbox_statements(conn: Conn) -> list[str]:
         " WHERE statement ~ '\"outbox\"([^_]|$)'"  # the outbox table, not its quarantine
     ).fetchall()
     return [str(statement) for (statement,) in rows]
+
+
+def fetch(conn: Conn, statement: LiteralString, request: ReadRequest) -> list[OutboxRecord]:
+    """The relay's read of `request` by `statement` (the walk or a merge)."""
+    return OUTBOX.read(conn, request, statement=statement)
 
 
 def plan_of(conn: Conn, statement: str, params: Mapping[str, object] | None = None) -> str:
@@ -103,27 +106,20 @@ def test_the_depth_backlog_and_deletes_are_never_prepared_so_a_burst_finds_them_
     db: Conn, relay_dsn: str, worker_dsn: str
 ) -> None:
     db.execute("VACUUM ANALYZE identity.outbox")  # empty, as autovacuum leaves it
-    registry = CollectorRegistry()
-    metrics = RelayMetrics(registry)
-    gauges = Gauges(metrics, Quarantine(OUTBOX_TABLES))
-    deleter = Deleter(lambda: connect(relay_dsn, SessionLimits()), metrics, OUTBOX_TABLES)
     with (
         connect(relay_dsn, SessionLimits()) as relay,
         connect(worker_dsn, SessionLimits()) as worker,
     ):
         for _ in range(IDLE_READS):  # idle: every check finds the outbox empty
             assert OUTBOX.depth(worker).rows == 0
-            gauges.refresh(relay)
-            deleter.submit([1, 2, 3], [])
-        assert deleter.flush(30.0)
+            assert OUTBOX.backlog(relay).rows == 0
+            assert OUTBOX.delete(relay, [1, 2, 3]) == 0
         write_burst(db, BURST)
 
         assert OUTBOX.depth(worker).rows == BURST
-        gauges.refresh(relay)
-        assert registry.get_sample_value("identity_outbox_backlog") == BURST
+        assert OUTBOX.backlog(relay).rows == BURST
         head = db.execute("SELECT id FROM identity.outbox ORDER BY id LIMIT 500").fetchall()
-        deleter.submit([int(str(i)) for (i,) in head], ["pin.identity.access.v1"])
-        assert deleter.flush(30.0)
+        assert OUTBOX.delete(relay, [int(str(i)) for (i,) in head]) == 500
         assert OUTBOX.depth(worker).rows == BURST - 500
 
         # None of them was prepared, so no generic plan made on the empty outbox serves
@@ -143,18 +139,16 @@ def test_the_depth_backlog_and_deletes_are_never_prepared_so_a_burst_finds_them_
         depth = plan_of(worker, OUTBOX_TABLES.compose(_outbox, "depth"), {"floor": 1})
         forward = [line for line in depth.splitlines() if "outbox_pkey" in line]
         assert sum("Backward" not in line for line in forward) == 1, depth
-    deleter.close(5.0)
 
 
 def test_a_relay_holding_few_slots_merges_their_heads_and_reads_what_the_walk_reads(
     db: Conn, relay_dsn: str
 ) -> None:
     write_burst(db, 20_000)
-    reads = LaneRead(OUTBOX_TABLES)
     one_lane = tuple(slots_of([3], 8))  # 8 slots: one instance of eight
     assert len(one_lane) <= MERGED_UP_TO < len(EVERY_SLOT.slots)
-    assert reads.statement(EVERY_SLOT.slots) == READ_LANES
-    merged = reads.statement(one_lane)
+    assert OUTBOX.read_statement(EVERY_SLOT.slots) == READ_LANES
+    merged = OUTBOX.read_statement(one_lane)
     assert merged != READ_LANES
     with connect(relay_dsn, SessionLimits()) as relay:
         middle = fetch(relay, READ_LANES, EVERY_SLOT._replace(limit=10_000))[-1].id

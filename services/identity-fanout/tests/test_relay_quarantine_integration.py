@@ -26,11 +26,11 @@ from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, Config
 from confluent_kafka.admin._resource import ResourceType
 from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
-from relay_support import QUARANTINE
 
 from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.membership import join_agency
 from identity_fanout.outbox.writer import OutboxMessage, outbox_message
+from identity_fanout.schema import OUTBOX
 from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
@@ -203,7 +203,7 @@ def test_rows_over_the_limits_are_quarantined_and_the_rows_behind_them_flow(
     assert state().status == "ok"  # a quarantined row is not an outage
 
     with psycopg.connect(operator_dsn, autocommit=True) as conn:
-        quarantined = QUARANTINE.rows(conn)
+        quarantined = OUTBOX.quarantined(conn)
     assert [(q.outbox_id, q.topic, q.key) for q in quarantined] == [
         (ids[3], access, str(poisoned_user)),
         (ids[4], membership, str(agent)),
@@ -269,13 +269,13 @@ def test_retry_counts_attempts_and_delivers_once_the_limit_is_raised(
     assert small.last_round is not None
     assert small.last_round.quarantined == 1
     with psycopg.connect(operator_dsn, autocommit=True) as conn:
-        [first] = QUARANTINE.rows(conn)
+        [first] = OUTBOX.quarantined(conn)
         # Retried before the cause is fixed: refused again, attempts count on.
-        requeued = QUARANTINE.retry(conn, first.id)
+        [requeued] = OUTBOX.requeue(conn, first.id)
         assert requeued.quarantine_id == first.id
         assert requeued.outbox_id > first.outbox_id  # the tail of the outbox, a new id
         assert small.run_once() == 0
-        [second] = QUARANTINE.rows(conn)
+        [second] = OUTBOX.quarantined(conn)
     assert second.attempts == 2
     assert second.first_failed_at == first.first_failed_at
     assert second.last_failed_at > first.last_failed_at
@@ -286,9 +286,9 @@ def test_retry_counts_attempts_and_delivers_once_the_limit_is_raised(
     raise_topic_limit(kafka_bootstrap, topic, 4 * MIB)
     large = make_relay(message_max_bytes=4 * MIB)
     with psycopg.connect(operator_dsn, autocommit=True) as conn:
-        [back] = QUARANTINE.retry_all(conn)
+        [back] = OUTBOX.requeue(conn, None)
         assert back.attempts == 2
-        assert QUARANTINE.rows(conn) == []
+        assert OUTBOX.quarantined(conn) == []
     assert large.run_once() == 1
     assert support.outbox_count(identity_dsn) == 0
     [record] = read_messages(kafka_bootstrap, topic)
@@ -351,14 +351,14 @@ def test_a_topic_that_does_not_exist_pauses_the_relay_and_quarantines_nothing(
             )
             assert relay.pause is pause
             assert support.outbox_count(identity_dsn) == 5
-            assert QUARANTINE.rows(db) == []
+            assert OUTBOX.quarantined(db) == []
 
             ensure_topics(admin, [(topic.name, topic.partitions, topic.config())])
             wait_until(lambda: support.outbox_count(identity_dsn) == 0, 60, "rows published")
             wait_until(lambda: relay.pause is None, 10, "relay resumed")
         assert sample(registry, "identity_outbox_relay_paused", **paused) == 0
         assert sample(registry, "identity_outbox_quarantined_total") == 0
-        assert QUARANTINE.rows(db) == []
+        assert OUTBOX.quarantined(db) == []
         assert len(read_messages(kafka_bootstrap, topic.name)) >= 5
     finally:
         for future in admin.delete_topics([topic.name]).values():

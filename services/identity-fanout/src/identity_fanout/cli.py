@@ -34,8 +34,9 @@ from identity_fanout.ops.quarantine import (
 from identity_fanout.ops.status import status_screen, system_status
 from identity_fanout.ops.tasks import shards_table, task_detail, tasks_table
 from identity_fanout.outbox.errors import DiscardNeedsForceError, OutboxError
-from identity_fanout.outbox.quarantine import Operator, Quarantine
-from identity_fanout.schema import OUTBOX_TABLES, migrate_database
+from identity_fanout.outbox.quarantine import Operator
+from identity_fanout.outbox.store import OutboxStore
+from identity_fanout.schema import OUTBOX, migrate_database
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, LagWatchSettings, Settings
 from pin_contracts import FanOutTaskStatus
 from pin_runtime.composition import Cli, error_line, uuid_argument
@@ -223,17 +224,17 @@ def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
 def _outbox(
     conn: psycopg.Connection[TupleRow], args: argparse.Namespace, *, lanes: int
 ) -> int | None:
-    quarantine = Quarantine(OUTBOX_TABLES)
+    quarantine = OUTBOX
     if args.outbox_command == "status":
-        _show(outbox_status(conn, OUTBOX_TABLES, lanes=lanes), status_table, as_json=args.json)
+        _show(outbox_status(conn, OUTBOX, lanes=lanes), status_table, as_json=args.json)
     elif args.quarantine_command == "list":
-        listed = quarantine.rows(conn, limit=args.limit)
+        listed = quarantine.quarantined(conn, limit=args.limit)
         if args.json:
             sys.stdout.writelines(msgspec.json.encode(r).decode() + "\n" for r in listed)
         else:
             _console.print(quarantine_table(listed))
     elif args.quarantine_command == "show":
-        _show(quarantine.get(conn, args.row_id), quarantine_detail, as_json=args.json)
+        _show(quarantine.quarantined_by_id(conn, args.row_id), quarantine_detail, as_json=args.json)
     elif args.quarantine_command == "discard":
         return _discard(conn, quarantine, args)
     else:
@@ -242,7 +243,7 @@ def _outbox(
 
 
 def _discard(
-    conn: psycopg.Connection[TupleRow], quarantine: Quarantine, args: argparse.Namespace
+    conn: psycopg.Connection[TupleRow], quarantine: OutboxStore, args: argparse.Namespace
 ) -> int | None:
     try:
         gone_rows = quarantine.discard(
@@ -266,10 +267,10 @@ def _discard(
 
 
 def _retry(
-    conn: psycopg.Connection[TupleRow], quarantine: Quarantine, args: argparse.Namespace
+    conn: psycopg.Connection[TupleRow], quarantine: OutboxStore, args: argparse.Namespace
 ) -> None:
     if not args.all:
-        row = quarantine.retry(conn, args.row_id, dry_run=args.dry_run)
+        (row,) = quarantine.requeue(conn, args.row_id, dry_run=args.dry_run)
         if args.json:
             _json(retried([row], dry_run=args.dry_run))
         elif args.dry_run:  # one named row: what it is, nothing moved
@@ -280,7 +281,7 @@ def _retry(
         else:
             _console.print(requeued_line(row), markup=False, highlight=False)
         return
-    requeued = quarantine.retry_all(conn, dry_run=args.dry_run)
+    requeued = quarantine.requeue(conn, None, dry_run=args.dry_run)
     if args.json:
         _json(retried(requeued, dry_run=args.dry_run))
         return
@@ -343,7 +344,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int | None:
             )
     elif args.command == "status":
         with _connect(settings) as conn:
-            status = system_status(conn, OUTBOX_TABLES, lanes=settings.outbox_lanes)
+            status = system_status(conn, OUTBOX, lanes=settings.outbox_lanes)
         _show(status, status_screen, as_json=args.json)
     elif args.command == "tasks":
         with _connect(settings) as conn:

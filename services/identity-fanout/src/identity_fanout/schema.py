@@ -10,8 +10,8 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from identity_fanout.db_roles import RUNTIME_ROLES
+from identity_fanout.outbox.store import OutboxStore
 from identity_fanout.outbox.tables import OutboxTables
-from identity_fanout.outbox.writer import Outbox
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, USER_ACCESS_CHANGED
 from pin_runtime.migrations import migrate
 
@@ -34,8 +34,9 @@ OUTBOX_TABLES: Final = OutboxTables(
     "revocation for good; deal with each user's access first (runbook "
     "IdentityOutboxQuarantined)",
 )
-OUTBOX: Final = Outbox(OUTBOX_TABLES)
-"""The writers' gateway to the outbox (the fan-out, the inline path, membership changes)."""
+OUTBOX: Final = OutboxStore(OUTBOX_TABLES)
+"""The service's one gateway to its outbox: the writers (the fan-out, the inline path,
+membership changes), the relays and the operator commands."""
 
 
 def migrate_database(

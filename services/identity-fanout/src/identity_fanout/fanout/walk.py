@@ -45,8 +45,8 @@ from identity_fanout.fanout.batch import BatchResult, run_batch
 from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.fanout.queue import FanoutQueue, Unit, retry_delay
 from identity_fanout.outbox.floor import OutboxFloor
-from identity_fanout.outbox.writer import OutboxDepth
-from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
+from identity_fanout.outbox.store import OutboxDepth
+from identity_fanout.schema import OUTBOX
 from identity_fanout.settings import Settings
 from pin_runtime.backoff import Backoff
 from pin_runtime.logging import log_event
@@ -177,9 +177,7 @@ class Walker:
     retry_after: float = field(init=False, default=0.0)
     """Seconds the worker waits before its next claim after a failure not the unit's own
     (1 s doubling to 60 s while they go on): set by `on_failure`."""
-    outbox_floor: OutboxFloor = field(
-        init=False, default_factory=lambda: OutboxFloor(OUTBOX_TABLES)
-    )
+    outbox_floor: OutboxFloor = field(init=False, default_factory=lambda: OutboxFloor(OUTBOX))
     """Where the depth looks for the outbox's head (outbox.floor): not the first index entry,
     past every row the relays deleted that a held snapshot keeps alive."""
 
@@ -289,7 +287,7 @@ class Walker:
 
     def _outbox_depth(self) -> OutboxDepth:
         with self.pool.connection() as conn:
-            depth = OUTBOX.depth(conn, self.outbox_floor)
+            depth = OUTBOX.depth(conn, self.outbox_floor.refresh(conn))
         self.observe_outbox(depth)
         return depth
 

@@ -7,7 +7,7 @@ from datetime import datetime
 
 import msgspec
 import psycopg
-from psycopg.rows import TupleRow, class_row
+from psycopg.rows import TupleRow
 
 from identity_fanout.outbox.lanes import (
     DEFAULT_LANES,
@@ -19,13 +19,8 @@ from identity_fanout.outbox.lanes import (
     slots_of,
 )
 from identity_fanout.outbox.pause_mark import base_name, pause_of
-from identity_fanout.outbox.quarantine import Quarantine
-from identity_fanout.outbox.tables import OutboxTables
+from identity_fanout.outbox.store import OutboxStore
 from pin_runtime.listing import Fields
-from pin_runtime.sql import load_queries
-
-_outbox = load_queries("identity_fanout", "outbox/sql/outbox.sql")
-_lanes = load_queries("identity_fanout", "outbox/sql/lanes.sql")
 
 
 class RelayHolder(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,29 +77,23 @@ class OutboxStatus(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def outbox_status(
-    conn: psycopg.Connection[TupleRow], tables: OutboxTables, *, lanes: int = DEFAULT_LANES
+    conn: psycopg.Connection[TupleRow], store: OutboxStore, *, lanes: int = DEFAULT_LANES
 ) -> OutboxStatus:
     """Backlog, head age, per-topic and per-lane counts, who holds which lane, quarantine."""
-    by_topic: dict[str, int] = dict(
-        conn.execute(tables.compose(_outbox, "status_by_topic")).fetchall()
-    )
-    head = conn.execute(tables.compose(_outbox, "status_head")).fetchone()
-    with conn.cursor(row_factory=class_row(LaneLock)) as cur:
-        locks = cur.execute(
-            tables.compose(_lanes, "lane_locks"),
-            {"class": tables.lane_lock_class, "members": tables.member_lock_class},
-        ).fetchall()
+    by_topic = store.rows_by_topic(conn)
+    head = store.head(conn)
+    locks = store.lane_locks(conn)
     holders = _holders([lk for lk in locks if lk.relay_login], lanes)
     by_lane: dict[int, int] = {}
     oldest_by_lane: dict[int, float] = {}
-    for slot, count, age in conn.execute(tables.compose(_outbox, "slot_backlog")).fetchall():
+    for slot, count, age in store.backlog_by_slot(conn):
         lane = lane_of_slot(slot, lanes)
         by_lane[lane] = by_lane.get(lane, 0) + count
         oldest_by_lane[lane] = max(oldest_by_lane.get(lane, 0.0), 0.0, age)
     return OutboxStatus(
         backlog=sum(by_topic.values()),
         oldest_created_at=head[0] if head else None,
-        oldest_age_seconds=max(0.0, head[1]) if head else None,
+        oldest_age_seconds=head[1] if head else None,
         by_topic=by_topic,
         relay_active=bool(holders),
         relay=holders[0] if holders else None,
@@ -113,7 +102,7 @@ def outbox_status(
         instances=relay_instances(locks),
         backlog_by_lane=dict(sorted(by_lane.items())),
         oldest_age_by_lane={lane: round(age, 1) for lane, age in sorted(oldest_by_lane.items())},
-        quarantined=Quarantine(tables).counts(conn),
+        quarantined=store.quarantine_counts(conn),
         foreign=tuple(foreign_holders(locks)),
         paused=_paused(locks),
     )

@@ -15,7 +15,7 @@ from rich.console import Group
 
 from identity_fanout.fanout.queue import QueueState, queue_state, shard_progress
 from identity_fanout.ops.outbox import OutboxStatus, outbox_status, status_table
-from identity_fanout.outbox.tables import OutboxTables
+from identity_fanout.outbox.store import OutboxStore
 from pin_runtime.listing import Fields
 
 __all__ = ["SystemStatus", "status_screen", "system_status"]
@@ -31,12 +31,12 @@ class SystemStatus(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def system_status(
-    conn: psycopg.Connection[TupleRow], tables: OutboxTables, *, lanes: int
+    conn: psycopg.Connection[TupleRow], store: OutboxStore, *, lanes: int
 ) -> SystemStatus:
     return SystemStatus(
         queue=queue_state(conn),
         shards=shard_progress(conn),
-        outbox=outbox_status(conn, tables, lanes=lanes),
+        outbox=outbox_status(conn, store, lanes=lanes),
     )
 
 

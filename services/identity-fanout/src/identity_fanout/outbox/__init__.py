@@ -2,13 +2,14 @@
 its channel and lock names and what it must know of the events are the service's
 (`tables.OutboxTables`; identity-fanout's is `identity_fanout.schema.OUTBOX_TABLES`).
 
-Writers put one row per event into the outbox inside their own transaction (`writer`); each
-row carries the slot of its key (`lanes`), so relay instances share the table by lane, one
-publisher per slot at a time, in id order per key. The relay
-(`relay`, its database `session`, the `pump` that reads, produces and deletes, the
-in-flight `window` and its `settlement`, the Kafka `publisher`) publishes rows after
-commit and deletes them once acknowledged; rows Kafka refuses for good go to the
-`quarantine`. What `outbox status` prints is `identity_fanout.ops.outbox`.
+Every statement on the outbox, its quarantine and its lanes is the `store`'s. Writers put
+one row per event into the outbox inside their own transaction (`writer` builds them);
+each row carries the slot of its key (`lanes`), so relay instances share the table by lane,
+one publisher per slot at a time, in id order per key. The `relay` (one loop: read,
+produce, settle, delete, with the in-flight `window`, its `settlement` and the Kafka
+`publisher`) publishes rows after commit and deletes them once acknowledged; rows Kafka
+refuses for good go to the quarantine. What `outbox status` prints is
+`identity_fanout.ops.outbox`.
 """
 
 import logging

@@ -6,8 +6,8 @@ first entry. Rows the relays deleted stay in the index until VACUUM; a scan mark
 dead once no snapshot can see its row, and skips it from then on. While a snapshot older than
 the deletes is held (a session idle in a transaction, a prepared transaction, a slot) none
 can be marked, and every read from the head walked all of them again, fetching each row
-from the heap: 196 ms for a head over 300,000 deleted rows, where the floor makes the btree
-descend past them (docs/design/identity-fanout.md "The outbox floor").
+from the heap, where the floor makes the btree descend past them
+(docs/design/identity-fanout.md "The outbox floor").
 
 A lower bound must be right for rows committed late: a writer takes its id before it
 commits, so a row may appear below ids already read and deleted. The floor therefore rises
@@ -32,12 +32,9 @@ from typing import Final, NamedTuple
 from psycopg import Connection
 from psycopg.rows import TupleRow
 
-from identity_fanout.outbox.tables import OutboxTables
-from pin_runtime.sql import load_queries
+from identity_fanout.outbox.store import OutboxStore
 
 __all__ = ["FLOOR_INTERVAL", "OutboxFloor"]
-
-_q = load_queries("identity_fanout", "outbox/sql/floor.sql")
 
 FLOOR_INTERVAL: Final = 0.5
 """Seconds between steps: the floor trails the deletes by about two of them."""
@@ -56,12 +53,12 @@ class OutboxFloor:
 
     def __init__(
         self,
-        tables: OutboxTables,
+        store: OutboxStore,
         *,
         interval: float = FLOOR_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._statement = tables.compose(_q, "floor")
+        self._store = store
         self._interval = interval
         self._clock = clock
         self._lock = threading.Lock()
@@ -88,23 +85,19 @@ class OutboxFloor:
         try:
             self._next = now + self._interval
             confirmed, pending = self._confirmed, self._pending
-            # Unprepared, as every frequent statement on the outbox (pump.fetch says why).
-            row = conn.execute(
-                self._statement,
-                {
-                    "floor": self.value,
-                    "upto": None if confirmed is None else confirmed.upto,
-                    "since": None if pending is None else pending.since,
-                },
-                prepare=False,
-            ).fetchone()
-            if row is None:
+            step = self._store.floor_step(
+                conn,
+                self.value,
+                upto=None if confirmed is None else confirmed.upto,
+                since=None if pending is None else pending.since,
+            )
+            if step is None:
                 return self.value
-            floor, passed, last, at = row
-            self.value = max(self.value, int(floor))
+            floor, passed, last, at = step
+            self.value = max(self.value, floor)
             self._confirmed = pending if passed else None
             if passed or pending is None:
-                self._pending = _Candidate(int(last), at)
+                self._pending = _Candidate(last, at)
             return self.value
         finally:
             self._lock.release()

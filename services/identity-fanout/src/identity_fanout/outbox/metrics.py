@@ -1,6 +1,6 @@
 """Prometheus metrics of the outbox relay (names under `identity_outbox_`).
 
-Each metric is declared once, in `relay_metrics.toml` next to this module; `RelayMetrics`
+Each metric is declared once, in `metrics.toml` next to this module; `RelayMetrics`
 gives each its typed attribute and keeps the gauges that follow the relay's state.
 """
 

@@ -9,7 +9,7 @@ again. A topic with fewer partitions than the catalogue's is refused alike (part
 its records name partitions that may not exist, `partitions`). Unlike an outage it needs an
 operator, so it says so: one log line when the relay pauses (or the refusal changes), one
 when it resumes, a gauge by reason and topic, and readiness degraded meanwhile
-(`relay_rounds.Rounds` keeps the state; this module decides).
+(`relay.OutboxRelay` keeps the state; this module decides).
 """
 
 from __future__ import annotations

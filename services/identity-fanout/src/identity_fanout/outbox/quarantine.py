@@ -1,4 +1,6 @@
-"""The outbox quarantine: rows refused for good, kept whole (`Quarantine`, its one gateway).
+"""The outbox quarantine's rows as the relay, the operator commands and the audit trail name
+them (the statements are the store's: `OutboxStore.move_to_quarantine`, `quarantined`,
+`requeue`, `discard`).
 
 The relay moves a refused row here in ONE statement with its DELETE from the outbox (the
 payload never leaves the server), so the row is either still in the outbox or in the
@@ -13,40 +15,25 @@ a revocation) only with `force`.
 from __future__ import annotations
 
 import getpass
-import logging
 import os
 import socket
-from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 import msgspec
-import psycopg
-from psycopg import sql
-from psycopg.rows import TupleRow, class_row, kwargs_row
 
-from identity_fanout.outbox.errors import DiscardNeedsForceError, QuarantinedRowNotFoundError
 from identity_fanout.outbox.tables import OutboxTables
-from pin_runtime.logging import log_event
-from pin_runtime.postgres import notify
-from pin_runtime.sql import load_queries
-
-if TYPE_CHECKING:  # the relay's type only: the operator commands load no Kafka client
-    from identity_fanout.outbox.settlement import Refusal
 
 __all__ = [
     "DiscardedRow",
     "MovedRow",
     "Operator",
-    "Quarantine",
     "QuarantineEntry",
     "QuarantinedRow",
     "RequeuedRow",
+    "quarantined_row",
 ]
-
-_log = logging.getLogger("identity_fanout.outbox.quarantine")
-_q = load_queries("identity_fanout", "outbox/sql/quarantine.sql")
 
 
 class QuarantineEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -155,147 +142,10 @@ class RequeuedRow(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int
 
 
-def _quarantined(*, headers: Any, **fields: Any) -> QuarantinedRow:
+def quarantined_row(*, headers: Any, **fields: Any) -> QuarantinedRow:
+    """A `select_quarantined` row as a `QuarantinedRow` (a psycopg `kwargs_row` factory)."""
     # Headers are stored as a JSON array of [name, value] pairs; an object is read as well.
     pairs = headers.items() if isinstance(headers, dict) else (headers or [])
     return QuarantinedRow(
         **fields, headers=tuple((str(n), None if v is None else str(v)) for n, v in pairs)
     )
-
-
-class Quarantine:
-    """Every statement on the quarantine of one service's outbox (`tables`)."""
-
-    __slots__ = ("_counts", "_discard", "_get", "_list", "_move", "_requeue", "tables")
-
-    def __init__(self, tables: OutboxTables) -> None:
-        self.tables = tables
-        self._move = tables.compose(_q, "move")
-        self._counts = tables.compose(_q, "count_by_topic")
-        self._list = tables.compose(_q, "select_quarantined", filter=sql.SQL(_q.oldest_first))
-        self._get = tables.compose(_q, "select_quarantined", filter=sql.SQL(_q.by_id))
-        self._requeue = tables.compose(_q, "requeue")
-        self._discard = tables.compose(_q, "discard")
-
-    def needs_force(self, entry: QuarantineEntry) -> bool:
-        """Whether discarding `entry` needs `force` (`OutboxTables.needs_force`)."""
-        return self.tables.needs_force(entry.topic, entry.event_type)
-
-    def move(
-        self, conn: psycopg.Connection[TupleRow], refusals: Sequence[Refusal]
-    ) -> list[MovedRow]:
-        """Move the refused rows into the quarantine (autocommit: one statement, atomic)."""
-        if not refusals:
-            return []
-        params = {
-            "ids": [r.record.id for r in refusals],
-            "codes": [r.failure.code for r in refusals],
-            "reasons": [r.failure.reason for r in refusals],
-            "messages": [r.failure.message for r in refusals],
-        }
-        with conn.cursor(row_factory=class_row(MovedRow)) as cur:
-            # Unprepared, as every statement of the relay that finds outbox rows by id.
-            return cur.execute(self._move, params, prepare=False).fetchall()
-
-    def counts(self, conn: psycopg.Connection[TupleRow]) -> dict[str, int]:
-        """Quarantined rows by topic."""
-        return dict(conn.execute(self._counts).fetchall())
-
-    def rows(self, conn: psycopg.Connection[TupleRow], *, limit: int = 100) -> list[QuarantinedRow]:
-        """The quarantine in the order rows were refused (oldest first)."""
-        with conn.cursor(row_factory=kwargs_row(_quarantined)) as cur:
-            return cur.execute(self._list, {"limit": limit}).fetchall()
-
-    def get(self, conn: psycopg.Connection[TupleRow], row_id: int) -> QuarantinedRow:
-        with conn.cursor(row_factory=kwargs_row(_quarantined)) as cur:
-            row = cur.execute(self._get, {"id": row_id}).fetchone()
-        if row is None:
-            raise QuarantinedRowNotFoundError(row_id)
-        return row
-
-    def _requeue_rows(
-        self,
-        conn: psycopg.Connection[TupleRow],
-        *,
-        ids: list[int],
-        everything: bool,
-        dry_run: bool = False,
-    ) -> list[RequeuedRow]:
-        with conn.transaction(force_rollback=dry_run):
-            with conn.cursor(row_factory=class_row(RequeuedRow)) as cur:
-                rows = cur.execute(self._requeue, {"all": everything, "ids": ids}).fetchall()
-            if rows and not dry_run:
-                notify(conn, self.tables.channel)
-        return rows
-
-    def retry(
-        self, conn: psycopg.Connection[TupleRow], row_id: int, *, dry_run: bool = False
-    ) -> RequeuedRow:
-        """Row `row_id` back to the tail of the outbox; `QuarantinedRowNotFoundError` if absent.
-
-        `dry_run`: the same statement, rolled back (as `retry_all`'s)."""
-        moved = self._requeue_rows(conn, ids=[row_id], everything=False, dry_run=dry_run)
-        if not moved:
-            raise QuarantinedRowNotFoundError(row_id)
-        return moved[0]
-
-    def retry_all(
-        self, conn: psycopg.Connection[TupleRow], *, dry_run: bool = False
-    ) -> list[RequeuedRow]:
-        """Every quarantined row back to the tail of the outbox, in the order they were refused.
-
-        `dry_run`: the same statement, rolled back: exactly the rows it would move, nothing
-        moved (their outbox ids are then only what they would have been)."""
-        return self._requeue_rows(conn, ids=[], everything=True, dry_run=dry_run)
-
-    def discard(
-        self,
-        conn: psycopg.Connection[TupleRow],
-        row_id: int | None,
-        *,
-        reason: str,
-        operator: Operator,
-        force: bool = False,
-        dry_run: bool = False,
-    ) -> list[DiscardedRow]:
-        """Delete quarantined row `row_id` (None: every row) for good: one transaction that
-        writes an audit row per row (the `discards` table), then one WARNING log line per row
-        naming it, its key, who (`operator`, the database login) and the operator's `reason`
-        (the audit trail).
-
-        `DiscardNeedsForceError` without `force` when a guarded row is among them (nothing
-        is discarded); `QuarantinedRowNotFoundError` when `row_id` is not there. `dry_run`:
-        the same statement and checks, rolled back, no audit row nor log line: the rows it
-        would discard."""
-        params = {
-            "all": row_id is None,
-            "ids": [] if row_id is None else [row_id],
-            "forced": force,
-            "reason": reason,
-            "os_user": operator.os_user,
-            "host": operator.host,
-        }
-        with (
-            conn.transaction(force_rollback=dry_run),
-            conn.cursor(row_factory=class_row(DiscardedRow)) as cur,
-        ):
-            rows = cur.execute(self._discard, params).fetchall()
-            protected = [row for row in rows if self.needs_force(row)]
-            if protected and not force:  # raised inside the transaction: nothing was deleted
-                raise DiscardNeedsForceError(
-                    [row.quarantine_id for row in protected], self.tables.guard
-                )
-        if row_id is not None and not rows:
-            raise QuarantinedRowNotFoundError(row_id)
-        for row in () if dry_run else rows:
-            log_event(
-                _log,
-                "outbox quarantined row discarded",
-                logging.WARNING,
-                **row.log_fields(self.tables),
-                forced=force,
-                osUser=operator.os_user,
-                host=operator.host,
-                reason=reason,
-            )
-        return rows

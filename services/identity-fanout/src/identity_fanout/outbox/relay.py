@@ -6,26 +6,41 @@ good (too large, invalid, not authorized) is moved to the quarantine in the same
 that deletes it, so no single row stops the flow.
 
 The outbox is split into lanes by message key (`lanes`); each instance holds the advisory
-locks of its share of the lanes and publishes only those, in outbox id order, so the rows of
-one key keep their order and have one publisher at a time. A dead instance's lanes (its
-locks end with its connection) are taken by the others within `lock_retry_interval` of the
-server noticing. Within its lanes an instance keeps producing while acknowledgements are
-pending, up to a bounded in-flight window, and deletes acknowledged prefixes in batches.
+locks of its share of the lanes (`LaneSession`) and publishes only those, in outbox id
+order, so the rows of one key keep their order and have one publisher at a time. A dead
+instance's lanes (its locks end with its connection) are taken by the others within
+`lock_retry_interval` of the server noticing.
 
-The parts, one job each: `LaneSession` (connection, lane locks, balancing, LISTEN),
-`Rounds` (when to look at the lanes again, how a round ends),
-`Pump` (read, produce, settle, delete: the pipelined flow), `InflightWindow` (pure window
-accounting), `Publisher` (the producer), `settle` (pure: delete, quarantine, or stop),
-`quarantine` (SQL), `RelayMetrics`. This module is the loop around them.
+One loop on one thread does everything, one round after the other (`OutboxRelay._round`):
+
+1. start: the lanes' connection, and every `lock_retry_interval` a look at the lanes;
+2. read the next rows of the held lanes (id order, after the last one in flight, within
+   what is left of the in-flight window) and produce them at once;
+3. poll: serve the producer's delivery reports (the window keeps every record's outcome);
+4. settle the window's settled prefix (`settlement.settle`): quarantine the rows refused for
+   good, delete the acknowledged ones once a batch of them is there (or the lanes caught
+   up); a retriable failure, or a record without an outcome past the delivery timeout,
+   stops the flow (`_fail`): every outstanding record gets its outcome (bounded wait), the
+   settled prefix is applied and the rest stays in the outbox to go out again after a
+   backoff, so a later row of a key never overtakes one that may yet be delivered;
+5. finish: the floor, the backlog gauges when due, the pause for a refusal of the cluster
+   (`pause.next_pause`), readiness; then wait for a NOTIFY if nothing is in flight.
+
+The reads and deletes run on the lanes' own connection, between produce calls: librdkafka
+sends and compresses on its own threads meanwhile, so the loop's waits for the database
+overlap the broker's work without a thread of the relay's own
+(docs/design/identity-fanout.md "Outbox relay").
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass, field
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Final, Self
 
 import msgspec
@@ -35,20 +50,31 @@ from prometheus_client import CollectorRegistry
 from psycopg.rows import TupleRow
 
 from identity_fanout.outbox import log as _log
-from identity_fanout.outbox.lanes import DEFAULT_LANES, MAX_LANES
+from identity_fanout.outbox.floor import OutboxFloor
+from identity_fanout.outbox.lanes import (
+    DEFAULT_LANES,
+    MAX_LANES,
+    ForeignHolder,
+    foreign_holders,
+    plan_lanes,
+    relay_instances,
+    slots_of,
+)
 from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.partitions import catalogue_partitions
-from identity_fanout.outbox.pause import Pause, next_pause
-from identity_fanout.outbox.publisher import Publisher
-from identity_fanout.outbox.pump import (
-    READ_COOLDOWN,
-    SHUTDOWN_GRACE,
-    Deleter,
-    Pump,
-    RoundResult,
+from identity_fanout.outbox.pause import Pause, next_pause, refusal_of
+from identity_fanout.outbox.pause_mark import session_name
+from identity_fanout.outbox.publisher import FLUSH_MARGIN, Publisher
+from identity_fanout.outbox.records import OutboxRecord
+from identity_fanout.outbox.report import (
+    report_failed_round,
+    report_pause,
+    report_published,
+    report_refusals,
+    report_stopped,
 )
-from identity_fanout.outbox.report import Gauges, report_failed_round, report_pause
-from identity_fanout.outbox.session import WAKE_SLICE, LaneSession
+from identity_fanout.outbox.settlement import Settlement
+from identity_fanout.outbox.store import OutboxStore, ReadRequest
 from identity_fanout.outbox.tables import OutboxTables
 from identity_fanout.outbox.window import (
     DEFAULT_WINDOW_BYTES,
@@ -59,7 +85,7 @@ from pin_runtime.backoff import Backoff
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.kafka import Compression, ConfigValue
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import SessionLimits, connect
+from pin_runtime.postgres import LazyConnection, SessionLimits, connect
 
 __all__ = [
     "DEFAULT_LANES",
@@ -70,6 +96,10 @@ __all__ = [
     "RoundResult",
 ]
 
+Conn = psycopg.Connection[TupleRow]
+Probe = Callable[[str, int], None]
+"""`probe(event, lane or slot)`: "acquired", "releasing", "lost" of a lane, "produced" before
+rows of a slot are produced, "settled" after some were settled. For tests."""
 
 LOCK_RETRY_INTERVAL: Final = 2.0
 """Seconds between an instance's looks at the lanes: its take-over and hand-over delay."""
@@ -78,95 +108,23 @@ GAUGES_INTERVAL: Final = 2.0
 running: every instance reports the whole outbox, so the fleet counts it once per this
 interval however many run (docs/design/identity-fanout.md "Relays side by side")."""
 COMPRESSION: Final[Compression] = "zstd"
-"""zstd makes a 20,000-assignment snapshot 6.4x smaller (lz4: 3.5x) for ~40 ms of CPU: the
-broker's limit applies to the compressed batch (docs/design/identity-fanout.md "Sizes")."""
+"""The broker's limit applies to the compressed batch, and zstd makes the large snapshots
+the smallest for little CPU (docs/design/identity-fanout.md "Sizes")."""
+SHUTDOWN_GRACE: Final = 5.0
+"""On stop, how long in-flight deliveries may still take before the relay gives up on them
+(they stay in the outbox and go out again later)."""
+BUSY_WAIT: Final = 0.05
+"""How long to wait for reports when the window is full or nothing new was read."""
+READ_COOLDOWN: Final = 0.1
+"""After a read that found the lanes caught up, seconds before the next one (the setting
+IDENTITY_FANOUT_RELAY_READ_COOLDOWN): while writers keep committing, one read takes all
+their commits of that time, so a relay that keeps up does not read once per commit of any
+writer (docs/design/identity-fanout.md "Relays side by side"). River's producer waits the
+same way between fetches (FetchCooldown)."""
+WAKE_SLICE: Final = 0.5
+"""Longest uninterruptible wait: bounds the reaction to a stop request."""
 
-
-@dataclass(eq=False)
-class Rounds:
-    """The rhythm of the relay's rounds: when it looks at the lanes again, and how a round ends.
-
-    A round starts with the connection and, every `lock_retry_interval` (or when forced), a
-    look at the lanes (rebalance); it ends with the pump's tally taken, the backlog gauges
-    refreshed when due (at the first round, after a quarantine, and every `GAUGES_INTERVAL`
-    times the instances running), the pause for a refusal
-    of the cluster decided (`pause.next_pause`) and reported on a change, readiness set
-    from the round's outcome and the result kept as `last_round`.
-    """
-
-    session: LaneSession
-    pump: Pump
-    metrics: RelayMetrics
-    gauges: Gauges
-    state: ComponentState
-    _: KW_ONLY
-    look_interval: float
-    _next_look: float = field(init=False, default=0.0)
-    _refreshed_at: float | None = field(init=False, default=None)
-    last_round: RoundResult | None = field(init=False, default=None)
-    pause: Pause | None = field(init=False, default=None)
-    """The refusal of the cluster the relay waits out now (None: not paused)."""
-
-    def start(self, *, force: bool) -> psycopg.Connection[TupleRow]:
-        """The connection; every `look_interval` (or if forced) also the lanes and gauges."""
-        conn = self.session.connection()
-        now = time.monotonic()
-        if force or now >= self._next_look:
-            self._next_look = now + self.look_interval
-            self.session.rebalance()
-        return conn
-
-    def blind(self) -> None:
-        """The database failed the round: the gauges read from it are unknown (NaN) until
-        the next round that reaches it refreshes them, at once."""
-        self._refreshed_at = None
-        self.metrics.set_unknown()
-
-    def finish(self, conn: psycopg.Connection[TupleRow]) -> RoundResult:
-        idle = not self.pump.tally.read and not len(self.pump.window)
-        if idle:
-            self.pump.flush()  # nothing else to do: the last deletes
-        result = self.pump.take_tally()
-        # After the step (the backlog it left): at the first round, on a quarantine, and
-        # every GAUGES_INTERVAL times the instances running. Every instance counts the
-        # whole outbox (any one of them shows it, and a stuck one cannot hide the others'
-        # backlog), so a fixed interval per instance made the counts grow with the
-        # instances: with 8 they were the relays' costliest statement in a drain, 10-40 ms
-        # each over the dead rows at the outbox's head (docs/design/identity-fanout.md
-        # "Relays side by side").
-        # The floor the next reads from a lane's head and the gauges start at (a step every
-        # FLOOR_INTERVAL at most: outbox.floor).
-        floor = self.pump.floor.refresh(conn)
-        now = time.monotonic()
-        interval = GAUGES_INTERVAL * self.session.instances
-        if self._refreshed_at is None or result.quarantined or now - self._refreshed_at >= interval:
-            self._refreshed_at = now
-            self.gauges.refresh(conn, floor)
-        result.active = bool(self.session.lanes)
-        # Only a read that found nothing shows that nothing waits: a step inside a read's
-        # cooldown did not look.
-        looked_idle = idle and not self.pump.cooldown_left()
-        before, self.pause = (
-            self.pause,
-            next_pause(
-                self.pause, result.refused, acknowledged=result.acknowledged, idle=looked_idle
-            ),
-        )
-        report_pause(self.metrics, before, self.pause)
-        if self.pause is not before:
-            pause = self.pause
-            self.session.mark_pause(
-                None if pause is None else pause.failure.reason,
-                None if pause is None else pause.topic,
-            )
-        if self.pause is not None:
-            self.state.degraded(f"kafka: {self.pause.describe()}")
-        elif result.error is None:
-            self.state.ok()
-        else:
-            self.state.degraded(f"kafka: {result.error}")
-        self.last_round = result
-        return result
+_VALUE = attrgetter("value")
 
 
 class RelayConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -190,8 +148,7 @@ class RelayConfig(msgspec.Struct, frozen=True, kw_only=True):
     poll_interval: float = 1.0
     """How often the outbox is looked at when no NOTIFY came."""
     read_cooldown: float = READ_COOLDOWN
-    """After a read that found the lanes caught up, how long before the next read
-    (`Pump.cycle`); 0: none."""
+    """After a read that found the lanes caught up, how long before the next read; 0: none."""
     delivery_timeout: float = 30.0
     lock_retry_interval: float = LOCK_RETRY_INTERVAL
     backoff_initial: float = 1.0
@@ -222,16 +179,35 @@ class RelayConfig(msgspec.Struct, frozen=True, kw_only=True):
 class RelaySignals:
     """Where a test watches a relay; a service leaves them unset."""
 
-    probe: Callable[[str, int], None] | None = None
-    """`probe(event, lane or slot)`: "acquired", "releasing", "lost" of a lane
-    (`LaneSession`), "produced", "settled" of a slot (`Pump`)."""
+    probe: Probe | None = None
+
+
+@dataclass(slots=True)
+class RoundResult:
+    """What one round did. Counted into while the round runs; `active` is set at its end and
+    nothing changes it afterwards. `error` is why the flow stopped (a retriable failure), if
+    it did."""
+
+    active: bool = False
+    read: int = 0
+    published: int = 0
+    failed: int = 0
+    """Rows left in the outbox by a stopped flow (to be sent again)."""
+    quarantined: int = 0
+    first_id: int | None = None
+    last_published_id: int | None = None
+    error: str | None = None
+    refused: Pause | None = None
+    """The flow stopped on a refusal of the cluster (`pause`): `error` says it too."""
+    acknowledged: set[str] = field(default_factory=set)
+    """Topics of rows the broker acknowledged in this round (what lifts a pause)."""
 
 
 class OutboxRelay:
     """Publishes its lanes of the outbox to Kafka; see the module docstring.
 
-    Drive it with `run(stop)` in its own thread (pipelined), or `run_once()` from tests
-    (one batch, waited for). Not thread-safe: one thread per instance.
+    Drive it with `run(stop)` in its own thread, or `run_once()` from tests (one batch,
+    waited for). Not thread-safe: one thread per instance.
     """
 
     def __init__(
@@ -244,72 +220,61 @@ class OutboxRelay:
         tracer_provider: trace.TracerProvider | None = None,
         signals: RelaySignals | None = None,
     ) -> None:
-        probe = (signals or RelaySignals()).probe
         self.config = config
+        self._probe = (signals or RelaySignals()).probe
+        self._store = OutboxStore(config.tables)
+        self.metrics = RelayMetrics(registry)
+        self.state = state if state is not None else ComponentState()
+        self._heartbeat = heartbeat
+        self._stop = threading.Event()
+        self._stop_seen_at: float | None = None
         self._db_backoff = Backoff(initial=config.backoff_initial, maximum=config.backoff_maximum)
         self._kafka_backoff = Backoff(
             initial=config.backoff_initial, maximum=config.backoff_maximum
         )
-        self.metrics = RelayMetrics(registry)
-        self.state = state if state is not None else ComponentState()
-        host = socket.gethostname()
         self._session = LaneSession(
             config.dsn,
             lanes=config.lanes,
-            tables=config.tables,
-            application_name=f"{config.client_id}@{host}",
+            store=self._store,
+            application_name=f"{config.client_id}@{socket.gethostname()}",
             limits=config.session,
             on_change=self.metrics.set_lanes,
             on_foreign=self.metrics.foreign_lock_holders.set,
-            probe=probe,
+            probe=self._probe,
         )
-        # The deleter's own autocommit sessions, named apart from the lanes' session.
-        delete_name = f"{config.client_id}-delete@{host}"
-        self._pump = Pump(
-            Publisher(
-                bootstrap=config.bootstrap,
-                client_id=config.client_id,
-                message_max_bytes=config.message_max_bytes,
-                compression=config.compression,
-                extra=config.kafka_extra,
-                delivery_timeout=config.delivery_timeout,
-                tracer=(tracer_provider or trace.get_tracer_provider()).get_tracer(__name__),
-                partitions=config.partitions,
-                on_partitions=self.metrics.set_topic_partitions,
-            ),
-            InflightWindow(max_records=config.window_records, max_bytes=config.window_bytes),
-            self.metrics,
-            Deleter(
-                lambda: connect(config.dsn, config.session, application_name=delete_name),
-                self.metrics,
-                config.tables,
-            ),
-            tables=config.tables,
-            lanes=config.lanes,
-            batch_size=config.batch_size,
+        self._publisher = Publisher(
+            bootstrap=config.bootstrap,
+            client_id=config.client_id,
+            message_max_bytes=config.message_max_bytes,
+            compression=config.compression,
+            extra=config.kafka_extra,
             delivery_timeout=config.delivery_timeout,
-            read_cooldown=config.read_cooldown,
-            probe=probe,
+            tracer=(tracer_provider or trace.get_tracer_provider()).get_tracer(__name__),
+            partitions=config.partitions,
+            on_partitions=self.metrics.set_topic_partitions,
         )
-        self._pace = Pacer(heartbeat)
-        self._rounds = Rounds(
-            self._session,
-            self._pump,
-            self.metrics,
-            Gauges(self.metrics, self._pump.quarantine),
-            self.state,
-            look_interval=config.lock_retry_interval,
+        self.window = InflightWindow(
+            max_records=config.window_records, max_bytes=config.window_bytes
         )
-
-    @property
-    def last_round(self) -> RoundResult | None:
+        self._floor = OutboxFloor(self._store)
+        """Where a lane without a cursor reads from (taken over, or nothing in flight)."""
+        self._stale_after = config.delivery_timeout + FLUSH_MARGIN
+        self._cursors: dict[int, int] = {}
+        """The last id read in each held lane (a lane without one reads from the floor)."""
+        self._next_read = 0.0
+        """monotonic() before which a round does not read (a caught-up read's cooldown)."""
+        self._to_delete: list[int] = []
+        """Acknowledged ids not deleted yet: kept across a lost connection (deleting an
+        acknowledged row is right whoever holds its lane), deleted before any read from a
+        lane's head, so no relay reads and sends one of them again."""
+        self._settled_topics: set[str] = set()
+        self._tally = RoundResult()
+        self._next_look = 0.0
+        self._refreshed_at: float | None = None
+        self.last_round: RoundResult | None = None
         """What the last round did (published, quarantined, the Kafka error that stopped it)."""
-        return self._rounds.last_round
-
-    @property
-    def pause(self) -> Pause | None:
-        """The refusal of the cluster this instance waits out (None: not paused)."""
-        return self._rounds.pause
+        self.pause: Pause | None = None
+        """The refusal of the cluster this instance waits out now (None: not paused)."""
 
     @property
     def active(self) -> bool:
@@ -326,26 +291,28 @@ class OutboxRelay:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
+    # -- the loop ----------------------------------------------------------------------------
+
     def run(self, stop: threading.Event) -> None:
         """Publish until `stop` is set, then settle what is in flight and give back the lanes.
 
         Never raises for PostgreSQL or Kafka outages: it backs off (1 s -> 60 s), reports
         degraded readiness and catches up when they return.
         """
-        self._pace.stop = stop
+        self._stop = stop
         log_event(_log, "relay started", batchSize=self.config.batch_size)
         try:
             while not stop.is_set():
-                self._pace.beat()
+                self._beat()
                 try:
-                    delay = self._guarded(self._step)
+                    delay = self._guarded(self._round)
                 except Exception as exc:
                     delay = self._db_backoff.next_delay()
                     self.state.degraded(
                         report_failed_round(self.metrics, exc, delay, dsn=self.config.dsn)
                     )
                 if delay > 0:
-                    self._pace.sleep(delay)
+                    self._sleep(delay)
         finally:
             self.close()
             log_event(_log, "relay stopped")
@@ -359,97 +326,551 @@ class OutboxRelay:
         """
 
         def once() -> float:
-            conn = self._rounds.start(force=True)
+            conn = self._start(force=True)
             if self.active:
-                self._pump.fill(conn, self._session.readable_lanes())
-                self._pump.drain(conn, self._pace.beat, self._pace.give_up)
-                self._pump.flush()
+                self._fill(conn, self._session.readable_lanes())
+                if self._settle_all(conn).stopped:
+                    self._fail(conn)
+                self._delete_settled(conn)
                 self._release_idle(conn)
-            self._rounds.finish(conn)
+            self._finish(conn)
             return 0.0
 
         self._guarded(once)
         return self.last_round.published if self.last_round else 0
 
-    def _step(self) -> float:
-        """One turn of the pipelined flow, then the wait it calls for (0: go on at once)."""
-        conn = self._rounds.start(force=False)
+    def _round(self) -> float:
+        """One round (the module docstring's steps), then the wait it calls for (0: none)."""
+        conn = self._start(force=False)
         if not self.active:
-            self._rounds.finish(conn)
+            self._finish(conn)
             return self.config.lock_retry_interval
-        read = self._pump.cycle(
-            conn,
-            self._session.readable_lanes(),
-            on_tick=self._pace.beat,
-            give_up=self._pace.give_up,
-        )
+        read = self._fill(conn, self._session.readable_lanes()) if self._may_read() else 0
+        full = self.window.room() == 0
+        self._publisher.serve(BUSY_WAIT if (full or read == 0) and len(self.window) else 0.0)
+        settlement = self._settle(conn, flush=read < self.config.batch_size)
+        if settlement.stop_failure is not None or (
+            len(self.window) and self.window.oldest_age(time.monotonic()) > self._stale_after
+        ):
+            self._fail(conn)
         self._release_idle(conn)
-        result = self._rounds.finish(conn)
+        result = self._finish(conn)
         self._db_backoff.reset()
         if result.error is not None:
             return self._kafka_backoff.next_delay()
-        if read and self._rounds.pause is None:
+        if read and self.pause is None:
             # Paused, a read is only the next try: the delay grows until Kafka takes a row.
             self._kafka_backoff.reset()
-        elif not len(self._pump.window):
+        elif not len(self.window):
             self._session.wait_for_notify(
-                self.config.poll_interval, stop=self._pace.stop, on_tick=self._pace.beat
+                self.config.poll_interval, stop=self._stop, on_tick=self._beat
             )
             # Woken while the lanes cool down after a caught-up read: the next read waits
             # for the end of it, and answers every commit until then.
-            return self._pump.cooldown_left()
+            return self._cooldown_left()
         return 0.0
 
-    def _release_idle(self, conn: psycopg.Connection[TupleRow]) -> None:
-        """Hand over the surplus lanes with nothing in flight (their acks deleted first, so
-        the next holder does not send them again)."""
-        if self._session.handing_over and self._pump.flush():
-            self._session.release_idle(self._pump.window.busy_slots())
-
     def _guarded(self, step: Callable[[], float]) -> float:
-        """Any database error: drop the connection (and the lanes) and forget the window."""
+        """Any database error: drop the connection (and the lanes), forget the window, and
+        the gauges read from the database are unknown (NaN) until a round reaches it."""
         try:
             return step()
         except Exception:
             self._session.drop()
-            self._pump.forget()
-            self._rounds.blind()
+            self._forget()
+            self._refreshed_at = None
+            self.metrics.set_unknown()
             raise
 
-    def close(self) -> None:
-        """Settle what is in flight (short grace), give back the lanes, close the clients."""
-        self._pump.stop(self._session.connection if self._session.lanes else None)
-        self._session.close()
+    # -- 1. start ----------------------------------------------------------------------------
 
+    def _start(self, *, force: bool) -> Conn:
+        """The connection; every `lock_retry_interval` (or if forced) also the lanes."""
+        conn = self._session.connection()
+        now = time.monotonic()
+        if force or now >= self._next_look:
+            self._next_look = now + self.config.lock_retry_interval
+            self._session.rebalance()
+        return conn
 
-# -- pacing --------------------------------------------------------------------------------
+    # -- 2. read and produce -----------------------------------------------------------------
 
-# The relay loop's waits: interruptible sleeps, the liveness heartbeat, the stop grace.
+    def _may_read(self) -> bool:
+        return time.monotonic() >= self._next_read
 
+    def _cooldown_left(self) -> float:
+        """Seconds until a round reads again after a caught-up read (0: at once)."""
+        return max(0.0, self._next_read - time.monotonic())
 
-class Pacer:
-    """Sleeps that end at a stop request and beat the heartbeat (if any) meanwhile."""
+    def _fill(self, conn: Conn, lanes: Collection[int]) -> int:
+        """Read and produce the next rows of `lanes` if the window has room; rows read.
 
-    def __init__(self, heartbeat: Heartbeat | None) -> None:
-        self._heartbeat = heartbeat
-        self.stop = threading.Event()
-        self._stop_seen_at: float | None = None
+        Each lane reads on after its own cursor (the last id read in it): a lane taken over
+        while others are in flight starts from the floor, so its oldest rows go first.
+        Lanes sharing a cursor are read together, normally all of them in one statement.
+        """
+        batch_size = self.config.batch_size
+        room = min(batch_size, self.window.room())
+        if not lanes or room <= 0:
+            return 0
+        if not len(self.window):
+            # Nothing in flight: every lane from its head (late commits too), once the
+            # acknowledged rows there are gone.
+            self._delete_settled(conn)
+            self._cursors.clear()
+        # A lane's head is read from the floor, below which no row is nor will be (late
+        # commits included): not from the first index entry, past every deleted row that a
+        # held snapshot keeps alive (outbox.floor).
+        start = self._floor.after
+        self._cursors = {lane: self._cursors.get(lane, start) for lane in lanes}
+        groups: dict[int, list[int]] = {}
+        for lane, after in self._cursors.items():
+            groups.setdefault(after, []).append(lane)
+        read = read_bytes = 0
+        caught_up = True
+        for after, group in sorted(groups.items()):
+            limit = room - read
+            if limit <= 0:
+                caught_up = False
+                break
+            slots = tuple(slots_of(group, self.config.lanes))
+            budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
+            records = self._store.read(conn, ReadRequest(slots, after, limit, budget))
+            # Fewer rows than asked, and not for the budget: the lanes hold no more now.
+            caught_up &= len(records) < limit and 2 * sum(map(len, map(_VALUE, records))) < budget
+            # At most one record per key in flight (InflightWindow.admissible): the rest of
+            # the read waits, and is read again, from after the last one produced.
+            records = records[: self.window.admissible(records)]
+            if not records:
+                continue
+            read_bytes += sum(map(len, map(_VALUE, records)))
+            for lane in group:  # every row of the group up to here is read
+                self._cursors[lane] = records[-1].id
+            read += len(records)
+            self._produce(records)
+        if caught_up and read and self.config.read_cooldown:
+            # Rows came, and no more are there: more are likely on their way, and read
+            # together after the cooldown. An empty read sets none: after a quiet spell
+            # the next commit is read at once.
+            self._next_read = time.monotonic() + self.config.read_cooldown
+        return read
 
-    def beat(self) -> None:
+    def _produce(self, records: Sequence[OutboxRecord]) -> None:
+        self._tally.read += len(records)
+        self._tally.first_id = self._tally.first_id or records[0].id
+        if self._probe is not None:
+            for slot in sorted({r.slot for r in records}):
+                self._probe("produced", slot)
+        self._publisher.produce(records, self.window)
+
+    # -- 4. settle, delete, quarantine, or stop ----------------------------------------------
+
+    def _settle(self, conn: Conn, *, flush: bool) -> Settlement:
+        """Take the window's settled prefix: quarantine the refused rows, and delete the
+        acknowledged ones once a batch is there (or `flush`, or nothing is in flight)."""
+        settlement = self.window.settle()
+        if settlement.quarantine:
+            moved = self._store.move_to_quarantine(conn, settlement.quarantine)
+            report_refusals(self.metrics, self.config.tables, settlement.quarantine, moved)
+            self._tally.quarantined += len(moved)
+        topics, slots = self.window.take_settled()
+        self._settled_topics.update(topics)
+        if settlement.delete:  # the cluster took these: a refusal of it is over
+            self._publisher.refusal = None
+            self._tally.acknowledged |= topics - {r.record.topic for r in settlement.quarantine}
+        self._to_delete.extend(settlement.delete)
+        if self._to_delete and (
+            flush or len(self._to_delete) >= self.config.batch_size or not len(self.window)
+        ):
+            self._delete_settled(conn)
+        if self._probe is not None:
+            for slot in sorted(slots):
+                self._probe("settled", slot)
+        self.metrics.in_flight.set(len(self.window))
+        return settlement
+
+    def _settle_all(self, conn: Conn) -> Settlement:
+        """Wait (bounded) for the outcome of every record in flight, then apply them."""
+        self._publisher.wait(self.window, on_tick=self._beat, give_up=self._give_up)
+        return self._settle(conn, flush=True)
+
+    def _delete_settled(self, conn: Conn) -> None:
+        """Delete the acknowledged rows (exactly their ids, never a range: a writer that took
+        a lower id may commit after a read of higher ones)."""
+        ids = self._to_delete
+        if not ids:
+            return
+        deleted = self._store.delete(conn, ids)
+        self._to_delete = []
+        if deleted != len(ids):
+            log_event(
+                _log,
+                "outbox rows already gone",
+                logging.WARNING,
+                expected=len(ids),
+                deleted=deleted,
+            )
+        topics, self._settled_topics = sorted(self._settled_topics), set()
+        report_published(self.metrics, ids, topics)
+        self._tally.published += len(ids)
+        self._tally.last_published_id = max(self._tally.last_published_id or 0, *ids)
+
+    def _fail(self, conn: Conn) -> None:
+        """The failure path: outcomes of all outstanding records, settle, purge the rest."""
+        settlement = self._settle_all(conn)
+        if not settlement.stopped:
+            return  # the late outcomes were all good after all
+        self._publisher.purge()
+        self._tally.failed += settlement.waiting
+        self._tally.error = settlement.stop_reason()
+        refusal = refusal_of(settlement.stop_failure, self._publisher.refusal)
+        if refusal is not None and settlement.stopped_at is not None:
+            stopped = settlement.stopped_at
+            self._tally.refused = Pause(refusal, stopped.topic, stopped.id, time.monotonic())
+        report_stopped(
+            self.metrics,
+            settlement,
+            published=self._tally.published,
+            quarantined=self._tally.quarantined,
+            refused=self._tally.refused is not None,
+        )
+        self.window.clear()
+        self._cursors.clear()
+        # The rows left go out again after the relay's backoff, not after a cooldown meant
+        # for lanes that caught up: a round that skipped its read would look idle, and idle
+        # lifts a pause.
+        self._next_read = 0.0
+        self.metrics.in_flight.set(0)
+
+    def _release_idle(self, conn: Conn) -> None:
+        """Hand over the surplus lanes with nothing in flight (their acks deleted first, so
+        the next holder does not send them again)."""
+        if self._session.handing_over:
+            self._delete_settled(conn)
+            self._session.release_idle(self.window.busy_slots())
+
+    def _forget(self) -> None:
+        """After the connection (and the lanes) are gone: nothing in flight is ours now."""
+        self._publisher.purge()
+        self.window.clear()
+        self._cursors.clear()
+        self.metrics.in_flight.set(0)
+
+    # -- 5. finish ---------------------------------------------------------------------------
+
+    def _finish(self, conn: Conn) -> RoundResult:
+        """The tally taken, the floor and the gauges refreshed when due, the pause decided
+        and reported on a change, readiness set from the round's outcome."""
+        idle = not self._tally.read and not len(self.window)
+        if idle:
+            self._delete_settled(conn)  # nothing else to do: the last deletes
+        result, self._tally = self._tally, RoundResult()
+        # The floor the next reads from a lane's head and the gauges start at (a step every
+        # FLOOR_INTERVAL at most: outbox.floor).
+        floor = self._floor.refresh(conn)
+        # Every instance counts the whole outbox (any one of them shows it, and a stuck one
+        # cannot hide the others' backlog), once per GAUGES_INTERVAL times the instances
+        # running, so the fleet's counting does not grow with it; and at once after a
+        # quarantine, and at the first round.
+        now = time.monotonic()
+        interval = GAUGES_INTERVAL * self._session.instances
+        if self._refreshed_at is None or result.quarantined or now - self._refreshed_at >= interval:
+            self._refreshed_at = now
+            self._refresh_gauges(conn, floor)
+        result.active = bool(self._session.lanes)
+        # Only a read that found nothing shows that nothing waits: a round inside a read's
+        # cooldown did not look.
+        looked_idle = idle and not self._cooldown_left()
+        before, self.pause = (
+            self.pause,
+            next_pause(
+                self.pause, result.refused, acknowledged=result.acknowledged, idle=looked_idle
+            ),
+        )
+        report_pause(self.metrics, before, self.pause)
+        if self.pause is not before:
+            pause = self.pause
+            self._session.mark_pause(
+                None if pause is None else pause.failure.reason,
+                None if pause is None else pause.topic,
+            )
+        if self.pause is not None:
+            self.state.degraded(f"kafka: {self.pause.describe()}")
+        elif result.error is None:
+            self.state.ok()
+        else:
+            self.state.degraded(f"kafka: {result.error}")
+        self.last_round = result
+        return result
+
+    def _refresh_gauges(self, conn: Conn, floor: int) -> None:
+        """Backlog, head age and quarantine gauges, counted from `floor` (no row lies below
+        it). Every instance reports the whole outbox, whatever lanes it holds."""
+        backlog = self._store.backlog(conn, floor)
+        self.metrics.backlog.set(backlog.rows)
+        self.metrics.oldest_age_seconds.set(backlog.oldest_age_seconds)
+        self.metrics.set_quarantine_rows(self._store.quarantine_counts(conn))
+
+    # -- waits and stop ----------------------------------------------------------------------
+
+    def _beat(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.beat()
 
-    def sleep(self, seconds: float) -> None:
+    def _sleep(self, seconds: float) -> None:
+        """Until `seconds` passed or a stop request; the heartbeat beats meanwhile."""
         deadline = time.monotonic() + seconds
         while (remaining := deadline - time.monotonic()) > 0:
-            if self.stop.wait(min(remaining, WAKE_SLICE)):
+            if self._stop.wait(min(remaining, WAKE_SLICE)):
                 return
-            self.beat()
+            self._beat()
 
-    def give_up(self) -> bool:
+    def _give_up(self) -> bool:
         """During a stop, in-flight deliveries get SHUTDOWN_GRACE more, then waits end."""
-        if not self.stop.is_set():
+        if not self._stop.is_set():
             return False
         now = time.monotonic()
         self._stop_seen_at = self._stop_seen_at or now
         return now >= self._stop_seen_at + SHUTDOWN_GRACE
+
+    def close(self) -> None:
+        """Settle what is in flight (SHUTDOWN_GRACE) while the lanes are held, delete what
+        was acknowledged, give back the lanes and close the producer."""
+        try:
+            if self._session.lanes:
+                conn = self._session.connection()
+                if len(self.window):
+                    deadline = time.monotonic() + SHUTDOWN_GRACE
+                    self._publisher.wait(self.window, give_up=lambda: time.monotonic() > deadline)
+                    left = self._settle(conn, flush=True).waiting
+                    if left:
+                        log_event(
+                            _log, "relay stop left rows in flight", logging.WARNING, rows=left
+                        )
+                self._delete_settled(conn)
+        except Exception as exc:  # the rows stay in the outbox: sent again later
+            log_event(_log, "relay stop left rows in flight", logging.WARNING, error=str(exc))
+        self._publisher.close(SHUTDOWN_GRACE)
+        self._forget()
+        self._session.close()
+
+
+class LaneSession:
+    """The relay's database session: one autocommit connection that holds the member lock
+    and its lanes' slot locks, and LISTENs to the writers' channel (`OutboxStore`).
+
+    The slot locks live on the connection that also reads, deletes and quarantines rows, so
+    losing that connection loses the lanes (and the other instances take them over) instead
+    of two relays publishing one lane. Every wait of the session is bounded by the service's
+    `SessionLimits` (statement and lock timeouts, idle-in-transaction timeout, TCP keepalives
+    on both ends: the server notices a vanished relay and frees its locks within about
+    idle + interval * count seconds).
+
+    `connection()` (re)connects lazily; `rebalance()` moves towards this instance's share
+    of the lanes; `drop()` after any error forgets the connection and with it every lock.
+    `on_change(lanes)` follows the held lanes (the relay's gauges), `on_foreign(sessions)`
+    the sessions of other logins holding lane locks (`lanes.foreign_holders`).
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        lanes: int,
+        store: OutboxStore,
+        application_name: str,
+        limits: SessionLimits,
+        on_change: Callable[[frozenset[int]], None] | None = None,
+        on_foreign: Callable[[int], None] | None = None,
+        probe: Probe | None = None,
+    ) -> None:
+        self._lanes = lanes
+        self._store = store
+        self._base_name = application_name
+        self._name = session_name(application_name, None)
+        # Autocommit: each statement its own transaction; LISTEN delivers at once. A
+        # reconnect takes the name as it is now (a pause's mark included).
+        self._conn = LazyConnection(
+            lambda: connect(dsn, limits, application_name=self._name), prepare=store.join_relays
+        )
+        self._on_change = on_change or (lambda _lanes: None)
+        self._on_foreign = on_foreign or (lambda _count: None)
+        self._foreign_seen: set[tuple[int, str | None, str | None]] = set()
+        self._probe = probe or (lambda _event, _lane: None)
+        self._held: set[int] = set()
+        self.instances = 1
+        """Relay instances running, as the last look counted them (this one included)."""
+        self._releasing: set[int] = set()
+        self._standby_logged = False
+
+    @property
+    def lanes(self) -> frozenset[int]:
+        """Lanes whose locks this session holds (including those being handed over)."""
+        return frozenset(self._held)
+
+    def readable_lanes(self) -> frozenset[int]:
+        """Lanes to read new rows from: the held lanes not being handed over."""
+        return frozenset(self._held - self._releasing)
+
+    @property
+    def handing_over(self) -> bool:
+        """True while some held lane waits for its in-flight records before it goes back."""
+        return bool(self._releasing)
+
+    def connection(self) -> Conn:
+        if not self._conn.is_open:
+            self.drop()  # the locks of a lost session are gone with it
+        return self._conn.get()
+
+    def mark_pause(self, reason: str | None, topic: str | None = None) -> None:
+        """Show the relay's pause (None: none) in this session's application_name, where
+        `outbox status` reads it (`pause_mark`). Called when the pause changes, not per
+        round; a session opened later is named so from its start."""
+        name = session_name(self._base_name, reason, topic)
+        if name == self._name:
+            return
+        self._name = name
+        conn = self._conn.current
+        if conn is not None and self._conn.is_open:
+            self._store.name_session(conn, name)
+
+    def rebalance(self) -> None:
+        """One look at the instances and the locks: take free lanes up to this instance's
+        share, mark the surplus for hand-over (`release_idle` gives them back)."""
+        conn = self.connection()
+        me = conn.info.backend_pid
+        locks = self._store.lane_locks(conn)
+        members = relay_instances(locks)
+        self.instances = max(1, members)
+        # A slot any other session holds is not free, whoever holds it: a foreign holder is
+        # reported, never raced.
+        others = {lk.key % self._lanes for lk in locks if not lk.member and lk.pid != me}
+        self._report_foreign(foreign_holders(locks))
+        plan = plan_lanes(self._lanes, members, self._held, others)
+        self._releasing.update(plan.release)
+        if plan.acquire:
+            self._acquire(conn, plan.acquire)
+        if not self._held and not self._standby_logged:
+            log_event(_log, "relay standby", instances=members, lanes=self._lanes)
+            self._standby_logged = True
+
+    def _report_foreign(self, holders: list[ForeignHolder]) -> None:
+        """Each foreign session once in the log (and again after it let go and came back);
+        their count on every look (`on_foreign`, the relay's gauge)."""
+        seen = {(h.pid, h.user_name, h.application_name) for h in holders}
+        for holder in holders:
+            if (holder.pid, holder.user_name, holder.application_name) in self._foreign_seen:
+                continue
+            log_event(
+                _log,
+                "relay lane locks held by a foreign session",
+                logging.ERROR,
+                pid=holder.pid,
+                user=holder.user_name,
+                application_name=holder.application_name,
+                slots=list(holder.slots),
+                member_lock=holder.member,
+            )
+        self._foreign_seen = seen
+        self._on_foreign(len(holders))
+
+    def release_idle(self, busy_slots: Collection[int]) -> None:
+        """Give back the lanes marked for hand-over that have no record in flight."""
+        idle = sorted(
+            lane
+            for lane in self._releasing
+            if not any(s in busy_slots for s in slots_of([lane], self._lanes))
+        )
+        conn = self._conn.current
+        if not idle or conn is None:
+            return
+        for lane in idle:
+            self._probe("releasing", lane)
+        self._store.unlock_slots(conn, slots_of(idle, self._lanes))
+        self._held.difference_update(idle)
+        self._releasing.difference_update(idle)
+        log_event(_log, "relay lanes released", lanes=idle, held=sorted(self._held))
+        self._on_change(self.lanes)
+
+    def _acquire(self, conn: Conn, wanted: Collection[int]) -> None:
+        slots = slots_of(wanted, self._lanes)
+        got = self._store.try_lock_slots(conn, slots)
+        taken = [lane for lane in wanted if all(s in got for s in slots_of([lane], self._lanes))]
+        # A lane taken only in part (another instance counts lanes differently, during a
+        # change of the setting) is given back whole: a slot has one publisher or none.
+        partial = sorted(got - set(slots_of(taken, self._lanes)))
+        if partial:
+            self._store.unlock_slots(conn, partial)
+        if not taken:
+            return
+        self._held.update(taken)
+        self._standby_logged = False
+        for lane in taken:
+            self._probe("acquired", lane)
+        log_event(
+            _log,
+            "relay lanes acquired",
+            lanes=taken,
+            held=sorted(self._held),
+            pid=conn.info.backend_pid,
+        )
+        self._on_change(self.lanes)
+
+    def wait_for_notify(
+        self, timeout: float, *, stop: threading.Event, on_tick: Callable[[], None]
+    ) -> None:
+        """Sleep until a writer's NOTIFY, `timeout` or `stop`, whichever comes first.
+
+        Woken, it also takes every NOTIFY already received: psycopg keeps those that came
+        while the session ran statements, and one look at the lanes answers them all (taken
+        one per wait, each writer's commit during a round would cost one more round of every
+        relay: docs/design/identity-fanout.md "Relays side by side").
+        """
+        conn = self._conn.current
+        if conn is None:
+            return
+        deadline = time.monotonic() + timeout
+        while not stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                woken = False
+                # Run to its end (never left early): it yields every NOTIFY kept meanwhile
+                # before it stops after one, then the poll below takes those on the wire.
+                for _ in conn.notifies(timeout=min(remaining, WAKE_SLICE), stop_after=1):
+                    woken = True
+                if woken:
+                    for _ in conn.notifies(timeout=0):
+                        pass
+                    return
+            except Exception:
+                self.drop()
+                raise
+            on_tick()
+
+    def drop(self) -> None:
+        """Forget the connection after an error (closing it frees every lock server-side)."""
+        self._conn.discard()
+        if self._held:
+            log_event(_log, "relay lanes lost", logging.WARNING, lanes=sorted(self._held))
+            for lane in sorted(self._held):
+                self._probe("lost", lane)
+        self._forget()
+
+    def close(self) -> None:
+        """Give every lane back and close the connection (a graceful stop)."""
+        for lane in sorted(self._held):
+            self._probe("releasing", lane)
+        self._conn.close()  # ends the session: its advisory locks go with it
+        if self._held:
+            log_event(_log, "relay lanes released", lanes=sorted(self._held), held=[])
+        self._forget()
+
+    def _forget(self) -> None:
+        changed = bool(self._held)
+        self._held.clear()
+        self._releasing.clear()
+        self._standby_logged = False
+        if changed:
+            self._on_change(self.lanes)

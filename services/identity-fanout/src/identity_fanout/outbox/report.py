@@ -6,25 +6,18 @@ import logging
 import time
 import traceback
 from collections.abc import Sequence
-from typing import Final
-
-import psycopg
-from psycopg.rows import TupleRow
 
 from identity_fanout.outbox import log as _log
 from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.pause import Pause
-from identity_fanout.outbox.quarantine import MovedRow, Quarantine
+from identity_fanout.outbox.quarantine import MovedRow
 from identity_fanout.outbox.settlement import Refusal, Settlement
 from identity_fanout.outbox.tables import OutboxTables
 from pin_runtime.delivery import DeliveryFailure
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import is_retriable, report_auth_failure
-from pin_runtime.sql import load_queries
 
 __all__ = [
-    "BACKLOG_EXACT_UP_TO",
-    "Gauges",
     "report_failed_round",
     "report_pause",
     "report_published",
@@ -32,16 +25,6 @@ __all__ = [
     "report_refusals",
     "report_stopped",
 ]
-
-_q = load_queries("identity_fanout", "outbox/sql/relay.sql")
-
-BACKLOG_EXACT_UP_TO: Final = 10_000
-"""The backlog gauge counts rows exactly up to here, then reports the id span (cheap).
-
-Ten times the alert's threshold (> 1000), so the alert's decision is always exact. The
-count runs at every look and every idle step of every relay instance, on the loop's
-connection (the relay publishes nothing meanwhile): counting 100,000 waiting rows costs
-90-200 ms, up to 10,000 about a tenth of that."""
 
 
 def report_published(metrics: RelayMetrics, ids: Sequence[int], topics: Sequence[str]) -> None:
@@ -80,8 +63,8 @@ def report_stopped(
     """`outbox delivery failed`: the rows from the first unsettled one on go out again.
 
     Counted once per stopped flow (the row it stopped on), never per row of the window that
-    goes out again with it: a window of 16,000 rows refused at each retry counted 16,000 a
-    retry, which read as a flood of failures where one refusal was retried. A flow `refused`
+    goes out again with it: counted per row, one refusal retried read as a flood of failures
+    as large as the window at every retry. A flow `refused`
     by the cluster is counted but not logged: `report_pause` says it once per pause, where
     this line would come at every retry."""
     if settlement.stopped_at is None:
@@ -169,26 +152,3 @@ def report_failed_round(metrics: RelayMetrics, exc: Exception, retry_in: float, 
         **({} if retriable else {"traceback": "".join(traceback.format_exception(exc))}),
     )
     return f"postgres: {reason}" if retriable else reason
-
-
-class Gauges:
-    """Backlog, head age and quarantine gauges, read from the database (`refresh`, at every
-    look at the lanes). Every instance reports the whole outbox, whatever lanes it holds."""
-
-    def __init__(self, metrics: RelayMetrics, quarantine: Quarantine) -> None:
-        self._metrics = metrics
-        self._quarantine = quarantine
-        self._backlog = quarantine.tables.compose(_q, "backlog")
-
-    def refresh(self, conn: psycopg.Connection[TupleRow], floor: int = 1) -> None:
-        """The gauges, counted from `floor` (outbox.floor: no row lies below it)."""
-        metrics = self._metrics
-        # Unprepared, as every frequent statement on the outbox (pump.fetch says why).
-        row = conn.execute(
-            self._backlog, {"exact_up_to": BACKLOG_EXACT_UP_TO, "floor": floor}, prepare=False
-        ).fetchone()
-        if row is not None:
-            counted, span, _oldest, age = row
-            metrics.backlog.set(counted if counted < BACKLOG_EXACT_UP_TO else (span or counted))
-            metrics.oldest_age_seconds.set(max(0.0, age) if age is not None else 0.0)
-        metrics.set_quarantine_rows(self._quarantine.counts(conn))

@@ -7,7 +7,7 @@ The rows of a round are walked in outbox id order:
   record, invalid topic name): quarantine it — it would be refused again whatever the
   broker's health, and it must not hold up the rows behind it;
 - refused with a retriable error (broker down, timeout, not leader, queue full) or by the
-  cluster (not authorized, not authenticated, no such topic: `relay_pause`), or without
+  cluster (not authorized, not authenticated, no such topic: `pause`), or without
   an outcome (still in flight when the wait ended, never produced): the round stops here.
   This row and every row after it stay in the outbox for the next round, acknowledged or
   not: a re-send may duplicate a record, but a later row of the same key never overtakes

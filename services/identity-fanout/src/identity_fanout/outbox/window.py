@@ -4,7 +4,7 @@ The relay keeps producing while earlier acknowledgements are pending, up to `max
 records or `max_bytes` bytes of keys and values (each read asks for no more than the bytes
 left, so a read ahead and one large row are the only overshoot); memory follows the
 window, not the backlog. `settle()` takes the
-settled prefix off the front with `relay_settlement.settle`'s rules: acknowledged rows to
+settled prefix off the front with `settlement.settle`'s rules: acknowledged rows to
 delete, non-retriable refusals to quarantine, and it stops at the first row that is still
 in flight (normal: wait) or was refused with a retriable error (the caller's failure path:
 that row and all behind it go out again). Pure: no producer, no database.

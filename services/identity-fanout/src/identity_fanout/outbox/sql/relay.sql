@@ -24,7 +24,7 @@ SELECT id, topic, message_key, payload, headers, key_slot
 -- The same rows as `read_lanes`, for a relay holding few slots: each slot's head along the
 -- (key_slot, id) index, merged in id order ({heads}: one `slot_head` per slot, UNION ALL),
 -- so a read touches only the relay's own rows instead of walking the primary key past the
--- other relays' rows and the dead ones at the head (identity_fanout.outbox.pump.LaneRead).
+-- other relays' rows and the dead ones at the head (identity_fanout.outbox.store.OutboxStore.read_statement).
 SELECT id, topic, message_key, payload, headers, key_slot
   FROM (SELECT *, sum(octet_length(payload)) OVER (ORDER BY id) - octet_length(payload) AS before
           FROM (SELECT * FROM ({heads}) AS heads
@@ -53,11 +53,10 @@ DELETE FROM {outbox} WHERE id = ANY(%(ids)s::bigint[])
 -- backward), and the age of the head row, the one the relay publishes next.
 -- The count walks the primary key, not the heap: rows the relay deleted stay in the heap as
 -- dead tuples until VACUUM, at its head, and a sequential count read through all of them at
--- every idle step (after each batch a writer commits), 40-130 ms for 100,000 dead rows and
--- growing with the table; the index skips entries already found dead (~2 ms). Each walk
--- starts at the floor (`floor`, outbox.floor): while a snapshot older than the deletes
--- is held no entry can be found dead, and the walk from the first entry fetched every
--- deleted row from the heap again (196 ms over 300,000).
+-- every idle step, growing with the table; the index skips entries already found dead.
+-- Each walk starts at the floor (`floor`, outbox.floor): while a snapshot older than the
+-- deletes is held no entry can be found dead, and the walk from the first entry fetched
+-- every deleted row from the heap again (docs/design/identity-fanout.md "The outbox floor").
 WITH head AS (
     SELECT id, created_at FROM {outbox} WHERE id >= %(floor)s ORDER BY id LIMIT 1
 )
