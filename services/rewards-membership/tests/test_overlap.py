@@ -18,7 +18,8 @@ from confluent_kafka import Message, TopicPartition
 
 from pin_contracts import AgentMembershipChanged
 from pin_runtime.kafka import create_consumer
-from rewards_membership.consumer.batch import BatchPipeline, bounds, keep_partitions, reseek_offsets
+from rewards_membership.consumer.batch import bounds, keep_partitions, reseek_offsets
+from rewards_membership.consumer.rebalance import RebalanceGuard
 from rewards_membership.rules.validation import InvalidEvent
 from rewards_membership.settings import Settings
 
@@ -89,14 +90,14 @@ def test_a_rebalance_with_a_batch_in_flight_loses_and_repeats_nothing(
     assert_applied_once_each: Callable[..., None],
 ) -> None:
     revokes: list[bool] = []
-    settle = BatchPipeline.settle_and_report
+    on_revoke = RebalanceGuard.on_revoke
 
-    def watched(self: BatchPipeline, exclude: Any) -> None:
-        # Called by the revoke (and loss) callback: was a batch in its transaction then?
-        revokes.append(self.in_flight is not None)
-        settle(self, exclude)
+    def watched(self: RebalanceGuard, consumer: Any, partitions: Any) -> None:
+        # The revoke callback: was a batch in its transaction then?
+        revokes.append(self.batches.in_flight is not None)
+        on_revoke(self, consumer, partitions)
 
-    monkeypatch.setattr(BatchPipeline, "settle_and_report", watched)
+    monkeypatch.setattr(RebalanceGuard, "on_revoke", watched)
     # The first consumer must still be busy when the rebalance reaches it (within a few
     # heartbeats of the second one's join). Topping the topic up as it is consumed cannot
     # ensure that: the consumer drains records faster than the test produces them, and a

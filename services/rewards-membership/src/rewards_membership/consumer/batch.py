@@ -1,21 +1,22 @@
-"""A batch in flight: which records stay ours, finishing it (dead letters, marks, offset
-commit, pause and seek back), reporting it.
+"""A batch in flight, from its hand-over to the database thread to its report: which
+records stay ours, finishing it (dead letters, marks, offset commit, pause and seek back),
+reporting it. All of it is `Batches`.
 
 The loop keeps at most one batch in flight (its transaction running on the database thread)
 and one prefetched batch (polled and decoded meanwhile, not yet handed to the database
-thread). `BatchPipeline` holds the batch in flight and the finished batches waiting to be
-reported: the poll loop hands a decoded batch over (`start`) and later asks for it to be
-finished (`settle`); `start` is only called after `settle`. Metrics, logs and spans of a
-committed batch are written by `report`, after the next batch has started, so they are
-never on the path from poll to commit.
+thread). The poll loop hands a decoded batch over (`Batches.start`) and later has it
+finished (`Batches.finish`); `start` is only called after `finish`. Metrics, logs and spans
+of a committed batch are written by `Batches.report`, after the next batch has started, so
+they are never on the path from poll to commit. Each record goes from the batch statement's
+decision to its report as one `decided.Decided`.
 
 Which records stay ours is decided by the plain functions at the top of this module (pure,
 no I/O). What the prefetched batch may keep depends on what happened while it waited:
 records of a partition that was revoked or lost, or paused by the failure of the batch
 before it, are dropped, never applied or committed by this instance.
 
-Finishing a batch (`BatchFinisher`) runs on the poll thread (it owns every call on the
-Kafka consumer): it waits for the batch's transaction on the database thread, then
+Finishing a batch runs on the poll thread (it owns every call on the Kafka consumer): it
+waits for the batch's transaction on the database thread, then
 
 1. writes the dead letters (`DeadLetterer`): each once, a reference record when the DLQ
    refuses the copy for good; a retriable failure fails only that record's partition;
@@ -46,27 +47,26 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 from psycopg.errors import LockNotAvailable
 
+from pin_runtime.delivery import DeliveryFailure
 from pin_runtime.errors import DeliveryError
 from pin_runtime.http import ComponentState
 from pin_runtime.postgres import causes, is_retriable
 from rewards_membership.consumer.database import Applied, DatabaseThread
+from rewards_membership.consumer.decided import Decided
 from rewards_membership.consumer.partitions import LOCK_TIMEOUT, POSTGRESQL, PartitionControl
 from rewards_membership.consumer.report import BatchReporter
 from rewards_membership.consumer.spans import BatchTimes
-from rewards_membership.dlq.writer import DeadLetterer, DeadLetterResult, Position, Receipt
+from rewards_membership.dlq.writer import DeadLetterer, Position
 from rewards_membership.errors import CommitInDoubtError, ConcurrentApplyError, is_infrastructure
 from rewards_membership.records import offset_of, partition_of
 from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import InvalidEvent, Item
 
 __all__ = [
-    "BatchFinisher",
-    "BatchPipeline",
-    "EarlierOutcomes",
+    "Batches",
     "Finished",
     "InFlight",
     "bounds",
-    "finished_records",
     "first_offsets",
     "keep_partitions",
     "reseek_offsets",
@@ -97,8 +97,7 @@ class Finished:
     """A committed batch whose metrics, logs and spans are written after the next one
     started (they are not on the path from poll to commit)."""
 
-    done: list[tuple[Message, Item, Outcome]]
-    receipts: dict[Position, Receipt] = field(default_factory=dict)
+    done: list[Decided]
     times: BatchTimes
     process: Span
     """The batch's process span, ended (at its commit) once it was reported."""
@@ -148,83 +147,33 @@ def reseek_offsets(
     return {p: o for p, o in first.items() if p in assigned and p not in paused}
 
 
-def finished_records(
-    records: Sequence[Message],
-    items: Sequence[Item],
-    outcomes: Sequence[Outcome],
-    done: Mapping[int, int],
-    receipts: Mapping[Position, Receipt],
-    *,
-    earlier: Mapping[Position, Outcome] | None = None,
-) -> list[tuple[Message, Item, Outcome]]:
-    """The committed records with the outcomes to report. `earlier`: what records were
-    decided in a try of this batch whose transaction committed but whose batch failed after
-    (a dead-letter write, a mark, the offset commit): this try sees them as duplicates of
-    itself, and they are reported as what they were."""
-    if not receipts and not earlier and all(p in done for p in {m.partition() for m in records}):
-        return list(zip(records, items, outcomes, strict=True))  # the usual whole batch
-    finished = []
-    for m, item, outcome in zip(records, items, outcomes, strict=True):
-        if partition_of(m) not in done:
-            continue
-        # A duplicate we dead-lettered ourselves in an earlier try of this batch (marked,
-        # then the batch failed): it is the dead letter it was.
-        at = (partition_of(m), offset_of(m))
-        reported = Outcome.DEAD_LETTERED if at in receipts else outcome
-        if reported is Outcome.DUPLICATE and earlier:
-            reported = earlier.get(at, reported)
-        finished.append((m, item, reported))
-    return finished
-
-
-@dataclass(eq=False)
-class EarlierOutcomes:
-    """Outcomes of batches whose transaction committed but which failed after it: what
-    their retry reports instead of the duplicates it finds (`finished_records`), so that
-    `membership-applied`, `applied_total` and the unknown-value warnings count each event
-    once. Held only until the retry finished, or the partition left this instance (its next
-    owner reports what it finds: duplicates)."""
-
-    _by_position: dict[Position, Outcome] = field(default_factory=dict)
-
-    def remember(
-        self, records: Sequence[Message], outcomes: Sequence[Outcome], partitions: Collection[int]
-    ) -> None:
-        """The outcomes of `partitions`' records, whose transaction committed and which are
-        not reported now. A duplicate is not remembered: in a retry it is what an earlier
-        try committed, whose outcome is remembered already (or was the first try's own)."""
-        if not partitions:
-            return
-        for message, outcome in zip(records, outcomes, strict=True):
-            if outcome is not Outcome.DUPLICATE and partition_of(message) in partitions:
-                self._by_position[_at(message)] = outcome
-
-    def take(
-        self, records: Sequence[Message], partitions: Collection[int]
-    ) -> dict[Position, Outcome]:
-        """The remembered outcomes of the records of `partitions` (those reported now),
-        forgotten here."""
-        if not self._by_position:
-            return {}
-        return {
-            at: self._by_position.pop(at)
-            for at in map(_at, records)
-            if at[0] in partitions and at in self._by_position
-        }
-
-    def forget(self, partitions: Collection[int]) -> None:
-        for at in [at for at in self._by_position if at[0] in partitions]:
-            del self._by_position[at]
-
-
 @dataclass(eq=False, kw_only=True)
-class BatchPipeline:
-    finisher: BatchFinisher
-    """Owns the database thread the batches are submitted to."""
+class Batches:
+    """The batch in flight, from its hand-over to the database thread to its report.
+
+    `start` hands a decoded batch over; `finish` finishes it (waits for its transaction,
+    then dead letters, marks, offset commit, or pause and seek back); `report` writes the
+    metrics, logs and spans of the batches finished since. `start` is only called after
+    `finish`. Called by the poll loop, and by the revocation (`rebalance.RebalanceGuard`),
+    which must commit what is applied before the partitions move.
+
+    Outcomes of a try whose transaction committed but which failed after it (a dead-letter
+    write, a mark, the offset commit) are kept by position until its retry reports them,
+    instead of the duplicates the retry finds, so `membership-applied`, `applied_total` and
+    the unknown-value warnings count each event once; `forget` drops them, with the DLQ
+    receipts, when the partition leaves this instance (its next owner reports what it
+    finds: duplicates).
+    """
+
+    database: DatabaseThread
+    dead_letters: DeadLetterer
+    partitions: PartitionControl
     reporter: BatchReporter
     """Starts a batch's spans too (`reporter.spans`)."""
-    clock: Callable[[], float] = time.monotonic
+    database_state: ComponentState
+    kafka_state: ComponentState
     in_flight: InFlight | None = field(init=False, default=None)
+    _earlier: dict[Position, Outcome] = field(init=False, default_factory=dict)
     _unreported: list[Finished] = field(init=False, default_factory=list)
 
     def start(
@@ -242,9 +191,9 @@ class BatchPipeline:
         poll_started, polled = poll or (handed, handed)
         process = self.reporter.spans.start(records, poll_started=poll_started, polled=polled)
         first, last = bounds(records)
-        suspects = self.finisher.partitions.pauser.suspects.intersection(first)
+        suspects = self.partitions.pauser.suspects.intersection(first)
         with trace.use_span(process, end_on_exit=False):
-            outcomes = self.finisher.database.submit(
+            outcomes = self.database.submit(
                 items,
                 document,
                 # Asked on the database thread only when the batch is split.
@@ -263,19 +212,16 @@ class BatchPipeline:
             outcomes=outcomes,
         )
 
-    def settle(self, exclude: Sequence[int] = ()) -> None:
+    def finish(self, exclude: Collection[int] = ()) -> None:
         """Finish the batch in flight, if any (waits for its transaction); `exclude` are
-        partitions lost meanwhile, neither dead-lettered nor committed here."""
+        partitions lost meanwhile, neither dead-lettered nor committed here. Its report
+        waits for `report`."""
         batch, self.in_flight = self.in_flight, None
         if batch is None:
             return
-        finished = self.finisher.finish(batch, exclude=exclude)
+        finished = self._finish(batch, exclude)
         if finished is not None:
             self._unreported.append(finished)
-
-    def settle_and_report(self, exclude: Sequence[int]) -> None:
-        self.settle(exclude)
-        self.report()
 
     def report(self) -> None:
         """Write the metrics, logs and spans of every batch finished since the last call."""
@@ -284,7 +230,6 @@ class BatchPipeline:
             try:
                 self.reporter.report(
                     finished.done,
-                    finished.receipts,
                     elapsed_ms=finished.elapsed_ms,
                     batch_context=finished.process.get_span_context(),
                     times=finished.times,
@@ -292,17 +237,14 @@ class BatchPipeline:
             finally:
                 finished.process.end(end_time=finished.times.committed)
 
+    def forget(self, partitions: Collection[int]) -> None:
+        """The partitions left this instance: what is kept of them goes."""
+        for at in [at for at in self._earlier if at[0] in partitions]:
+            del self._earlier[at]
+        for partition in partitions:
+            self.dead_letters.forget(partition)
 
-@dataclass(eq=False, kw_only=True)
-class BatchFinisher:
-    database: DatabaseThread
-    dead_letters: DeadLetterer
-    partitions: PartitionControl
-    database_state: ComponentState
-    kafka_state: ComponentState
-    earlier: EarlierOutcomes = field(default_factory=EarlierOutcomes)
-
-    def finish(self, batch: InFlight, *, exclude: Collection[int] = ()) -> Finished | None:
+    def _finish(self, batch: InFlight, exclude: Collection[int]) -> Finished | None:
         """The committed batch to report, or None when it failed (its partitions paused)."""
         assigned = self.partitions.assigned
 
@@ -311,20 +253,15 @@ class BatchFinisher:
 
         try:
             applied = batch.outcomes.result()
-            outcomes, stored, contended = applied.outcomes, applied.stored, applied.contended
+            stored, contended = applied.stored, applied.contended
             # The records whose transaction committed: all, or those of the partitions that
             # met no row lock held elsewhere.
-            records, items = _committed(batch, contended)
+            decided = _decided(batch, applied)
             partitions = [p for p in batch.first if ours(p) and p not in (contended or {})]
-            # The invalid records of our partitions (dead letters, and duplicates of ones
-            # this process dead-lettered in an earlier try of the batch).
-            kept = [
-                (m, item, outcome)
-                for m, item, outcome in zip(records, items, outcomes, strict=True)
-                if type(item) is InvalidEvent and partition_of(m) in partitions
-            ]
-            letters, receipts = self._dead_letter(kept, batch.process.get_span_context())
-            done = {p: batch.last[p] + 1 for p in partitions if p not in letters.failed}
+            failed, receipts = self._dead_letter(
+                decided, partitions, batch.process.get_span_context()
+            )
+            done = {p: batch.last[p] + 1 for p in partitions if p not in failed}
             self.partitions.ledger.applied(done)
             self.partitions.commit(done, raise_errors=True)
             committed = time.time_ns()
@@ -334,15 +271,12 @@ class BatchFinisher:
             if future.done() and future.exception() is None:
                 # The transaction committed; a later step failed: the retry finds these
                 # records applied, and must still report them as what they were.
-                done_before = future.result()
-                self.earlier.remember(
-                    _committed(batch, done_before.contended)[0], done_before.outcomes, ours_now
-                )
+                self._remember(_decided(batch, future.result()), ours_now)
             elif isinstance(exc, CommitInDoubtError):
                 # Committed or not: if it was, the retry finds the records in the inbox and
                 # reports them as decided here; if not, it decides them anew (an earlier
                 # outcome only ever replaces a duplicate).
-                self.earlier.remember(batch.records, exc.outcomes, ours_now)
+                self._remember(_with_outcomes(batch.records, batch.items, exc.outcomes), ours_now)
             if not is_infrastructure(exc):
                 batch.process.record_exception(exc)
                 batch.process.end()
@@ -351,11 +285,14 @@ class BatchFinisher:
             batch.process.end()
             self.fail({p: o for p, o in batch.first.items() if ours(p)}, exc)
             return None
+        for partition, offset in done.items():
+            # Committed: their receipts are never asked again.
+            self.dead_letters.forget(partition, below=offset)
         # The partitions whose dead letter could not be written are read again, but their
         # other records committed with the batch: their retry reports those as what they
         # were (as after a failure above), not as duplicates of this try.
-        self.earlier.remember(records, outcomes, letters.failed)
-        for partition, failure in letters.failed.items():
+        self._remember(decided, failed)
+        for partition, failure in failed.items():
             # Only this partition: its dead letter could not be written.
             self.fail({partition: batch.first[partition]}, DeliveryError(str(failure)), batch=False)
         for partition, error in (contended or {}).items():
@@ -373,41 +310,10 @@ class BatchFinisher:
             self.kafka_state.ok()
         times = BatchTimes(batch.poll_started, batch.polled, batch.handed, stored, committed)
         return Finished(
-            done=finished_records(
-                records,
-                items,
-                outcomes,
-                done,
-                receipts,
-                # Only the records reported now: a partition retried again keeps what its
-                # earlier try committed until that retry reports it.
-                earlier=self.earlier.take(batch.records, done),
-            ),
-            receipts=receipts,
+            done=self._reported(decided, done, receipts=receipts),
             times=times,
             process=batch.process,
         )
-
-    def _dead_letter(
-        self, kept: Sequence[tuple[Message, Item, Outcome]], batch: trace.SpanContext
-    ) -> tuple[DeadLetterResult, dict[Position, Receipt]]:
-        """Write the batch's dead letters, mark the acknowledged ones in the inbox; say where
-        every invalid record of the batch is in the DLQ (taken now: a commit forgets it)."""
-        dead = [
-            (m, item)
-            for m, item, outcome in kept
-            if isinstance(item, InvalidEvent) and outcome is Outcome.DEAD_LETTERED
-        ]
-        letters = self.dead_letters.write(dead, batch=batch)
-        acknowledged = [item.key for m, item in dead if item.key and _at(m) in letters.acknowledged]
-        self.database.mark_dead_lettered(acknowledged)
-        receipts = {
-            _at(m): receipt
-            for m, item, _ in kept
-            if isinstance(item, InvalidEvent)
-            and (receipt := self.dead_letters.receipt(_at(m))) is not None
-        }
-        return letters, receipts
 
     def fail(self, first: dict[int, int], exc: BaseException, *, batch: bool = True) -> None:
         """Pause the partitions of `first` and seek them back to those offsets."""
@@ -428,15 +334,81 @@ class BatchFinisher:
             self.kafka_state.degraded(reason)
         self.partitions.pause(first, dependency=dependency, reason=reason, event=event, cause=cause)
 
+    def _dead_letter(
+        self, decided: Sequence[Decided], partitions: Collection[int], batch: trace.SpanContext
+    ) -> tuple[Mapping[int, DeliveryFailure], bool]:
+        """Write the dead letters of `partitions`, mark the acknowledged ones in the inbox;
+        each invalid record of them gets its `receipt` (taken now: a commit forgets it).
+        The partitions whose dead letter could not be written (with the failure), and
+        whether any record got a receipt."""
+        invalid = [d for d in decided if type(d.item) is InvalidEvent and d.partition in partitions]
+        if not invalid:
+            return {}, False
+        dead = [
+            (d.message, d.item)
+            for d in invalid
+            if isinstance(d.item, InvalidEvent) and d.outcome is Outcome.DEAD_LETTERED
+        ]
+        letters = self.dead_letters.write(dead, batch=batch)
+        acknowledged = [item.key for m, item in dead if item.key and _at(m) in letters.acknowledged]
+        self.database.mark_dead_lettered(acknowledged)
+        receipts = False
+        for d in invalid:
+            d.receipt = self.dead_letters.receipt(d.position)
+            receipts = receipts or d.receipt is not None
+        return letters.failed, receipts
 
-def _committed(
-    batch: InFlight, contended: Mapping[int, object] | None
-) -> tuple[Sequence[Message], Sequence[Item]]:
-    """The batch's records (and items) whose transaction committed: those of the partitions
-    not `contended`."""
-    if not contended:
-        return batch.records, batch.items
-    return keep_partitions(batch.records, batch.items, lambda p: p not in contended)
+    def _remember(self, decided: Sequence[Decided], partitions: Collection[int]) -> None:
+        """The outcomes of `partitions`' records, whose transaction committed and which are
+        not reported now. A duplicate is not remembered: in a retry it is what an earlier
+        try committed, whose outcome is remembered already (or was the first try's own)."""
+        if not partitions:
+            return
+        for d in decided:
+            if d.outcome is not Outcome.DUPLICATE and partition_of(d.message) in partitions:
+                self._earlier[d.position] = d.outcome
+
+    def _reported(
+        self, decided: list[Decided], done: Mapping[int, int], *, receipts: bool
+    ) -> list[Decided]:
+        """The records of the partitions committed now, as they are reported: a dead letter
+        this process wrote in an earlier try of the batch (marked, then the batch failed)
+        is the dead letter it was, and a duplicate of what an earlier try committed is what
+        that try decided (taken from what is kept: a partition retried again keeps it until
+        that retry reports it)."""
+        earlier = self._earlier
+        whole = all(p in done for p in {d.message.partition() for d in decided})
+        if whole and not receipts and not earlier:
+            return decided  # the usual whole batch
+        reported = []
+        for d in decided:
+            if d.partition not in done:
+                continue
+            before = earlier.pop(d.position, None) if earlier else None
+            if d.receipt is not None:
+                d.outcome = Outcome.DEAD_LETTERED
+            elif d.outcome is Outcome.DUPLICATE and before is not None:
+                d.outcome = before
+            reported.append(d)
+        return reported
+
+
+def _decided(batch: InFlight, applied: Applied) -> list[Decided]:
+    """The batch's records whose transaction committed (those of the partitions not
+    `applied.contended`), each with its outcome."""
+    records, items = batch.records, batch.items
+    if applied.contended:
+        contended = applied.contended
+        records, items = keep_partitions(records, items, lambda p: p not in contended)
+    return _with_outcomes(records, items, applied.outcomes)
+
+
+def _with_outcomes(
+    records: Sequence[Message], items: Sequence[Item], outcomes: Sequence[Outcome]
+) -> list[Decided]:
+    if not len(records) == len(items) == len(outcomes):
+        raise ValueError(f"{len(outcomes)} outcome(s) for {len(records)} record(s)")
+    return list(map(Decided, records, items, outcomes))
 
 
 def _at(message: Message) -> Position:

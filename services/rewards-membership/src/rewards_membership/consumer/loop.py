@@ -4,7 +4,7 @@ While the database thread (`database.py`) applies batch N in its transaction, th
 reports batch N-1, polls batch N+1 and decodes it; then it finishes N (`batch.py`: dead
 letters, inbox marks, offset commit, or pause and seek back on failure) and only then hands
 N+1 to the database thread. The batch in flight and the finished ones waiting to be
-reported are kept by `batch.BatchPipeline`; this loop polls, validates and hands over.
+reported are kept by `batch.Batches`; this loop polls, validates and hands over.
 So:
 
 - offsets are committed only after their batch's transaction committed, and one batch at
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import msgspec
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
@@ -35,7 +35,7 @@ from pin_runtime.http import Check, ComponentState, Heartbeat
 from pin_runtime.logging import log_event
 from pin_runtime.shutdown import GracefulShutdown
 from rewards_membership.batch_sql import records_document
-from rewards_membership.consumer.batch import BatchFinisher, BatchPipeline, keep_partitions
+from rewards_membership.consumer.batch import Batches, keep_partitions
 from rewards_membership.consumer.database import BatchApplier, DatabaseThread
 from rewards_membership.consumer.lag import LagReporter
 from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl, PartitionPauser
@@ -77,7 +77,6 @@ class MembershipConsumer:
         self._batch_size = settings.batch_size
         self._poll_timeout = settings.poll_timeout.total_seconds()
         self._consumer = consumer
-        self._dead_letters = dead_letters
         self._heartbeat = heartbeat
         self.database_state = database_state or ComponentState()
         self.kafka_state = kafka_state or ComponentState()
@@ -101,25 +100,23 @@ class MembershipConsumer:
             pauser=pauser,
             metrics=metrics,
             clock=clock,
-            on_committed=lambda p, offset: dead_letters.forget(p, below=offset),
-            on_forget=self._forget,
         )
-        finisher = BatchFinisher(
+        spans = BatchSpans(tracer=tracer, topic=settings.topic, group_id=settings.group_id)
+        self._batches = Batches(
             database=self._database,
             dead_letters=dead_letters,
             partitions=self._partitions,
+            reporter=BatchReporter(metrics=metrics, spans=spans),
             database_state=self.database_state,
             kafka_state=self.kafka_state,
         )
-        spans = BatchSpans(tracer=tracer, topic=settings.topic, group_id=settings.group_id)
-        reporter = BatchReporter(metrics=metrics, spans=spans)
-        self._batches = BatchPipeline(finisher=finisher, reporter=reporter, clock=clock)
         self._rebalances = RebalanceGuard(
             consumer,
             topic=settings.topic,
             partitions=self._partitions,
-            settle=self._batches.settle_and_report,
-            on_assigned=self._assigned,
+            batches=self._batches,
+            lag=self._lag,
+            kafka_state=self.kafka_state,
         )
 
     def run(self, stop: GracefulShutdown, *, until: Callable[[], bool] | None = None) -> None:
@@ -147,7 +144,8 @@ class MembershipConsumer:
         release the database."""
         try:
             try:
-                self._batches.settle_and_report(())
+                self._batches.finish()
+                self._batches.report()
             finally:
                 self._partitions.commit(raise_errors=False)
         finally:
@@ -194,7 +192,8 @@ class MembershipConsumer:
         # its transaction on the database thread.
         items: list[Item] = [_keyed(m, validate(m.value(), m.key())) for m in records]
         document: str | None = records_document(items) if items else None
-        self._batches.settle()
+        # Partitions lost during the poll are left out of it: nothing of them is committed.
+        self._batches.finish(self._rebalances.lost)
         pauser, assigned = self._partitions.pauser, self._partitions.assigned
         # A partition paused meanwhile (the batch before failed) was sought back: its
         # records are read again after the pause.
@@ -211,10 +210,6 @@ class MembershipConsumer:
         self._batches.report()
         return len(records)
 
-    def _assigned(self) -> None:
-        self.kafka_state.ok()
-        self._lag.soon()
-
     def _unreplayed(self) -> int | None:
         # Not while the database is known down: a connect attempt would stall the loop.
         if self._partitions.pauser.down(POSTGRESQL) is not None:
@@ -228,12 +223,6 @@ class MembershipConsumer:
             return False
         self.database_state.ok()
         return True
-
-    def _forget(self, partitions: Sequence[int]) -> None:
-        for partition in partitions:
-            self._dead_letters.forget(partition)
-        self._lag.forget(partitions)
-        self._batches.finisher.earlier.forget(partitions)
 
 
 def _keyed(message: Message, item: Item) -> Item:

@@ -116,8 +116,6 @@ class PartitionControl:
         pauser: PartitionPauser,
         metrics: Metrics,
         clock: Callable[[], float],
-        on_committed: Callable[[int, int], None],
-        on_forget: Callable[[Sequence[int]], None],
     ) -> None:
         self._consumer = consumer
         self._topic = topic
@@ -125,8 +123,6 @@ class PartitionControl:
         self.ledger = OffsetLedger()
         self._metrics = metrics
         self._clock = clock
-        self._on_committed = on_committed
-        self._on_forget = on_forget
         self.assigned: set[int] = set()
         self.paused_now: tuple[PausedNow, ...] = ()
         """The paused partitions as `/readyz` shows them: replaced whole on every change,
@@ -280,8 +276,6 @@ class PartitionControl:
             return
         # What the ledger had applied is committed now, as by `commit`.
         self.ledger.committed(applied)
-        for partition, offset in applied.items():
-            self._on_committed(partition, offset)
 
     def _waits_for_database(self, partition: int) -> bool:
         pause = self.pauser.get(partition)
@@ -312,8 +306,6 @@ class PartitionControl:
                 log_event(_log, "offset commit failed", logging.WARNING, reason=str(exc))
                 return
         self.ledger.committed(offsets)
-        for partition, offset in offsets.items():
-            self._on_committed(partition, offset)
 
     # -- rebalance callbacks ---------------------------------------------------------------
 
@@ -347,10 +339,11 @@ class PartitionControl:
         log_event(_log, "partitions lost", logging.WARNING, partitions=numbers)
 
     def forget(self, numbers: Sequence[int]) -> None:
+        """What this control knows of the partitions; the rebalance guard has the batch and
+        the lag reporter forget theirs."""
         self.ledger.forget(numbers)
         self.pauser.forget(numbers)
         self.assigned.difference_update(numbers)
-        self._on_forget(numbers)
         self._paused_changed()
 
 

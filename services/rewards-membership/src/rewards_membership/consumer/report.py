@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,8 +21,8 @@ from confluent_kafka import Message
 from opentelemetry import trace
 
 from pin_runtime.logging import log_event
+from rewards_membership.consumer.decided import Decided
 from rewards_membership.consumer.spans import BatchSpans, BatchTimes
-from rewards_membership.dlq.writer import Position, Receipt
 from rewards_membership.metrics import Metrics, contract_version_label
 from rewards_membership.records import event_fields, key_text, offset_of, partition_of
 from rewards_membership.rules.plan import Outcome
@@ -60,8 +60,7 @@ class BatchReporter:
 
     def report(
         self,
-        done: Sequence[tuple[Message, Item, Outcome]],
-        receipts: Mapping[Position, Receipt],
+        done: Sequence[Decided],
         *,
         elapsed_ms: float,
         batch_context: trace.SpanContext,
@@ -78,8 +77,9 @@ class BatchReporter:
         for _ in range(len(done)):
             observe(elapsed_ms)
         earliest: datetime | None = None
-        for message, item, outcome in done:
-            self.spans.record(message, item, outcome, batch_context, times)
+        for decided in done:
+            self.spans.record(decided, batch_context, times)
+            message, item, outcome = decided.message, decided.item, decided.outcome
             if type(item) is MembershipChange:
                 # The common case first, without a call per record: a valid event, no log
                 # line at this level, no warning to raise.
@@ -97,7 +97,7 @@ class BatchReporter:
                     earliest = item.occurred_at
             elif isinstance(item, InvalidEvent):
                 fields = event_fields(item, message, batch_context)
-                self._report_invalid(message, item, outcome, receipts, counts, fields=fields)
+                self._report_invalid(decided, item, counts, fields=fields)
                 _, timestamp_ms = message.timestamp()
                 event_time = timestamp_ms / 1000.0 if timestamp_ms > 0 else now
                 oldest = max(oldest or 0.0, now - event_time)
@@ -110,15 +110,13 @@ class BatchReporter:
 
     def _report_invalid(
         self,
-        message: Message,
+        decided: Decided,
         item: InvalidEvent,
-        outcome: Outcome,
-        receipts: Mapping[Position, Receipt],
         counts: Counter[tuple[Outcome, str]],
         *,
         fields: dict[str, Any],
     ) -> None:
-        position = (partition_of(message), offset_of(message))
+        message, outcome = decided.message, decided.outcome
         place: dict[str, Any] = {
             "partition": partition_of(message),
             "offset": offset_of(message),
@@ -129,7 +127,7 @@ class BatchReporter:
             counts[(outcome, "")] += 1
             log_event(_log, outcome.value, logging.INFO, **fields, **place)
             return
-        receipt = receipts.get(position)
+        receipt = decided.receipt
         self._metrics.dlq.labels(item.error_code).inc()
         if receipt is not None and receipt.replaced is not None:
             self._metrics.dlq_replaced.labels(receipt.replaced).inc()

@@ -25,9 +25,10 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from pin_contracts import TRACEPARENT_HEADER
 from pin_runtime.tracing import extract_context
+from rewards_membership.consumer.decided import Decided
 from rewards_membership.records import key_text, offset_of, partition_of
 from rewards_membership.rules.plan import Outcome
-from rewards_membership.rules.validation import Item, MembershipChange
+from rewards_membership.rules.validation import MembershipChange
 
 __all__ = ["STORAGE_ATTRIBUTES", "STORAGE_SPAN", "BatchSpans", "BatchTimes"]
 
@@ -95,16 +96,10 @@ class BatchSpans:
             },
         )
 
-    def record(
-        self,
-        message: Message,
-        item: Item,
-        outcome: Outcome,
-        batch: trace.SpanContext,
-        times: BatchTimes,
-    ) -> None:
+    def record(self, decided: Decided, batch: trace.SpanContext, times: BatchTimes) -> None:
         """The event's receive -> process -> storage spans in its producer's trace (only for
         a record that carries one)."""
+        message, item, outcome = decided.message, decided.item, decided.outcome
         if not _has_traceparent(message):
             return
         attributes = self._attributes("receive", "poll") | {
