@@ -306,7 +306,7 @@ def relay_drain(
             relay.wait_ready(60)
         wait_until(lanes_shared, 60, "the lanes shared by the relays", alive=relays)
         with db.transaction():
-            OUTBOX.write(db, batch)
+            OUTBOX.write(db, laid_out_as_pages(db, batch))
         started = time.monotonic()
         cpu_before = sum(cpu_seconds(r.pid) for r in relays)
         database_before = backend_cpu(db)
@@ -334,6 +334,32 @@ def relay_drain(
         if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
             raise RuntimeError("the relays reported more rows than they deleted")
         return took
+
+
+PAGE_USERS = 500
+"""The fan-out worker's page (IDENTITY_FANOUT_BATCH_SIZE's default): the rows a role change
+writes come in pages of this many users, each page's rows clustered by lane."""
+
+
+def laid_out_as_pages(
+    db: psycopg.Connection[tuple[object, ...]], batch: list[OutboxMessage]
+) -> list[OutboxMessage]:
+    """`batch` in the order the fan-out's pages write such rows: page by page, each page's
+    rows by key slot (the database's slot function), so the outbox's heap holds them as a
+    role change leaves it."""
+    slots = [
+        int(str(slot))
+        for (slot,) in db.execute(
+            "SELECT identity.outbox_key_slot(k) FROM unnest(%s::text[]) WITH ORDINALITY AS t (k, n)"
+            " ORDER BY n",
+            ([m.key for m in batch],),
+        )
+    ]
+    ordered: list[OutboxMessage] = []
+    for start in range(0, len(batch), PAGE_USERS):
+        page = range(start, min(start + PAGE_USERS, len(batch)))
+        ordered.extend(batch[i] for i in sorted(page, key=lambda i: (slots[i], batch[i].key)))
+    return ordered
 
 
 def main() -> None:

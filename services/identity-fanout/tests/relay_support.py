@@ -55,14 +55,13 @@ RELAY_TEST_OPTIONS: dict[str, Any] = {
     "backoff_maximum": 0.5,
 }
 
-"""The service's quarantine, as the CLI and the relay use it."""
-
 BILLING = OutboxTables(
     schema="billing",
     outbox="events",
     quarantine="refused",
     discards="refused_audit",
     channel="billing_events",
+    key_slot_function="slot_of",
     key_fields={"InvoiceIssued": "invoiceId"},
     guarded_event_types=frozenset({"InvoiceIssued"}),
     guard="carry invoices",

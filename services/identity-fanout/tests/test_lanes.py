@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from identity_fanout.outbox.lanes import (
@@ -12,24 +10,12 @@ from identity_fanout.outbox.lanes import (
     LaneLock,
     LanePlan,
     foreign_holders,
-    key_slot,
     lane_of_slot,
     plan_lanes,
     relay_instances,
     share,
     slots_of,
 )
-
-
-def test_a_key_has_one_slot_for_good_and_keys_spread_over_all_slots() -> None:
-    # Pinned values: the migration computes the same in SQL, stored rows depend on them.
-    assert [key_slot(k) for k in ("abc", "", "ключ")] == [58, 35, 29]
-    key = str(uuid.uuid4())
-    assert key_slot(key) == key_slot(key)
-    counts = [0] * SLOTS
-    for _ in range(6400):
-        counts[key_slot(str(uuid.uuid4()))] += 1
-    assert min(counts) > 50  # ~100 each: no slot starves, none takes a lane's share alone
 
 
 @pytest.mark.parametrize("lanes", [1, 3, 8, 64])
@@ -42,9 +28,9 @@ def test_the_lanes_partition_the_slots(lanes: int) -> None:
 
 def test_a_key_stays_in_one_lane_whatever_the_lane_count_is() -> None:
     # The lane is a function of the stored slot: a key never has rows in two lanes at once.
-    slot = key_slot("user-1")
-    for lanes in range(1, SLOTS + 1):
-        assert slot in slots_of([lane_of_slot(slot, lanes)], lanes)
+    for slot in range(SLOTS):
+        for lanes in range(1, SLOTS + 1):
+            assert slot in slots_of([lane_of_slot(slot, lanes)], lanes)
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,11 @@ def test_a_relay_given_other_tables_publishes_and_quarantines_there_only(
             ("refused_audit", "outbox_quarantine_discards"),
         ):
             db.execute(f"CREATE TABLE billing.{table} (LIKE identity.{model} INCLUDING ALL)")
+        # Its key slot function, named by its OutboxTables: every written row's slot is its.
+        db.execute(
+            "CREATE FUNCTION billing.slot_of(key text) RETURNS smallint LANGUAGE sql IMMUTABLE"
+            " AS $$ SELECT identity.outbox_key_slot(key) $$"
+        )
     topic = access_topic(kafka_topic(partitions=3))
     write(identity_dsn, [outbox_message(access_event(), topic) for _ in range(3)])
     invoices = [invoice(topic.name, f"invoice-{n}") for n in range(4)]

@@ -22,7 +22,6 @@ from psycopg.rows import TupleRow, dict_row
 from identity_fanout.fanout.assignments import page_users
 from identity_fanout.fanout.batch import WRITE_PAGE, PageOf, page_parameters, write_page
 from identity_fanout.fanout.enqueue import snapshot_events
-from identity_fanout.outbox.lanes import key_slot
 from identity_fanout.outbox.writer import outbox_message
 from pin_contracts import (
     USER_ACCESS_CHANGED,
@@ -179,7 +178,7 @@ def outbox_rows(db: Conn) -> list[dict[str, Any]]:
         return cur.execute(
             "SELECT topic, message_key, payload, headers, message_id, event_type, key_slot,"
             " identity.outbox_key_slot(message_key) AS migration_slot"
-            " FROM identity.outbox ORDER BY id"
+            " FROM identity.outbox ORDER BY message_key::uuid"  # the page's order: by user
         ).fetchall()
 
 
@@ -252,7 +251,7 @@ def compare_page(db: Conn, data: dict[str, Any], role: uuid.UUID) -> None:
         assert row["message_id"] == record.message_id == written.message_id
         assert row["event_type"] == record.event_type
         assert [tuple(pair) for pair in row["headers"]] == list(record.headers)
-        assert row["key_slot"] == key_slot(record.key) == row["migration_slot"]
+        assert row["key_slot"] == row["migration_slot"]
 
 
 @pytest.mark.parametrize(
@@ -336,17 +335,22 @@ def test_a_user_left_without_assignments_gets_an_empty_snapshot(db: Conn) -> Non
     assert (payload.user_id, payload.company_id, payload.active_assignments) == (user, company, ())
 
 
-def test_slots_of_many_keys_agree_with_python(db: Conn) -> None:
-    """Every row's lane slot, computed by the statement, is `lanes.key_slot` of its key."""
+def test_the_page_gives_every_row_its_keys_slot_by_the_slot_function(db: Conn) -> None:
+    """Every row's lane slot is the slot function's of its key (the one definition)."""
     role, users = seed_role_with_users(db, users=3000, other_roles=0)
     written = write_page(
         db, PageOf(role, None, 1, None, None, 5000), correlation_id=None, trace_context={}
     )
     assert written == (3000, users[-1])
-    rows = db.execute("SELECT message_key, key_slot FROM identity.outbox").fetchall()
+    rows = db.execute(
+        "SELECT identity.outbox_key_slot(message_key), key_slot, message_key::uuid"
+        " FROM identity.outbox ORDER BY id"
+    ).fetchall()
     assert len(rows) == 3000
-    assert [slot for _, slot in rows] == [key_slot(key) for key, _ in rows]
-    assert len({slot for _, slot in rows}) == 64  # every slot reached: the modulus is the same
+    assert [slot for _, slot, _ in rows] == [expected for expected, _, _ in rows]
+    assert len({slot for _, slot, _ in rows}) == 64  # every slot reached
+    # Clustered by lane: ids follow the slot, then the user.
+    assert [(slot, user) for _, slot, user in rows] == sorted((s, u) for _, s, u in rows)
 
 
 def test_pages_walk_a_range_in_order(db: Conn) -> None:
@@ -360,5 +364,6 @@ def test_pages_walk_a_range_in_order(db: Conn) -> None:
         after = written.last_user
         seen.append(written.users)
     assert seen == [7, 7, 6]  # up to the range's upper bound (inclusive), not beyond
+    # Each user once; within a page the rows are clustered by lane, not by user.
     keys = [row[0] for row in db.execute("SELECT message_key FROM identity.outbox ORDER BY id")]
-    assert keys == [str(u) for u in users[:20]]
+    assert sorted(keys, key=uuid.UUID) == [str(u) for u in users[:20]]

@@ -27,7 +27,6 @@ from relay_support import (
 )
 
 from identity_fanout.ops.outbox import outbox_status
-from identity_fanout.outbox.lanes import key_slot
 from identity_fanout.outbox.relay import LaneSession, OutboxRelay
 from identity_fanout.outbox.writer import outbox_message
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
@@ -394,11 +393,14 @@ def test_commits_during_the_cooldown_after_a_caught_up_read_go_out_in_one_read(
     dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory
 ) -> None:
     # Every key in one slot, so each read that produces any of them probes the slot once.
-    users: list[uuid.UUID] = []
-    while len(users) < 5:
-        user = uuid.uuid4()
-        if key_slot(str(user)) == 0:
-            users.append(user)
+    with psycopg.connect(dsn) as db:  # the slot is the database's to say (outbox_key_slot)
+        users = [
+            uuid.UUID(str(user))
+            for (user,) in db.execute(
+                "SELECT u FROM (SELECT gen_random_uuid() AS u FROM generate_series(1, 5000)) AS s"
+                " WHERE identity.outbox_key_slot(u::text) = 0 LIMIT 5"
+            )
+        ]
     produced: list[int] = []
 
     def probe(event: str, slot: int) -> None:

@@ -15,14 +15,22 @@ from typing import Any
 
 import psycopg
 import pytest
-from relay_support import RELAY_TEST_OPTIONS, RelayThread, access_topic, new_relay, outbox_count
+from relay_support import (
+    RELAY_TEST_OPTIONS,
+    RelayThread,
+    access_event,
+    access_topic,
+    new_relay,
+    outbox_count,
+)
 
 from identity_fanout.ops.outbox import OutboxStatus, outbox_status
-from identity_fanout.outbox.lanes import lane_of_slot
+from identity_fanout.outbox.lanes import SLOTS, lane_of_slot
 from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.outbox.writer import outbox_message
 from identity_fanout.schema import OUTBOX
 from pin_contracts import (
+    USER_ACCESS_CHANGED,
     AccessChangeReason,
     Topic,
     UserAccessChangedKafkaEvent,
@@ -181,6 +189,35 @@ def kit(
 
 
 # -- tests --------------------------------------------------------------------------------
+
+
+def test_a_key_has_one_slot_for_good_and_keys_spread_over_all_slots(
+    db: psycopg.Connection[Any],
+) -> None:
+    # The database's function is the one definition of a key's slot (every writer's statement
+    # calls it); pinned values: stored rows depend on them.
+    [pinned] = db.execute(
+        "SELECT array_agg(identity.outbox_key_slot(k) ORDER BY n)"
+        " FROM unnest(ARRAY['abc', '', 'ключ']) WITH ORDINALITY AS t (k, n)"
+    ).fetchall()
+    assert pinned[0] == [58, 35, 29]
+    counts = db.execute(
+        "SELECT count(*) FROM (SELECT identity.outbox_key_slot(gen_random_uuid()::text) AS s"
+        " FROM generate_series(1, 6400)) AS keys GROUP BY s"
+    ).fetchall()
+    # ~100 each: no slot starves, none takes a lane's share alone.
+    assert len(counts) == SLOTS
+    assert min(n for (n,) in counts) > 50
+    with db.transaction():
+        message = outbox_message(access_event(), USER_ACCESS_CHANGED)
+        OUTBOX.write(db, [message])
+        stored = db.execute(
+            "SELECT key_slot = identity.outbox_key_slot(message_key) FROM identity.outbox"
+            " WHERE message_id = %s",
+            (message.message_id,),
+        ).fetchone()
+        assert stored == (True,)
+        db.execute("DELETE FROM identity.outbox WHERE message_id = %s", (message.message_id,))
 
 
 def test_lane_takeover_after_a_relay_process_is_killed(kit: LaneKit) -> None:

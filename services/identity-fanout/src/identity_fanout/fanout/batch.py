@@ -35,7 +35,6 @@ from psycopg.rows import TupleRow
 
 from identity_fanout.fanout.queue import FanoutQueue, Unit
 from identity_fanout.fanout.shards import END, START
-from identity_fanout.outbox.lanes import SLOTS
 from identity_fanout.outbox.writer import current_trace_context
 from identity_fanout.schema import OUTBOX
 from pin_contracts import (
@@ -117,7 +116,7 @@ def run_batch(
 # -- the statement that writes a page -------------------------------------------------------
 
 _fanout = load_queries("identity_fanout", "fanout/sql/fanout.sql")
-WRITE_PAGE: Final = _fanout.compose("write_page", page=sql.SQL(_fanout.page_users))
+WRITE_PAGE: Final = OUTBOX.writer_statement(_fanout, "write_page", page=sql.SQL(_fanout.page_users))
 """The statement, with the page query of `page_users` (one keyset rule for both paths)."""
 _EVENT = UserAccessChangedKafkaEvent
 
@@ -179,7 +178,6 @@ def page_parameters(
                 for name, value in trace_headers(trace_context)
             ]
         ),
-        "slots": SLOTS,
     }
 
 

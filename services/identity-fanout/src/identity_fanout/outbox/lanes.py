@@ -1,10 +1,12 @@
 """Lanes of the outbox: which relay instance publishes which rows. Pure.
 
-Every outbox row carries the slot of its message key (`key_slot`): a stable hash of the key
-modulo `SLOTS`, computed when the row is written and never changed. A lane is a group of
-slots (`slot % lanes == lane`); `lanes` is a relay setting. A relay instance publishes a
-slot only while it holds that slot's session advisory lock, so the rows of one key (one
-slot, whatever the lane count) have one publisher at a time and go out in outbox id order.
+Every outbox row carries the slot of its message key (its `key_slot` column): the first byte
+of the key's sha256 modulo `SLOTS`, computed by the database when the row is written (the
+SQL function `OutboxTables.key_slot_function`, the one definition of it) and never changed.
+A lane is a group of slots (`slot % lanes == lane`); `lanes` is a relay setting. A relay
+instance publishes a slot only while it holds that slot's session advisory lock, so the rows
+of one key (one slot, whatever the lane count) have one publisher at a time and go out in
+outbox id order.
 
 Because exclusion is per slot, the lane count may differ between instances for a while
 (a rolling change of the setting): two instances never hold the same slot, and a lane one
@@ -37,7 +39,6 @@ __all__ = [
     "LaneLock",
     "LanePlan",
     "foreign_holders",
-    "key_slot",
     "lane_of_slot",
     "lock_class",
     "plan_lanes",
@@ -47,8 +48,9 @@ __all__ = [
 ]
 
 SLOTS: Final = 64
-"""Fixed for good: a key's slot is stored with its rows, and a different modulus would move
-keys between slots while rows wait. The lane count is at most this."""
+"""Fixed for good (the modulus of the slot function of migration 0008): a key's slot is
+stored with its rows, and a different modulus would move keys between slots while rows
+wait. The lane count is at most this."""
 MAX_LANES: Final = SLOTS
 DEFAULT_LANES: Final = 8
 """`IDENTITY_FANOUT_OUTBOX_LANES` unless set."""
@@ -59,15 +61,6 @@ def lock_class(name: str) -> int:
     (positive, so it reads the same in `pg_locks.classid`, an unsigned oid). The lanes'
     classes are named after the outbox table (`OutboxTables.lane_lock_class`)."""
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") & 0x7FFFFFFF
-
-
-def key_slot(key: str) -> int:
-    """The slot of a message key: sha256 of its UTF-8 bytes, first byte, modulo `SLOTS`.
-
-    The migration computes the same for existing rows in SQL
-    (`get_byte(sha256(convert_to(key, 'UTF8')), 0) % 64`).
-    """
-    return hashlib.sha256(key.encode()).digest()[0] % SLOTS
 
 
 def lane_of_slot(slot: int, lanes: int) -> int:

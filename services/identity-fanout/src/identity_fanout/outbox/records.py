@@ -37,7 +37,8 @@ class OutboxRecord(NamedTuple):
     value: bytes
     headers: Headers
     slot: int = 0
-    """The key's slot (`lanes.key_slot`): which lane, and so which relay, publishes it."""
+    """The key's slot (`OutboxTables.key_slot_function`): which lane, and so which relay,
+    publishes it."""
 
     @property
     def size(self) -> int:

@@ -4,7 +4,8 @@ audit trail and the lanes' advisory locks, composed once for the service's `Outb
 The writers (rows in, the depth they throttle on), the relay (reads, deletes, quarantine
 moves, backlog gauges, the floor, its lane locks), the fan-out's page statement and the
 operator commands (`outbox status`, `outbox quarantine ...`) all go through one
-`OutboxStore`; the SQL is in `sql/*.sql`, named, and nothing else runs any of it.
+`OutboxStore`; the SQL is in `sql/*.sql`, named, and nothing else in the service runs any
+of it.
 
 Statements run often on the outbox (reads, deletes, backlog, depth, floor) are never
 prepared: the outbox is empty one moment and holds millions of rows the next, and a generic
@@ -22,10 +23,9 @@ from typing import TYPE_CHECKING, Any, Final, LiteralString, NamedTuple
 import msgspec
 from psycopg import Connection, sql
 from psycopg.rows import TupleRow, class_row, kwargs_row
-from psycopg.types.json import Jsonb
 
 from identity_fanout.outbox.errors import DiscardNeedsForceError, QuarantinedRowNotFoundError
-from identity_fanout.outbox.lanes import LaneLock, key_slot
+from identity_fanout.outbox.lanes import LaneLock
 from identity_fanout.outbox.quarantine import (
     DiscardedRow,
     MovedRow,
@@ -65,7 +65,6 @@ def _queries(name: str) -> Queries:
 _relay, _lanes, _floor, _outbox, _quarantine = map(
     _queries, ("relay", "lanes", "floor", "outbox", "quarantine")
 )
-_COPY_TYPES: Final = ["text", "text", "bytea", "jsonb", "uuid", "text", "int2"]
 
 BACKLOG_EXACT_UP_TO: Final = 10_000
 """The backlog gauge counts rows exactly up to here, then reports the id span (cheap): ten
@@ -134,7 +133,7 @@ class OutboxStore:
     def __init__(self, tables: OutboxTables) -> None:
         self.tables = tables
         compose = tables.compose
-        self._copy = compose(_outbox, "copy_outbox")
+        self._insert = compose(_outbox, "insert_outbox")
         self._depth = compose(_outbox, "depth")
         self._by_topic = compose(_outbox, "status_by_topic")
         self._head = compose(_outbox, "status_head")
@@ -157,26 +156,28 @@ class OutboxStore:
     # -- writers ---------------------------------------------------------------------------
 
     def write(self, conn: Connection[Any], messages: Sequence[OutboxMessage]) -> int:
-        """Add `messages` in the caller's transaction (one binary COPY) and wake the relays
-        on commit; the number written."""
+        """Add `messages` in the caller's transaction (one statement) and wake the relays on
+        commit; the number written."""
         if not messages:
             return 0
-        with conn.cursor() as cur, cur.copy(self._copy) as copy:
-            copy.set_types(_COPY_TYPES)
-            for m in messages:
-                copy.write_row(
-                    (
-                        m.topic,
-                        m.key,
-                        m.value,
-                        Jsonb(m.headers, dumps=_json_text),
-                        m.message_id,
-                        m.event_type,
-                        key_slot(m.key),  # its lane, for good (identity_fanout.outbox.lanes)
-                    )
-                )
+        params = {
+            "topics": [m.topic for m in messages],
+            "keys": [m.key for m in messages],
+            "payloads": [m.value for m in messages],
+            "headers": [_json_text(m.headers) for m in messages],
+            "message_ids": [m.message_id for m in messages],
+            "event_types": [m.event_type for m in messages],
+        }
+        conn.execute(self._insert, params)
         self.wake_relays(conn)
         return len(messages)
+
+    def writer_statement(
+        self, queries: Queries, name: str, **parts: sql.Composable
+    ) -> LiteralString:
+        """A writer's own statement that puts rows into the outbox (the fan-out's page),
+        composed with the outbox's names: `{outbox}`, and `{key_slot}` for each row's slot."""
+        return self.tables.compose(queries, name, **parts)
 
     def wake_relays(self, conn: Connection[Any]) -> None:
         """NOTIFY the relays when the caller's transaction commits (a writer that put rows

@@ -1,10 +1,10 @@
 """Where a service's outbox lives, and what the outbox must know of the service's events.
 
 The outbox knows no service: its statements name their tables as `{outbox}`, `{quarantine}`
-and `{discards}` slots, filled from one `OutboxTables` the service supplies (composed once,
-when a gateway is built), and so are the NOTIFY channel, the advisory-lock classes of the
-lanes, the log field a row's key is shown under, and which rows an operator may only
-discard with `force`.
+and `{discards}` slots (and a key's slot function as `{key_slot}`), filled from one
+`OutboxTables` the service supplies (composed once, when a gateway is built), and so are the
+NOTIFY channel, the advisory-lock classes of the lanes, the log field a row's key is shown
+under, and which rows an operator may only discard with `force`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ class OutboxTables(msgspec.Struct, frozen=True, kw_only=True):
     """The audit trail of discarded quarantined rows."""
     channel: str
     """NOTIFY channel a writer wakes the relays with (on commit)."""
+    key_slot_function: str = "outbox_key_slot"
+    """The SQL function (in `schema`) that gives a message key its slot: the one definition
+    of a key's lane, called by every statement that writes an outbox row."""
     key_fields: Mapping[str, str] = msgspec.field(default_factory=dict)
     """The log field naming a row's key, by event type (`userId` for an access event);
     `messageKey` for any other type."""
@@ -71,5 +74,6 @@ class OutboxTables(msgspec.Struct, frozen=True, kw_only=True):
             quarantine=sql.Identifier(self.schema, self.quarantine),
             discards=sql.Identifier(self.schema, self.discards),
             outbox_name=sql.Literal(self.qualified),
+            key_slot=sql.Identifier(self.schema, self.key_slot_function),
             **parts,
         )

@@ -63,7 +63,8 @@ LIMIT %(bounds)s
 -- One batch of the worker, built inside PostgreSQL: the next page of the role's users
 -- ({page}: page_users, composed in by batch.py), each user's UserAccessChanged envelope (as
 -- snapshot_rows + inline.py + pin_contracts.encode build it in Python), its headers,
--- MessageId, key and lane slot, INSERTed into the outbox in page order. Returns the page's
+-- MessageId, key and lane slot ({key_slot}), INSERTed into the outbox ({outbox}: composed by
+-- the outbox's store) in page order. Returns the page's
 -- size and its last user (the checkpoint's cursor). The JSON is written compact, in pin_contracts' field order, so the
 -- value is the bytes msgspec would write; tests/test_page_writer_integration.py proves it
 -- decodes to the Python builder's event for the same rows.
@@ -114,7 +115,7 @@ WITH page AS MATERIALIZED (
           AND (a.expires_at IS NULL OR a.expires_at > now())
     ) AS s ON true
 ), written AS (
-    INSERT INTO identity.outbox
+    INSERT INTO {outbox}
         (topic, message_key, payload, headers, message_id, event_type, key_slot)
     SELECT %(topic)s,
            e.user_id::text,
@@ -141,10 +142,12 @@ WITH page AS MATERIALIZED (
            ) || %(trace_headers)s::jsonb,
            e.message_id,
            %(event_type)s,
-           -- identity_fanout.outbox.lanes.key_slot: the first byte of sha256(key), modulo SLOTS.
-           (get_byte(sha256(convert_to(e.user_id::text, 'UTF8')), 0) %% %(slots)s)::smallint
+           {key_slot}(e.user_id::text)
     FROM snapshots AS e
-    ORDER BY e.user_id
+    -- Clustered by lane: a page's rows of one slot take consecutive ids, so they share heap
+    -- pages, and each relay reads and deletes pages of its own lanes instead of every page
+    -- of the batch (one row per user: no key's order depends on it).
+    ORDER BY {key_slot}(e.user_id::text), e.user_id
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM written) AS users,

@@ -1,11 +1,17 @@
 -- The transactional outbox: how rows go in, and what `outbox status` reads.
 -- {outbox}, {quarantine}, {discards}: the service's tables (identity_fanout.outbox.tables).
 
--- name: copy_outbox --
--- One binary COPY per batch: a fan-out batch writes hundreds of rows and a per-row INSERT
--- round trip would dominate its cost. key_slot is the row's lane for good.
-COPY {outbox} (topic, message_key, payload, headers, message_id, event_type, key_slot)
-FROM STDIN (FORMAT BINARY)
+-- name: insert_outbox --
+-- A writer's rows in one statement (one round trip per batch: the columns as arrays), with
+-- ids in the order given. Each row's slot is its key's by {key_slot}, the one definition of
+-- a key's lane (migration 0008), and the row's lane for good.
+INSERT INTO {outbox} (topic, message_key, payload, headers, message_id, event_type, key_slot)
+SELECT r.topic, r.message_key, r.payload, r.headers::jsonb, r.message_id, r.event_type,
+       {key_slot}(r.message_key)
+  FROM unnest(%(topics)s::text[], %(keys)s::text[], %(payloads)s::bytea[],
+              %(headers)s::text[], %(message_ids)s::uuid[], %(event_types)s::text[])
+       WITH ORDINALITY AS r (topic, message_key, payload, headers, message_id, event_type, n)
+ ORDER BY r.n
 
 -- name: status_by_topic --
 SELECT topic, count(*) FROM {outbox} GROUP BY topic ORDER BY topic
