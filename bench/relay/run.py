@@ -22,10 +22,10 @@ plain producer's (plain client + relay's broker + PostgreSQL).
 The relay's own process CPU per row (all its threads, librdkafka's included) is compared
 with the plain producer's on the same rows. Target: at most 1.25x.
 
-With `--baseline REV` the relay of git revision REV (its `identity_fanout` package, run with
-this checkout's other packages) drains the same rows too, alternating with this one in
-every round: a change of the relay is judged against the code it replaces in the same run,
-not against figures of another day.
+With `--baseline REV [REV ...]` the relay of each git revision REV (its `identity_fanout`
+package, run with this checkout's other packages) drains the same rows too, alternating
+with this one in every round: a change of the relay is judged against the code it replaces
+in the same run, not against figures of another day.
 
 The same drain is then run by several relay instances sharing the lanes (`--relays`, 4 by
 default, each holding its share before the rows commit), and the PostgreSQL CPU per row of
@@ -33,7 +33,7 @@ their backends compared with one relay's. Target: at most 1.15x (each relay read
 own lanes' rows, so more relays do not tax each other).
 
     uv run python bench/relay/run.py [--rows 50000] [--rounds 2] [--lanes 8] [--relays 1 4]
-        [--baseline REV]
+        [--baseline REV ...]
 """
 
 from __future__ import annotations
@@ -377,7 +377,9 @@ def main() -> None:
     parser.add_argument(
         "--baseline",
         metavar="REV",
-        help="also drain with the relay of this git revision, alternating with this one",
+        nargs="*",
+        default=[],
+        help="also drain with the relay of each of these git revisions, alternating",
     )
     args = parser.parse_args()
     counts = sorted({1, *args.relays})
@@ -389,7 +391,10 @@ def main() -> None:
         temporary_database(admin_dsn, "pin_bench_relay") as dsn,
         tempfile.TemporaryDirectory(prefix="pin-bench-baseline-") as old,
     ):
-        baseline = None if args.baseline is None else checkout_package(args.baseline, old)
+        baselines = {
+            rev: checkout_package(rev, os.path.join(old, str(n)))
+            for n, rev in enumerate(args.baseline)
+        }
         try:
             migrate_database(dsn)
             with console.status(f"building {args.rows:,} access events"):
@@ -399,19 +404,27 @@ def main() -> None:
             for round_ in range(args.rounds):
                 with console.status(f"round {round_ + 1}: plain producer"):
                     plain_producer(bootstrap, create_topic(topics), batch)
-                if baseline is not None:
-                    name = baseline_side(args.baseline)
+                # Every relay side in turn, each round starting one further: none always
+                # drains right after the same other (whose deletes autovacuum cleans up).
+                drains: list[tuple[str, str | None, int]] = [
+                    (baseline_side(rev), package, 1) for rev, package in baselines.items()
+                ]
+                drains += [(side(n), None, n) for n in counts]
+                turn = round_ % len(drains)
+                for name, package, instances in drains[turn:] + drains[:turn]:
                     with console.status(f"round {round_ + 1}: {name}"):
                         topic = create_topic(topics)
                         moved = [msg_for(m, topic) for m in batch]
                         relay_drain(
-                            dsn, bootstrap, topic, moved, args.lanes, name=name, pythonpath=baseline
+                            dsn,
+                            bootstrap,
+                            topic,
+                            moved,
+                            args.lanes,
+                            instances=instances,
+                            name=name,
+                            pythonpath=package,
                         )
-                for instances in counts:
-                    with console.status(f"round {round_ + 1}: {side(instances)}"):
-                        topic = create_topic(topics)
-                        moved = [msg_for(m, topic) for m in batch]
-                        relay_drain(dsn, bootstrap, topic, moved, args.lanes, instances=instances)
         finally:
             topics.delete_all()
     report(args.rows, size, args.lanes, counts, args.baseline)
@@ -422,9 +435,9 @@ def msg_for(message: OutboxMessage, topic: Topic) -> OutboxMessage:
     return msgspec.structs.replace(message, topic=topic.name)
 
 
-def report(rows: int, size: float, lanes: int, counts: list[int], baseline: str | None) -> None:
+def report(rows: int, size: float, lanes: int, counts: list[int], baselines: list[str]) -> None:
     relays = [*map(side, counts)]
-    sides = [PLAIN, side(1), *([] if baseline is None else [baseline_side(baseline)]), *relays[1:]]
+    sides = [PLAIN, side(1), *map(baseline_side, baselines), *relays[1:]]
     table = Table(
         title=f"identity-fanout relay: drain {rows:,} outbox rows (~{size:.0f} B each, "
         f"acks=all, idempotent, {COMPRESSION}; {lanes} lanes; "
@@ -475,7 +488,7 @@ def report(rows: int, size: float, lanes: int, counts: list[int], baseline: str 
     table.add_row(
         "  PostgreSQL per row vs 1 relay",
         *["", "1.00"],
-        *([] if baseline is None else [""]),
+        *[""] * len(baselines),
         *(f"{taxes[n]:.2f}x" if taxes[n] is not None else "-" for n in counts[1:]),
         f"<= {TAX_TARGET:.2f}x",
     )

@@ -29,7 +29,7 @@ One loop on one thread does everything, one round after the other (`OutboxRelay.
 The reads and deletes run on the lanes' own connection, between produce calls, and no
 thread of the relay's own: librdkafka sends and compresses on its threads meanwhile
 (docs/design/identity-fanout.md "Outbox relay" says what threads of the relay's own and a
-pipelined read ahead were measured to buy).
+pipelined read ahead were measured to buy, and what the one thread costs).
 """
 
 from __future__ import annotations
@@ -263,6 +263,8 @@ class OutboxRelay:
         """The last id read in each held lane (a lane without one reads from the floor)."""
         self._next_read = 0.0
         """monotonic() before which a round does not read (a caught-up read's cooldown)."""
+        self._caught_up = True
+        """Whether the last read found the lanes caught up (fewer rows than it asked for)."""
         self._to_delete: list[int] = []
         """Acknowledged ids not deleted yet: kept across a lost connection (deleting an
         acknowledged row is right whoever holds its lane), deleted before any read from a
@@ -348,7 +350,9 @@ class OutboxRelay:
         read = self._fill(conn, self._session.readable_lanes()) if self._may_read() else 0
         full = self.window.room() == 0
         self._publisher.serve(BUSY_WAIT if (full or read == 0) and len(self.window) else 0.0)
-        settlement = self._settle(conn, flush=read < self.config.batch_size)
+        # Deleted in batches while the lanes have more; at once when a read found them
+        # caught up (the backlog gauges and a waiting hand-over want them gone).
+        settlement = self._settle(conn, flush=self._caught_up)
         if settlement.stop_failure is not None or (
             len(self.window) and self.window.oldest_age(time.monotonic()) > self._stale_after
         ):
@@ -412,6 +416,7 @@ class OutboxRelay:
         batch_size = self.config.batch_size
         room = min(batch_size, self.window.room())
         if not lanes or room <= 0:
+            self._caught_up = not lanes  # a full window: more is likely waiting
             return 0
         if not len(self.window):
             # Nothing in flight: every lane from its head (late commits too), once the
@@ -448,6 +453,7 @@ class OutboxRelay:
                 self._cursors[lane] = records[-1].id
             read += len(records)
             self._produce(records)
+        self._caught_up = caught_up
         if caught_up and read and self.config.read_cooldown:
             # Rows came, and no more are there: more are likely on their way, and read
             # together after the cooldown. An empty read sets none: after a quiet spell

@@ -2,7 +2,7 @@
 
 The relay keeps producing while earlier acknowledgements are pending, up to `max_records`
 records or `max_bytes` bytes of keys and values (each read asks for no more than the bytes
-left, so a read ahead and one large row are the only overshoot); memory follows the
+left, so one large row is the only overshoot); memory follows the
 window, not the backlog. `settle()` takes the
 settled prefix off the front with `settlement.settle`'s rules: acknowledged rows to
 delete, non-retriable refusals to quarantine, and it stops at the first row that is still
