@@ -284,6 +284,33 @@ def test_running_relay_survives_losing_its_database_connection(
     consume(kafka_bootstrap, topic.name, 3)
 
 
+def test_a_row_another_session_locks_holds_only_its_delete_never_the_flow(
+    dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory
+) -> None:
+    # A neighbour's long transaction locks a published row: its DELETE meets the lock
+    # timeout and waits for a later try, and the relay keeps its lanes and publishes on. A
+    # failed DELETE that dropped the lanes sent every row in flight again, round after round,
+    # for as long as the lock was held.
+    lost: list[int] = []
+    relay = make_relay(
+        poll_interval=0.2,
+        session=SessionLimits(lock_timeout=0.2),
+        probe=lambda event, lane: lost.append(lane) if event == "lost" else None,
+    )
+    write(dsn, [outbox_message(access_event(), topic)])
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT id FROM identity.outbox FOR UPDATE")  # held, uncommitted
+        with RelayThread(relay):
+            consume(kafka_bootstrap, topic.name, 1)
+            write(dsn, [outbox_message(access_event(), topic) for _ in range(3)])
+            consume(kafka_bootstrap, topic.name, 4)  # the rows behind it went out
+            assert outbox_count(dsn) >= 1  # the locked row's DELETE waits
+            holder.rollback()
+            wait_until(lambda: outbox_count(dsn) == 0, 15, "the deletes done once unlocked")
+            assert relay.active
+    assert lost == []
+
+
 def test_metrics_follow_the_backlog(
     dsn: str, topic: Topic, make_relay: RelayFactory, kafka_bootstrap: str
 ) -> None:

@@ -47,6 +47,7 @@ import msgspec
 import psycopg
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
+from psycopg import errors
 from psycopg.rows import TupleRow
 
 from identity_fanout.outbox import log as _log
@@ -418,10 +419,10 @@ class OutboxRelay:
         if not lanes or room <= 0:
             self._caught_up = not lanes  # a full window: more is likely waiting
             return 0
-        if not len(self.window):
+        if not len(self.window) and self._delete_settled(conn):
             # Nothing in flight: every lane from its head (late commits too), once the
-            # acknowledged rows there are gone.
-            self._delete_settled(conn)
+            # acknowledged rows there are gone (while they cannot be deleted, the lanes read
+            # on after their cursors).
             self._cursors.clear()
         # A lane's head is read from the floor, below which no row is nor will be (late
         # commits included): not from the first index entry, past every deleted row that a
@@ -500,13 +501,23 @@ class OutboxRelay:
         self._publisher.wait(self.window, on_tick=self._beat, give_up=self._give_up)
         return self._settle(conn, flush=True)
 
-    def _delete_settled(self, conn: Conn) -> None:
+    def _delete_settled(self, conn: Conn) -> bool:
         """Delete the acknowledged rows (exactly their ids, never a range: a writer that took
-        a lower id may commit after a read of higher ones)."""
+        a lower id may commit after a read of higher ones); whether none is left.
+
+        A DELETE that meets a row another session locks (past the session's lock timeout),
+        or is cut by the statement timeout, leaves the ids for the next try and the flow
+        goes on: the rows are published, and a neighbour's long transaction must not stop
+        the lanes (the connection survives such an error: each statement is its own
+        transaction). Any other error is the round's."""
         ids = self._to_delete
         if not ids:
-            return
-        deleted = self._store.delete(conn, ids)
+            return True
+        try:
+            deleted = self._store.delete(conn, ids)
+        except (errors.LockNotAvailable, errors.QueryCanceled) as exc:
+            log_event(_log, "outbox delete failed", logging.WARNING, error=str(exc), rows=len(ids))
+            return False
         self._to_delete = []
         if deleted != len(ids):
             log_event(
@@ -520,6 +531,7 @@ class OutboxRelay:
         report_published(self.metrics, ids, topics)
         self._tally.published += len(ids)
         self._tally.last_published_id = max(self._tally.last_published_id or 0, *ids)
+        return True
 
     def _fail(self, conn: Conn) -> None:
         """The failure path: outcomes of all outstanding records, settle, purge the rest."""
@@ -551,8 +563,7 @@ class OutboxRelay:
     def _release_idle(self, conn: Conn) -> None:
         """Hand over the surplus lanes with nothing in flight (their acks deleted first, so
         the next holder does not send them again)."""
-        if self._session.handing_over:
-            self._delete_settled(conn)
+        if self._session.handing_over and self._delete_settled(conn):
             self._session.release_idle(self.window.busy_slots())
 
     def _forget(self) -> None:
