@@ -249,7 +249,9 @@ def test_a_worker_whose_password_is_rotated_under_it_says_so_counts_it_and_recov
     )
     with worker.start():
         worker.wait_ready()
-        assert counter in worker.metrics()  # exported at 0 from the start
+        # Exported at 0 from the start: the fan-out's metrics are registered just after the
+        # ops server answers, so the first scrape may come a moment before them.
+        wait_until(lambda: counter in worker.metrics(), 10, "the counter exported", alive=[worker])
         assert worker.metric(counter) == 0
 
         worker_login.rotate(ROTATED)  # the file still holds the old password
