@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import logging
 import platform
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -17,6 +18,7 @@ from uuid import UUID
 import msgspec
 import psycopg
 import pytest
+from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from pin_runtime.composition import Cli, long_running, run_command, uuid_argument
@@ -282,3 +284,48 @@ def test_long_running_exports_process_metrics_and_its_build() -> None:
     assert build.value == 1
     assert build.labels["version"] == importlib.metadata.version("pin-runtime")
     assert build.labels["contracts_version"] == importlib.metadata.version("pin-contracts")
+
+
+def test_a_request_made_before_serve_is_answered_with_what_was_built_before_serve() -> None:
+    """The address is taken as the command starts; the first answer, even to a request sent
+    before, comes once `serve` is called, with the checks and metrics built until then."""
+    with long_running(
+        "pin-runtime",
+        log_level="WARNING",
+        metrics_host="127.0.0.1",
+        metrics_port=0,
+        heartbeat=Heartbeat(stale_after=60),
+    ) as rt:
+        with socket.create_connection(("127.0.0.1", rt.ops.port), timeout=10) as early:
+            early.sendall(b"GET /readyz HTTP/1.0\r\nHost: ops\r\n\r\n")
+            Counter("late_component_events", "Built after the request", registry=rt.registry)
+            state = ComponentState()
+            state.ok()
+            rt.serve({"late": state})
+            answer = early.makefile("rb").read().decode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{rt.ops.port}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+    status, _, body = answer.partition("\r\n\r\n")
+    assert status.split("\r\n")[0].split()[1] == "200"
+    assert list(json.loads(body)["checks"]) == ["late"]
+    assert "late_component_events_total 0.0" in metrics
+
+
+def test_a_metrics_address_already_taken_is_refused_before_anything_is_served() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with (
+            pytest.raises(SettingsError) as refused,
+            long_running(
+                "pin-runtime",
+                log_level="WARNING",
+                metrics_host="127.0.0.1",
+                metrics_port=port,
+                heartbeat=Heartbeat(stale_after=60),
+                env_prefix="SVC_",
+            ),
+        ):
+            pass
+    assert refused.value.variable == "SVC_METRICS_PORT"

@@ -21,8 +21,10 @@
   variable; then `run_command`).
 - `long_running` is what a long-lived command (a worker, a relay, a consumer) runs inside:
   JSON logging, tracing, SIGTERM/SIGINT as a stop event, and the ops HTTP server
-  (`/metrics`, `/healthz`, `/readyz`) once the service calls `Runtime.serve` with its
-  readiness checks. It exits in reverse: ops server, signal handlers, spans flushed.
+  (`/metrics`, `/healthz`, `/readyz`): its address taken at once (`Runtime.listen`), its
+  answers once the service calls `Runtime.serve` with its readiness checks, its metrics
+  by then registered; `Runtime.watch_horizon` starts the command's horizon watch. It exits
+  in reverse: ops server, signal handlers, spans flushed.
 - `collect_less`: the garbage collector of a process that moves tens of thousands of
   records a second (a relay, a consumer) set once as its command starts.
 
@@ -50,12 +52,16 @@ from prometheus_client import CollectorRegistry
 
 from pin_runtime.build import BuildInfo, register_process_metrics
 from pin_runtime.errors import MigrationError, SettingsError
+from pin_runtime.horizon import HorizonWatch
 from pin_runtime.http import Check, Heartbeat, OpsServer
 from pin_runtime.logging import LogLevel, configure_logging, log_event
 from pin_runtime.postgres import (
     AUTH_FAILURE_SQLSTATES,
     DatabaseAuthError,
+    OnRefused,
+    SessionLimits,
     auth_failure,
+    connect,
     read_password_from,
 )
 from pin_runtime.secret_files import unreadable_secret_file
@@ -274,6 +280,7 @@ class Runtime:
     def __init__(
         self,
         *,
+        service: str,
         registry: CollectorRegistry,
         heartbeat: Heartbeat,
         shutdown: GracefulShutdown,
@@ -282,6 +289,7 @@ class Runtime:
         port: int,
         env_prefix: str = "",
     ) -> None:
+        self.service = service
         self.registry = registry
         self.heartbeat = heartbeat
         self.shutdown = shutdown
@@ -292,17 +300,16 @@ class Runtime:
         self._address = (host, port)
         self._env_prefix = env_prefix
 
-    def serve(self, checks: Mapping[str, Check] | None = None) -> OpsServer:
-        """Start the ops server with these readiness checks (more may be added later).
+    def listen(self) -> None:
+        """Take the ops address, answering nothing yet (`serve` starts answering).
 
         An address it cannot listen on (taken, not this host's, not resolvable) is the
-        metrics settings' fault: `SettingsError`, exit 2 under `run_command`.
+        metrics settings' fault: `SettingsError`, exit 2 under `run_command`, as the command
+        starts and not after the brokers' check has waited out its timeout.
         """
-        for name, check in (checks or {}).items():
-            self.ops.add_check(name, check)
         host, port = self._address
         try:
-            return self.ops.start(host, port)
+            self.ops.bind(host, port)
         except OSError as exc:
             # A host no interface has or no name service knows is the host's fault; a port
             # taken or privileged is the port's.
@@ -312,6 +319,31 @@ class Runtime:
                 f"{self._env_prefix}{variable}",
                 f"cannot listen on {host}:{port}: {exc.strerror or exc}",
             ) from None
+
+    def serve(self, checks: Mapping[str, Check] | None = None) -> OpsServer:
+        """Answer on the ops address with these readiness checks (more may be added later).
+
+        Called once the command's metrics and checks exist: the first `/readyz` that
+        answers comes with every check, and a scrape after it with every metric. Requests
+        made before wait in the socket's backlog.
+        """
+        for name, check in (checks or {}).items():
+            self.ops.add_check(name, check)
+        return self.ops.start()
+
+    def watch_horizon(
+        self, dsn: str, session: SessionLimits, *, on_refused: OnRefused | None = None
+    ) -> HorizonWatch:
+        """Who holds the database's xmin horizon back (`horizon`), polled until `stop` on a
+        session of its own named `<service>-horizon`: every long-lived command runs one."""
+        watch = HorizonWatch(
+            lambda: connect(
+                dsn, session, application_name=f"{self.service}-horizon", on_refused=on_refused
+            ),
+            self.registry,
+        )
+        watch.start(self.stop)
+        return watch
 
 
 @contextmanager
@@ -338,6 +370,7 @@ def long_running(
     try:
         with GracefulShutdown() as shutdown:
             rt = Runtime(
+                service=service,
                 registry=registry,
                 heartbeat=heartbeat,
                 shutdown=shutdown,
@@ -347,6 +380,7 @@ def long_running(
                 env_prefix=env_prefix,
             )
             try:
+                rt.listen()
                 yield rt
             finally:
                 rt.stop.set()

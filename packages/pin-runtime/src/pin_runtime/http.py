@@ -264,13 +264,23 @@ class OpsServer:
             log_event(_log, "readiness check answers again", check=name)
         return result
 
-    def start(self, host: str = "0.0.0.0", port: int = 9090) -> OpsServer:  # noqa: S104
-        """Bind (port 0 picks a free one, see `port`) and serve from a daemon thread."""
+    def bind(self, host: str = "0.0.0.0", port: int = 9090) -> OpsServer:  # noqa: S104
+        """Listen (port 0 picks a free one, see `port`) without answering yet: a request
+        waits in the socket's backlog until `start`."""
         if self._server is not None:
-            raise RuntimeError("ops server already started")
+            raise RuntimeError("ops server already bound")
         server = _Server((host, port), _Handler)
         server.ops = self
         self._server = server
+        return self
+
+    def start(self, host: str = "0.0.0.0", port: int = 9090) -> OpsServer:  # noqa: S104
+        """Serve from a daemon thread, on the address `bind` took, else on this one."""
+        if self._thread is not None:
+            raise RuntimeError("ops server already started")
+        server = self._server or self.bind(host, port)._server
+        if server is None:  # bind() sets it or raises
+            raise RuntimeError("ops server not bound")
         self._thread = threading.Thread(
             target=server.serve_forever,
             # shutdown() waits for the loop to look at its flag: 0.1 s bounds a stop's latency.
@@ -293,7 +303,8 @@ class OpsServer:
         self._server = self._thread = None
         if server is None:
             return
-        server.shutdown()
+        if thread is not None:  # shutdown() waits for a serve_forever loop: one must run
+            server.shutdown()
         server.server_close()
         if thread is not None:
             thread.join(timeout)

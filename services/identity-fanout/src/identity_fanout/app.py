@@ -20,11 +20,10 @@ from identity_fanout.outbox.relay import OutboxRelay, RelayConfig
 from identity_fanout.schema import OUTBOX_TABLES
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from pin_runtime.composition import Runtime, collect_less, long_running
-from pin_runtime.horizon import HorizonWatch
-from pin_runtime.http import ComponentState, Heartbeat
+from pin_runtime.http import Check, ComponentState, Heartbeat
 from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.logging import log_event
-from pin_runtime.postgres import check_login, connect, create_pool
+from pin_runtime.postgres import check_login, create_pool
 from pin_runtime.settings import settings_for_log
 
 _log = logging.getLogger(__name__)
@@ -43,8 +42,9 @@ def runtime(settings: Settings, command: str, *, kafka: bool) -> Iterator[Runtim
     """The pin-runtime shape around a long-lived command; `kafka`: it publishes, so the
     brokers must accept its settings before anything starts.
 
-    The ops server listens first: a metrics address this host cannot listen on is refused
-    at once (exit 2), not after the brokers' check has waited out its timeout."""
+    The caller builds its metrics and readiness checks on `rt.registry` and then calls
+    `rt.serve(checks)`: the ops server answers only once every metric and check exists, so
+    a scrape after `/readyz` first answers sees each of them (as rewards' consumer does)."""
     with long_running(
         SERVICE_NAME,
         log_level=settings.log_level,
@@ -53,22 +53,14 @@ def runtime(settings: Settings, command: str, *, kafka: bool) -> Iterator[Runtim
         env_prefix=ENV_PREFIX,
         heartbeat=_heartbeat(settings),
     ) as rt:
-        rt.serve()
-        # Who holds the database's xmin horizon back, every 15 s on a session of its own
-        # (the outbox's head statements are what a held snapshot costs most).
-        HorizonWatch(
-            lambda: connect(
-                settings.database_dsn.reveal(),
-                settings.database_session(),
-                application_name=f"{SERVICE_NAME}-horizon",
-            ),
-            rt.registry,
-        ).start(rt.stop)
         if kafka:
             kafka_or_exit(settings, ENV_PREFIX, command=command)
         # A refused login exits 2 here, as refused Kafka credentials do; an unreachable
         # server is waited out by the loops.
         check_login(settings.database_dsn.reveal(), settings.database_session())
+        # Who holds the database's xmin horizon back (the outbox's head statements are what
+        # a held snapshot costs most).
+        rt.watch_horizon(settings.database_dsn.reveal(), settings.database_session())
         log_event(_log, "process started", command=command, settings=settings_for_log(settings))
         try:
             yield rt
@@ -96,16 +88,6 @@ def relay_config(settings: Settings) -> RelayConfig:
     )
 
 
-def _relay_thread(settings: Settings, rt: Runtime) -> None:
-    """The worker's relay thread: the worker's registry and stop event, readiness "relay".
-
-    No heartbeat: liveness stays the worker loop's, which a busy relay must not mask.
-    """
-    state = ComponentState()
-    rt.ops.add_check("relay", state)
-    OutboxRelay(relay_config(settings), registry=rt.registry, state=state).run(rt.stop)
-
-
 def run_relay_process(settings: Settings) -> None:
     """`identity-fanout relay`: the relay alone, with its own ops server, until SIGTERM."""
     # The relay's rows, records and delivery callbacks: with Python's thresholds the
@@ -114,10 +96,10 @@ def run_relay_process(settings: Settings) -> None:
     collect_less()
     with runtime(settings, "relay", kafka=True) as rt:
         state = ComponentState()
-        rt.ops.add_check("relay", state)
         relay = OutboxRelay(
             relay_config(settings), registry=rt.registry, state=state, heartbeat=rt.heartbeat
         )
+        rt.serve({"relay": state})
         relay.run(rt.stop)
 
 
@@ -126,12 +108,15 @@ def run_worker(settings: Settings, *, with_relay: bool) -> None:
     with runtime(settings, "worker", kafka=with_relay) as rt:
         metrics = FanoutMetrics(rt.registry)
         database = ComponentState()
-        rt.ops.add_check("database", database)
+        checks: dict[str, Check] = {"database": database}
         relay_thread = None
         if with_relay:
-            relay_thread = threading.Thread(
-                target=_relay_thread, args=(settings, rt), name="outbox-relay"
-            )
+            # No heartbeat: liveness stays the worker loop's, which a busy relay must not mask.
+            relay_state = checks["relay"] = ComponentState()
+            relay = OutboxRelay(relay_config(settings), registry=rt.registry, state=relay_state)
+            relay_thread = threading.Thread(target=relay.run, args=(rt.stop,), name="outbox-relay")
+        rt.serve(checks)
+        if relay_thread is not None:
             relay_thread.start()
         pool = create_pool(
             settings.database_dsn.reveal(),

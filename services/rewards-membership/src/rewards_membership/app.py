@@ -18,7 +18,6 @@ from opentelemetry import trace
 
 from pin_contracts import CATALOGUE, IDENTITY_MEMBERSHIP_DLQ
 from pin_runtime.composition import collect_less, long_running
-from pin_runtime.horizon import HorizonWatch
 from pin_runtime.http import Check, CheckResult, ComponentState, Heartbeat
 from pin_runtime.kafka import (
     LoginRenewal,
@@ -234,15 +233,11 @@ def run_consumer(settings: Settings) -> None:
         try:
             ops = rt.serve(_readiness_of(running))
             # Who holds the database's xmin horizon back, every 15 s on a session of its own.
-            HorizonWatch(
-                lambda: connect(
-                    settings.database_dsn.reveal(),
-                    settings.database_session(),
-                    application_name=f"{SERVICE_NAME}-horizon",
-                    on_refused=refused_logins(settings, metrics),
-                ),
-                rt.registry,
-            ).start(rt.stop)
+            rt.watch_horizon(
+                settings.database_dsn.reveal(),
+                settings.database_session(),
+                on_refused=refused_logins(settings, metrics),
+            )
             log_event(
                 _log, "ops server listening", port=ops.port, settings=settings_for_log(settings)
             )
