@@ -90,7 +90,7 @@ __all__ = [
 
 ERROR_EXIT_CODE: Final = 1
 
-_log = logging.getLogger("pin_runtime")
+_log = logging.getLogger(__name__)
 
 
 def uuid_argument(text: str) -> UUID:

@@ -28,7 +28,7 @@ _SECRET_KEYS: Final = ("sasl.password", "ssl.key.password")
 # or (TLS 1.3) the broker's alert after the handshake, e.g. for a missing client certificate.
 _TLS_MARKS: Final = ("SSL handshake failed", "ssl/tls alert", "SSL routines")
 _PROBE_SLICE: Final = 0.5  # seconds per metadata attempt, so error callbacks are seen promptly
-_log = logging.getLogger("pin_runtime.kafka")
+_log = logging.getLogger(__name__)
 _verify_log = logging.getLogger("pin_runtime.kafka.librdkafka")
 
 

@@ -142,4 +142,4 @@ def _log_unhandled(
     if issubclass(kind, KeyboardInterrupt):
         sys.__excepthook__(kind, value, tb)
         return
-    logging.getLogger("pin_runtime").critical("unhandled exception", exc_info=(kind, value, tb))
+    logging.getLogger(__name__).critical("unhandled exception", exc_info=(kind, value, tb))

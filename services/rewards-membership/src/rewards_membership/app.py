@@ -55,7 +55,7 @@ __all__ = [
 SCHEMA = "rewards"
 PREFETCH_KBYTES: Final = 16_384
 """The most the consumer's client prefetches (`queued.max.messages.kbytes`), in KiB."""
-_log = logging.getLogger("rewards_membership")
+_log = logging.getLogger(__name__)
 
 
 def run_migrations(

@@ -33,7 +33,7 @@ from rewards_membership.settings import ENV_PREFIX, SERVICE_NAME, LagWatchSettin
 
 __all__ = ["build_parser", "main"]
 
-_log = logging.getLogger("rewards_membership")
+_log = logging.getLogger(__name__)
 
 
 _CLI: Final = Cli(SERVICE_NAME, Settings, ENV_PREFIX, errors=(RewardsMembershipError,))

@@ -27,7 +27,7 @@ from pin_runtime.settings import settings_for_log, unknown_variables
 
 __all__ = ["longest_pass", "run_lag_watch"]
 
-_log = logging.getLogger("pin_runtime.lag_watch")
+_log = logging.getLogger(__name__)
 
 # Requests of one kind in flight at once (brokers.py): a pass's slowest path waits one
 # request timeout per slice of groups, twice (discovery, then the listed groups).

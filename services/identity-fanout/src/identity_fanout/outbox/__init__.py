@@ -11,8 +11,3 @@ produce, settle, delete, with the in-flight `window`, its `settlement` and the K
 refuses for good go to the quarantine. What `outbox status` prints is
 `identity_fanout.ops.outbox`.
 """
-
-import logging
-
-log = logging.getLogger("identity_fanout.outbox.relay")
-"""The relay's one logger: every part of the relay logs its events under this name."""

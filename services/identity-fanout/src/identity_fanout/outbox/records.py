@@ -20,7 +20,7 @@ from pin_runtime.tracing import Headers, extract_context
 
 __all__ = ["MAX_SPAN_LINKS", "OutboxRecord", "record_from_row", "records_from_rows", "span_links"]
 
-_log = logging.getLogger("identity_fanout.outbox.records")
+_log = logging.getLogger(__name__)
 
 MAX_SPAN_LINKS: Final = 32
 """Links from a round's span to the traces that wrote its rows (distinct contexts, first N)."""

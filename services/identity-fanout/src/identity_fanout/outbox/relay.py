@@ -50,7 +50,6 @@ from prometheus_client import CollectorRegistry
 from psycopg import errors
 from psycopg.rows import TupleRow
 
-from identity_fanout.outbox import log as _log
 from identity_fanout.outbox.floor import OutboxFloor
 from identity_fanout.outbox.lanes import (
     DEFAULT_LANES,
@@ -96,6 +95,8 @@ __all__ = [
     "RelaySignals",
     "RoundResult",
 ]
+
+_log = logging.getLogger(__name__)
 
 Conn = psycopg.Connection[TupleRow]
 Probe = Callable[[str, int], None]

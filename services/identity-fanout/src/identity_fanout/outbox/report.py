@@ -7,7 +7,6 @@ import time
 import traceback
 from collections.abc import Sequence
 
-from identity_fanout.outbox import log as _log
 from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.pause import Pause
 from identity_fanout.outbox.quarantine import MovedRow
@@ -25,6 +24,8 @@ __all__ = [
     "report_refusals",
     "report_stopped",
 ]
+
+_log = logging.getLogger(__name__)
 
 
 def report_published(metrics: RelayMetrics, ids: Sequence[int], topics: Sequence[str]) -> None:

@@ -54,7 +54,7 @@ __all__ = [
     "ReadRequest",
 ]
 
-_log = logging.getLogger("identity_fanout.outbox.quarantine")
+_log = logging.getLogger(__name__)
 """Where the quarantine's audit lines have always been logged (operators filter on it)."""
 
 

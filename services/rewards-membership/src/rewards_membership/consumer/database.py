@@ -54,7 +54,7 @@ from rewards_membership.store import MembershipStore
 
 __all__ = ["Applied", "BatchApplier", "DatabaseThread"]
 
-_log = logging.getLogger("rewards_membership.consumer.loop")
+_log = logging.getLogger(__name__)
 _CONCURRENT_RETRIES: Final = 5
 _SWITCH_INTERVAL_S: Final = 0.0005
 """The interpreter's GIL switch interval while a database thread runs (default 5 ms)."""

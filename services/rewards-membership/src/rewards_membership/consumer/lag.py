@@ -30,7 +30,7 @@ from rewards_membership.metrics import Metrics
 
 __all__ = ["LagReporter", "offset_lag"]
 
-_log = logging.getLogger("rewards_membership.consumer.lag")
+_log = logging.getLogger(__name__)
 # Each broker request of a refresh waits at most this long (the loop must keep polling).
 _REQUEST_TIMEOUT: Final = 2.0
 

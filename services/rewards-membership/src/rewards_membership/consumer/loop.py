@@ -51,7 +51,7 @@ from rewards_membership.store import MembershipStore
 
 __all__ = ["MembershipConsumer"]
 
-_log = logging.getLogger("rewards_membership.consumer.loop")
+_log = logging.getLogger(__name__)
 
 
 class MembershipConsumer:

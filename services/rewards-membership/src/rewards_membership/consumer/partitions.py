@@ -44,7 +44,7 @@ _REBALANCING: Final = frozenset(
 
 __all__ = ["LOCK_TIMEOUT", "PAUSE_REASONS", "PartitionControl", "PauseNote", "pause_note_of"]
 
-_log = logging.getLogger("rewards_membership.consumer.loop")
+_log = logging.getLogger(__name__)
 POSTGRESQL = "postgresql"
 LOCK_TIMEOUT = "lock_timeout"
 """The cause of a pause for a row of the partition locked elsewhere (SQLSTATE 55P03): the

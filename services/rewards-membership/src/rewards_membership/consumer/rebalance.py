@@ -28,7 +28,7 @@ from rewards_membership.records import partition_of
 
 __all__ = ["RebalanceGuard"]
 
-_log = logging.getLogger("rewards_membership.consumer.loop")
+_log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)

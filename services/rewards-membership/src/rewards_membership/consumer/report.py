@@ -35,7 +35,7 @@ from rewards_membership.rules.validation import (
 
 __all__ = ["BatchReporter"]
 
-_log = logging.getLogger("rewards_membership.consumer.loop")
+_log = logging.getLogger(__name__)
 
 
 class BatchReporter:

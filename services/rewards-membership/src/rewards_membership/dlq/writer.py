@@ -30,7 +30,7 @@ from rewards_membership.rules.validation import InvalidEvent
 
 __all__ = ["DeadLetterResult", "DeadLetterer", "Position", "Receipt"]
 
-_log = logging.getLogger("rewards_membership.dlq.writer")
+_log = logging.getLogger(__name__)
 Position = tuple[int, int]
 """(source partition, source offset) of a dead-lettered record."""
 # Extra wait after the producer's own message.timeout.ms (= delivery_timeout) has expired,

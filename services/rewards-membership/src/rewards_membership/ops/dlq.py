@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 # The audit lines (`dlq replayed`, `dlq resolved`) on the service's logger, as every command's.
-_log = logging.getLogger("rewards_membership")
+_log = logging.getLogger(__name__)
 
 
 def _tool_consumer(settings: Settings, role: str) -> Consumer:

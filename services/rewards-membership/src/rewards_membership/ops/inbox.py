@@ -18,7 +18,7 @@ from rewards_membership.store import prune_inbox
 __all__ = ["PruneResult", "inbox_prune"]
 
 # The audit line on the service's logger, as every command's.
-_log = logging.getLogger("rewards_membership")
+_log = logging.getLogger(__name__)
 
 
 class PruneResult(msgspec.Struct, frozen=True, kw_only=True):
