@@ -51,7 +51,7 @@ from psycopg import sql
 from rich.table import Table
 
 from identity_fanout.fanout.enqueue import set_role_permissions
-from identity_fanout.outbox.lanes import SLOTS
+from identity_fanout.outbox.rules import SLOTS
 from identity_fanout.schema import OUTBOX_TABLES
 from identity_fanout.settings import Settings
 from pin_contracts import ScopeType

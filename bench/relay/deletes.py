@@ -30,7 +30,7 @@ from idle_burst import BURST
 from rich.console import Console
 from rich.table import Table
 
-from identity_fanout.outbox.lanes import slots_of
+from identity_fanout.outbox.rules import slots_of
 from identity_fanout.schema import OUTBOX_TABLES, migrate_database
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_runtime.sql import load_queries

@@ -2,7 +2,7 @@
 
 An idle relay reads its lanes at every poll (`RELAY_POLL_INTERVAL`) and finds nothing. Its
 lane read is one statement run again and again on one connection; a statement that psycopg
-prepared (after `prepare_threshold` executions) gets a generic plan from PostgreSQL's plan
+prepared (after its prepare threshold, 5 executions) gets a generic plan from PostgreSQL's plan
 cache after five custom ones when it looks no dearer, and a generic plan made while the
 outbox was empty and analyzed (reltuples 0) scans and sorts the whole table at every read.
 This script measures the drain of a burst by one relay (`OutboxRelay.run` in a thread, the

@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from identity_fanout.db_roles import OPERATOR, PRODUCER, RELAY, WORKER
-from identity_fanout.outbox.lanes import SLOTS
+from identity_fanout.outbox.rules import SLOTS
 from identity_fanout.schema import OUTBOX_TABLES, migrate_database
 from pin_contracts import decode_access_changed
 from pin_testkit.hostile import make_hostile

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from identity_fanout.outbox.lanes import (
+from identity_fanout.outbox.rules import (
     SLOTS,
     ForeignHolder,
     LaneLock,

@@ -20,7 +20,7 @@ import pytest
 from psycopg.rows import TupleRow
 
 from identity_fanout.outbox.floor import OutboxFloor
-from identity_fanout.outbox.lanes import slots_of
+from identity_fanout.outbox.rules import slots_of
 from identity_fanout.outbox.store import ReadRequest
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
 from pin_runtime.postgres import SessionLimits, connect

@@ -37,8 +37,8 @@ from identity_fanout.fanout.batch import run_batch
 from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.fanout.queue import FanoutQueue
 from identity_fanout.membership import join_agency, leave_agency
-from identity_fanout.outbox.lanes import SLOTS
 from identity_fanout.outbox.records import record_from_row
+from identity_fanout.outbox.rules import SLOTS
 from identity_fanout.schema import OUTBOX_TABLES
 from pin_contracts import LeaveReason
 from pin_runtime.sql import load_queries

@@ -15,7 +15,7 @@ from psycopg.rows import TupleRow, dict_row
 
 from identity_fanout.outbox.quarantine import QuarantinedRow
 from identity_fanout.outbox.records import OutboxRecord
-from identity_fanout.outbox.settlement import Refusal
+from identity_fanout.outbox.rules import Refusal
 from identity_fanout.outbox.writer import OutboxMessage
 from identity_fanout.schema import OUTBOX
 from pin_runtime.delivery import DeliveryFailure

@@ -25,8 +25,8 @@ from relay_support import (
 )
 
 from identity_fanout.ops.outbox import OutboxStatus, outbox_status
-from identity_fanout.outbox.lanes import SLOTS, lane_of_slot
 from identity_fanout.outbox.relay import OutboxRelay
+from identity_fanout.outbox.rules import SLOTS, lane_of_slot
 from identity_fanout.outbox.writer import outbox_message
 from identity_fanout.schema import OUTBOX
 from pin_contracts import (

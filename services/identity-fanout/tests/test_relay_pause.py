@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError
 
-from identity_fanout.outbox.pause import Pause, next_pause, refusal_of
+from identity_fanout.outbox.rules import Pause, next_pause, refusal_of
 from pin_runtime.delivery import DeliveryFailure, classify
 
 DENIED = classify(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))

@@ -19,8 +19,8 @@ import psycopg
 import pytest
 from psycopg.rows import TupleRow
 
-from identity_fanout.outbox.lanes import slots_of
 from identity_fanout.outbox.records import OutboxRecord
+from identity_fanout.outbox.rules import slots_of
 from identity_fanout.outbox.store import MERGED_UP_TO, ReadRequest
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
 from pin_runtime.postgres import SessionLimits, connect

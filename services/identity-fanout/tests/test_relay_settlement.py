@@ -7,7 +7,7 @@ import random
 from confluent_kafka import KafkaError
 
 from identity_fanout.outbox.records import OutboxRecord
-from identity_fanout.outbox.settlement import Refusal, Settlement, settle
+from identity_fanout.outbox.rules import Refusal, Settlement, settle
 from pin_runtime.delivery import DeliveryFailure, classify
 
 TOO_LARGE = DeliveryFailure("MSG_SIZE_TOO_LARGE", "too-large", "too big", retriable=False)

@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from identity_fanout.outbox.records import OutboxRecord
-from identity_fanout.outbox.settlement import Settlement
+from identity_fanout.outbox.rules import Settlement
 from identity_fanout.outbox.window import InflightWindow
 
 

@@ -9,7 +9,8 @@ import msgspec
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout.outbox.lanes import (
+from identity_fanout.outbox.pause_mark import base_name, pause_of
+from identity_fanout.outbox.rules import (
     DEFAULT_LANES,
     ForeignHolder,
     LaneLock,
@@ -18,7 +19,6 @@ from identity_fanout.outbox.lanes import (
     relay_instances,
     slots_of,
 )
-from identity_fanout.outbox.pause_mark import base_name, pause_of
 from identity_fanout.outbox.store import OutboxStore
 from pin_runtime.listing import Fields
 

@@ -13,7 +13,7 @@ publishes); a topic it waits on (fewer partitions, or none) is looked at again a
 More partitions than the catalogue: published as before, pinned. Fewer, or no such topic:
 a pinned partition may not exist, so the topic's records are refused before they are
 produced, as the cluster would refuse them (`refusal`), and the relay pauses for it through
-its pause (`pause.TOPIC_REFUSALS`) until the counts match again. A topic outside the
+its pause (`rules.TOPIC_REFUSALS`) until the counts match again. A topic outside the
 catalogue (another service's outbox, a test's) is pinned to the count it had when the relay
 first saw it.
 """

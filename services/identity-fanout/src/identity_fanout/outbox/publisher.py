@@ -3,7 +3,7 @@
 Every record's outcome is kept by the in-flight window's `pin_runtime.delivery.
 DeliveryTracker`, keyed by its outbox id: acknowledged, refused (by `produce()` at once, or
 by the broker in a delivery report, each classified retriable or not), or still without an
-outcome. What to do with each is `settlement.settle`'s decision, not this module's.
+outcome. What to do with each is `rules.settle`'s decision, not this module's.
 A refusal of the cluster the producer reports for itself (its credentials refused) is kept
 as `refusal` until a record is acknowledged again: it is why records time out meanwhile.
 Every record names its partition, by the catalogue's count (`partitions`): a topic with

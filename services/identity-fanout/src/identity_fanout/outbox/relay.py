@@ -5,7 +5,7 @@ row only after the broker acknowledged it: at-least-once, never loss. A row Kafk
 good (too large, invalid, not authorized) is moved to the quarantine in the same statement
 that deletes it, so no single row stops the flow.
 
-The outbox is split into lanes by message key (`lanes`); each instance holds the advisory
+The outbox is split into lanes by message key (`rules`: lanes); each instance holds the advisory
 locks of its share of the lanes (`LaneSession`) and publishes only those, in outbox id
 order, so the rows of one key keep their order and have one publisher at a time. A dead
 instance's lanes (its locks end with its connection) are taken by the others within
@@ -17,14 +17,14 @@ One loop on one thread does everything, one round after the other (`OutboxRelay.
 2. read the next rows of the held lanes (id order, after the last one in flight, within
    what is left of the in-flight window) and produce them at once;
 3. poll: serve the producer's delivery reports (the window keeps every record's outcome);
-4. settle the window's settled prefix (`settlement.settle`): quarantine the rows refused for
+4. settle the window's settled prefix (`rules.settle`): quarantine the rows refused for
    good, delete the acknowledged ones once a batch of them is there (or the lanes caught
    up); a retriable failure, or a record without an outcome past the delivery timeout,
    stops the flow (`_fail`): every outstanding record gets its outcome (bounded wait), the
    settled prefix is applied and the rest stays in the outbox to go out again after a
    backoff, so a later row of a key never overtakes one that may yet be delivered;
 5. finish: the floor, the backlog gauges when due, the pause for a refusal of the cluster
-   (`pause.next_pause`), readiness; then wait for a NOTIFY if nothing is in flight.
+   (`rules.next_pause`), readiness; then wait for a NOTIFY if nothing is in flight.
 
 The reads and deletes run on the lanes' own connection, between produce calls, and no
 thread of the relay's own: librdkafka sends and compresses on its threads meanwhile
@@ -51,18 +51,8 @@ from psycopg import errors
 from psycopg.rows import TupleRow
 
 from identity_fanout.outbox.floor import OutboxFloor
-from identity_fanout.outbox.lanes import (
-    DEFAULT_LANES,
-    MAX_LANES,
-    ForeignHolder,
-    foreign_holders,
-    plan_lanes,
-    relay_instances,
-    slots_of,
-)
 from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.partitions import catalogue_partitions
-from identity_fanout.outbox.pause import Pause, next_pause, refusal_of
 from identity_fanout.outbox.pause_mark import session_name
 from identity_fanout.outbox.publisher import FLUSH_MARGIN, Publisher
 from identity_fanout.outbox.records import OutboxRecord
@@ -73,7 +63,19 @@ from identity_fanout.outbox.report import (
     report_refusals,
     report_stopped,
 )
-from identity_fanout.outbox.settlement import Settlement
+from identity_fanout.outbox.rules import (
+    DEFAULT_LANES,
+    MAX_LANES,
+    ForeignHolder,
+    Pause,
+    Settlement,
+    foreign_holders,
+    next_pause,
+    plan_lanes,
+    refusal_of,
+    relay_instances,
+    slots_of,
+)
 from identity_fanout.outbox.store import OutboxStore, ReadRequest
 from identity_fanout.outbox.tables import OutboxTables
 from identity_fanout.outbox.window import (
@@ -200,7 +202,7 @@ class RoundResult:
     last_published_id: int | None = None
     error: str | None = None
     refused: Pause | None = None
-    """The flow stopped on a refusal of the cluster (`pause`): `error` says it too."""
+    """The flow stopped on a refusal of the cluster (`rules.next_pause`): `error` says it too."""
     acknowledged: set[str] = field(default_factory=set)
     """Topics of rows the broker acknowledged in this round (what lifts a pause)."""
 
@@ -687,7 +689,7 @@ class LaneSession:
     `connection()` (re)connects lazily; `rebalance()` moves towards this instance's share
     of the lanes; `drop()` after any error forgets the connection and with it every lock.
     `on_change(lanes)` follows the held lanes (the relay's gauges), `on_foreign(sessions)`
-    the sessions of other logins holding lane locks (`lanes.foreign_holders`).
+    the sessions of other logins holding lane locks (`rules.foreign_holders`).
     """
 
     def __init__(

@@ -8,9 +8,8 @@ import traceback
 from collections.abc import Sequence
 
 from identity_fanout.outbox.metrics import RelayMetrics
-from identity_fanout.outbox.pause import Pause
 from identity_fanout.outbox.quarantine import MovedRow
-from identity_fanout.outbox.settlement import Refusal, Settlement
+from identity_fanout.outbox.rules import Pause, Refusal, Settlement
 from identity_fanout.outbox.tables import OutboxTables
 from pin_runtime.delivery import DeliveryFailure
 from pin_runtime.logging import log_event

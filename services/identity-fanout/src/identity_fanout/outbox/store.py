@@ -25,7 +25,6 @@ from psycopg import Connection, sql
 from psycopg.rows import TupleRow, class_row, kwargs_row
 
 from identity_fanout.outbox.errors import DiscardNeedsForceError, QuarantinedRowNotFoundError
-from identity_fanout.outbox.lanes import LaneLock
 from identity_fanout.outbox.quarantine import (
     DiscardedRow,
     MovedRow,
@@ -35,13 +34,14 @@ from identity_fanout.outbox.quarantine import (
     quarantined_row,
 )
 from identity_fanout.outbox.records import OutboxRecord, records_from_rows
+from identity_fanout.outbox.rules import LaneLock
 from identity_fanout.outbox.tables import OutboxTables
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import listen, notify
 from pin_runtime.sql import Queries, load_queries
 
 if TYPE_CHECKING:  # the relay's types only: the operator commands load no Kafka client
-    from identity_fanout.outbox.settlement import Refusal
+    from identity_fanout.outbox.rules import Refusal
     from identity_fanout.outbox.writer import OutboxMessage
 
 __all__ = [
@@ -283,7 +283,7 @@ class OutboxStore:
         listen(conn, self.tables.channel)
 
     def lane_locks(self, conn: Connection[TupleRow]) -> list[LaneLock]:
-        """Who is a relay instance and who holds which slot (`lanes.LaneLock`)."""
+        """Who is a relay instance and who holds which slot (`rules.LaneLock`)."""
         tables = self.tables
         params = {"class": tables.lane_lock_class, "members": tables.member_lock_class}
         with conn.cursor(row_factory=class_row(LaneLock)) as cur:

@@ -15,7 +15,7 @@ from typing import LiteralString
 import msgspec
 from psycopg import sql
 
-from identity_fanout.outbox.lanes import lock_class
+from identity_fanout.outbox.rules import lock_class
 from pin_runtime.sql import Queries
 
 __all__ = ["OutboxTables"]

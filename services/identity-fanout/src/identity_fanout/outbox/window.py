@@ -4,7 +4,7 @@ The relay keeps producing while earlier acknowledgements are pending, up to `max
 records or `max_bytes` bytes of keys and values (each read asks for no more than the bytes
 left, so one large row is the only overshoot); memory follows the
 window, not the backlog. `settle()` takes the
-settled prefix off the front with `settlement.settle`'s rules: acknowledged rows to
+settled prefix off the front with `rules.settle`: acknowledged rows to
 delete, non-retriable refusals to quarantine, and it stops at the first row that is still
 in flight (normal: wait) or was refused with a retriable error (the caller's failure path:
 that row and all behind it go out again). Pure: no producer, no database.
@@ -29,7 +29,7 @@ from typing import Final
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from identity_fanout.outbox.records import OutboxRecord
-from identity_fanout.outbox.settlement import Settlement, settle
+from identity_fanout.outbox.rules import Settlement, settle
 from pin_runtime.delivery import DeliveryFailure, DeliveryTracker
 
 __all__ = ["DEFAULT_WINDOW_BYTES", "DEFAULT_WINDOW_RECORDS", "InflightWindow"]

@@ -1,4 +1,4 @@
--- The advisory locks of the outbox lanes (identity_fanout.outbox.lanes): which relay instance
+-- The advisory locks of the outbox lanes (identity_fanout.outbox.rules): which relay instance
 -- publishes which slots. Session-level locks on the relay's own connection: they end with it.
 -- {outbox_name}: the outbox table's qualified name (identity_fanout.outbox.tables).
 
@@ -19,7 +19,7 @@ SELECT count(*) FILTER (WHERE pg_advisory_unlock(%(class)s, s)) FROM unnest(%(sl
 -- Who is a relay instance (the shared member lock) and who holds which slot, and whether
 -- the holder's login may be a relay at all (it may delete published rows): any other
 -- session holding these locks is foreign, counted as no instance and reported. Read as
--- identity_fanout.outbox.lanes.LaneLock.
+-- identity_fanout.outbox.rules.LaneLock.
 SELECT l.classid::bigint = %(members)s AS member, l.objid::bigint AS key, l.pid,
        a.application_name, a.client_addr::text AS client_addr, a.usename::text AS user_name,
        coalesce(has_table_privilege(a.usesysid, {outbox_name}, 'DELETE'), false)
