@@ -1,11 +1,11 @@
 """Names of code quoted in comments and docstrings name code that exists.
 
 Comments and docstrings point at code by dotted names: backticked (`pin_runtime.settings`,
-`walk.classify_failure`, `lanes.key_slot`, `metrics.toml`) or bare (pin_runtime.horizon). A
+`walk.classify_failure`, `lanes.key_slot`, `sql/tasks.sql`) or bare (pin_runtime.horizon). A
 module renamed without them leaves pointers to nothing. Every such name in the comments and
-docstrings of the Python files (and in other string literals, when backticked), the SQL
-comments and the metrics.toml comments of the members, bench, infra and tests-e2e is
-resolved here, statically: nothing runs but imports.
+docstrings of the Python files (and in other string literals, when backticked) and the
+SQL comments of the members, bench, infra and tests-e2e is resolved here, statically:
+nothing runs but imports.
 
 F's scope is F's own package and its parent packages; for a file outside the packages (a
 test, a benchmark, infra, tests-e2e) every package of the code it exercises (`SUBJECTS`).
@@ -152,7 +152,7 @@ def quotes_in(path: Path) -> Iterator[Quote]:
             if token.type not in (tokenize.COMMENT, tokenize.NL):
                 previous = token.type
         return
-    comment = "--" if path.suffix == ".sql" else "#"
+    comment = "--"  # the rest is SQL
     for number, line in enumerate(text.splitlines(), start=1):
         if comment in line:
             yield from _quoted(path, number, line[line.index(comment) :])
@@ -487,8 +487,7 @@ def _word_problem(word: str, path: Path, imported: dict[str, str], bound: set[st
 def test_quoted_names_resolve() -> None:
     quotes = [
         quote
-        for path in scanned_files(".py", ".sql", ".toml")
-        if path.suffix != ".toml" or path.name.endswith("metrics.toml")
+        for path in scanned_files(".py", ".sql")
         # An applied migration is checksummed whole: its comments are as frozen as its SQL.
         if "migrations" not in path.parts
         for quote in quotes_in(path)

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from typing import Final, NamedTuple
 
 import psycopg
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from pin_runtime.logging import log_event
-from pin_runtime.metrics import MetricSet, load_catalogue
+from pin_runtime.metrics import MetricSet, counter, gauge
 from pin_runtime.postgres import Connection, LazyConnection
 from pin_runtime.sql import load_queries
 
@@ -42,12 +42,30 @@ LOG_AFTER: Final = 300.0
 
 
 class HorizonMetrics(MetricSet):
-    catalogue = load_catalogue("pin_runtime", "horizon_metrics.toml")
+    """The horizon watch's metrics: the same names in every service that runs it."""
 
-    oldest_age_seconds: Gauge
-    oldest_age_transactions: Gauge
-    holder: Gauge
-    errors: Counter
+    oldest_age_seconds = gauge(
+        "pin_postgres_oldest_xmin_age_seconds",
+        "Seconds the oldest holder of the database's xmin horizon (a snapshot, a prepared "
+        "transaction, a replication slot) has held it; 0 when none",
+        labels=("database",),
+    )
+    oldest_age_transactions = gauge(
+        "pin_postgres_oldest_xmin_age_transactions",
+        "Transactions since the oldest holder's xmin (age(xmin)); 0 when none",
+        labels=("database",),
+    )
+    holder = gauge(
+        "pin_postgres_oldest_xmin_holder_info",
+        "The oldest holder of the database's xmin horizon (1); "
+        "kind session (holder: pid), prepared (gid) or slot (name)",
+        labels=("database", "kind", "holder", "usename", "application_name", "state"),
+    )
+    errors = counter(
+        "pin_postgres_horizon_watch_errors",
+        "Polls of the horizon watch that failed "
+        "(the database unreachable or the statement refused)",
+    )
 
 
 class Holder(NamedTuple):

@@ -1,15 +1,15 @@
 """The consumer's Prometheus metrics, on a registry of its own (never the global one).
 
-Each metric is declared once, in `metrics.toml` next to this module (name, help, labels,
-buckets); `Metrics` gives each its typed attribute. Names are the spec's, exactly; the
-additions (duplicates, offset lag, retries) follow the same prefix.
+Each metric is declared once, as an attribute of `Metrics` (name, help, labels, buckets).
+Names are the spec's, exactly; the additions (duplicates, offset lag, retries) follow the
+same prefix. A counter's name may end in `_total` or not: it is exported with `_total`.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
-from pin_runtime.metrics import MetricSet, load_catalogue
+from pin_runtime.metrics import MetricSet, counter, gauge, histogram
 from rewards_membership.rules.validation import KEY_PROBLEMS
 
 __all__ = ["AUTH_DEPENDENCIES", "CONTRACT_VERSION_LABELS", "Metrics", "contract_version_label"]
@@ -29,29 +29,103 @@ def contract_version_label(version: int) -> str:
 
 
 class Metrics(MetricSet):
-    """Every metric of the consumer, bound from `metrics.toml` (checked at import)."""
+    """Every metric of the consumer (checked at import)."""
 
-    catalogue = load_catalogue("rewards_membership", "metrics.toml")
-
-    consume_duration_ms: Histogram
-    applied: Counter
-    skipped_stale: Counter
-    skipped_duplicate: Counter
-    unknown_status: Counter
-    unknown_reason: Counter
-    lag_seconds: Gauge
-    dlq: Counter
-    contract_mismatch: Counter
-    key_mismatch: Counter
-    consumer_lag: Gauge
-    retries: Counter
-    paused_partitions: Gauge
-    paused_by_reason: Gauge
-    partition_paused_seconds: Gauge
-    dlq_unreplayed: Gauge
-    dlq_replaced: Counter
-    batch_size: Histogram
-    auth_failures: Counter
+    consume_duration_ms = histogram(
+        "rewards_membership_consume_duration_ms",
+        "Milliseconds from a batch's poll to its offset commit, observed once per message",
+        # Per-message latency of a batch (poll return -> offsets committed), in milliseconds.
+        buckets=(1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000),
+    )
+    applied = counter(
+        "rewards_membership_applied_total",
+        "Membership changes applied to their agent_performance row, by stored status",
+        labels=("status",),
+    )
+    skipped_stale = counter(
+        "rewards_membership_skipped_stale_total",
+        "Events at or below the row's LastMembershipVersion (skipped-stale-membership)",
+    )
+    skipped_duplicate = counter(
+        "rewards_membership_skipped_duplicate_total",
+        "Redeliveries of an already processed MessageId (skipped-duplicate)",
+    )
+    unknown_status = counter(
+        "rewards_membership_unknown_status_total",
+        "Events with a Status outside {Active, Left}, applied fail-closed as Left",
+    )
+    unknown_reason = counter(
+        "rewards_membership_unknown_reason_total",
+        "Left events with an unknown Reason, applied as Left without a reason",
+    )
+    lag_seconds = gauge(
+        "rewards_identity_membership_lag_seconds",
+        "Seconds between the oldest event of the last batch (OccurredAt) and its processing",
+    )
+    dlq = counter(
+        "rewards_identity_membership_dlq_total",
+        "Records dead-lettered (alert when > 0)",
+        labels=("code",),
+    )
+    contract_mismatch = counter(
+        "rewards_contract_mismatch_total",
+        "Events whose ContractVersion differs from the one this consumer was built for",
+        labels=("contract_version",),
+    )
+    key_mismatch = counter(
+        "rewards_membership_key_mismatch_total",
+        "Valid events whose Kafka key is missing, not UTF-8, or not the payload's AgentUserId "
+        "(canonical UUID text), applied all the same",
+        labels=("reason",),
+    )
+    consumer_lag = gauge(
+        "rewards_identity_membership_consumer_lag",
+        "Messages between the partition's high watermark and the group's committed offset, "
+        "refreshed every lag interval whether or not batches succeed",
+        labels=("partition",),
+    )
+    retries = counter(
+        "rewards_membership_retries_total",
+        "Batches rolled back for an infrastructure failure (partitions paused, retried)",
+        labels=("dependency",),
+    )
+    paused_partitions = gauge(
+        "rewards_membership_paused_partitions",
+        "Partitions paused while a dependency is down or their dead letter cannot be written",
+    )
+    paused_by_reason = gauge(
+        "rewards_membership_paused_partitions_by_reason",
+        "Partitions paused, by why: postgresql or kafka unavailable, or lock_timeout (a row of "
+        "the partition locked elsewhere; the other partitions go on)",
+        labels=("reason",),
+    )
+    partition_paused_seconds = gauge(
+        "rewards_membership_partition_paused_seconds",
+        "Seconds a partition has been paused (present only while it is paused)",
+        labels=("partition",),
+    )
+    dlq_unreplayed = gauge(
+        "rewards_identity_membership_dlq_unreplayed",
+        "Dead letters neither replayed nor resolved (open dead-letter marks), alert when > 0",
+    )
+    dlq_replaced = counter(
+        "rewards_identity_membership_dlq_replaced_total",
+        "Dead letters the DLQ refused as they were, written as reference records",
+        labels=("reason",),
+    )
+    batch_size = histogram(
+        "rewards_membership_batch_messages",
+        "Messages per applied batch",
+        buckets=(1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000),
+    )
+    auth_failures = counter(
+        "rewards_membership_auth_failures_total",
+        "Logins refused to the consumer, by dependency: postgresql (a connect refused, "
+        "SQLSTATE 28P01 invalid_password or 28000 invalid_authorization_specification) or "
+        "kafka (SASL authentication failed, each time librdkafka tries again); "
+        "a rotated password or a wrong secret",
+        labels=("dependency",),
+    )
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         if registry is None:

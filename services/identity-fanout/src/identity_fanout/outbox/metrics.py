@@ -1,16 +1,15 @@
 """Prometheus metrics of the outbox relay (names under `identity_outbox_`).
 
-Each metric is declared once, in `metrics.toml` next to this module; `RelayMetrics`
-gives each its typed attribute and keeps the gauges that follow the relay's state.
+Each metric is declared once, as an attribute of `RelayMetrics`, which also keeps the
+gauges that follow the relay's state. A counter's name may end in `_total` or not: it is
+exported with `_total`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import Counter, Gauge
-
-from pin_runtime.metrics import MetricSet, load_catalogue
+from pin_runtime.metrics import MetricSet, counter, gauge
 
 __all__ = ["RelayMetrics"]
 
@@ -18,21 +17,73 @@ __all__ = ["RelayMetrics"]
 class RelayMetrics(MetricSet):
     """The relay's metrics on the given registry (never the process-global default)."""
 
-    catalogue = load_catalogue("identity_fanout", "outbox/metrics.toml")
-
-    backlog: Gauge
-    oldest_age_seconds: Gauge
-    published: Counter
-    delivery_failures: Counter
-    relay_active: Gauge
-    lanes_held: Gauge
-    in_flight: Gauge
-    quarantined: Counter
-    quarantine_rows: Gauge
-    paused: Gauge
-    foreign_lock_holders: Gauge
-    database_auth_failures: Counter
-    topic_partitions: Gauge
+    backlog = gauge(
+        "identity_outbox_backlog",
+        "Outbox rows waiting to be published (exact up to 10000, then the id span); "
+        "NaN while this instance cannot read the database.",
+    )
+    oldest_age_seconds = gauge(
+        "identity_outbox_oldest_age_seconds",
+        "Age of the next row to publish (lowest id); 0 when the outbox is empty; "
+        "NaN while this instance cannot read the database.",
+    )
+    published = counter(
+        "identity_outbox_published_total",
+        "Outbox rows acknowledged by the broker and deleted.",
+    )
+    delivery_failures = counter(
+        "identity_outbox_delivery_failures_total",
+        "Stops of the relay's flow on a failed delivery: 1 each time the flow stops on a row "
+        "the broker refused (retriably, or for the cluster) or did not acknowledge in time; "
+        "the rows behind it, sent again with it, are not counted. A fault held for N retries "
+        "counts N, whatever the window.",
+    )
+    relay_active = gauge(
+        "identity_outbox_relay_active",
+        "1 while this instance holds at least one outbox lane and publishes, 0 otherwise.",
+    )
+    lanes_held = gauge(
+        "identity_outbox_lanes_held",
+        "Outbox lanes this instance holds (publishes); summed over instances: the lane count.",
+    )
+    in_flight = gauge(
+        "identity_outbox_in_flight",
+        "Records this instance produced and has not settled yet (its in-flight window).",
+    )
+    quarantined = counter(
+        "identity_outbox_quarantined_total",
+        "Outbox rows Kafka or the client refused for good, moved to the quarantine.",
+        labels=("topic", "reason"),
+    )
+    quarantine_rows = gauge(
+        "identity_outbox_quarantine_rows",
+        "Rows in identity.outbox_quarantine now, by topic (each needs an operator).",
+        labels=("topic",),
+    )
+    paused = gauge(
+        "identity_outbox_relay_paused",
+        "1 while this instance holds its rows because the cluster refuses it (not authorized, "
+        "not authenticated, no such topic), by reason and topic.",
+        labels=("reason", "topic"),
+    )
+    foreign_lock_holders = gauge(
+        "identity_outbox_foreign_lock_holders",
+        "Sessions of logins that are no relay's holding outbox lane locks (their slots stay "
+        "unpublished while they do), as this instance last saw them.",
+    )
+    topic_partitions = gauge(
+        "identity_outbox_topic_partitions",
+        "Partitions of each topic the relay publishes, as its last look at the cluster's "
+        "metadata saw them (0: no such topic); records are pinned to the topic catalogue's "
+        "count.",
+        labels=("topic",),
+    )
+    database_auth_failures = counter(
+        "identity_outbox_database_auth_failures_total",
+        "Rounds of this instance that failed because PostgreSQL refused its login (SQLSTATE "
+        "28P01 invalid_password, 28000 invalid_authorization_specification): a rotated "
+        "password or a wrong secret; the relay retries with backoff.",
+    )
 
     def __post_init__(self) -> None:
         self._quarantine_topics: set[str] = set()
