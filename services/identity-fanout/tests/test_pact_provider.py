@@ -4,9 +4,9 @@ Every pact in ``contracts/pacts/`` whose provider is ``identity-fanout`` is repl
 each interaction the state handler prepares a real identity database, the message handler
 runs the real producing operation and returns the outbox row exactly as the relay turns it
 into a Kafka record: value bytes, key and headers. UserAccessChanged has two producers, and
-both are verified: ``set_role_permissions`` fanning out inline (built in Python,
-``snapshot_events``/``write_events``) and the worker's batch of a queued task (built in SQL,
-``batch.write_page``). AgentMembershipChanged comes from ``join_agency``/``leave_agency``.
+both are verified: ``set_role_permissions`` fanning out inline and the worker's batch of a
+queued task (both write their records with the page statement, ``page.write_page``).
+AgentMembershipChanged comes from ``join_agency``/``leave_agency``.
 
 Tests further down break a producer on purpose (a field dropped or renamed on the record the
 real code wrote) and show the verification fails and names the field. The last ones run the
@@ -90,8 +90,8 @@ class IdentityProvider:
     operator_dsn: str = ""
     """The login `roles set-permissions` runs as (the operator's role); empty: `dsn`."""
     worker_dsn: str = ""
-    """Set: UserAccessChanged comes from the worker's batch of a queued task (built in SQL);
-    empty: from the inline fan-out (built in Python)."""
+    """Set: UserAccessChanged comes from the worker's batch of a queued task; empty: from
+    the inline fan-out of set-role-permissions."""
     mutate: Mutation | None = None
     """Breaks the produced record on purpose (the failing-verification tests)."""
     context: dict[str, Any] = field(default_factory=dict)
@@ -288,7 +288,7 @@ def provider(
     worker_dsn: str,
 ) -> IdentityProvider:
     """The producers as they run in production: each logged in as its runtime role; the
-    UserAccessChanged producer inline (Python-built) or the worker's batch (SQL-built)."""
+    UserAccessChanged producer inline (set-role-permissions) or the worker's batch."""
     return IdentityProvider(
         dsn=identity_dsn,
         producer_dsn=producer_dsn,

@@ -1,7 +1,8 @@
 """Keys are part of the contract: every record the relay publishes, on both topics, is keyed
 by its payload's key field (UserId on the access topic, AgentUserId on the membership
 topic) as canonical UUID text, whichever producer wrote its row (the fan-out's page
-statement builds its rows in SQL, the inline fan-out and the membership writer in Python).
+statement, run by the worker's batch and the inline fan-out, builds its rows in SQL; the
+membership writer in Python).
 
 Real PostgreSQL and Kafka.
 """

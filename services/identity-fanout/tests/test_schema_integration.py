@@ -8,6 +8,7 @@ import psycopg
 import pytest
 from psycopg.rows import TupleRow
 
+from identity_fanout.fanout.page import WRITE_PAGE, PageOf, page_parameters
 from identity_fanout.fanout.shards import END
 from identity_fanout.schema import migrate_database
 from pin_runtime.sql import load_queries
@@ -76,7 +77,7 @@ def _plan(db: Conn, sql: str, params: dict[str, object]) -> str:
     return "\n".join(row[0] for row in rows)
 
 
-def test_page_and_snapshot_queries_read_the_partial_indexes(db: Conn) -> None:
+def test_the_page_and_its_snapshots_read_the_partial_indexes(db: Conn) -> None:
     # A page is a small slice of a large table (a 500-user page of a 50k-user role among
     # millions of assignments); with a smaller slice than that the plan would be the same.
     role, users = seed_role_with_users(db, users=20_000, other_roles=1)
@@ -87,7 +88,12 @@ def test_page_and_snapshot_queries_read_the_partial_indexes(db: Conn) -> None:
         _fanout.page_users,
         {"role_id": role, "after": users[100], "upper": END, "limit": 500},
     )
-    snapshot = _plan(db, _fanout.snapshot_rows, {"user_ids": users[:200]})
+    # The page statement's snapshots: each page user's assignments, by the user index.
+    written = PageOf(role, None, 1, users[100], None, 500)
+    statement = _plan(
+        db, WRITE_PAGE, page_parameters(written, correlation_id=None, trace_context={})
+    )
 
     assert "Index Only Scan using ix_role_assignments_role_active_user" in page
-    assert "ix_role_assignments_user_active" in snapshot
+    assert "Index Only Scan using ix_role_assignments_role_active_user" in statement
+    assert "ix_role_assignments_user_active" in statement

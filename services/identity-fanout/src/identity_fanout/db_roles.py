@@ -89,7 +89,7 @@ OPERATOR: Final = RuntimeRole(
         TableGrant("access_fanout_tasks", ("SELECT", "INSERT", "UPDATE")),
         # tasks show lists a sharded task's shards; tasks replay puts its failed shards back.
         TableGrant("access_fanout_shards", ("SELECT", "UPDATE")),
-        # outbox status; the inline fan-out's COPY and quarantine retry's INSERT ... RETURNING.
+        # outbox status; the inline fan-out's page and quarantine retry's INSERT ... RETURNING.
         TableGrant("outbox", ("SELECT", "INSERT")),
         # quarantine list/show, and retry's and discard's DELETE ... RETURNING.
         TableGrant("outbox_quarantine", ("SELECT", "DELETE")),

@@ -4,6 +4,10 @@ Replacing a role's permissions, bumping its Version and announcing the change ha
 transaction: a committed permission change always has its events in the outbox (small
 role) or its task in the queue (large role), never neither.
 
+A small role's events are written as one page of the role from its first user, by the
+statement the worker's batches write theirs with (`page.write_page`): one builder of the
+event, its headers and key, whichever path a change takes.
+
 The same transaction supersedes the role's older unfinished tasks: the new version's
 snapshot reaches every user they had not reached yet, so they stop where they are instead
 of walking the role beside the new task, and each user receives the role's versions in
@@ -23,12 +27,10 @@ from psycopg import Connection
 from psycopg.rows import TupleRow
 
 from identity_fanout.errors import RoleArchivedError, RoleNotFoundError, UnknownPermissionError
-from identity_fanout.fanout.assignments import count_users_up_to, page_users, snapshot_rows
-from identity_fanout.fanout.inline import build_events
+from identity_fanout.fanout.assignments import count_users_up_to
+from identity_fanout.fanout.page import PageOf, write_page
 from identity_fanout.fanout.queue import enqueue_task, supersede_older_tasks
-from identity_fanout.outbox.writer import current_trace_context, outbox_message
-from identity_fanout.schema import OUTBOX
-from pin_contracts import USER_ACCESS_CHANGED, UserAccessChangedKafkaEvent, envelope_for
+from identity_fanout.outbox.writer import current_trace_context
 from pin_runtime.sql import load_queries
 
 _roles = load_queries("identity_fanout", "fanout/sql/roles.sql")
@@ -45,42 +47,6 @@ class PermissionsChange(msgspec.Struct, frozen=True, kw_only=True):
     task_id: UUID | None
     superseded: tuple[UUID, ...] = ()
     """Older unfinished tasks of the role this change took over."""
-
-
-def snapshot_events(
-    conn: Connection[TupleRow],
-    user_ids: list[UUID],
-    *,
-    role_id: UUID,
-    role_company_id: UUID | None,
-    version: int,
-) -> list[UserAccessChangedKafkaEvent]:
-    """Each user's event with the full snapshot of their active assignments, one query."""
-    rows = snapshot_rows(conn, user_ids)
-    return build_events(
-        user_ids, rows, role_id=role_id, role_company_id=role_company_id, version=version
-    )
-
-
-def write_events(
-    conn: Connection[TupleRow],
-    events: list[UserAccessChangedKafkaEvent],
-    *,
-    correlation_id: str,
-) -> int:
-    """Put the events into the outbox of the caller's transaction."""
-    trace_context = current_trace_context()
-    return OUTBOX.write(
-        conn,
-        [
-            outbox_message(
-                envelope_for(event, correlation_id=correlation_id),
-                USER_ACCESS_CHANGED,
-                trace_context=trace_context,
-            )
-            for event in events
-        ],
-    )
 
 
 def set_role_permissions(
@@ -123,16 +89,23 @@ def set_role_permissions(
         superseded = tuple(supersede_older_tasks(conn, role_id, new_version))
         users = count_users_up_to(conn, role_id, inline_threshold + 1)
         if users <= inline_threshold:
-            user_ids = page_users(conn, role_id, None, inline_threshold + 1)
-            events = snapshot_events(
-                conn, user_ids, role_id=role_id, role_company_id=company_id, version=new_version
+            # The whole role as one page, bounded as the count above is.
+            page = PageOf(
+                role_id=role_id,
+                role_company_id=company_id,
+                version=new_version,
+                after=None,
+                upper=None,
+                limit=inline_threshold + 1,
             )
-            write_events(conn, events, correlation_id=correlation)
+            written = write_page(
+                conn, page, correlation_id=correlation, trace_context=current_trace_context()
+            )
             return PermissionsChange(
                 role_id=role_id,
                 version=new_version,
                 mode="inline",
-                users=len(events),
+                users=written.users,
                 task_id=None,
                 superseded=superseded,
             )

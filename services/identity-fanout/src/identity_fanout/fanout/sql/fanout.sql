@@ -1,5 +1,6 @@
--- What the fan-out reads of the role model (identity_fanout.fanout.assignments): counts, the
--- shard bounds, the page of a role's users and their snapshots; and a batch's one statement.
+-- What the fan-out reads of the role model (identity_fanout.fanout.assignments): counts and
+-- the shard bounds; and the page statement both fan-out paths write their events with
+-- (identity_fanout.fanout.page), with the page of a role's users it composes in.
 
 -- name: page_users --
 -- One page of the role's users: distinct UserIds of Active assignments after the cursor, up
@@ -11,25 +12,6 @@ WHERE role_id = %(role_id)s AND status = 'Active'
   AND user_id > %(after)s AND user_id <= %(upper)s
 ORDER BY user_id
 LIMIT %(limit)s
-
--- name: snapshot_rows --
--- Every Active, unexpired assignment of a page of users, with the role code: the snapshot
--- of each user in one query (no N+1). An assignment whose ExpiresAt has passed is left out
--- even before the expiry job marks it Expired: the snapshot must never extend access.
--- ExpiresAt as the wire carries it (pin_contracts README "Timestamps"): in UTC, as a
--- timestamp without zone, so no session TimeZone can push a year-9999 value past the
--- year 10000 a client can parse; from 10000-01-01 UTC on (and 'infinity') it is null, no
--- expiry; a past one ('-infinity' included) is left out above.
-SELECT a.user_id, a.id AS assignment_id, a.role_id, r.code AS role_code, a.company_id,
-       a.scope_type, a.scope_organization_id, a.scope_project_group_id, a.scope_project_id,
-       CASE WHEN a.expires_at < '10000-01-01 00:00:00+00' THEN a.expires_at AT TIME ZONE 'UTC'
-       END AS expires_at
-FROM identity.role_assignments AS a
-JOIN identity.role_definitions AS r ON r.id = a.role_id
-WHERE a.user_id = ANY(%(user_ids)s)
-  AND a.status = 'Active'
-  AND (a.expires_at IS NULL OR a.expires_at > now())
-ORDER BY a.user_id, a.id
 
 -- name: count_users_up_to --
 -- Whether a role has more than limit - 1 users (inline fan-out, the shard split gate): only
@@ -60,20 +42,27 @@ ORDER BY rn
 LIMIT %(bounds)s
 
 -- name: write_page --
--- One batch of the worker, built inside PostgreSQL: the next page of the role's users
--- ({page}: page_users, composed in by batch.py), each user's UserAccessChanged envelope (as
--- snapshot_rows + inline.py + pin_contracts.encode build it in Python), its headers,
--- MessageId, key and lane slot ({key_slot}), INSERTed into the outbox ({outbox}: composed by
--- the outbox's store) in page order. Returns the page's
--- size and its last user (the checkpoint's cursor). The JSON is written compact, in pin_contracts' field order, so the
--- value is the bytes msgspec would write; tests/test_page_writer_integration.py proves it
--- decodes to the Python builder's event for the same rows.
--- Per-batch constants come as parameters, already JSON-encoded by Python (batch.py):
--- the event type, contract version, aggregate type, change reason, OccurredAt, CorrelationId,
--- the header names and the batch's trace-context headers.
+-- A page of a role change's events, the one builder of the UserAccessChanged record: the
+-- worker's batch (the next page of its unit) and set-role-permissions' inline fan-out (the
+-- whole small role as one page) both run it (fanout/page.py). The page of the role's users
+-- ({page}: page_users, composed in by page.py); each user's snapshot, read within the
+-- statement (no round trip per user); each user's envelope, its headers, MessageId, key and lane slot
+-- ({key_slot}), INSERTed into the outbox ({outbox}: composed by the outbox's store).
+-- Returns the page's size and its last user (a unit's checkpoint cursor).
+-- The snapshot: every Active assignment of the user whose ExpiresAt is unset or in the
+-- future, by assignment id, with its role's code. One whose ExpiresAt has passed is left
+-- out even before the expiry job marks it Expired: a snapshot never extends access. A page
+-- user left with none still gets an event, with an empty snapshot (the LEFT JOIN).
+-- The JSON is written compact, in pin_contracts' field order, with explicit nulls: the
+-- bytes pin_contracts.encode writes for the same envelope
+-- (tests/test_page_writer_integration.py holds it against envelopes built from
+-- pin_contracts structs). Per-page constants come as parameters, already JSON-encoded by
+-- msgspec (page.py): the event type, contract version, aggregate type, change reason,
+-- OccurredAt, CorrelationId, the header names and the page's trace-context headers.
 -- Timestamps are formatted in UTC whatever the session's TimeZone ("Z", microseconds only
--- when not zero, as msgspec writes them). An ExpiresAt the wire cannot carry goes out as
--- null, no expiry, by the rule of snapshot_rows: 'infinity', or 10000-01-01 UTC and later.
+-- when not zero, as msgspec writes them; pin_contracts README "Timestamps"). An ExpiresAt
+-- the wire cannot carry goes out as null, no expiry: 'infinity', and 10000-01-01 UTC on,
+-- the year a client can no longer parse; a past one ('-infinity' included) is left out.
 -- Composed with psycopg.sql: the braces of the JSON text are doubled ({{ and }}).
 WITH page AS MATERIALIZED (
 {page}
@@ -83,8 +72,8 @@ WITH page AS MATERIALIZED (
            coalesce(s.assignments, '') AS assignments
     FROM page AS p
     LEFT JOIN LATERAL (
-        -- CompanyId rule of inline._company: the user's first assignment (by id) of the
-        -- changed role that carries a tenant; else the role's own tenant (above).
+        -- CompanyId: the tenant in which the role changed, the user's first assignment (by
+        -- id) of the changed role that carries one; else the role's own tenant (above).
         SELECT (array_agg(a.company_id ORDER BY a.id)
                     FILTER (WHERE a.role_id = %(role_id)s AND a.company_id IS NOT NULL))[1]
                    AS company_id,
