@@ -37,11 +37,12 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
+from identity_fanout.app import outbox_relay
 from identity_fanout.outbox.floor import OutboxFloor
-from identity_fanout.outbox.relay import OutboxRelay, RelayConfig
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES, migrate_database
-from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
+from identity_fanout.settings import Settings
 from pin_contracts.topics import USER_ACCESS_CHANGED
+from pin_runtime.settings import Secret
 from pin_runtime.sql import load_queries
 from pin_testkit.bench import Comparison, Figure, record
 from pin_testkit.databases import temporary_database
@@ -87,14 +88,9 @@ class Drain:
 
 def drain(dsn: str, bootstrap: str, topic: str, rows: int, *, held: bool, idle: float) -> Drain:
     registry = CollectorRegistry()
-    config = RelayConfig(
-        dsn=dsn,
-        bootstrap=bootstrap,
-        tables=OUTBOX_TABLES,
-        client_id="identity-fanout-relay",
-        message_max_bytes=RELAY_MESSAGE_MAX_BYTES,
+    relay = outbox_relay(
+        Settings(database_dsn=Secret(dsn), kafka_bootstrap=bootstrap), registry=registry
     )
-    relay = OutboxRelay(config, registry=registry)
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop,), name="relay")
     with (

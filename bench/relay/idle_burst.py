@@ -26,16 +26,18 @@ import argparse
 import os
 import threading
 import time
+from datetime import timedelta
 
 import psycopg
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
-from identity_fanout.outbox.relay import OutboxRelay, RelayConfig
-from identity_fanout.schema import OUTBOX_TABLES, migrate_database
-from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
+from identity_fanout.app import outbox_relay
+from identity_fanout.schema import migrate_database
+from identity_fanout.settings import Settings
 from pin_contracts.topics import USER_ACCESS_CHANGED
+from pin_runtime.settings import Secret
 from pin_testkit.bench import cpu_seconds
 from pin_testkit.databases import temporary_database
 from pin_testkit.discovery import environment_or_local
@@ -76,15 +78,12 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, idle: float) -> tuple
     """Seconds from the burst's commit to its last row published, and the PostgreSQL
     backends' CPU seconds meanwhile, for a relay that idled `idle` seconds before."""
     registry = CollectorRegistry()
-    config = RelayConfig(
-        dsn=dsn,
-        bootstrap=bootstrap,
-        tables=OUTBOX_TABLES,
-        client_id="identity-fanout-relay",
-        poll_interval=POLL_INTERVAL,
-        message_max_bytes=RELAY_MESSAGE_MAX_BYTES,
+    settings = Settings(
+        database_dsn=Secret(dsn),
+        kafka_bootstrap=bootstrap,
+        relay_poll_interval=timedelta(seconds=POLL_INTERVAL),
     )
-    relay = OutboxRelay(config, registry=registry)
+    relay = outbox_relay(settings, registry=registry)
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop,), name="relay")
     with psycopg.connect(dsn, autocommit=True) as db:

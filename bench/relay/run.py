@@ -58,9 +58,9 @@ from rich.table import Table
 
 from identity_fanout.outbox.publisher import BATCH_SIZE_BYTES
 from identity_fanout.outbox.relay import COMPRESSION
+from identity_fanout.outbox.settings import RELAY_MESSAGE_MAX_BYTES
 from identity_fanout.outbox.writer import OutboxMessage, outbox_message
 from identity_fanout.schema import OUTBOX, migrate_database
-from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import (
     AccessChangeReason,
     ActiveRoleAssignmentSnapshot,

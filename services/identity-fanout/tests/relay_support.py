@@ -10,18 +10,21 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
-from typing import Any
+from dataclasses import asdict, replace
+from datetime import timedelta
+from typing import Any, Final
 
+import msgspec
 import psycopg
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
-from identity_fanout.outbox.relay import OutboxRelay, RelayConfig, RelaySignals
+from identity_fanout.app import RELAY_CLIENT_ID
+from identity_fanout.outbox.relay import OutboxRelay, RelayInternals, RelaySignals
+from identity_fanout.outbox.settings import RelaySettings
 from identity_fanout.outbox.tables import OutboxTables
 from identity_fanout.outbox.writer import OutboxMessage
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
-from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import (
     USER_ACCESS_CHANGED,
     AccessChangeReason,
@@ -31,6 +34,8 @@ from pin_contracts import (
     envelope_for,
 )
 from pin_runtime.http import ComponentState, Heartbeat
+from pin_runtime.postgres import SessionLimits
+from pin_runtime.settings import Secret
 
 __all__ = [
     "RELAY_TEST_OPTIONS",
@@ -69,32 +74,72 @@ BILLING = OutboxTables(
 """Another service's outbox: every name differs from the identity outbox's."""
 
 
+SETTING_OF: Final = {
+    "lanes": "outbox_lanes",
+    "batch_size": "relay_batch_size",
+    "window_records": "relay_window_records",
+    "window_bytes": "relay_window_bytes",
+    "poll_interval": "relay_poll_interval",
+    "read_cooldown": "relay_read_cooldown",
+    "delivery_timeout": "relay_delivery_timeout",
+    "message_max_bytes": "relay_message_max_bytes",
+}
+"""The tests' short names of the relay's settings (`RelaySettings` fields)."""
+_IN_SECONDS: Final = frozenset({"poll_interval", "read_cooldown", "delivery_timeout"})
+"""Short names of durations, given in seconds."""
+_INTERNALS: Final = frozenset(f.name for f in msgspec.structs.fields(RelayInternals))
+
+
+def _session_settings(limits: SessionLimits) -> dict[str, Any]:
+    """`SessionLimits` as the `DB_*` settings that make them."""
+    return {
+        f"db_{name}": value if name == "keepalives_count" else timedelta(seconds=value)
+        for name, value in asdict(limits).items()
+    }
+
+
 def new_relay(
     dsn: str,
     bootstrap: str,
     *,
+    settings: RelaySettings | None = None,
+    tables: OutboxTables = OUTBOX_TABLES,
+    client_id: str = RELAY_CLIENT_ID,
     registry: CollectorRegistry | None = None,
     state: ComponentState | None = None,
     heartbeat: Heartbeat | None = None,
     tracer_provider: trace.TracerProvider | None = None,
     probe: Callable[[str, int], None] | None = None,
-    **config: Any,
+    **options: Any,
 ) -> OutboxRelay:
-    """A relay as the service builds one (`RelayConfig`, its client id and record limit
-    the service's), with ``config`` overriding the rest; a registry of its own by default."""
-    options: dict[str, Any] = {
-        "tables": OUTBOX_TABLES,
-        "client_id": "identity-fanout-relay",
-        "message_max_bytes": RELAY_MESSAGE_MAX_BYTES,
-        **config,
-    }
+    """A relay as the service builds one (its settings' defaults, its outbox and client id)
+    on ``dsn`` and ``bootstrap``, with ``options`` overriding the rest: a setting by its
+    field name or its short name (`SETTING_OF`, durations in seconds), ``session`` as
+    `SessionLimits`, or a `RelayInternals` field. ``settings`` (e.g. the service's, loaded
+    with a cluster's credentials) is the base instead of the defaults. The settings are
+    checked as the loader checks them (bounds included); a registry of its own by default."""
+    values: dict[str, Any] = msgspec.structs.asdict(settings) if settings else {}
+    values |= {"database_dsn": Secret(dsn), "kafka_bootstrap": bootstrap}
+    internals: dict[str, Any] = {}
+    for name, value in options.items():
+        if name in _INTERNALS:
+            internals[name] = value
+        elif name == "session":
+            values |= _session_settings(value)
+        elif name in SETTING_OF:
+            values[SETTING_OF[name]] = timedelta(seconds=value) if name in _IN_SECONDS else value
+        else:
+            values[name] = value
     return OutboxRelay(
-        RelayConfig(dsn=dsn, bootstrap=bootstrap, **options),
+        msgspec.convert(values, type(settings) if settings else RelaySettings),
+        tables=tables,
+        client_id=client_id,
         registry=registry or CollectorRegistry(),
         state=state,
         heartbeat=heartbeat,
         tracer_provider=tracer_provider,
         signals=RelaySignals(probe=probe),
+        internals=RelayInternals(**internals),
     )
 
 

@@ -29,9 +29,9 @@ from psycopg.rows import TupleRow
 
 from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.membership import join_agency
+from identity_fanout.outbox.settings import RELAY_MESSAGE_MAX_BYTES
 from identity_fanout.outbox.writer import OutboxMessage, outbox_message
 from identity_fanout.schema import OUTBOX
-from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
     USER_ACCESS_CHANGED,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from identity_fanout.outbox.publisher import BATCH_SIZE_BYTES
 from identity_fanout.outbox.relay import COMPRESSION
-from identity_fanout.settings import RELAY_MESSAGE_MAX_BYTES
+from identity_fanout.outbox.settings import RELAY_MESSAGE_MAX_BYTES
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, USER_ACCESS_CHANGED
 
 

@@ -27,9 +27,8 @@ from relay_support import (
     write,
 )
 
-from identity_fanout.app import relay_config
+from identity_fanout.app import outbox_relay
 from identity_fanout.membership import join_agency
-from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.outbox.writer import outbox_message
 from identity_fanout.settings import ENV_PREFIX, Settings
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, decode_access_changed, decode_membership_changed
@@ -68,7 +67,7 @@ def test_relay_publishes_over_scram_and_tls(
     with psycopg.connect(producer_dsn) as conn:
         join_agency(conn, agent, uuid.uuid4())
 
-    with OutboxRelay(relay_config(settings), registry=CollectorRegistry()) as relay:
+    with outbox_relay(settings, registry=CollectorRegistry()) as relay:
         assert relay.run_once() == 1
 
     consumer = create_consumer(
@@ -136,7 +135,7 @@ def test_a_topic_the_relay_may_not_write_pauses_it_and_every_row_follows_in_orde
         secured_kafka.bootstrap,
         registry=registry,
         state=state,
-        kafka_extra=security,
+        settings=settings,
         # A read cooldown far longer than the first backoff: the retries of the refused rows
         # must not wait for it, nor may a step inside it lift the pause.
         **RELAY_TEST_OPTIONS | {"poll_interval": 0.2, "read_cooldown": 2.0},
@@ -237,7 +236,7 @@ def test_a_rotated_sasl_password_file_rebuilds_the_relays_producer_without_a_res
         secured.bootstrap,
         registry=registry,
         state=state,
-        kafka_extra=relay_config(settings).kafka_extra,
+        settings=settings,
         **RELAY_TEST_OPTIONS | {"poll_interval": 0.2, "delivery_timeout": 5.0},
     )
 

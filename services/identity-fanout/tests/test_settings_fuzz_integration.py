@@ -14,8 +14,7 @@ from typing import Final
 import pytest
 from prometheus_client import CollectorRegistry
 
-from identity_fanout.app import relay_config
-from identity_fanout.outbox.relay import OutboxRelay
+from identity_fanout.app import outbox_relay
 from identity_fanout.settings import ENV_PREFIX, LagWatchSettings, Settings
 from pin_runtime.postgres import connect
 from pin_testkit.settings_fuzz import SECRET, check_every_setting
@@ -38,7 +37,7 @@ def test_every_setting_of_the_worker_and_the_relay_is_refused_or_taken(worker_ds
         if not taken.kafka_bootstrap.strip() or taken.unreadable_tls_file() is not None:
             return  # the relay's start refuses it (kafka_or_exit: exit 2)
         # The producer is made by the relay's constructor: librdkafka checks it there.
-        OutboxRelay(relay_config(taken), registry=CollectorRegistry()).close()
+        outbox_relay(taken, registry=CollectorRegistry()).close()
 
     check_every_setting(Settings, ENV_PREFIX, BASE, starts)
 

@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
+from prometheus_client import CollectorRegistry
+
 from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.fanout.worker import FanoutWorker, refused_logins
-from identity_fanout.outbox.relay import OutboxRelay, RelayConfig
+from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.schema import OUTBOX_TABLES
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, Settings
 from pin_runtime.composition import Runtime, collect_less, long_running
@@ -30,6 +32,8 @@ _log = logging.getLogger(__name__)
 
 # A relay thread gets this long after the worker stopped to flush what it has in flight.
 RELAY_JOIN_TIMEOUT_SECONDS: Final = 60.0
+RELAY_CLIENT_ID: Final = f"{SERVICE_NAME}-relay"
+"""The relay producer's client.id, and the prefix of its sessions' application_name."""
 
 
 def _heartbeat(settings: Settings) -> Heartbeat:
@@ -68,23 +72,22 @@ def runtime(settings: Settings, command: str, *, kafka: bool) -> Iterator[Runtim
             log_event(_log, "process stopped", command=command)
 
 
-def relay_config(settings: Settings) -> RelayConfig:
-    """The relay the service's settings describe: the one way a relay is configured."""
-    return RelayConfig(
-        dsn=settings.database_dsn.reveal(),
-        bootstrap=settings.kafka_bootstrap,
+def outbox_relay(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry,
+    state: ComponentState | None = None,
+    heartbeat: Heartbeat | None = None,
+) -> OutboxRelay:
+    """The relay the service's settings describe, on the service's outbox: the one way the
+    service builds a relay (the worker's thread, the relay process)."""
+    return OutboxRelay(
+        settings,
         tables=OUTBOX_TABLES,
-        client_id=f"{SERVICE_NAME}-relay",
-        lanes=settings.outbox_lanes,
-        batch_size=settings.relay_batch_size,
-        window_records=settings.relay_window_records,
-        window_bytes=settings.relay_window_bytes,
-        poll_interval=settings.relay_poll_interval.total_seconds(),
-        read_cooldown=settings.relay_read_cooldown.total_seconds(),
-        delivery_timeout=settings.relay_delivery_timeout.total_seconds(),
-        message_max_bytes=settings.relay_message_max_bytes,
-        kafka_extra=dict(settings.kafka_security()),
-        session=settings.database_session(),
+        client_id=RELAY_CLIENT_ID,
+        registry=registry,
+        state=state,
+        heartbeat=heartbeat,
     )
 
 
@@ -96,9 +99,7 @@ def run_relay_process(settings: Settings) -> None:
     collect_less()
     with runtime(settings, "relay", kafka=True) as rt:
         state = ComponentState()
-        relay = OutboxRelay(
-            relay_config(settings), registry=rt.registry, state=state, heartbeat=rt.heartbeat
-        )
+        relay = outbox_relay(settings, registry=rt.registry, state=state, heartbeat=rt.heartbeat)
         rt.serve({"relay": state})
         relay.run(rt.stop)
 
@@ -113,7 +114,7 @@ def run_worker(settings: Settings, *, with_relay: bool) -> None:
         if with_relay:
             # No heartbeat: liveness stays the worker loop's, which a busy relay must not mask.
             relay_state = checks["relay"] = ComponentState()
-            relay = OutboxRelay(relay_config(settings), registry=rt.registry, state=relay_state)
+            relay = outbox_relay(settings, registry=rt.registry, state=relay_state)
             relay_thread = threading.Thread(target=relay.run, args=(rt.stop,), name="outbox-relay")
         rt.serve(checks)
         if relay_thread is not None:

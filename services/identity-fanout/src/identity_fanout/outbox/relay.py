@@ -5,11 +5,11 @@ row only after the broker acknowledged it: at-least-once, never loss. A row Kafk
 good (too large, invalid, not authorized) is moved to the quarantine in the same statement
 that deletes it, so no single row stops the flow.
 
-The outbox is split into lanes by message key (`rules`: lanes); each instance holds the advisory
-locks of its share of the lanes (`LaneSession`) and publishes only those, in outbox id
-order, so the rows of one key keep their order and have one publisher at a time. A dead
-instance's lanes (its locks end with its connection) are taken by the others within
-`lock_retry_interval` of the server noticing.
+The outbox is split into lanes by message key (`rules`, `outbox_lanes` of them); each
+instance holds the advisory locks of its share of the lanes (`LaneSession`) and publishes
+only those, in outbox id order, so the rows of one key keep their order and have one
+publisher at a time. A dead instance's lanes (its locks end with its connection) are taken
+by the others within `lock_retry_interval` of the server noticing.
 
 One loop on one thread does everything, one round after the other (`OutboxRelay._round`):
 
@@ -65,7 +65,6 @@ from identity_fanout.outbox.report import (
 )
 from identity_fanout.outbox.rules import (
     DEFAULT_LANES,
-    MAX_LANES,
     ForeignHolder,
     Pause,
     Settlement,
@@ -76,23 +75,20 @@ from identity_fanout.outbox.rules import (
     relay_instances,
     slots_of,
 )
+from identity_fanout.outbox.settings import RelaySettings
 from identity_fanout.outbox.store import OutboxStore, ReadRequest
 from identity_fanout.outbox.tables import OutboxTables
-from identity_fanout.outbox.window import (
-    DEFAULT_WINDOW_BYTES,
-    DEFAULT_WINDOW_RECORDS,
-    InflightWindow,
-)
+from identity_fanout.outbox.window import InflightWindow
 from pin_runtime.backoff import Backoff
 from pin_runtime.http import ComponentState, Heartbeat
-from pin_runtime.kafka import Compression, ConfigValue
+from pin_runtime.kafka import Compression
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import LazyConnection, SessionLimits, connect
 
 __all__ = [
     "DEFAULT_LANES",
     "OutboxRelay",
-    "RelayConfig",
+    "RelayInternals",
     "RelayMetrics",
     "RelaySignals",
     "RoundResult",
@@ -119,64 +115,27 @@ SHUTDOWN_GRACE: Final = 5.0
 (they stay in the outbox and go out again later)."""
 BUSY_WAIT: Final = 0.05
 """How long to wait for reports when the window is full or nothing new was read."""
-READ_COOLDOWN: Final = 0.1
-"""After a read that found the lanes caught up, seconds before the next one (the setting
-IDENTITY_FANOUT_RELAY_READ_COOLDOWN): while writers keep committing, one read takes all
-their commits of that time, so a relay that keeps up does not read once per commit of any
-writer (docs/design/identity-fanout.md "Relays side by side"). River's producer waits the
-same way between fetches (FetchCooldown)."""
 WAKE_SLICE: Final = 0.5
 """Longest uninterruptible wait: bounds the reaction to a stop request."""
 
 _VALUE = attrgetter("value")
 
 
-class RelayConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything one relay instance is configured with, durations in seconds.
+class RelayInternals(msgspec.Struct, frozen=True, kw_only=True):
+    """What a relay is built with besides its settings (`RelaySettings`) that no operator
+    sets: the service leaves the defaults, a test shortens the waits. Durations in seconds."""
 
-    The service builds it from its settings (`identity_fanout.app.relay_config`); a test or a
-    benchmark builds it directly. Checked on construction: a bad value never reaches a loop.
-    """
-
-    dsn: str
-    bootstrap: str
-    tables: OutboxTables
-    """Where the outbox lives and what the relay must know of its events (the service's)."""
-    client_id: str
-    """The producer's client.id, and the prefix of the sessions' application_name."""
-    lanes: int = DEFAULT_LANES
-    batch_size: int = 5000
-    """Rows per read (and per delete), within what is left of the window."""
-    window_records: int = DEFAULT_WINDOW_RECORDS
-    window_bytes: int = DEFAULT_WINDOW_BYTES
-    poll_interval: float = 1.0
-    """How often the outbox is looked at when no NOTIFY came."""
-    read_cooldown: float = READ_COOLDOWN
-    """After a read that found the lanes caught up, how long before the next read; 0: none."""
-    delivery_timeout: float = 30.0
     lock_retry_interval: float = LOCK_RETRY_INTERVAL
     backoff_initial: float = 1.0
     backoff_maximum: float = 60.0
-    message_max_bytes: int = 1_000_000
-    """The producer's `message.max.bytes`: a larger row is quarantined at once."""
     compression: Compression = COMPRESSION
-    kafka_extra: dict[str, ConfigValue] = msgspec.field(default_factory=dict)
-    """More producer properties: the cluster's security settings."""
-    session: SessionLimits = msgspec.field(default_factory=SessionLimits)
     partitions: dict[str, int] = msgspec.field(default_factory=catalogue_partitions)
     """The topic catalogue's partition count per topic: each record's partition is its key's
     by this count (`outbox.partitions`), whatever the cluster has."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.lanes <= MAX_LANES:
-            raise ValueError(f"lanes must be within 1..{MAX_LANES}, got {self.lanes}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        for name in ("poll_interval", "delivery_timeout", "lock_retry_interval"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.read_cooldown < 0:
-            raise ValueError(f"read_cooldown must be >= 0, got {self.read_cooldown}")
+        if self.lock_retry_interval <= 0:
+            raise ValueError(f"lock_retry_interval must be > 0, got {self.lock_retry_interval}")
 
 
 @dataclass(frozen=True)
@@ -216,53 +175,68 @@ class OutboxRelay:
 
     def __init__(
         self,
-        config: RelayConfig,
+        settings: RelaySettings,
         *,
+        tables: OutboxTables,
+        client_id: str,
         registry: CollectorRegistry,
         state: ComponentState | None = None,
         heartbeat: Heartbeat | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         signals: RelaySignals | None = None,
+        internals: RelayInternals | None = None,
     ) -> None:
-        self.config = config
+        """`tables`: where the outbox lives and what the relay must know of its events (the
+        service's); `client_id`: the producer's client.id, and the prefix of the sessions'
+        application_name."""
+        self.settings = settings
+        internals = internals or RelayInternals()
+        self._tables = tables
+        self._dsn = settings.database_dsn.reveal()
+        self._poll_interval = settings.relay_poll_interval.total_seconds()
+        self._read_cooldown = settings.relay_read_cooldown.total_seconds()
+        self._lock_retry_interval = internals.lock_retry_interval
         self._probe = (signals or RelaySignals()).probe
-        self._store = OutboxStore(config.tables)
+        self._store = OutboxStore(tables)
         self.metrics = RelayMetrics(registry)
         self.state = state if state is not None else ComponentState()
         self._heartbeat = heartbeat
         self._stop = threading.Event()
         self._stop_seen_at: float | None = None
-        self._db_backoff = Backoff(initial=config.backoff_initial, maximum=config.backoff_maximum)
+        self._db_backoff = Backoff(
+            initial=internals.backoff_initial, maximum=internals.backoff_maximum
+        )
         self._kafka_backoff = Backoff(
-            initial=config.backoff_initial, maximum=config.backoff_maximum
+            initial=internals.backoff_initial, maximum=internals.backoff_maximum
         )
         self._session = LaneSession(
-            config.dsn,
-            lanes=config.lanes,
+            self._dsn,
+            lanes=settings.outbox_lanes,
             store=self._store,
-            application_name=f"{config.client_id}@{socket.gethostname()}",
-            limits=config.session,
+            application_name=f"{client_id}@{socket.gethostname()}",
+            limits=settings.database_session(),
             on_change=self.metrics.set_lanes,
             on_foreign=self.metrics.foreign_lock_holders.set,
             probe=self._probe,
         )
+        delivery_timeout = settings.relay_delivery_timeout.total_seconds()
         self._publisher = Publisher(
-            bootstrap=config.bootstrap,
-            client_id=config.client_id,
-            message_max_bytes=config.message_max_bytes,
-            compression=config.compression,
-            extra=config.kafka_extra,
-            delivery_timeout=config.delivery_timeout,
+            bootstrap=settings.kafka_bootstrap,
+            client_id=client_id,
+            message_max_bytes=settings.relay_message_max_bytes,
+            compression=internals.compression,
+            extra=dict(settings.kafka_security()),
+            delivery_timeout=delivery_timeout,
             tracer=(tracer_provider or trace.get_tracer_provider()).get_tracer(__name__),
-            partitions=config.partitions,
+            partitions=internals.partitions,
             on_partitions=self.metrics.set_topic_partitions,
         )
         self.window = InflightWindow(
-            max_records=config.window_records, max_bytes=config.window_bytes
+            max_records=settings.relay_window_records, max_bytes=settings.relay_window_bytes
         )
         self._floor = OutboxFloor(self._store)
         """Where a lane without a cursor reads from (taken over, or nothing in flight)."""
-        self._stale_after = config.delivery_timeout + FLUSH_MARGIN
+        self._stale_after = delivery_timeout + FLUSH_MARGIN
         self._cursors: dict[int, int] = {}
         """The last id read in each held lane (a lane without one reads from the floor)."""
         self._next_read = 0.0
@@ -306,7 +280,7 @@ class OutboxRelay:
         degraded readiness and catches up when they return.
         """
         self._stop = stop
-        log_event(_log, "relay started", batchSize=self.config.batch_size)
+        log_event(_log, "relay started", batchSize=self.settings.relay_batch_size)
         try:
             while not stop.is_set():
                 self._beat()
@@ -315,7 +289,7 @@ class OutboxRelay:
                 except Exception as exc:
                     delay = self._db_backoff.next_delay()
                     self.state.degraded(
-                        report_failed_round(self.metrics, exc, delay, dsn=self.config.dsn)
+                        report_failed_round(self.metrics, exc, delay, dsn=self._dsn)
                     )
                 if delay > 0:
                     self._sleep(delay)
@@ -350,7 +324,7 @@ class OutboxRelay:
         conn = self._start(force=False)
         if not self.active:
             self._finish(conn)
-            return self.config.lock_retry_interval
+            return self._lock_retry_interval
         read = self._fill(conn, self._session.readable_lanes()) if self._may_read() else 0
         full = self.window.room() == 0
         self._publisher.serve(BUSY_WAIT if (full or read == 0) and len(self.window) else 0.0)
@@ -370,9 +344,7 @@ class OutboxRelay:
             # Paused, a read is only the next try: the delay grows until Kafka takes a row.
             self._kafka_backoff.reset()
         elif not len(self.window):
-            self._session.wait_for_notify(
-                self.config.poll_interval, stop=self._stop, on_tick=self._beat
-            )
+            self._session.wait_for_notify(self._poll_interval, stop=self._stop, on_tick=self._beat)
             # Woken while the lanes cool down after a caught-up read: the next read waits
             # for the end of it, and answers every commit until then.
             return self._cooldown_left()
@@ -397,7 +369,7 @@ class OutboxRelay:
         conn = self._session.connection()
         now = time.monotonic()
         if force or now >= self._next_look:
-            self._next_look = now + self.config.lock_retry_interval
+            self._next_look = now + self._lock_retry_interval
             self._session.rebalance()
         return conn
 
@@ -417,7 +389,7 @@ class OutboxRelay:
         while others are in flight starts from the floor, so its oldest rows go first.
         Lanes sharing a cursor are read together, normally all of them in one statement.
         """
-        batch_size = self.config.batch_size
+        batch_size = self.settings.relay_batch_size
         room = min(batch_size, self.window.room())
         if not lanes or room <= 0:
             self._caught_up = not lanes  # a full window: more is likely waiting
@@ -442,7 +414,7 @@ class OutboxRelay:
             if limit <= 0:
                 caught_up = False
                 break
-            slots = tuple(slots_of(group, self.config.lanes))
+            slots = tuple(slots_of(group, self.settings.outbox_lanes))
             budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
             records = self._store.read(conn, ReadRequest(slots, after, limit, budget))
             # Fewer rows than asked, and not for the budget: the lanes hold no more now.
@@ -458,11 +430,11 @@ class OutboxRelay:
             read += len(records)
             self._produce(records)
         self._caught_up = caught_up
-        if caught_up and read and self.config.read_cooldown:
+        if caught_up and read and self._read_cooldown:
             # Rows came, and no more are there: more are likely on their way, and read
             # together after the cooldown. An empty read sets none: after a quiet spell
             # the next commit is read at once.
-            self._next_read = time.monotonic() + self.config.read_cooldown
+            self._next_read = time.monotonic() + self._read_cooldown
         return read
 
     def _produce(self, records: Sequence[OutboxRecord]) -> None:
@@ -481,7 +453,7 @@ class OutboxRelay:
         settlement = self.window.settle()
         if settlement.quarantine:
             moved = self._store.move_to_quarantine(conn, settlement.quarantine)
-            report_refusals(self.metrics, self.config.tables, settlement.quarantine, moved)
+            report_refusals(self.metrics, self._tables, settlement.quarantine, moved)
             self._tally.quarantined += len(moved)
         topics, slots = self.window.take_settled()
         self._settled_topics.update(topics)
@@ -490,7 +462,7 @@ class OutboxRelay:
             self._tally.acknowledged |= topics - {r.record.topic for r in settlement.quarantine}
         self._to_delete.extend(settlement.delete)
         if self._to_delete and (
-            flush or len(self._to_delete) >= self.config.batch_size or not len(self.window)
+            flush or len(self._to_delete) >= self.settings.relay_batch_size or not len(self.window)
         ):
             self._delete_settled(conn)
         if self._probe is not None:

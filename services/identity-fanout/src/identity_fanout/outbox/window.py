@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import Final
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
@@ -32,10 +31,7 @@ from identity_fanout.outbox.records import OutboxRecord
 from identity_fanout.outbox.rules import Settlement, settle
 from pin_runtime.delivery import DeliveryFailure, DeliveryTracker
 
-__all__ = ["DEFAULT_WINDOW_BYTES", "DEFAULT_WINDOW_RECORDS", "InflightWindow"]
-
-DEFAULT_WINDOW_RECORDS: Final = 20_000
-DEFAULT_WINDOW_BYTES: Final = 32 * 1024 * 1024
+__all__ = ["InflightWindow"]
 
 _ID = attrgetter("id")
 _KEY = attrgetter("key")
