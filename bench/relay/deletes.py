@@ -26,14 +26,14 @@ import time
 from collections.abc import Callable
 
 import psycopg
-from idle_burst import BURST
+from idle_burst import BURST, VACUUM
 from rich.console import Console
 from rich.table import Table
 
 from identity_fanout.outbox.rules import slots_of
-from identity_fanout.schema import OUTBOX_TABLES, migrate_database
+from identity_fanout.schema import OUTBOX, OUTBOX_TABLES, migrate_database
 from pin_contracts.topics import USER_ACCESS_CHANGED
-from pin_runtime.sql import load_queries
+from pin_runtime.sql import parse_queries
 from pin_testkit.bench import cpu_seconds
 from pin_testkit.databases import temporary_database
 from pin_testkit.discovery import environment_or_local
@@ -41,13 +41,26 @@ from pin_testkit.discovery import environment_or_local
 console = Console()
 Conn = psycopg.Connection[tuple[object, ...]]
 
-_q = load_queries("identity_fanout", "outbox/sql/relay.sql")
-BY_ID = OUTBOX_TABLES.compose(_q, "delete_published")
-WHERE_READ = """
-DELETE FROM identity.outbox AS o
+_statements = parse_queries(
+    """
+-- name: where_read --
+-- The variant: each row deleted at the ctid its read found it, checked by its id.
+DELETE FROM {outbox} AS o
  USING unnest(%(tids)s::tid[], %(ids)s::bigint[]) AS d(tid, id)
  WHERE o.ctid = d.tid AND o.id = d.id
-"""
+
+-- name: lane_rows --
+-- A lane's rows (id, ctid) in id order, as its reads would have returned them.
+SELECT id, ctid::text FROM {outbox} WHERE key_slot = ANY(%(slots)s::smallint[]) ORDER BY id
+
+-- name: empty --
+TRUNCATE {outbox}
+""",
+    "bench/relay/deletes.py",
+)
+WHERE_READ, LANE_ROWS, EMPTY = (
+    OUTBOX_TABLES.compose(_statements, name) for name in ("where_read", "lane_rows", "empty")
+)
 
 
 def lane_rows(db: Conn, relays: int) -> list[list[tuple[int, str]]]:
@@ -55,18 +68,13 @@ def lane_rows(db: Conn, relays: int) -> list[list[tuple[int, str]]]:
     lanes = []
     for lane in range(relays):
         slots = list(slots_of([lane], relays))
-        rows = db.execute(
-            "SELECT id, ctid::text FROM identity.outbox WHERE key_slot = ANY(%s::smallint[])"
-            " ORDER BY id",
-            (slots,),
-        ).fetchall()
+        rows = db.execute(LANE_ROWS, {"slots": slots}).fetchall()
         lanes.append([(int(str(i)), str(t)) for i, t in rows])
     return lanes
 
 
 def by_id(conn: Conn, batch: list[tuple[int, str]]) -> int:
-    ids = "{" + ",".join(str(i) for i, _ in batch) + "}"
-    return conn.execute(BY_ID, {"ids": ids}, prepare=False).rowcount
+    return OUTBOX.delete(conn, [i for i, _ in batch])  # the relay's own delete
 
 
 def where_read(conn: Conn, batch: list[tuple[int, str]]) -> int:
@@ -92,9 +100,9 @@ def blocks_touched(db: Conn) -> int:
 def measure(
     dsn: str, db: Conn, variant: str, *, rows: int, relays: int, batch: int
 ) -> dict[str, float]:
-    db.execute("TRUNCATE identity.outbox")
+    db.execute(EMPTY)
     db.execute(BURST, {"topic": USER_ACCESS_CHANGED.name, "rows": rows})
-    db.execute("VACUUM ANALYZE identity.outbox")
+    db.execute(VACUUM)
     lanes = lane_rows(db, relays)
     delete = VARIANTS[variant]
     conns = [psycopg.connect(dsn, autocommit=True) for _ in range(relays)]

@@ -32,18 +32,17 @@ import time
 from typing import Any
 
 import psycopg
-from idle_burst import BURST, backend_cpu
+from idle_burst import BURST, VACUUM, backend_cpu
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
 from identity_fanout.app import outbox_relay
 from identity_fanout.outbox.floor import OutboxFloor
-from identity_fanout.schema import OUTBOX, OUTBOX_TABLES, migrate_database
+from identity_fanout.schema import OUTBOX, migrate_database
 from identity_fanout.settings import Settings
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_runtime.settings import Secret
-from pin_runtime.sql import load_queries
 from pin_testkit.bench import Comparison, Figure, record
 from pin_testkit.databases import temporary_database
 from pin_testkit.discovery import environment_or_local
@@ -55,7 +54,6 @@ PARTITIONS = 6
 TARGET = 1.5
 BENCHMARK = "2. relay drain with a snapshot held the whole time vs none"
 
-BACKLOG = OUTBOX_TABLES.compose(load_queries("identity_fanout", "outbox/sql/relay.sql"), "backlog")
 
 Conn = psycopg.Connection[tuple[object, ...]]
 
@@ -63,7 +61,7 @@ Conn = psycopg.Connection[tuple[object, ...]]
 def explained(db: Conn, floor: int) -> tuple[float, int]:
     """Milliseconds and shared buffers of the backlog statement counted from `floor`."""
     row = db.execute(
-        ("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + BACKLOG).encode(),
+        ("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + OUTBOX.backlog_statement).encode(),
         {"exact_up_to": 10_000, "floor": floor},
         prepare=False,
     ).fetchone()
@@ -97,7 +95,7 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, *, held: bool, idle: 
         psycopg.connect(dsn, autocommit=True) as db,
         psycopg.connect(dsn, application_name="held-snapshot") as holder,
     ):
-        db.execute("VACUUM ANALYZE identity.outbox")  # empty, as autovacuum leaves it
+        db.execute(VACUUM)  # empty, as autovacuum leaves it
         thread.start()
         try:
             wait_until(lambda: relay.active, 60, "the relay holds its lanes")
@@ -122,7 +120,7 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, *, held: bool, idle: 
         finally:
             stop.set()
             thread.join(60)
-        if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
+        if OUTBOX.rows_by_topic(db):
             raise RuntimeError("the relay reported more rows than it deleted")
         # The head statement as it was (from the first entry), then from the floor, the
         # snapshot still held over every deleted row.

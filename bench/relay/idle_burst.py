@@ -34,10 +34,11 @@ from rich.console import Console
 from rich.table import Table
 
 from identity_fanout.app import outbox_relay
-from identity_fanout.schema import migrate_database
+from identity_fanout.schema import OUTBOX, migrate_database
 from identity_fanout.settings import Settings
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_runtime.settings import Secret
+from pin_runtime.sql import parse_queries
 from pin_testkit.bench import cpu_seconds
 from pin_testkit.databases import temporary_database
 from pin_testkit.discovery import environment_or_local
@@ -48,15 +49,24 @@ console = Console()
 PARTITIONS = 6
 POLL_INTERVAL = 0.5
 
-# One statement writes the burst: the relay does not decode payloads, so ~1.3 KB of opaque
-# bytes per row (the size of an access event with three assignments) is what it moves.
-BURST = """
-INSERT INTO identity.outbox (topic, message_key, payload, headers, message_id, event_type,
-                             key_slot)
+_statements = parse_queries(
+    """
+-- name: burst --
+-- One statement writes the burst: the relay does not decode payloads, so ~1.3 KB of opaque
+-- bytes per row (the size of an access event with three assignments) is what it moves.
+INSERT INTO {outbox} (topic, message_key, payload, headers, message_id, event_type, key_slot)
 SELECT %(topic)s, k, convert_to(repeat('x', 1300), 'UTF8'), '[]'::jsonb, gen_random_uuid(),
-       'UserAccessChanged', identity.outbox_key_slot(k)
+       'UserAccessChanged', {key_slot}(k)
   FROM (SELECT gen_random_uuid()::text AS k FROM generate_series(1, %(rows)s)) AS users
-"""
+
+-- name: vacuum --
+VACUUM ANALYZE {outbox}
+""",
+    "bench/relay/idle_burst.py",
+)
+BURST = OUTBOX.writer_statement(_statements, "burst")
+"""A burst of `rows` rows of `topic`, written as a writer of the service's outbox writes."""
+VACUUM = OUTBOX.tables.compose(_statements, "vacuum")
 
 
 def backend_cpu(db: psycopg.Connection[tuple[object, ...]]) -> float:
@@ -87,7 +97,7 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, idle: float) -> tuple
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop,), name="relay")
     with psycopg.connect(dsn, autocommit=True) as db:
-        db.execute("VACUUM ANALYZE identity.outbox")  # empty, as autovacuum leaves it
+        db.execute(VACUUM)  # empty, as autovacuum leaves it
         thread.start()
         try:
             wait_until(lambda: relay.active, 60, "the relay holds its lanes")
@@ -106,7 +116,7 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, idle: float) -> tuple
         finally:
             stop.set()
             thread.join(60)
-        if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
+        if OUTBOX.rows_by_topic(db):
             raise RuntimeError("the relay reported more rows than it deleted")
     return took, database
 

@@ -53,6 +53,7 @@ from collections.abc import Callable
 import msgspec
 import psycopg
 from confluent_kafka import KafkaError, Message, Producer
+from psycopg import sql
 from rich.console import Console
 from rich.table import Table
 
@@ -331,7 +332,7 @@ def relay_drain(
             DATABASE_CPU.setdefault(label, []).append(sum(sessions.values()))
             for kind, seconds in sessions.items():
                 SESSION_CPU.setdefault((label, kind), []).append(seconds)
-        if db.execute("SELECT count(*) FROM identity.outbox").fetchone() != (0,):
+        if OUTBOX.rows_by_topic(db):
             raise RuntimeError("the relays reported more rows than they deleted")
         return took
 
@@ -350,8 +351,9 @@ def laid_out_as_pages(
     slots = [
         int(str(slot))
         for (slot,) in db.execute(
-            "SELECT identity.outbox_key_slot(k) FROM unnest(%s::text[]) WITH ORDINALITY AS t (k, n)"
-            " ORDER BY n",
+            sql.SQL(
+                "SELECT {}(k) FROM unnest(%s::text[]) WITH ORDINALITY AS t (k, n) ORDER BY n"
+            ).format(sql.Identifier(OUTBOX.tables.schema, OUTBOX.tables.key_slot_function)),
             ([m.key for m in batch],),
         )
     ]

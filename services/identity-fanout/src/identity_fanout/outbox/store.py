@@ -231,6 +231,12 @@ class OutboxStore:
         literal = "{" + ",".join(map(str, ids)) + "}"
         return conn.execute(self._delete, {"ids": literal}, prepare=False).rowcount
 
+    @property
+    def backlog_statement(self) -> LiteralString:
+        """The statement `backlog` runs (its parameters: `exact_up_to`, `floor`), for a
+        benchmark's or a test's EXPLAIN of it."""
+        return self._backlog
+
     def backlog(self, conn: Connection[TupleRow], floor: int = 1) -> Backlog:
         """Rows waiting (exact up to `BACKLOG_EXACT_UP_TO`) and the head's age, from `floor`."""
         row = conn.execute(
