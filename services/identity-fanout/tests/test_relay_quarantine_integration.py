@@ -42,6 +42,7 @@ from pin_contracts import (
 )
 from pin_runtime.http import ComponentState
 from pin_runtime.kafka import create_admin, ensure_topics
+from pin_runtime.postgres import SessionLimits
 from pin_testkit.records import read_messages
 from pin_testkit.seeding import Assignment, add_assignments, add_permissions, add_role
 from pin_testkit.waiting import wait_until
@@ -364,3 +365,54 @@ def test_a_topic_that_does_not_exist_pauses_the_relay_and_quarantines_nothing(
         for future in admin.delete_topics([topic.name]).values():
             with contextlib.suppress(KafkaException):  # never created: nothing to delete
                 future.result(timeout=30)
+
+
+def test_a_refused_row_another_session_locks_waits_for_its_move_and_holds_nothing_else(
+    identity_dsn: str,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    make_relay: support.RelayFactory,
+    operator_dsn: str,
+) -> None:
+    # A neighbour's long transaction locks a row Kafka refuses for good: its move into the
+    # quarantine meets the lock timeout, and the relay keeps its lanes and publishes the
+    # rows behind it; once the lock is gone the row is refused again and moved. A failed
+    # move that failed the round dropped the lanes and sent every row in flight again, for
+    # as long as the lock was held.
+    topic = kafka_topic(partitions=3, config={"max.message.bytes": str(MIB)})
+    refused = opaque(topic, uuid.uuid4(), 2 * MIB, UserAccessChangedKafkaEvent.EVENT_TYPE)
+    support.write(identity_dsn, [refused])
+    lost: list[int] = []
+    relay = make_relay(
+        message_max_bytes=MIB,
+        poll_interval=0.2,
+        session=SessionLimits(lock_timeout=0.2),
+        probe=lambda event, lane: lost.append(lane) if event == "lost" else None,
+    )
+    good = [
+        opaque(topic, uuid.uuid4(), 1000, UserAccessChangedKafkaEvent.EVENT_TYPE) for _ in range(3)
+    ]
+    with psycopg.connect(identity_dsn) as holder:
+        holder.execute("SELECT id FROM identity.outbox FOR UPDATE")  # held, uncommitted
+        with support.RelayThread(relay):
+            support.write(identity_dsn, good)
+            wait_until(
+                lambda: len(read_messages(kafka_bootstrap, topic)) == 3,
+                30,
+                "the rows behind the locked refused row published",
+            )
+            assert support.outbox_count(identity_dsn) == 1  # the refused row waits
+            with psycopg.connect(operator_dsn, autocommit=True) as conn:
+                assert OUTBOX.quarantined(conn) == []
+            holder.rollback()
+            wait_until(
+                lambda: support.outbox_count(identity_dsn) == 0, 30, "the move once unlocked"
+            )
+            assert relay.active
+    with psycopg.connect(operator_dsn, autocommit=True) as conn:
+        [moved] = OUTBOX.quarantined(conn)
+    assert moved.attempts == 1
+    assert sorted(m.key() for m in read_messages(kafka_bootstrap, topic)) == sorted(
+        r.key.encode() for r in good
+    )
+    assert lost == []

@@ -67,6 +67,7 @@ from identity_fanout.outbox.rules import (
     DEFAULT_LANES,
     ForeignHolder,
     Pause,
+    Refusal,
     Settlement,
     foreign_holders,
     next_pause,
@@ -452,9 +453,7 @@ class OutboxRelay:
         acknowledged ones once a batch is there (or `flush`, or nothing is in flight)."""
         settlement = self.window.settle()
         if settlement.quarantine:
-            moved = self._store.move_to_quarantine(conn, settlement.quarantine)
-            report_refusals(self.metrics, self._tables, settlement.quarantine, moved)
-            self._tally.quarantined += len(moved)
+            self._quarantine(conn, settlement.quarantine)
         topics, slots = self.window.take_settled()
         self._settled_topics.update(topics)
         if settlement.delete:  # the cluster took these: a refusal of it is over
@@ -470,6 +469,29 @@ class OutboxRelay:
                 self._probe("settled", slot)
         self.metrics.in_flight.set(len(self.window))
         return settlement
+
+    def _quarantine(self, conn: Conn, refusals: Sequence[Refusal]) -> None:
+        """Move the rows refused for good into the quarantine.
+
+        A move that meets a row another session locks (past the session's lock timeout), or
+        is cut by the statement timeout, leaves the rows in the outbox and the flow goes on,
+        as a DELETE that meets one does: a neighbour's long transaction must not stop the
+        lanes. The rows are refused again when the lanes are next read from their heads,
+        and moved then. Any other error is the round's."""
+        try:
+            moved = self._store.move_to_quarantine(conn, refusals)
+        except (errors.LockNotAvailable, errors.QueryCanceled) as exc:
+            log_event(
+                _log,
+                "outbox quarantine failed",
+                logging.WARNING,
+                error=str(exc),
+                rows=len(refusals),
+                outboxIds=[r.record.id for r in refusals],
+            )
+            return
+        report_refusals(self.metrics, self._tables, refusals, moved)
+        self._tally.quarantined += len(moved)
 
     def _settle_all(self, conn: Conn) -> Settlement:
         """Wait (bounded) for the outcome of every record in flight, then apply them."""
