@@ -78,8 +78,10 @@ class Settings(ServiceSettings, frozen=True, kw_only=True):
                 f" ({self.retry_initial.total_seconds():g}s), got"
                 f" {self.retry_max.total_seconds():g}s"
             )
-        if self.delivery_timeout <= timedelta(0):
-            raise ValueError("REWARDS_MEMBERSHIP_DELIVERY_TIMEOUT: must be positive")
+        # librdkafka refuses a producer whose message.timeout.ms is not above its linger.ms
+        # (tens of ms): a shorter timeout would fail the consumer's start, not its settings.
+        if self.delivery_timeout < timedelta(seconds=1):
+            raise ValueError("REWARDS_MEMBERSHIP_DELIVERY_TIMEOUT: must be at least 1s")
         if self.lag_interval <= timedelta(0):
             raise ValueError("REWARDS_MEMBERSHIP_LAG_INTERVAL: must be positive")
         if self.dlq_topic == self.topic:

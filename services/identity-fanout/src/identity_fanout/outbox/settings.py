@@ -24,6 +24,9 @@ from pin_runtime.settings import Secret
 
 __all__ = ["RELAY_MESSAGE_MAX_BYTES", "RelaySettings"]
 
+MIN_DELIVERY_TIMEOUT: Final = timedelta(seconds=1)
+"""The shortest `RELAY_DELIVERY_TIMEOUT` taken."""
+
 RELAY_MESSAGE_MAX_BYTES: Final = 2 * max(
     topic.max_message_bytes for topic in CATALOGUE if topic.dead_letter_of is None
 )
@@ -79,5 +82,7 @@ class RelaySettings(ServiceSettings, frozen=True, kw_only=True):
             raise ValueError("RELAY_POLL_INTERVAL: must be positive")
         if not timedelta(0) <= self.relay_read_cooldown <= timedelta(seconds=10):
             raise ValueError("RELAY_READ_COOLDOWN: must be within 0..10s")
-        if self.relay_delivery_timeout < timedelta(milliseconds=1):
-            raise ValueError("RELAY_DELIVERY_TIMEOUT: must be at least 1ms")
+        # librdkafka refuses a producer whose message.timeout.ms is not above its linger.ms
+        # (tens of ms): a shorter timeout would fail the relay's start, not its settings.
+        if self.relay_delivery_timeout < MIN_DELIVERY_TIMEOUT:
+            raise ValueError("RELAY_DELIVERY_TIMEOUT: must be at least 1s")
