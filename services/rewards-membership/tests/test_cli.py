@@ -213,11 +213,86 @@ def test_bad_arguments_exit_2(argv: list[str]) -> None:
     assert exit_info.value.code == 2
 
 
+@pytest.mark.parametrize(
+    ("argv", "named", "why"),
+    [
+        (["dlq", "replay", "--offset", "-1"], "--offset", "out of range: from 0"),
+        (
+            ["dlq", "resolve", "--offset", "1", "--partition", "-1", "--reason", "x"],
+            "--partition",
+            "out of range",
+        ),
+        (["dlq", "replay", "--offset", str(2**63)], "--offset", "out of range"),
+        (["dlq", "list", "--limit", "-5"], "--limit", "out of range: from 1"),
+        (["dlq", "list", "--limit", "0"], "--limit", "out of range: from 1"),
+        (["dlq", "list", "--limit", "ten"], "--limit", "not a whole number"),
+        # A bare number was taken as seconds: every mark older than 5 s would go.
+        (["inbox", "prune", "--older-than", "5"], "--older-than", "has no unit"),
+        (["inbox", "prune", "--older-than", "30m"], "--older-than", "from 1h to 3650d"),
+        (["inbox", "prune", "--older-than", "3651d"], "--older-than", "from 1h to 3650d"),
+        # Was: OverflowError (the cut-off before year 1), a traceback.
+        (["inbox", "prune", "--older-than", "1000000d"], "--older-than", "out of range"),
+        (["inbox", "prune", "--older-than", "99999999999999d"], "--older-than", "not a duration"),
+    ],
+)
+def test_an_argument_out_of_its_range_is_refused_by_the_parser(
+    argv: list[str], named: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"error: argument {named}: " in last, last
+    assert why in last, last
+
+
 @pytest.mark.integration
-def test_migrate_is_idempotent(fresh_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_agent_show_of_an_agent_the_projection_never_saw_is_not_found(
+    settings: Settings, operator_dsn: str
+) -> None:
+    # Was: "independent", exit 0, as for an agent whose every membership ended.
+    agent = uuid.uuid4()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REWARDS_MEMBERSHIP_")}
+    env |= environment(settings, operator_dsn)
+    script = str(Path(sys.executable).with_name("rewards-membership"))
+
+    def show(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [script, "agent", "show", str(agent), *options],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    done = show()
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"error: agent {agent} not found: the projection has no row of it"
+    ]
+    done = show("--json")
+    assert done.returncode == 1, done.stderr
+    assert msgspec.json.decode(done.stdout) == {
+        "agent_user_id": str(agent),
+        "found": False,
+        "display_status": None,
+        "rows": [],
+    }
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.mark.integration
+def test_migrate_is_idempotent(
+    fresh_database: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("REWARDS_MEMBERSHIP_DATABASE_DSN", fresh_database)
-    assert main(["migrate"]) == 0
-    assert main(["migrate"]) == 0
+    assert main(["migrate", "--json"]) == 0
+    first = msgspec.json.decode(capsys.readouterr().out)
+    assert first["applied"]
+    assert main(["migrate", "--json"]) == 0
+    assert msgspec.json.decode(capsys.readouterr().out) == {"applied": []}
 
 
 @pytest.mark.integration
@@ -242,7 +317,7 @@ def test_agent_show_and_inbox_prune(
     # For scripts: one JSON object, the rows and the derived status.
     assert main(["agent", "show", str(agent), "--json"]) == 0
     shown = msgspec.json.decode(capsys.readouterr().out)
-    assert shown["display_status"] == f"in agency {agency_b}"
+    assert (shown["found"], shown["display_status"]) == (True, f"in agency {agency_b}")
     assert sorted((r["company_id"], r["membership_status"]) for r in shown["rows"]) == sorted(
         [(str(agency_a), "Left"), (str(agency_b), "Active")]
     )
@@ -256,6 +331,9 @@ def test_agent_show_and_inbox_prune(
     for company, status in ((agency_a, "Left"), (agency_b, "Active")):
         assert f"company_id:                {company}" in narrow
         assert f"membership_status:         {status}" in narrow
+    # A missing value is `-`, as in every table of the tools (never `None`, never blank).
+    assert "leave_reason:              -" in narrow
+    assert not any("None" in line for line in narrow)
     monkeypatch.setenv("COLUMNS", "400")
 
     # A dry run counts what the prune would delete (the same statement, rolled back).

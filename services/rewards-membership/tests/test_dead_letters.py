@@ -366,6 +366,7 @@ def test_dead_letter_that_cannot_be_written_pauses_only_its_partition(
     settings = msgspec.structs.replace(kit.settings, topic=topic, dlq_topic=dlq)
     with psycopg.connect(settings.database_dsn.reveal()) as conn:
         shown = consumer_status(settings, conn)
+    assert shown.paused is not None
     [paused] = shown.paused
     assert (paused.partition, paused.dependency, paused.host) == (0, "kafka", socket.gethostname())
     assert dlq in paused.reason or "UNKNOWN_TOPIC" in paused.reason.upper()

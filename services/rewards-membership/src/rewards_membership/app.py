@@ -20,9 +20,11 @@ from pin_contracts import CATALOGUE, IDENTITY_MEMBERSHIP_DLQ
 from pin_runtime.composition import collect_less, long_running
 from pin_runtime.http import Check, CheckResult, ComponentState, Heartbeat
 from pin_runtime.kafka import (
+    KafkaConfig,
     LoginRenewal,
     create_consumer,
     create_producer,
+    producer_config,
     refused_login,
     report_refused_login,
 )
@@ -47,7 +49,7 @@ from rewards_membership.store import MembershipStore
 __all__ = [
     "SCHEMA",
     "build_consumer",
-    "create_replay_producer",
+    "replay_producer_config",
     "run_consumer",
     "run_migrations",
 ]
@@ -94,10 +96,10 @@ def _dlq_producer_config(settings: Settings) -> dict[str, str | int | float | bo
     }
 
 
-def create_replay_producer(settings: Settings, *, client_id: str) -> Producer:
-    """`dlq replay` republishes what a source topic once accepted (up to the largest
-    topic of the catalogue); the broker still checks the topic's own limit."""
-    return create_producer(
+def replay_producer_config(settings: Settings, *, client_id: str) -> KafkaConfig:
+    """`dlq replay`'s producer: it republishes what a source topic once accepted (up to the
+    largest topic of the catalogue); the broker still checks the topic's own limit."""
+    return producer_config(
         settings.kafka_bootstrap,
         client_id=client_id,
         extra={

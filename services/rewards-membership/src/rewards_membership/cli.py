@@ -3,22 +3,25 @@ show, inbox prune. The parser, and each command wired to where it runs: `migrate
 `consume` to the composition root (`app`), the operator's commands to their module in `ops`.
 
 Settings are read and validated before anything else: a bad value prints one line naming the
-variable and exits 2; bad arguments are argparse's exit 2 too. Every other failure maps to
-its exit code as in every service's CLI (`pin_runtime.composition.run_command`): a refused
-migration or a service error exits 1 with `error: ...`, an unreachable database 1 with
-`error: database unavailable: ...`; `consume` runs in `app.run_consumer`.
+variable and exits 2; bad arguments are argparse's exit 2 too, each checked here (durations
+with a unit and within bounds, counts and offsets within theirs). Every other failure maps
+to its exit code as in every service's CLI (`pin_runtime.composition.run_command`): a
+refused migration or a service error exits 1 with `error: ...`, an unreachable database 1
+with `error: database unavailable: ...`; `consume` runs in `app.run_consumer`. An operator
+command that talks to Kafka checks the brokers itself (`ops.brokers`): it answers within
+seconds when they are down, with what the database can say.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Final
 
 from pin_runtime.composition import Cli, uuid_argument
-from pin_runtime.kafka_security import kafka_or_exit
 from pin_runtime.lag_watch.cli import COMMAND as LAG_WATCH
 from pin_runtime.lag_watch.cli import LagWatchCommand
 from pin_runtime.logging import log_event
@@ -29,6 +32,7 @@ from rewards_membership.ops.agent import agent_show
 from rewards_membership.ops.dlq import dlq_list, dlq_replay, dlq_resolve
 from rewards_membership.ops.inbox import inbox_prune
 from rewards_membership.ops.status import show_status
+from rewards_membership.ops.tool import write_json
 from rewards_membership.settings import ENV_PREFIX, SERVICE_NAME, LagWatchSettings, Settings
 
 __all__ = ["build_parser", "main"]
@@ -41,11 +45,56 @@ _CLI: Final = Cli(SERVICE_NAME, Settings, ENV_PREFIX, errors=(RewardsMembershipE
 _LAG_WATCH: Final = LagWatchCommand(SERVICE_NAME, LagWatchSettings, ENV_PREFIX)
 
 
-def _duration(text: str) -> timedelta:
+# `inbox prune --older-than`: below an hour a prune would take the marks of records still
+# being redelivered (a batch not committed yet, a rebalance), which would then be applied
+# again as stale rather than skipped as duplicates; ten years is more than any retention.
+PRUNE_OLDEST: Final = timedelta(days=3650)
+PRUNE_YOUNGEST: Final = timedelta(hours=1)
+LIMIT_MAX: Final = 1_000_000
+"""`dlq list --limit`: the rows are streamed, but a million is more than anyone reads."""
+OFFSET_MAX: Final = 2**63 - 1
+"""Kafka's offsets are signed 64-bit."""
+PARTITION_MAX: Final = 2**31 - 1
+"""Kafka's partition numbers are signed 32-bit."""
+_UNIT: Final = re.compile(r".*[a-z]\s*$", re.IGNORECASE)
+
+
+def _span(value: timedelta) -> str:
+    days, seconds = value.days, value.seconds
+    return f"{days}d" if not seconds else f"{days * 24 + seconds // 3600}h"
+
+
+def _older_than(text: str) -> timedelta:
+    """A duration with its unit (`30d`, `12h`, `90m`): a bare number is refused, not taken
+    as seconds (`5` meant days, and would have taken every mark)."""
+    if not _UNIT.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write e.g. 30d, 12h or 90m")
     try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+        value = parse_duration(text)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text!r} (e.g. 30d, 12h or 90m; at most {_span(PRUNE_OLDEST)})"
+        ) from None
+    if not PRUNE_YOUNGEST <= value <= PRUNE_OLDEST:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is out of range: from {_span(PRUNE_YOUNGEST)} to {_span(PRUNE_OLDEST)}"
+        )
+    return value
+
+
+def _bounded(least: int, most: int) -> Callable[[str], int]:
+    """An argparse `type=` for a whole number within [least, most]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: from {least} to {most}")
+        return value
+
+    return parse
 
 
 def _reason(text: str) -> str:
@@ -57,9 +106,13 @@ def _reason(text: str) -> str:
 def _which_records(command: argparse.ArgumentParser) -> None:
     which = command.add_mutually_exclusive_group(required=True)
     which.add_argument("--all", action="store_true", help="every record of the DLQ")
-    which.add_argument("--offset", type=int, help="the record at this DLQ offset")
+    which.add_argument(
+        "--offset", type=_bounded(0, OFFSET_MAX), help="the record at this DLQ offset"
+    )
     command.add_argument(
-        "--partition", type=int, help="DLQ partition of --offset (needed when ambiguous)"
+        "--partition",
+        type=_bounded(0, PARTITION_MAX),
+        help="DLQ partition of --offset (needed when ambiguous; one the DLQ topic has)",
     )
 
 
@@ -81,7 +134,10 @@ def _json_results(command: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser, commands = _CLI.parser("PIN rewards: AgentMembershipChanged consumer and its tooling.")
-    commands.add_parser("migrate", help="apply the rewards schema migrations")
+    migrate = commands.add_parser("migrate", help="apply the rewards schema migrations")
+    migrate.add_argument(
+        "--json", action="store_true", help="one JSON object, the migrations applied (for scripts)"
+    )
     commands.add_parser("consume", help="run the membership consumer until SIGTERM/SIGINT")
     status = commands.add_parser(
         "status", help="the group's lag per partition and the dead letters pending, at a glance"
@@ -92,7 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     dlq = commands.add_parser("dlq", help="inspect and replay the dead-letter topic")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
     dlq_list = dlq_commands.add_parser("list", help="table of dead-lettered records")
-    dlq_list.add_argument("--limit", type=int, default=1000, help="most rows shown")
+    dlq_list.add_argument(
+        "--limit",
+        type=_bounded(1, LIMIT_MAX),
+        default=1000,
+        help=f"most rows shown (1..{LIMIT_MAX})",
+    )
     dlq_list.add_argument(
         "--json", action="store_true", help="one JSON object per record (for scripts), no table"
     )
@@ -126,7 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     inbox_commands = inbox.add_subparsers(dest="inbox_command", required=True)
     prune = inbox_commands.add_parser("prune", help="delete old idempotency marks")
     prune.add_argument(
-        "--older-than", type=_duration, required=True, help="e.g. 30d, 12h (marks older go)"
+        "--older-than",
+        type=_older_than,
+        required=True,
+        help=f"e.g. 30d, 12h; a unit is required, {_span(PRUNE_YOUNGEST)} to"
+        f" {_span(PRUNE_OLDEST)} (marks older go)",
     )
     prune.add_argument(
         "--dry-run",
@@ -149,15 +214,15 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             role_prefix=settings.db_role_prefix,
         )
         log_event(_log, "migrations applied", applied=applied)
+        if args.json:
+            write_json({"applied": applied})
         return 0
     if args.command == "consume":
         run_consumer(settings)
         return 0
     if args.command == "status":
-        kafka_or_exit(settings, ENV_PREFIX, command="status")
         return show_status(settings, as_json=args.json)
     if args.command == "dlq":
-        kafka_or_exit(settings, ENV_PREFIX, command=f"dlq {args.dlq_command}")
         return _DLQ_COMMANDS[args.dlq_command](settings, args)
     if args.command == "agent":
         return agent_show(settings, args.agent_user_id, as_json=args.json)

@@ -16,13 +16,32 @@ __all__ = [
     "CommitInDoubtError",
     "ConcurrentApplyError",
     "InfrastructureError",
+    "KafkaUnavailableError",
     "RewardsMembershipError",
+    "TopicMissingError",
     "is_infrastructure",
 ]
 
 
 class RewardsMembershipError(Exception):
     """Root of every error this service raises."""
+
+
+class KafkaUnavailableError(RewardsMembershipError):
+    """An operator command that cannot do without Kafka found no broker answering (or lost
+    it midway): one line, `error: kafka unavailable: <reason>`, exit 1."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"kafka unavailable: {reason}")
+        self.reason = reason
+
+
+class TopicMissingError(RewardsMembershipError):
+    """A topic an operator command reads is not on the brokers (the brokers answered)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic} does not exist")
+        self.topic = topic
 
 
 class InfrastructureError(RewardsMembershipError):

@@ -35,6 +35,7 @@ __all__ = [
     "Resolution",
     "clear_dead_letter_marks",
     "fetch_agent_rows",
+    "fetch_dead_letter_marks",
     "fetch_replays",
     "fetch_resolutions",
     "prune_inbox",
@@ -199,6 +200,14 @@ def clear_dead_letter_marks(
         return {}
     rows = conn.execute(_inbox.clear_dead_letter_marks, {"keys": list(keys)}).fetchall()
     return {str(key): str(outcome) for key, outcome in rows}
+
+
+def fetch_dead_letter_marks(
+    conn: psycopg.Connection[TupleRow], limit: int
+) -> list[tuple[str, datetime]]:
+    """(inbox key, when marked) of the dead letters pending, the oldest first, at most `limit`."""
+    rows = conn.execute(_inbox.select_dead_letter_marks, {"limit": limit}).fetchall()
+    return [(str(key), at) for key, at in rows]
 
 
 def restore_dead_letter_marks(conn: psycopg.Connection[TupleRow], marks: Mapping[str, str]) -> None:

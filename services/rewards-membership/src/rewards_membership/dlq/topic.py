@@ -29,6 +29,7 @@ from pin_contracts import (
     original_headers,
 )
 from rewards_membership.dlq.reference import decode_reference, sha256_hex
+from rewards_membership.errors import TopicMissingError
 from rewards_membership.records import headers_of, offset_of, partition_of, topic_of
 from rewards_membership.rules.validation import InvalidEvent
 
@@ -44,6 +45,7 @@ __all__ = [
     "read_at",
     "read_dead_letters",
     "read_original",
+    "topic_partitions",
 ]
 
 
@@ -208,7 +210,7 @@ def read_original(
 def partitions_holding(consumer: Consumer, topic: str, offset: int, *, timeout: float) -> list[int]:
     """The partitions of `topic` whose retained records include `offset`."""
     found = []
-    for partition in _partitions(consumer, topic, timeout):
+    for partition in topic_partitions(consumer, topic, timeout):
         low, high = consumer.get_watermark_offsets(
             TopicPartition(topic, partition), timeout=timeout
         )
@@ -217,11 +219,13 @@ def partitions_holding(consumer: Consumer, topic: str, offset: int, *, timeout: 
     return found
 
 
-def _partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
+def topic_partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
+    """The partition numbers of `topic` as the brokers have them now (an operator may have
+    added some since the catalogue's count); `TopicMissingError` when it is not there."""
     metadata = consumer.list_topics(topic, timeout=timeout)
     described = metadata.topics.get(topic)
     if described is None or described.error is not None:
-        raise ContractViolation(topic, "topic does not exist")
+        raise TopicMissingError(topic)
     return sorted(described.partitions)
 
 
@@ -234,7 +238,7 @@ def read_dead_letters(
     partitions directly (no group membership, nothing committed).
     """
     ends: dict[int, int] = {}
-    for partition in _partitions(consumer, topic, timeout):
+    for partition in topic_partitions(consumer, topic, timeout):
         low, high = consumer.get_watermark_offsets(
             TopicPartition(topic, partition), timeout=timeout
         )

@@ -3,33 +3,37 @@
 (`--all`, or `--offset` with `--partition` when ambiguous) with a line per record and the
 audit line of the change.
 
-Exit codes: `dlq list` 0; `dlq replay` 1 when a record's original is gone or its copy
-failed, or when the one record asked for was refused or is resolved; `dlq resolve` 0; both 2
-when `--offset` names several partitions, 1 when it names no record.
+Exit codes: `dlq list` 0, or 1 when Kafka or the database could not be read (what the
+other answers is listed: docs/design/rewards-membership.md "When a dependency is down");
+`dlq replay` 1 when a record's original is gone or its copy failed, or when the one record
+asked for was refused or is resolved; `dlq resolve` 0; both 2 when `--offset` names several
+partitions, 1 when it names no record or `--partition` a partition the DLQ topic does not
+have, and 1 when Kafka cannot be reached (nothing replayed nor resolved).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import logging
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Final
 
 import msgspec
 import psycopg
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 from psycopg.rows import TupleRow
 from rich.console import Console
 
-from pin_runtime.kafka import create_consumer
-from pin_runtime.listing import Listing
+from pin_runtime.composition import ERROR_EXIT_CODE, error_line
+from pin_runtime.listing import Columns, Listing, timestamp_cell
 from pin_runtime.logging import log_event
 from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE
-from rewards_membership.app import create_replay_producer
+from rewards_membership.app import replay_producer_config
 from rewards_membership.dlq.reference import DeadLetterReference, decode_reference
 from rewards_membership.dlq.replay import Replayer, ReplayResult, ReplayState
 from rewards_membership.dlq.resolve import Resolver, ResolveResult, ResolveState
@@ -38,15 +42,34 @@ from rewards_membership.dlq.topic import (
     dead_letter_at,
     partitions_holding,
     read_dead_letters,
+    topic_partitions,
 )
-from rewards_membership.ops.tool import connect_tool, write_json
+from rewards_membership.errors import KafkaUnavailableError, TopicMissingError
+from rewards_membership.ops.brokers import ToolKafka
+from rewards_membership.ops.tool import (
+    MISSING,
+    cell,
+    connect_tool,
+    database_unavailable,
+    say_unavailable,
+    write_json,
+)
+from rewards_membership.rules.validation import IDEMPOTENCY_PREFIX
 from rewards_membership.settings import SERVICE_NAME, Settings
-from rewards_membership.store import Resolution, fetch_replays, fetch_resolutions
+from rewards_membership.store import (
+    MembershipStore,
+    Resolution,
+    fetch_dead_letter_marks,
+    fetch_replays,
+    fetch_resolutions,
+)
 
 __all__ = [
+    "DeadLetterMark",
     "DeadLetterRow",
     "RecordResult",
     "ResultTotals",
+    "dead_letter_mark",
     "dead_letter_row",
     "dlq_list",
     "dlq_replay",
@@ -57,13 +80,16 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
-def _tool_consumer(settings: Settings, role: str) -> Consumer:
+# Each read of the DLQ (its metadata, its watermarks, the next record) waits this long.
+_READ_TIMEOUT: Final = 10.0
+# What a read of Kafka raises once the command has started and the brokers go away.
+_KAFKA_FAILURES: Final = (KafkaException, TimeoutError)
+
+
+def _tool_consumer(kafka: ToolKafka, role: str) -> Consumer:
     """An assign-only consumer of the tool (no group membership, nothing committed)."""
-    return create_consumer(
-        settings.kafka_bootstrap,
-        group_id=f"{settings.group_id}-dlq-tool",
-        client_id=f"{SERVICE_NAME}-dlq-{role}",
-        extra=settings.kafka_security(),
+    return kafka.consumer(
+        f"{SERVICE_NAME}-dlq-{role}", group_id=f"{kafka.settings.group_id}-dlq-tool"
     )
 
 
@@ -80,8 +106,9 @@ class DeadLetterRow(msgspec.Struct, frozen=True, kw_only=True):
 
     partition: int
     offset: int
-    state: str
-    """pending, replayed <when>, or resolved <when>: <why>."""
+    state: str | None
+    """pending, replayed <when>, or resolved <when>: <why>; None when the database that
+    knows it could not be read."""
     code: str | None
     key: str
     original_topic: str | None
@@ -92,45 +119,155 @@ class DeadLetterRow(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
-def dlq_list(settings: Settings, limit: int, *, as_json: bool = False) -> int:
-    """Stream the DLQ page by page: a large DLQ is never held in memory whole."""
-    console = Console()
-    shown = pending = 0
-    reader = _tool_consumer(settings, "list")
-    try:
-        with connect_tool(settings) as conn:
-            records = itertools.islice(
-                read_dead_letters(reader, settings.dlq_topic, timeout=10.0), limit
-            )
-            while page := list(itertools.islice(records, _PAGE)):
-                positions = [(r.partition, r.offset) for r in page]
-                replays = fetch_replays(conn, settings.dlq_topic, positions)
-                resolutions = fetch_resolutions(conn, settings.dlq_topic, positions)
-                rows = []
-                for record, position in zip(page, positions, strict=True):
-                    state = _state(replays.get(position), resolutions.get(position))
-                    pending += state == "pending"
-                    rows.append(dead_letter_row(record, state))
-                shown += len(page)
-                if as_json:
-                    sys.stdout.writelines(msgspec.json.encode(r).decode() + "\n" for r in rows)
-                    continue
-                # A table where it fits the terminal, else a block per record.
-                cells = [_cells(row, settings.topic) for row in rows]
-                console.print(
-                    Listing(
-                        _COLUMNS, cells, show_header=shown == len(page), box=None, pad_edge=False
-                    )
-                )
-    finally:
-        reader.close()
-    if as_json:
-        return 0
-    console.print(
-        f"{settings.dlq_topic}: {shown} record(s), {pending} not replayed nor resolved"
-        + (f" (first {limit} shown)" if shown == limit else "")
+class DeadLetterMark(msgspec.Struct, frozen=True, kw_only=True):
+    """`dlq list` while Kafka cannot be read: a dead letter pending (not replayed nor
+    resolved) as its inbox mark says (its `--json` line; the table shows the same)."""
+
+    idempotency_key: str
+    message_id: str | None
+    """The MessageId its key names; None when no MessageId could be read of the record (its
+    key is then its place, `original`)."""
+    original: str | None
+    """`topic[partition]@offset` of the record when its key is its place, else None."""
+    dead_lettered_at: datetime
+    """When its DLQ copy was acknowledged and the mark written."""
+    state: str = "pending"
+
+
+def dead_letter_mark(key: str, at: datetime) -> DeadLetterMark:
+    """What an inbox key says of its dead letter: `<prefix><MessageId>`, or
+    `<prefix>at:<topic>:<partition>:<offset>` (`rules.validation.position_key`)."""
+    subject = key.removeprefix(IDEMPOTENCY_PREFIX)
+    if not subject.startswith("at:"):
+        return DeadLetterMark(
+            idempotency_key=key, message_id=subject, original=None, dead_lettered_at=at
+        )
+    topic, _, place = subject.removeprefix("at:").rpartition(":")
+    topic, _, partition = topic.rpartition(":")
+    original = f"{topic}[{partition}]@{place}" if topic else subject
+    return DeadLetterMark(
+        idempotency_key=key, message_id=None, original=original, dead_lettered_at=at
     )
-    return 0
+
+
+_MARK_COLUMNS: Columns[DeadLetterMark] = {
+    "dead-lettered at": lambda m: timestamp_cell(m.dead_lettered_at),
+    "state": lambda m: m.state,
+    "message id": lambda m: cell(m.message_id),
+    "original": lambda m: cell(m.original),
+}
+
+
+class _Pages:
+    """`dlq list`'s rows from the DLQ itself, page by page as they are read, their states
+    from the database's audit tables (none without a database: `state` None)."""
+
+    def __init__(self, settings: Settings, *, as_json: bool) -> None:
+        self.settings = settings
+        self.as_json = as_json
+        self.console = Console()
+        self.shown = self.pending = 0
+
+    def show(
+        self, records: Iterator[DeadLetterRecord], conn: psycopg.Connection[TupleRow] | None
+    ) -> None:
+        dlq_topic = self.settings.dlq_topic
+        while page := list(itertools.islice(records, _PAGE)):
+            positions = [(r.partition, r.offset) for r in page]
+            replays = fetch_replays(conn, dlq_topic, positions) if conn else {}
+            resolutions = fetch_resolutions(conn, dlq_topic, positions) if conn else {}
+            rows = []
+            for record, position in zip(page, positions, strict=True):
+                state = _state(replays.get(position), resolutions.get(position)) if conn else None
+                self.pending += state == "pending"
+                rows.append(dead_letter_row(record, state))
+            self.shown += len(page)
+            if self.as_json:
+                sys.stdout.writelines(msgspec.json.encode(r).decode() + "\n" for r in rows)
+                continue
+            # A table where it fits the terminal, else a block per record.
+            cells = [_cells(row, self.settings.topic) for row in rows]
+            self.console.print(
+                Listing(
+                    _COLUMNS,
+                    cells,
+                    show_header=self.shown == len(page),
+                    box=None,
+                    pad_edge=False,
+                )
+            )
+
+    def summary(self, limit: int, *, states: bool) -> None:
+        if self.as_json:
+            return
+        counted = (
+            f"{self.pending} not replayed nor resolved"
+            if states
+            else "their states unknown (database unavailable)"
+        )
+        self.console.print(
+            f"{self.settings.dlq_topic}: {self.shown} record(s), {counted}"
+            + (f" (first {limit} shown)" if self.shown == limit else "")
+        )
+
+
+def dlq_list(settings: Settings, limit: int, *, as_json: bool = False) -> int:
+    """Stream the DLQ page by page: a large DLQ is never held in memory whole.
+
+    Kafka down (or the DLQ topic missing): the dead letters pending by the database's marks
+    instead; the database down: the records without their states. Either way one line on
+    stderr says what could not be read, and the exit code is 1."""
+    unavailable: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        conn: psycopg.Connection[TupleRow] | None = None
+        try:
+            conn = stack.enter_context(connect_tool(settings))
+        except psycopg.OperationalError as exc:
+            why = database_unavailable(exc)
+            if why is None:
+                raise
+            unavailable["postgresql"] = why
+        kafka = ToolKafka(settings, "dlq list")
+        down = kafka.reach()
+        if down is None:
+            reader = _tool_consumer(kafka, "list")
+            stack.callback(reader.close)
+            pages = _Pages(settings, as_json=as_json)
+            try:
+                records = read_dead_letters(reader, settings.dlq_topic, timeout=_READ_TIMEOUT)
+                pages.show(itertools.islice(records, limit), conn)
+            except (*_KAFKA_FAILURES, TopicMissingError) as exc:
+                down = str(exc) if isinstance(exc, TopicMissingError) else kafka.failure(exc)
+                if pages.shown:
+                    # Rows of the DLQ were shown: the database's list would repeat them.
+                    return say_unavailable({"kafka": down, **unavailable})
+            else:
+                pages.summary(limit, states=conn is not None)
+                return say_unavailable(unavailable)
+        if conn is not None:
+            _show_marks(conn, settings, limit, as_json=as_json)
+        return say_unavailable({"kafka": down, **unavailable})
+
+
+def _show_marks(
+    conn: psycopg.Connection[TupleRow], settings: Settings, limit: int, *, as_json: bool
+) -> None:
+    """The dead letters pending by their inbox marks, the oldest first: what the database
+    alone knows of the DLQ (not the records' codes nor reasons, which are on the topic)."""
+    marks = [dead_letter_mark(key, at) for key, at in fetch_dead_letter_marks(conn, limit)]
+    if as_json:
+        for mark in marks:
+            write_json(mark)
+        return
+    pending = MembershipStore.count_unreplayed(conn)
+    console = Console()
+    title = f"dead letters pending by the database (the records are on {settings.dlq_topic})"
+    console.print(Listing.of(marks, _MARK_COLUMNS, title=title))
+    console.print(
+        f"{settings.dlq_topic}: unread (kafka unavailable), {pending} dead letter(s) pending"
+        " by the database's marks"
+        + (f" (first {len(marks)} shown)" if pending > len(marks) else "")
+    )
 
 
 def _state(replayed_at: datetime | None, resolution: Resolution | None) -> str:
@@ -143,7 +280,7 @@ def _state(replayed_at: datetime | None, resolution: Resolution | None) -> str:
     return "pending"
 
 
-def dead_letter_row(record: DeadLetterRecord, state: str) -> DeadLetterRow:
+def dead_letter_row(record: DeadLetterRecord, state: str | None) -> DeadLetterRow:
     """What `dlq list` shows of one dead letter: whatever its bytes, it is listed."""
     info = record.info
     replaced = record.replaced
@@ -171,19 +308,19 @@ def dead_letter_row(record: DeadLetterRecord, state: str) -> DeadLetterRow:
 
 
 def _cells(row: DeadLetterRow, source: str) -> list[str]:
-    original = ""
+    original = MISSING
     if row.original_topic is not None:
         # The topic only when it is not the consumer's own source topic.
         place = f"{row.original_partition}@{row.original_offset}"
         original = place if row.original_topic == source else f"{row.original_topic}[{place}]"
     return [
         f"{row.partition}@{row.offset}",
-        row.state,
-        row.code or "?",
-        row.key,
+        cell(row.state),
+        cell(row.code),
+        cell(row.key),
         original,
-        row.value,
-        row.reason,
+        cell(row.value),
+        cell(row.reason),
     ]
 
 
@@ -193,7 +330,7 @@ def _selected(
     """`--all` as a stream, or the one record of `--offset` (`--partition`); else the exit
     code after one line saying why not."""
     if args.all:
-        return read_dead_letters(reader, settings.dlq_topic, timeout=10.0)
+        return read_dead_letters(reader, settings.dlq_topic, timeout=_READ_TIMEOUT)
     found = _one_record(reader, settings, args.offset, args.partition)  # argparse: required
     return found if isinstance(found, int) else [found]
 
@@ -269,28 +406,40 @@ def _over_dead_letters(
     """Run `dlq replay` or `dlq resolve` (`run`) over the selected dead letters with a
     consumer of its own that reads their originals (`source`); one line per result (a JSON
     object with `--json`), and the results counted by state. The exit code instead when
-    nothing could be selected."""
+    nothing could be selected.
+
+    The database first, then Kafka: both are needed, and no record is read that could not
+    be recorded. Kafka unreachable (now, or midway): `KafkaUnavailableError`, one line, exit
+    1; what was done before is printed and recorded."""
     say = _say_json if args.json else _say
-    reader = _tool_consumer(settings, tool)
-    source = _tool_consumer(settings, "source")
-    try:
-        records = _selected(reader, settings, args)
-        if isinstance(records, int):
-            return records
-        counts: Counter[str] = Counter()
-        with connect_tool(settings) as conn:
+    kafka = ToolKafka(settings, f"dlq {tool}")
+    with connect_tool(settings) as conn:
+        down = kafka.reach()
+        if down is not None:
+            raise KafkaUnavailableError(f"{down} (nothing changed)")
+        reader = _tool_consumer(kafka, tool)
+        source = _tool_consumer(kafka, "source")
+        try:
+            records = _selected(reader, settings, args)
+            if isinstance(records, int):
+                return records
+            counts: Counter[str] = Counter()
             for result in run(records, conn, source):
                 counts[result.state] += 1
                 say(result)
-        return counts
-    finally:
-        reader.close()
-        source.close()
+        except _KAFKA_FAILURES as exc:
+            raise KafkaUnavailableError(kafka.failure(exc)) from None
+        finally:
+            reader.close()
+            source.close()
+    return counts
 
 
 def dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
     replay_all, force = args.all, args.force
-    producer = create_replay_producer(settings, client_id=f"{SERVICE_NAME}-dlq-replay")
+    producer = ToolKafka(settings, "dlq replay").producer(
+        replay_producer_config(settings, client_id=f"{SERVICE_NAME}-dlq-replay")
+    )
 
     def replay(
         records: Iterable[DeadLetterRecord], conn: psycopg.Connection[TupleRow], source: Consumer
@@ -352,24 +501,38 @@ def dlq_resolve(settings: Settings, args: argparse.Namespace) -> int:
 def _one_record(
     reader: Consumer, settings: Settings, offset: int, partition: int | None
 ) -> DeadLetterRecord | int:
-    """The record at --offset (--partition), or the exit code after one line saying why not."""
+    """The record at --offset (--partition), or the exit code after one line saying why not.
+
+    `--partition` is checked against the partitions the DLQ topic has on the brokers now (an
+    operator may have added some since the catalogue's count), not at parse time."""
+    dlq_topic = settings.dlq_topic
+    if partition is not None:
+        partitions = topic_partitions(reader, dlq_topic, _READ_TIMEOUT)
+        if partition not in partitions:
+            listed = ", ".join(str(p) for p in partitions)
+            error_line(
+                f"error: --partition {partition}: the DLQ topic {dlq_topic} has no such"
+                f" partition (it has {listed})"
+            )
+            return ERROR_EXIT_CODE
     places = (
         [partition]
         if partition is not None
-        else partitions_holding(reader, settings.dlq_topic, offset, timeout=10.0)
+        else partitions_holding(reader, dlq_topic, offset, timeout=_READ_TIMEOUT)
     )
     if len(places) > 1:
         listed = ", ".join(str(p) for p in places)
-        sys.stderr.write(f"offset {offset} exists in partitions {listed}: pass --partition\n")
+        error_line(f"error: offset {offset} exists in partitions {listed}: pass --partition")
         return CONFIG_ERROR_EXIT_CODE
     record = (
-        dead_letter_at(reader, settings.dlq_topic, places[0], offset, timeout=10.0)
+        dead_letter_at(reader, dlq_topic, places[0], offset, timeout=_READ_TIMEOUT)
         if places
         else None
     )
     if record is None:
-        sys.stderr.write(f"no DLQ record at offset {offset}\n")
-        return 1
+        where = f" of partition {partition}" if partition is not None else ""
+        error_line(f"error: no DLQ record at offset {offset}{where}")
+        return ERROR_EXIT_CODE
     return record
 
 

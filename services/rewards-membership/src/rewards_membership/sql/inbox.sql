@@ -19,6 +19,14 @@ ON CONFLICT (idempotency_key) DO NOTHING
 -- Dead letters whose mark no replay has cleared yet (partial index).
 SELECT count(*) FROM rewards.inbox WHERE outcome = 'dead-lettered'
 
+-- name: select_dead_letter_marks --
+-- `dlq list` while Kafka cannot be read: the dead letters pending by their marks, the oldest
+-- first (the partial index holds only them).
+SELECT idempotency_key, processed_at FROM rewards.inbox
+WHERE outcome = 'dead-lettered'
+ORDER BY processed_at, idempotency_key
+LIMIT %(limit)s
+
 -- name: clear_dead_letter_marks --
 -- Before a replay, so the consumer processes the copy again instead of skipping it (a
 -- resolved mark too: only a forced replay gets here with one).
