@@ -33,18 +33,56 @@ UV="${UV:-$(command -v uv 2>/dev/null || echo "$ROOT/.tools/uv/bin/uv")}"
 
 log() { printf '%s\n' "$*" >&2; }
 
-# go install into a directory named after the version: a version change rebuilds.
+# go install into a directory named after the version: a version change rebuilds. A tool
+# built with linker flags names the function that prints them (fourth argument); the
+# directory's name then carries a digest of that function's text too, so a changed recipe
+# (and of this one) builds anew instead of reusing a binary built the old way.
 _go_tool() {
-    local name="$1" module="$2" version="$3"
-    local dir="$TOOLS/go/$name-$version"
+    local name="$1" module="$2" version="$3" flags="${4:-}"
+    local dir="$TOOLS/go/$name-$version" ldflags=""
+    if [[ -n "$flags" ]]; then
+        dir+="-$(declare -f "$flags" _go_tool | sha256sum | cut -c1-12)"
+    fi
     if [[ ! -x "$dir/$name" ]]; then
         command -v go >/dev/null || { log "go is needed to build $name"; return 1; }
         log "building $name $version from the Go module proxy (once)..."
+        [[ -z "$flags" ]] || ldflags="$("$flags")"
         mkdir -p "$dir"
         GOBIN="$dir" CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod \
-            go install "$module@$version" >&2
+            go install -trimpath -ldflags "$ldflags" "$module@$version" >&2
     fi
     printf '%s\n' "$dir/$name"
+}
+
+# Helm's linker flags as its own Makefile sets them (`make build`): its version and commit,
+# so `helm version` names them, and the Kubernetes version of the client-go it is built with
+# as the default capabilities (major + 1, minor: client-go v0.34 is Kubernetes 1.34), which
+# `helm template` and `helm lint` check a chart's kubeVersion against when no --kube-version
+# is given. A plain `go install` leaves Helm's fallback, v1.20, and every chart that needs
+# more fails to render.
+_helm_ldflags() {
+    local info
+    info="$(GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json "helm.sh/helm/v3@$HELM_VERSION")"
+    python3 - "$HELM_VERSION" "$info" <<'PY'
+import json, re, sys
+version, info = sys.argv[1], json.loads(sys.argv[2])
+go_mod = open(info["GoMod"], encoding="utf-8").read()
+found = re.search(r"^\s*k8s\.io/client-go v0\.(\d+)\.\d+", go_mod, re.MULTILINE)
+if not found:
+    sys.exit(f"no k8s.io/client-go v0.x in {info['GoMod']}")
+major, minor = "1", found.group(1)
+commit = (info.get("Origin") or {}).get("Hash", "")
+flags = [
+    f"-X helm.sh/helm/v3/internal/version.version={version}",
+    f"-X helm.sh/helm/v3/internal/version.gitCommit={commit}",
+    "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
+    f"-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor={major}",
+    f"-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor={minor}",
+    f"-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor={major}",
+    f"-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor={minor}",
+]
+print(" ".join(flags))
+PY
 }
 
 ensure_toxiproxy() {
@@ -58,7 +96,7 @@ ensure_toxiproxy() {
     printf '%s\n' "$dir/server"
 }
 
-ensure_helm() { _go_tool helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"; }
+ensure_helm() { _go_tool helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" _helm_ldflags; }
 ensure_kubeconform() {
     _go_tool kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION"
 }

@@ -17,8 +17,8 @@
 # second `services` build take seconds.
 #
 # Services: tagged <service>:<short revision> and <service>:local, with the OCI labels and
-# `--version` from SOURCE / REVISION / VERSION build arguments (REVISION carries "-dirty"
-# when the working tree has uncommitted changes).
+# `--version` from SOURCE / REVISION / VERSION build arguments, as infra/docker/build-args.sh
+# computes them (REVISION carries "-dirty" when the working tree has uncommitted changes).
 #
 # Extra CA: where TLS is intercepted (as on these machines, or a corporate proxy), the build
 # steps that download (uv sync) must trust the interceptor. PIN_BUILD_CA_FILE names a PEM
@@ -132,10 +132,7 @@ bases() {
 }
 
 services() {
-    local revision source ca args=()
-    revision="$(git rev-parse HEAD)"
-    [[ -z "$(git status --porcelain --untracked-files=no -- . 2>/dev/null)" ]] || revision+="-dirty"
-    source="$(git remote get-url origin 2>/dev/null || echo "file://$ROOT")"
+    local revision ca facts args=()
     if [[ "$BASES" == local ]]; then
         args+=(--build-arg "PYTHON_IMAGE=$PYTHON_BASE" --build-arg "UV_IMAGE=$UV_BASE")
     fi
@@ -143,10 +140,12 @@ services() {
     if [[ -n "$ca" && -f "$ca" ]]; then args+=(--secret "id=ca-certificates,src=$ca"); fi
     for svc in services/*/; do
         svc="$(basename "$svc")"
+        # SOURCE, REVISION and VERSION, as every build of the images passes them.
+        mapfile -t facts < <(UV="$UV" "$HERE/build-args.sh" "$svc")
+        [[ ${#facts[@]} == 3 ]] || { log "images: build-args.sh $svc failed"; return 1; }
+        revision="${facts[1]#--build-arg=REVISION=}"
         timed "$svc:local" nice -n 19 "$DOCKER" build --network host --quiet "${args[@]}" \
-            --build-arg "SOURCE=$source" --build-arg "REVISION=$revision" \
-            --build-arg "VERSION=$("$UV" version --package "$svc" --short --frozen)" \
-            -f "$DOCKERFILE" --target "$svc" \
+            "${facts[@]}" -f "$DOCKERFILE" --target "$svc" \
             -t "$svc:local" -t "$svc:${revision:0:12}" . >/dev/null
     done
 }

@@ -21,11 +21,20 @@ from typing import Any
 import msgspec
 import pytest
 import yaml
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+    OTLPSpanExporter as GrpcSpanExporter,
+)
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+    OTLPSpanExporter as HttpSpanExporter,
+)
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from identity_fanout.settings import ENV_PREFIX as IDENTITY_PREFIX
 from identity_fanout.settings import LagWatchSettings as IdentityLagWatchSettings
 from identity_fanout.settings import Settings as IdentitySettings
 from pin_runtime.settings import load_settings
+from pin_runtime.tracing import RedactingExporter, configure_tracing, shutdown_tracing
 from rewards_membership.settings import ENV_PREFIX as REWARDS_PREFIX
 from rewards_membership.settings import LagWatchSettings as RewardsLagWatchSettings
 from rewards_membership.settings import Settings as RewardsSettings
@@ -81,13 +90,22 @@ def build_dependencies(path: Path) -> None:
 
 
 def render(
-    chart: str, values: str = "default", *sets: str, charts: Path = CHARTS
+    chart: str,
+    values: str = "default",
+    *sets: str,
+    charts: Path = CHARTS,
+    release: str | None = None,
+    files: tuple[Path, ...] = (),
 ) -> list[dict[str, Any]]:
+    """`helm template` of the chart: `values` "default", or "production" / "overlay" (its
+    ci/<values>-values.yaml), then `files` (-f) and `sets` (--set) in that order."""
     build_dependencies(charts / chart)
-    command = [helm(), "template", chart, str(charts / chart), "--namespace", "pin"]
+    command = [helm(), "template", release or chart, str(charts / chart), "--namespace", "pin"]
     command += ["--kube-version", KUBE_VERSION]
-    if values == "production":
-        command += ["-f", str(charts / chart / "ci" / "production-values.yaml")]
+    if values != "default":
+        command += ["-f", str(charts / chart / "ci" / f"{values}-values.yaml")]
+    for file in files:
+        command += ["-f", str(file)]
     for setting in sets:
         command += ["--set", setting]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
@@ -430,8 +448,12 @@ def test_network_policy_allows_only_the_dependencies_and_the_scrapers(
     assert source["namespaceSelector"] == {
         "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
     }
-    # Egress: PostgreSQL, Kafka, OTLP, DNS; every rule names its ports (none allows all).
-    postgres, kafka, otlp, dns = spec["egress"]
+    # Egress: PostgreSQL, Kafka, the OTLP collector (only where there is one), DNS; every rule
+    # names its ports (none allows all).
+    if values == "production":
+        postgres, kafka, otlp, dns = spec["egress"]
+    else:  # no otel.endpoint: nothing to reach
+        postgres, kafka, dns = spec["egress"]
     assert all(rule["ports"] for rule in spec["egress"])
     assert dns["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
     assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
@@ -446,7 +468,6 @@ def test_network_policy_allows_only_the_dependencies_and_the_scrapers(
     else:
         assert postgres == {"ports": _tcp(5432)}
         assert kafka == {"ports": _tcp(9092, 9093)}
-        assert otlp == {"ports": _tcp(4317, 4318)}
         assert "podSelector" not in source
 
 
@@ -855,3 +876,413 @@ def test_helm_test_asks_every_pod_for_readyz_ready_or_not(
     with pytest.raises(SystemExit) as failure:
         cluster.run(program)
     assert f"{expected - 1} of {expected} pods listed" in str(failure.value.code)
+
+
+# --- What a platform team's overlay sets (ci/overlay-values.yaml): each key's effect ---
+
+OVERLAY = "overlay"
+# The component whose own keys the overlay sets (in place of the top-level ones), and one
+# that takes the top-level ones.
+OWN_COMPONENT = {"identity-fanout": "relay", "rewards-membership": "lag-watcher"}
+TOP_LEVEL_COMPONENT = {"identity-fanout": "worker", "rewards-membership": "consumer"}
+
+
+def overlay(chart: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(
+        (CHARTS / chart / "ci" / "overlay-values.yaml").read_text()
+    )
+    return loaded
+
+
+def pods(docs: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(object, pod template) of every Deployment and Job."""
+    for doc in docs:
+        if doc["kind"] in {"Deployment", "Job"}:
+            yield doc, doc["spec"]["template"]
+
+
+def component(docs: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (found,) = [
+        doc
+        for doc in docs
+        if doc["kind"] in {"Deployment", "Job"}
+        and doc["metadata"]["labels"].get("app.kubernetes.io/component") == name
+    ]
+    return found
+
+
+def values_file(tmp_path: Path, values: dict[str, Any]) -> Path:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def refused(chart: str, *sets: str, files: tuple[Path, ...] = ()) -> str:
+    """The error of a render that must fail."""
+    with pytest.raises(subprocess.CalledProcessError) as failure:
+        render(chart, "default", *sets, files=files)
+    stderr: str = failure.value.stderr
+    assert "Error" in stderr
+    return stderr
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_name_overrides_rename_every_object_and_keep_references_whole(chart: str) -> None:
+    _, prefix = SETTINGS[chart]
+    for sets, fullname, name in [
+        (("nameOverride=fanout",), "pin-fanout", "fanout"),
+        (("fullnameOverride=pin-x",), "pin-x", chart),
+        (("nameOverride=fanout", "fullnameOverride=pin-x"), "pin-x", "fanout"),
+    ]:
+        docs = render(chart, "default", *sets, release="pin")
+        for doc in docs:
+            assert doc["metadata"]["name"].startswith(fullname), doc["metadata"]["name"]
+            if doc["kind"] != "Pod" and doc["metadata"]["labels"].get(
+                "app.kubernetes.io/component"
+            ) not in {"helm-test"}:
+                assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == name
+        # The pods are still selected, read the renamed ConfigMap and keep the service's prefix.
+        assert configmap(docs, fullname)["data"][prefix + "METRICS_PORT"]
+        for doc, template in pods(docs):
+            if doc["kind"] == "Deployment":
+                selector = doc["spec"]["selector"]["matchLabels"]
+                assert selector.items() <= template["metadata"]["labels"].items()
+                assert template["spec"]["serviceAccountName"] == fullname
+        metrics = service(docs, fullname)
+        assert metrics["spec"]["selector"]["app.kubernetes.io/name"] == name
+    assert "nameOverride" in refused(chart, "nameOverride=Not_A_Name")
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_common_labels_are_on_every_object_and_pod_but_not_in_selectors(chart: str) -> None:
+    docs = render(chart, OVERLAY)
+    common = overlay(chart)["commonLabels"]
+    assert common
+    for doc in docs:
+        assert common.items() <= doc["metadata"]["labels"].items(), doc["metadata"]["name"]
+    for doc, template in pods(docs):
+        labels = template["metadata"]["labels"]
+        assert common.items() <= labels.items(), doc["metadata"]["name"]
+        assert labels["tier"] == "backend"  # podLabels, the migration Job's too
+        if doc["kind"] == "Deployment":
+            assert not common.keys() & doc["spec"]["selector"]["matchLabels"].keys()
+    # The chart's own labels are not for an overlay to change.
+    refused(chart, "commonLabels.app\\.kubernetes\\.io/instance=other")
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_the_image_is_registry_slash_repository(chart: str) -> None:
+    mirror = "mirror.example.com:5000/pin-mirror"
+    docs = render(chart, OVERLAY)
+    digest = overlay(chart)["image"].get("digest")
+    reference = f"@{digest}" if digest else ":0.1.0"
+    images = {c["image"] for doc in docs if doc["kind"] != "Pod" for _, c in containers([doc])}
+    images |= {c["image"] for pod in of_kind(docs, "Pod") for c in pod["spec"]["containers"]}
+    assert images == {f"{mirror}/pin/{chart}{reference}"}
+    default = {c["image"] for _, c in containers(render(chart))}
+    assert default == {f"registry.example.internal/pin/{chart}:0.1.0"}
+    bare = {c["image"] for _, c in containers(render(chart, "default", "image.registry="))}
+    assert bare == {f"pin/{chart}:0.1.0"}
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_extra_env_from_reaches_every_container_after_the_charts_config_map(chart: str) -> None:
+    docs = render(chart, OVERLAY)
+    extra = overlay(chart)["extraEnvFrom"]
+    seen = set()
+    for _, container in containers(docs):
+        seen.add(container["name"])
+        env_from = container["envFrom"]
+        assert env_from[-len(extra) :] == extra, container["name"]
+        if container["name"] != "migrate":  # the chart's ConfigMap first, so these win
+            assert "configMapRef" in env_from[0]
+            assert len(env_from) == 1 + len(extra)
+    assert "migrate" in seen
+    assert LAG_WATCHER in seen
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_startup_probe_holds_the_other_probes_back_when_enabled(chart: str) -> None:
+    for _, container in containers(render(chart)):
+        assert "startupProbe" not in container
+    probed = 0
+    for _, container in containers(render(chart, OVERLAY)):
+        if "livenessProbe" not in container:  # the ops pod and the migration Job
+            assert "startupProbe" not in container
+            continue
+        probed += 1
+        assert container["startupProbe"] == {
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+            "failureThreshold": 60,
+        }
+    assert probed >= 2
+    refused(chart, "startupProbe.successThreshold=2")
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_service_monitor_takes_relabelings(chart: str) -> None:
+    (monitor,) = of_kind(render(chart, OVERLAY), "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["relabelings"] == overlay(chart)["serviceMonitor"]["relabelings"]
+    assert endpoint["metricRelabelings"] == overlay(chart)["serviceMonitor"]["metricRelabelings"]
+    (default,) = of_kind(render(chart), "ServiceMonitor")
+    assert "relabelings" not in default["spec"]["endpoints"][0]
+    assert "metricRelabelings" not in default["spec"]["endpoints"][0]
+    refused(chart, "serviceMonitor.metricRelabelings[0].action=explode")
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_pod_disruption_budget_takes_min_available_or_max_unavailable(chart: str) -> None:
+    def budgets(*sets: str) -> list[dict[str, Any]]:
+        return [
+            doc["spec"] for doc in of_kind(render(chart, "default", *sets), "PodDisruptionBudget")
+        ]
+
+    assert all(spec["maxUnavailable"] == 1 and "minAvailable" not in spec for spec in budgets())
+    assert all(
+        spec["maxUnavailable"] == 2 for spec in budgets("podDisruptionBudget.maxUnavailable=2")
+    )
+    for setting, expected in [("minAvailable=2", 2), ("minAvailable=50%", "50%")]:
+        for spec in budgets(f"podDisruptionBudget.{setting}"):
+            assert spec["minAvailable"] == expected
+            assert "maxUnavailable" not in spec
+    refused(chart, "podDisruptionBudget.minAvailable=1", "podDisruptionBudget.maxUnavailable=1")
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_a_component_takes_its_own_annotations_and_scheduling_else_the_releases(
+    chart: str,
+) -> None:
+    docs = render(chart, OVERLAY)
+    values = overlay(chart)
+    own_key = "relay" if chart == "identity-fanout" else "lagWatcher"
+    own = values[own_key]
+    apart = component(docs, OWN_COMPONENT[chart])
+    shared = component(docs, TOP_LEVEL_COMPONENT[chart])
+    # The release's: annotations, scheduling.
+    pod = shared["spec"]["template"]
+    assert shared["metadata"]["annotations"] == values["deploymentAnnotations"]
+    assert pod["metadata"]["annotations"].items() >= values["podAnnotations"].items()
+    assert "checksum/config" in pod["metadata"]["annotations"]
+    assert pod["spec"]["nodeSelector"] == values["nodeSelector"]
+    assert pod["spec"]["tolerations"] == values["tolerations"]
+    assert pod["spec"]["affinity"] == values["affinity"]
+    assert pod["spec"]["priorityClassName"] == "pin-workers"
+    # The component's own, empty ones included: none of the release's.
+    pod = apart["spec"]["template"]
+    assert "annotations" not in apart["metadata"]
+    assert pod["metadata"]["annotations"].keys() == {"checksum/config", *own["podAnnotations"]}
+    assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    assert pod["spec"]["nodeSelector"] == own["nodeSelector"]
+    assert "tolerations" not in pod["spec"]
+    assert "affinity" not in pod["spec"]
+    # The ops pod sets nothing of its own: the release's.
+    ops = component(docs, "ops")["spec"]["template"]["spec"]
+    assert ops["nodeSelector"] == values["nodeSelector"]
+    # Without the overlay: none anywhere.
+    for doc, template in pods(render(chart)):
+        assert "nodeSelector" not in template["spec"], doc["metadata"]["name"]
+        if doc["kind"] == "Deployment":
+            assert "annotations" not in doc["metadata"]
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_the_migration_job_gets_the_pods_volumes_env_scheduling_and_annotations(
+    chart: str,
+) -> None:
+    _, prefix = SETTINGS[chart]
+    docs = render(chart, OVERLAY)
+    values = overlay(chart)
+    job = component(docs, "migrate")
+    template = job["spec"]["template"]
+    spec = template["spec"]
+    # A CA for sslmode=verify-full: the Secret's volume, its mount and PGSSLROOTCERT.
+    assert values["extraVolumes"][0] in spec["volumes"]
+    (container,) = spec["containers"]  # no sidecar: the Job would never complete
+    assert values["extraVolumeMounts"][0] in container["volumeMounts"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["PGSSLROOTCERT"]["value"] == "/etc/pin/pg-ca/ca.crt"
+    assert prefix + "DATABASE_DSN" in env
+    assert container["envFrom"] == values["extraEnvFrom"]
+    # A sidecar injector's annotation, the pod's labels, scheduling, identity, security.
+    assert template["metadata"]["annotations"] == values["podAnnotations"]
+    assert template["metadata"]["labels"]["tier"] == "backend"
+    assert spec["nodeSelector"] == values["nodeSelector"]
+    assert spec["tolerations"] == values["tolerations"]
+    assert spec["affinity"] == values["affinity"]
+    assert spec["priorityClassName"] == "pin-workers"
+    assert spec["imagePullSecrets"] == [{"name": "mirror-pull"}]
+    assert spec["serviceAccountName"] == values["serviceAccount"]["name"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert [c["name"] for c in spec["initContainers"]] == ["wait-for-mesh"]
+    # The NetworkPolicy still selects it.
+    (policy,) = of_kind(docs, "NetworkPolicy")
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"].items()
+        <= template["metadata"]["labels"].items()
+    )
+    # Without the overlay: its own volume and env only.
+    default = component(render(chart), "migrate")["spec"]["template"]
+    assert [v["name"] for v in default["spec"]["volumes"]] == ["tmp"]
+    assert "annotations" not in default["metadata"]
+    assert "envFrom" not in default["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_large_integers_render_as_integers(chart: str, tmp_path: Path) -> None:
+    settings, prefix = SETTINGS[chart]
+    big = {"migrations": {"activeDeadlineSeconds": 1_000_000, "ttlSecondsAfterFinished": 2_592_000}}
+    if chart == "identity-fanout":
+        big["config"] = {
+            "relayWindowBytes": 4_000_000_000,
+            "maxOutboxBacklog": 10_000_000,
+            "relayMessageMaxBytes": 16_777_216,
+        }
+    docs = render(chart, "default", files=(values_file(tmp_path, big),))
+    data = configmap(docs, chart)["data"]
+    for key, value in big.get("config", {}).items():
+        name = prefix + re.sub(r"(?<!^)(?=[A-Z])", "_", key).upper()
+        assert data[name] == str(value), name
+    job = component(docs, "migrate")["spec"]
+    assert job["activeDeadlineSeconds"] == 1_000_000
+    assert job["ttlSecondsAfterFinished"] == 2_592_000
+    # No number anywhere in the ConfigMaps in exponent form, and the service reads them.
+    for doc in of_kind(docs, "ConfigMap"):
+        for name, value in doc["data"].items():
+            assert not re.fullmatch(r"[0-9.]+e[+-][0-9]+", value), (name, value)
+    environ = {**data, prefix + "DATABASE_DSN": "postgresql://u:p@db/x"}
+    loaded = load_settings(settings, prefix, environ)
+    if chart == "identity-fanout":
+        assert loaded.relay_window_bytes == 4_000_000_000  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_alert_rules_need_an_absolute_runbook_url(chart: str) -> None:
+    # Off by default, so the defaults render and lint.
+    assert not of_kind(render(chart), "PrometheusRule")
+    # On without a base URL, or with a relative one: the render fails, saying why.
+    stderr = refused(chart, "prometheusRule.enabled=true")
+    assert "prometheusRule.runbookBaseUrl must be an absolute http(s) URL" in stderr
+    refused(chart, "prometheusRule.enabled=true", "prometheusRule.runbookBaseUrl=docs/runbooks")
+    # On with one: every alert links to its page under it.
+    base = "https://git.example.com/pin/pin-workers/-/blob/main/"
+    docs = render(
+        chart, "default", "prometheusRule.enabled=true", f"prometheusRule.runbookBaseUrl={base}"
+    )
+    (rule,) = of_kind(docs, "PrometheusRule")
+    urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert urls
+    assert all(url.startswith(base + "docs/runbooks/") for url in urls)
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_helm_lint_strict_passes_with_the_default_values(chart: str) -> None:
+    build_dependencies(CHARTS / chart)
+    done = subprocess.run(
+        [helm(), "lint", "--strict", str(CHARTS / chart)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def otel_environment(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("OTEL_")}
+
+
+def otlp_ports(docs: list[dict[str, Any]]) -> list[int] | None:
+    """The ports the NetworkPolicy opens to the collector; None: no rule for it."""
+    (policy,) = of_kind(docs, "NetworkPolicy")
+    rules = policy["spec"]["egress"]
+    # postgres, kafka, [otlp], dns: the rule between Kafka's and DNS's
+    if len(rules) == 3:
+        return None
+    return [port["port"] for port in rules[2]["ports"]]
+
+
+@pytest.mark.parametrize(
+    ("protocol", "endpoint", "port", "exporter"),
+    [
+        ("grpc", "http://otel-collector.observability:4317", 4317, GrpcSpanExporter),
+        ("http/protobuf", "http://otel-collector.observability:4318", 4318, HttpSpanExporter),
+        ("grpc", "https://collector.example.com:443", 443, GrpcSpanExporter),
+    ],
+)
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_otlp_protocol_env_and_network_policy_port_agree(
+    chart: str, protocol: str, endpoint: str, port: int, exporter: type[SpanExporter]
+) -> None:
+    docs = render(chart, "default", f"otel.endpoint={endpoint}", f"otel.protocol={protocol}")
+    assert otlp_ports(docs) == [port]
+    for name, container in containers(docs):
+        if container["name"] == "migrate":
+            continue
+        environ = otel_environment(container)
+        assert environ["OTEL_EXPORTER_OTLP_PROTOCOL"] == protocol, name
+        assert environ["OTEL_EXPORTER_OTLP_ENDPOINT"] == endpoint, name
+        # What the pod's variables configure is the SDK's exporter of that protocol.
+        environ.pop("OTEL_RESOURCE_ATTRIBUTES")
+        provider = configure_tracing(chart, environ, set_global=False)
+        assert isinstance(provider, TracerProvider)
+        (processor,) = provider._active_span_processor._span_processors
+        assert isinstance(processor, BatchSpanProcessor)
+        assert isinstance(processor.span_exporter, RedactingExporter)
+        assert isinstance(processor.span_exporter.wrapped, exporter)
+        shutdown_tracing(provider)
+    # Ports named by hand must open the endpoint's; without an endpoint nothing is opened.
+    assert "do not open otel.endpoint's port" in refused(
+        chart,
+        f"otel.endpoint={endpoint}",
+        f"otel.protocol={protocol}",
+        "networkPolicy.egress.otlp.ports={4318,4319}"
+        if port != 4318
+        else "networkPolicy.egress.otlp.ports={4317}",
+    )
+    assert otlp_ports(render(chart)) is None
+    assert otlp_ports(render(chart, "default", "networkPolicy.egress.otlp.ports={4317}")) == [4317]
+    refused(chart, "otel.protocol=http/json")
+    refused(chart, "otel.endpoint=http://collector.observability")  # no port to open
+
+
+def test_helm_is_built_with_its_version_and_its_kubernetes(tmp_path: Path) -> None:
+    """`helm version` names the release tools.sh builds, and without --kube-version Helm's
+    default capabilities are its client-go's Kubernetes, which the charts' kubeVersion
+    (>=1.29.0-0) accepts: built with Helm's own linker flags, not a bare `go install`."""
+    tools = (ROOT / "infra" / "checks" / "tools.sh").read_text()
+    (version,) = re.findall(r'^HELM_VERSION="(v[0-9.]+)"$', tools, re.MULTILINE)
+    reported = subprocess.run(
+        [helm(), "version", "--template", "{{ .Version }} {{ .GitCommit }} {{ .GitTreeState }}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert reported[0] == version
+    assert reported[-1] == "clean"  # the commit too where the module proxy reports it
+    # The build's recipe is part of the tool's path: a changed recipe builds anew.
+    assert re.fullmatch(rf"helm-{re.escape(version)}-[0-9a-f]{{12}}", Path(helm()).parent.name)
+    # A chart that prints the capabilities Helm renders with by default.
+    chart = tmp_path / "capabilities"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: capabilities\nversion: 0.1.0\nkubeVersion: '>=1.29.0-0'\n"
+    )
+    (chart / "templates" / "kube.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: kube}\n"
+        "data: {version: {{ .Capabilities.KubeVersion.Version | quote }}}\n"
+    )
+    out = subprocess.run(
+        [helm(), "template", "kube", str(chart)], check=True, capture_output=True, text=True
+    ).stdout
+    kube = yaml.safe_load(out)["data"]["version"]
+    major, minor = (int(part) for part in re.findall(r"^v(\d+)\.(\d+)\.", kube)[0])
+    assert (major, minor) >= (1, 29), kube
+    # And the service charts render without --kube-version.
+    for name in sorted(SETTINGS):
+        build_dependencies(CHARTS / name)
+        subprocess.run(
+            [helm(), "template", name, str(CHARTS / name)], check=True, capture_output=True
+        )

@@ -5,14 +5,21 @@ The library chart pin-common: every template here is defined for the charts that
 Names and labels.
 */}}
 {{- define "svc.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* fullnameOverride, else <release>-<name> (the release's name alone when it holds the
+name). The environment variable prefix stays the chart's own (svc.envPrefix). */}}
 {{- define "svc.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -21,7 +28,8 @@ app.kubernetes.io/name: {{ include "svc.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{- define "svc.labels" -}}
+{{/* The chart's own labels, without commonLabels. */}}
+{{- define "svc.ownLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ include "svc.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
@@ -29,11 +37,98 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: pin
 {{- end -}}
 
-{{- define "svc.image" -}}
-{{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{/*
+The labels of every object: the chart's own and commonLabels (the chart's own win; the
+schema refuses commonLabels that name them). `include "svc.labels" .`, or
+`(list . "<component>")` to add app.kubernetes.io/component.
+*/}}
+{{- define "svc.labels" -}}
+{{- $root := . -}}
+{{- $own := dict -}}
+{{- if kindIs "slice" . -}}
+{{- $root = index . 0 -}}
+{{- $own = dict "app.kubernetes.io/component" (index . 1) -}}
+{{- end -}}
+{{- $labels := merge $own (include "svc.ownLabels" $root | fromYaml) ($root.Values.commonLabels | default dict) -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
+{{/* A pod template's labels: the object's (svc.labels, with its component), podLabels,
+commonLabels; the chart's own win, so the selectors hold. `(list . "<component>")`. */}}
+{{- define "svc.podLabels" -}}
+{{- $root := index . 0 -}}
+{{- $own := dict "app.kubernetes.io/component" (index . 1) -}}
+{{- $labels := merge $own (include "svc.ownLabels" $root | fromYaml) ($root.Values.podLabels | default dict) ($root.Values.commonLabels | default dict) -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
+{{/*
+A value a component may set for itself: `include "svc.own" (list . <component values> "key")`
+is the component's `key` when it sets one (even empty: {} or []), else the release's
+top-level `key`; as YAML (fromYaml / fromYamlArray). The keys are absent from values.yaml
+for that reason: present, they would always win.
+*/}}
+{{- define "svc.own" -}}
+{{- $root := index . 0 -}}
+{{- $component := index . 1 | default dict -}}
+{{- $key := index . 2 -}}
+{{- $value := index $root.Values $key -}}
+{{- if hasKey $component $key -}}
+{{- $value = index $component $key -}}
+{{- end -}}
+{{- if kindIs "invalid" $value -}}{{- $value = dict -}}{{- end -}}
+{{- toYaml $value -}}
+{{- end -}}
+
+{{/*
+A pod template's annotations, as YAML, empty when there are none: `extra` (the config
+checksum) and podAnnotations (the component's own when it sets them, svc.own).
+`(list . <component values> <extra dict>)`.
+*/}}
+{{- define "svc.podAnnotations" -}}
+{{- $root := index . 0 -}}
+{{- $annotations := merge (index . 2) (include "svc.own" (list $root (index . 1) "podAnnotations") | fromYaml) -}}
+{{- with $annotations }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/* A Deployment's own annotations, as YAML, empty when there are none:
+deploymentAnnotations (the component's own when it sets them). `(list . <component values>)`. */}}
+{{- define "svc.deploymentAnnotations" -}}
+{{- with include "svc.own" (list (index . 0) (index . 1) "deploymentAnnotations") | fromYaml }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/*
+A number for a string (the ConfigMap's values): values files read every number as a float,
+which prints as 1.6777216e+07; a whole one prints as the integer it is. A list is joined
+with commas.
+*/}}
+{{- define "svc.scalar" -}}
+{{- if kindIs "slice" . -}}
+{{- $items := list -}}
+{{- range . -}}{{- $items = append $items (include "svc.scalar" .) -}}{{- end -}}
+{{- join "," $items -}}
+{{- else if and (kindIs "float64" .) (eq . (float64 (int64 .))) -}}
+{{- int64 . -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A PodDisruptionBudget's count: a number as an integer, a percentage ("50%") as a string. */}}
+{{- define "svc.intOrPercent" -}}
+{{- if kindIs "string" . -}}{{- . | quote -}}{{- else -}}{{- int64 . -}}{{- end -}}
+{{- end -}}
+
+{{/* [registry/]repository, then @digest when set, else :tag (the appVersion when empty). */}}
+{{- define "svc.image" -}}
+{{- $repository := .Values.image.repository -}}
+{{- with .Values.image.registry -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $repository -}}
+{{- end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 {{- end -}}
 
@@ -64,6 +159,9 @@ user; infra/README.md "Deploy" > "Database roles").
 envFrom:
   - configMapRef:
       name: {{ include "svc.fullname" $root }}
+  {{- with $root.Values.extraEnvFrom }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 env:
   - name: {{ $prefix }}DATABASE_DSN
     valueFrom:
@@ -122,15 +220,18 @@ that talks to Kafka, the lag watcher (which gets no database login) included.
 {{- end -}}
 
 {{/*
-OpenTelemetry (`otel`), read by pin_runtime.tracing: an OTLP/HTTP endpoint turns the
-exporter on; every span names the environment, the namespace and the pod. extraEnv comes
-after it, so an OTEL_* variable there still wins.
+OpenTelemetry (`otel`), read by pin_runtime.tracing: an OTLP endpoint turns the exporter on,
+over otel.protocol (grpc, or http/protobuf where the traces path is appended); every span
+names the environment, the namespace and the pod. extraEnv comes after it, so an OTEL_*
+variable there still wins.
 */}}
 {{- define "svc.otelEnv" -}}
 {{- $otel := .Values.otel }}
 {{- if $otel.endpoint }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ $otel.endpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ $otel.protocol | quote }}
 - name: OTEL_TRACES_EXPORTER
   value: otlp
 {{- end }}
@@ -151,6 +252,39 @@ after it, so an OTEL_* variable there still wins.
 {{- end }}
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: {{ join "," $attributes | quote }}
+{{- end -}}
+
+{{/*
+The ports the NetworkPolicy opens to the OTLP collector, as a YAML list (empty: no rule):
+networkPolicy.egress.otlp.ports when set, which must then hold otel.endpoint's port; else the
+port otel.endpoint names (the schema wants one), whichever protocol it speaks (4317 is gRPC's
+by convention, 4318 HTTP's); none without an endpoint.
+*/}}
+{{- define "svc.otlpPorts" -}}
+{{- $ports := .Values.networkPolicy.egress.otlp.ports | default list -}}
+{{- $endpoint := .Values.otel.endpoint -}}
+{{- if $endpoint -}}
+{{- $port := regexFind ":[0-9]+$" (urlParse $endpoint).host | trimPrefix ":" -}}
+{{- if not $port -}}
+{{- fail (printf "otel.endpoint %q names no port: the NetworkPolicy opens the collector's port" $endpoint) -}}
+{{- end -}}
+{{- if not $ports -}}
+{{- $ports = list (atoi $port) -}}
+{{- end -}}
+{{- $open := list -}}
+{{- range $ports }}{{ $open = append $open (toString (int64 .)) }}{{ end -}}
+{{- if not (has $port $open) -}}
+{{- fail (printf "networkPolicy.egress.otlp.ports %v do not open otel.endpoint's port %s (%s over %s)" $ports $port $endpoint .Values.otel.protocol) -}}
+{{- end -}}
+{{- end -}}
+{{- include "svc.int64s" $ports -}}
+{{- end -}}
+
+{{/* A list of numbers as a YAML list of integers (values files read numbers as floats). */}}
+{{- define "svc.int64s" -}}
+{{- $ints := list -}}
+{{- range . }}{{ $ints = append $ints (int64 .) }}{{ end -}}
+{{- toYaml $ints -}}
 {{- end -}}
 
 {{/*
@@ -246,7 +380,18 @@ kubelet when the Secret changes, which is how a rotated password reaches the pro
 {{- end }}
 {{- end -}}
 
+{{/* startupProbe (when enabled) holds the other two back until /healthz answers: a slow
+first start is not killed by the liveness probe. */}}
 {{- define "svc.probes" -}}
+{{- with .Values.startupProbe }}
+{{- if .enabled }}
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  {{- toYaml (omit . "enabled") | nindent 2 }}
+{{- end }}
+{{- end }}
 livenessProbe:
   httpGet:
     path: /healthz
@@ -259,33 +404,46 @@ readinessProbe:
   {{- toYaml .Values.readinessProbe | nindent 2 }}
 {{- end -}}
 
-{{/* Pod-level settings shared by the Deployments (scheduling, identity, security). */}}
+{{/*
+Where a pod may run: nodeSelector, tolerations, affinity (each the component's own when it
+sets one, svc.own) and priorityClassName. `(list . <component values>)`; the migration Job
+takes the release's (`(list . dict)`).
+*/}}
+{{- define "svc.scheduling" -}}
+{{- $root := index . 0 -}}
+{{- $component := index . 1 -}}
+{{- with $root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with include "svc.own" (list $root $component "nodeSelector") | fromYaml }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with include "svc.own" (list $root $component "tolerations") | fromYamlArray }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with include "svc.own" (list $root $component "affinity") | fromYaml }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod-level settings shared by the Deployments (scheduling, identity, security).
+`(list . <component values>)`: the component's own scheduling (svc.scheduling). */}}
 {{- define "svc.podSpecCommon" -}}
-serviceAccountName: {{ include "svc.serviceAccountName" . }}
+{{- $root := index . 0 -}}
+serviceAccountName: {{ include "svc.serviceAccountName" $root }}
 automountServiceAccountToken: false
-{{- with .Values.imagePullSecrets }}
+{{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 securityContext:
-  {{- toYaml .Values.podSecurityContext | nindent 2 }}
-terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
-{{- with .Values.priorityClassName }}
-priorityClassName: {{ . }}
-{{- end }}
-{{- with .Values.nodeSelector }}
-nodeSelector:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .Values.tolerations }}
-tolerations:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .Values.affinity }}
-affinity:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .Values.initContainers }}
+  {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
+terminationGracePeriodSeconds: {{ int64 $root.Values.terminationGracePeriodSeconds }}
+{{- include "svc.scheduling" . }}
+{{- with $root.Values.initContainers }}
 initContainers:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -313,6 +471,14 @@ topologySpreadConstraints:
 {{- end }}
 {{- end -}}
 
+{{/* The labels of `helm test`'s objects: the chart's own but app.kubernetes.io/name, and
+commonLabels. */}}
+{{- define "svc.helmTestLabels" -}}
+{{- $own := omit (include "svc.ownLabels" . | fromYaml) "app.kubernetes.io/name" -}}
+{{- $labels := merge (dict "app.kubernetes.io/component" "helm-test") $own (.Values.commonLabels | default dict) -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
 {{/*
 The Service `helm test` reads: headless (DNS answers with the pods' own addresses, not one
 virtual IP) and, like the metrics Service, with the pods that are not ready, so none can hide
@@ -326,12 +492,7 @@ kind: Service
 metadata:
   name: {{ include "svc.fullname" . }}-pods
   labels:
-    helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
-    app.kubernetes.io/instance: {{ .Release.Name }}
-    app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-    app.kubernetes.io/managed-by: {{ .Release.Service }}
-    app.kubernetes.io/part-of: pin
-    app.kubernetes.io/component: helm-test
+    {{- include "svc.helmTestLabels" . | nindent 4 }}
 spec:
   clusterIP: None
   publishNotReadyAddresses: true
@@ -339,7 +500,7 @@ spec:
     {{- include "svc.selectorLabels" . | nindent 4 }}
   ports:
     - name: metrics
-      port: {{ .Values.config.metricsPort }}
+      port: {{ int64 .Values.config.metricsPort }}
       targetPort: metrics
       protocol: TCP
 {{- end -}}
@@ -363,11 +524,7 @@ kind: Pod
 metadata:
   name: {{ include "svc.fullname" $root }}-test-readyz
   labels:
-    helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version | replace "+" "_" }}
-    app.kubernetes.io/instance: {{ $root.Release.Name }}
-    app.kubernetes.io/managed-by: {{ $root.Release.Service }}
-    app.kubernetes.io/part-of: pin
-    app.kubernetes.io/component: helm-test
+    {{- include "svc.helmTestLabels" $root | nindent 4 }}
   annotations:
     helm.sh/hook: test
     helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded

@@ -2,7 +2,8 @@
 
 Nothing is exported unless an operator asks for it: no endpoint and no `OTEL_TRACES_EXPORTER`
 means spans are created (ids for the logs) but go nowhere, so a laptop run never tries to
-reach a collector.
+reach a collector. The OTLP exporter speaks the protocol `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`
+or `OTEL_EXPORTER_OTLP_PROTOCOL` names: grpc or http/protobuf (the specification's default).
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from urllib.parse import unquote
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+    OTLPSpanExporter as GrpcSpanExporter,
+)
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+    OTLPSpanExporter as HttpSpanExporter,
+)
 from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
@@ -49,6 +55,10 @@ ReadHeaders = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | byte
 
 _EXPORTERS: Final = frozenset({"otlp", "console", "none"})
 _HTTP_PROTOBUF: Final = "http/protobuf"
+_GRPC: Final = "grpc"
+# The signal's own variable first, then the one of every signal (the OTLP exporter
+# specification's precedence); the same order for the endpoint, headers and insecure.
+_PROTOCOL_VARIABLES: Final = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 
 
 def configure_tracing(
@@ -63,7 +73,8 @@ def configure_tracing(
     `version`: the resource's `service.version` unless OTEL_RESOURCE_ATTRIBUTES names one
     (where the chart also puts `deployment.environment.name`).
 
-    Raises `SettingsError` for values this runtime cannot honour (unknown exporter, gRPC).
+    Raises `SettingsError` for values this runtime cannot honour (an unknown exporter or
+    protocol).
     """
     env = os.environ if environ is None else environ
     provider: trace.TracerProvider
@@ -163,21 +174,46 @@ def _exporter_names(env: Mapping[str, str]) -> list[str]:
     return [n for n in names if n != "none"]
 
 
-def _otlp_exporter(env: Mapping[str, str]) -> OTLPSpanExporter:
-    for variable in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+def _otlp_protocol(env: Mapping[str, str]) -> str:
+    """The OTLP protocol of the traces: the first of `_PROTOCOL_VARIABLES` that is set, else
+    http/protobuf. Another value is a `SettingsError` naming its variable."""
+    for variable in _PROTOCOL_VARIABLES:
         protocol = env.get(variable, "").strip()
-        if protocol and protocol != _HTTP_PROTOBUF:
-            raise SettingsError(variable, f"only {_HTTP_PROTOBUF} is supported, got {protocol!r}")
-    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        if not protocol:
+            continue
+        if protocol not in {_GRPC, _HTTP_PROTOBUF}:
+            raise SettingsError(variable, f"expected grpc or http/protobuf, got {protocol!r}")
+        return protocol
+    return _HTTP_PROTOBUF
+
+
+def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
+    # Every value from `env`, none left for the exporter to read from os.environ itself, so a
+    # passed mapping is the whole configuration.
+    headers = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS")
+    parsed = dict(parse_env_headers(headers, liberal=True)) if headers else None
+    signal_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    if _otlp_protocol(env) == _GRPC:
+        # gRPC has no path: either endpoint is the collector's address as it is. Its scheme
+        # says TLS or not (https: TLS); without one, OTEL_EXPORTER_OTLP_[TRACES_]INSECURE.
+        endpoint = signal_endpoint or base or "http://localhost:4317"
+        return GrpcSpanExporter(
+            endpoint=endpoint, insecure=_insecure(env, endpoint), headers=parsed
+        )
+    endpoint = signal_endpoint
     if not endpoint:
         # The signal-less endpoint is a base URL; the traces path is appended (OTLP spec).
-        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or "http://localhost:4318"
-        endpoint = base.rstrip("/") + "/v1/traces"
-    headers = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS")
-    return OTLPSpanExporter(
-        endpoint=endpoint,
-        headers=dict(parse_env_headers(headers, liberal=True)) if headers else None,
-    )
+        endpoint = (base or "http://localhost:4318").rstrip("/") + "/v1/traces"
+    return HttpSpanExporter(endpoint=endpoint, headers=parsed)
+
+
+def _insecure(env: Mapping[str, str], endpoint: str) -> bool:
+    scheme = endpoint.partition("://")[0].lower() if "://" in endpoint else ""
+    if scheme in {"http", "https"}:
+        return scheme == "http"
+    flag = env.get("OTEL_EXPORTER_OTLP_TRACES_INSECURE") or env.get("OTEL_EXPORTER_OTLP_INSECURE")
+    return (flag or "").strip().lower() == "true"
 
 
 def _resource(service_name: str, env: Mapping[str, str], version: str | None) -> Resource:
