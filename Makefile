@@ -173,6 +173,14 @@ fuzz: up ## fuzz the consumer, the relay and the batch statement against real Ka
 	eval "$$($(RUN) pin-local -q env)" && PIN_FUZZ_EXAMPLES=$${PIN_FUZZ_EXAMPLES:-10000} \
 		$(RUN) pytest $(FUZZ_TESTS)
 
+# Man pages and shell completions of the services' commands, generated from the parsers the
+# commands run with (pin_testkit.cli_docs), never written by hand; README "Shell completion
+# and man pages" says how to install them.
+CLI_DOCS := build/cli
+.PHONY: cli-docs
+cli-docs: sync ## man pages and bash/zsh completions of both CLIs, from their parsers, in build/cli/
+	$(RUN) python -m pin_testkit.cli_docs --out $(CLI_DOCS) identity-fanout rewards-membership
+
 .PHONY: demo
 demo: sync ## run the whole system on this machine and show what happens
 	$(RUN) python infra/local/demo.py
