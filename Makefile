@@ -119,10 +119,11 @@ stack-down: ## remove the compose stack and its volumes
 
 # The end-to-end scenarios with every service a container of its image and the stack's
 # PostgreSQL and Kafka as the servers (tests-e2e/pin_e2e/stack.py): one suite, two topologies.
-# Not here: 9 (its TLS/SCRAM broker and certificates are host files) and 10 (Toxiproxy and
-# the private servers of the chaos campaign).
+# Not here: 9 (its TLS/SCRAM broker and certificates are host files), 10 (Toxiproxy and
+# the private servers of the chaos campaign) and 12 (the previous release is built from git
+# history into a virtual environment, not an image).
 E2E_COMPOSE_TESTS := $(filter-out tests-e2e/test_9_secrets.py tests-e2e/test_10_chaos_campaign.py \
-	tests-e2e/test_chaos_%.py,$(wildcard tests-e2e/test_*.py))
+	tests-e2e/test_12_rolling_upgrade.py tests-e2e/test_chaos_%.py,$(wildcard tests-e2e/test_*.py))
 .PHONY: e2e-compose
 e2e-compose: images ## build the images, bring a fresh compose stack up, run the e2e scenarios on its containers, remove it
 	$(STACK) down -v --remove-orphans
@@ -172,6 +173,14 @@ FUZZ_TESTS := $(wildcard services/*/tests/test_fuzz_integration.py) \
 fuzz: up ## fuzz the consumer, the relay and the batch statement against real Kafka and PostgreSQL (10,000 examples each)
 	eval "$$($(RUN) pin-local -q env)" && PIN_FUZZ_EXAMPLES=$${PIN_FUZZ_EXAMPLES:-10000} \
 		$(RUN) pytest $(FUZZ_TESTS)
+
+# Man pages and shell completions of the services' commands, generated from the parsers the
+# commands run with (pin_testkit.cli_docs), never written by hand; README "Shell completion
+# and man pages" says how to install them.
+CLI_DOCS := build/cli
+.PHONY: cli-docs
+cli-docs: sync ## man pages and bash/zsh completions of both CLIs, from their parsers, in build/cli/
+	$(RUN) python -m pin_testkit.cli_docs --out $(CLI_DOCS) identity-fanout rewards-membership
 
 .PHONY: demo
 demo: sync ## run the whole system on this machine and show what happens

@@ -44,8 +44,9 @@ HTTP_TIMEOUT: Final = 5.0
 
 
 def script(name: str) -> str:
-    """The console script ``name`` installed next to this interpreter."""
-    path = Path(sys.executable).with_name(name)
+    """The console script ``name`` installed next to this interpreter; a path names one of
+    another environment as it is (an earlier release's, ``pin_testkit.releases``)."""
+    path = Path(name) if os.sep in name else Path(sys.executable).with_name(name)
     if not path.is_file():
         raise FileNotFoundError(f"console script {path} is missing (uv sync --all-packages)")
     return str(path)

@@ -363,5 +363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _CLI.main(_parser(), _run, argv, standalone={LAG_WATCH: _LAG_WATCH})
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The parser `main` runs with: the man page and shell completion are generated from it
+    (`make cli-docs`, pin_testkit.cli_docs)."""
+    return _parser()
+
+
 if __name__ == "__main__":
     sys.exit(main())
