@@ -975,14 +975,15 @@ def test_the_image_is_registry_slash_repository(chart: str) -> None:
     mirror = "mirror.example.com:5000/pin-mirror"
     docs = render(chart, OVERLAY)
     digest = overlay(chart)["image"].get("digest")
-    reference = f"@{digest}" if digest else ":0.1.0"
+    tag = ":" + yaml.safe_load((CHARTS / chart / "Chart.yaml").read_text())["appVersion"]
+    reference = f"@{digest}" if digest else tag
     images = {c["image"] for doc in docs if doc["kind"] != "Pod" for _, c in containers([doc])}
     images |= {c["image"] for pod in of_kind(docs, "Pod") for c in pod["spec"]["containers"]}
     assert images == {f"{mirror}/pin/{chart}{reference}"}
     default = {c["image"] for _, c in containers(render(chart))}
-    assert default == {f"registry.example.internal/pin/{chart}:0.1.0"}
+    assert default == {f"registry.example.internal/pin/{chart}{tag}"}
     bare = {c["image"] for _, c in containers(render(chart, "default", "image.registry="))}
-    assert bare == {f"pin/{chart}:0.1.0"}
+    assert bare == {f"pin/{chart}{tag}"}
 
 
 @pytest.mark.parametrize("chart", sorted(SETTINGS))
