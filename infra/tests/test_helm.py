@@ -974,9 +974,9 @@ def test_common_labels_are_on_every_object_and_pod_but_not_in_selectors(chart: s
 def test_the_image_is_registry_slash_repository(chart: str) -> None:
     mirror = "mirror.example.com:5000/pin-mirror"
     docs = render(chart, OVERLAY)
-    digest = overlay(chart)["image"].get("digest")
+    image = overlay(chart)["image"]
     tag = ":" + yaml.safe_load((CHARTS / chart / "Chart.yaml").read_text())["appVersion"]
-    reference = f"@{digest}" if digest else tag
+    reference = f"@{image['digest']}" if image.get("digest") else f":{image.get('tag') or tag[1:]}"
     images = {c["image"] for doc in docs if doc["kind"] != "Pod" for _, c in containers([doc])}
     images |= {c["image"] for pod in of_kind(docs, "Pod") for c in pod["spec"]["containers"]}
     assert images == {f"{mirror}/pin/{chart}{reference}"}
