@@ -6,8 +6,8 @@ the release build passes it as PIN_SOURCE_URL, the same address the images carry
 org.opencontainers.image.source label. Without it the package has no URLs (a local build),
 never a guessed one.
 
-The wheel ships `asyncapi.yaml` as `pin_contracts/asyncapi.yaml`, beside the JSON Schemas it
-references (`pin_contracts/json_schemas/`, pyproject.toml's force-include): the copy's
+The wheel ships `asyncapi.yaml` in the package's folder (pin_contracts), beside the JSON
+Schemas it references (`pin_contracts/json_schemas/`, pyproject.toml's force-include): the copy's
 payload `$ref`s read `./json_schemas/<file>` where the repository's read `./schemas/<file>`,
 so they resolve relative to the installed file. A `$ref` of any other form fails the build
 rather than ship a document whose references lead nowhere.

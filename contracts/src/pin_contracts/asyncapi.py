@@ -4,7 +4,7 @@ JSON Schemas of `schemas/` (referenced, not copied: one description of each payl
 payload declares the dialect its schema file declares (`$schema`: draft 2020-12, what
 msgspec writes) as its `schemaFormat`.
 
-The wheel ships it as `pin_contracts/asyncapi.yaml`, beside the schemas it references
+The wheel ships it in the package's folder (pin_contracts), beside the schemas it references
 (`pin_contracts/json_schemas/`): the build (hatch_build.py) writes the `$ref`s of that copy
 relative to it, `./json_schemas/<file>` for `./schemas/<file>`.
 
