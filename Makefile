@@ -33,6 +33,13 @@ lint: sync ## ruff (lint + format check) and mypy --strict on every member
 	$(RUN) python -m pin_contracts.asyncapi check
 	@set -e; for p in $(MYPY_DIRS); do echo "mypy $$p"; (cd $$p && $(RUN) mypy .); done
 
+# One command in the locked environment, with the uv `make sync` chose (on the PATH, else
+# .tools/uv/bin/uv): what the READMEs give for anything without a target of its own.
+.PHONY: run
+run: sync ## a command in the locked environment: make run CMD="pytest contracts/tests"
+	@test -n "$(CMD)" || { echo 'usage: make run CMD="python -m pin_contracts.asyncapi check"' >&2; exit 2; }
+	@$(RUN) $(CMD)
+
 .PHONY: fmt
 fmt: sync ## apply ruff's fixes and formatting
 	$(RUN) ruff check --fix .

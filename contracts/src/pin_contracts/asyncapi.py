@@ -1,6 +1,12 @@
 """`contracts/asyncapi.yaml`: the AsyncAPI 3.1 document of the identity events, generated
 from the topic catalogue (`topics.CATALOGUE`), the header names (`kafka`, `dlq`) and the
-JSON Schemas of `schemas/` (referenced, not copied: one description of each payload).
+JSON Schemas of `schemas/` (referenced, not copied: one description of each payload). Each
+payload declares the dialect its schema file declares (`$schema`: draft 2020-12, what
+msgspec writes) as its `schemaFormat`.
+
+The wheel ships it in the package's folder (pin_contracts), beside the schemas it references
+(`pin_contracts/json_schemas/`): the build (hatch_build.py) writes the `$ref`s of that copy
+relative to it, `./json_schemas/<file>` for `./schemas/<file>`.
 
 Tooling, as `pin_contracts.schemas` (not re-exported); needs PyYAML (a development
 dependency). `python -m pin_contracts.asyncapi write` regenerates it, `check` exits 1 when
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,10 +35,14 @@ from pin_contracts.kafka import (
 from pin_contracts.schemas import DEFAULT_SCHEMA_DIR, EVENT_PAYLOAD_TYPES, schema_file_name
 from pin_contracts.topics import CATALOGUE, REWARDS_MEMBERSHIP_CONSUMER_GROUP, Topic
 
-__all__ = ["DEFAULT_PATH", "generate", "main", "render"]
+__all__ = ["DEFAULT_PATH", "SCHEMA_FORMATS", "generate", "main", "render", "schema_format"]
 
 DEFAULT_PATH: Final = DEFAULT_SCHEMA_DIR.parent / "asyncapi.yaml"
-_SCHEMA_FORMAT: Final = "application/schema+json;version=draft-07"
+SCHEMA_FORMATS: Final = {
+    "https://json-schema.org/draft/2020-12/schema": "application/schema+json;version=draft-2020-12",
+    "http://json-schema.org/draft-07/schema#": "application/schema+json;version=draft-07",
+}
+"""A schema file's `$schema` -> the `schemaFormat` of a payload it describes."""
 _KAFKA_BINDING: Final = "0.5.0"
 
 # Who writes and who reads each topic: the operations of the document.
@@ -74,6 +85,15 @@ def _headers(topic: Topic) -> dict[str, Any]:
     return {"type": "object", "required": names, "properties": properties}
 
 
+def schema_format(schema_file: Path) -> str:
+    """The `schemaFormat` of the dialect `schema_file` declares; ValueError for another."""
+    dialect = json.loads(schema_file.read_text(encoding="utf-8")).get("$schema")
+    try:
+        return SCHEMA_FORMATS[dialect]
+    except KeyError:
+        raise ValueError(f"{schema_file.name}: no schemaFormat for $schema {dialect!r}") from None
+
+
 def _message(topic: Topic, schema_files: dict[str, str]) -> dict[str, Any]:
     source = topic.dead_letter_of or topic.name
     description = (
@@ -89,7 +109,7 @@ def _message(topic: Topic, schema_files: dict[str, str]) -> dict[str, Any]:
         "contentType": "application/json",
         "headers": _headers(topic),
         "payload": {
-            "schemaFormat": _SCHEMA_FORMAT,
+            "schemaFormat": schema_format(DEFAULT_SCHEMA_DIR / schema_files[topic.event_type]),
             "schema": {"$ref": f"./schemas/{schema_files[topic.event_type]}"},
         },
         "bindings": {
@@ -162,7 +182,8 @@ def generate(version: str | None = None) -> dict[str, Any]:
             "version": version or importlib.metadata.version("pin-contracts"),
             "description": (
                 "The events identity publishes and their dead letters: UTF-8 JSON envelopes "
-                "whose payload schemas are contracts/schemas/ (pin-contracts). Readers "
+                "whose payload schemas are the JSON Schemas of pin-contracts (contracts/schemas/"
+                "; pin_contracts/json_schemas/ in its wheel, beside this document). Readers "
                 "accept unknown fields and unknown enum values."
             ),
         },

@@ -18,12 +18,18 @@ from uuid import UUID
 import msgspec
 import psycopg
 import pytest
-from prometheus_client import Counter
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    enable_created_metrics,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from pin_runtime.composition import Cli, long_running, run_command, uuid_argument
 from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import ComponentState, Heartbeat
+from pin_runtime.metrics import no_created_series
 from pin_runtime.settings import Secret
 
 
@@ -284,6 +290,38 @@ def test_long_running_exports_process_metrics_and_its_build() -> None:
     assert build.value == 1
     assert build.labels["version"] == importlib.metadata.version("pin-runtime")
     assert build.labels["contracts_version"] == importlib.metadata.version("pin-contracts")
+
+
+def test_a_long_running_process_exports_no_created_series_in_either_format() -> None:
+    registry = CollectorRegistry()
+    # Metrics made without a MetricSet, and the switch turned back on by whatever ran before:
+    # the process's start turns it off all the same.
+    Counter("t_events", "Events.", ["kind"], registry=registry).labels("a").inc()
+    Histogram("t_seconds", "Seconds.", registry=registry, buckets=(1.0,)).observe(0.5)
+    enable_created_metrics()  # type: ignore[no-untyped-call]
+    try:
+        with long_running(
+            "pin-runtime",
+            log_level="WARNING",
+            metrics_host="127.0.0.1",
+            metrics_port=0,
+            heartbeat=Heartbeat(stale_after=60),
+            registry=registry,
+        ) as rt:
+            ops = rt.serve()
+            url = f"http://127.0.0.1:{ops.port}/metrics"
+            texts = []
+            for accept in ("text/plain", "application/openmetrics-text; version=1.0.0"):
+                request = urllib.request.Request(url, headers={"Accept": accept})
+                with urllib.request.urlopen(request, timeout=5) as r:  # noqa: S310 - http://
+                    texts.append(r.read().decode())
+    finally:
+        no_created_series()
+    for text in texts:
+        assert 't_events_total{kind="a"} 1.0' in text
+        assert "t_seconds_bucket" in text
+        assert "python_gc_objects_collected_total" in text
+        assert "_created" not in text, [line for line in text.splitlines() if "_created" in line]
 
 
 def test_a_request_made_before_serve_is_answered_with_what_was_built_before_serve() -> None:

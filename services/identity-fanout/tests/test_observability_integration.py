@@ -161,3 +161,56 @@ def test_a_sharded_task_is_one_dequeue_one_span_and_a_truthful_row(
     # durationMs is StartedAt -> completion, as for a task walked whole.
     assert abs(float(completed["durationMs"]) - float(row[0])) < 1000
     assert metrics.task_duration_ms._sum.get() == pytest.approx(completed["durationMs"], abs=1)
+
+
+def test_every_line_of_a_run_carries_the_trace_its_events_carry(
+    db: Conn,
+    json_logs: io.StringIO,
+    operator_db: Conn,
+    pool: ConnectionPool[Conn],
+    worker_dsn: str,
+) -> None:
+    role, _ = seed_role_with_users(db, users=90, other_roles=0)
+    add_permissions(db, ["p.z"])
+    change = set_role_permissions(operator_db, role, ["p.z"], inline_threshold=0)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    worker, _ = new_worker(
+        worker_dsn, pool, batch_size=20, shard_size=40, tracer=provider.get_tracer("test")
+    )
+    while worker.run_once() is not None:
+        pass
+
+    spans = {f"{s.context.span_id:016x}": s for s in exporter.get_finished_spans()}
+    records = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    of_the_run = {
+        "job started",
+        "task dequeued",
+        "task split",
+        "shard dequeued",
+        "batch processed",
+        "task completed",
+    }
+    lines = [r for r in records if r["event"] in of_the_run]
+    assert {r["event"] for r in lines} == of_the_run
+    for line in lines:
+        # The span the line was written in, and its trace.
+        span = spans[line["span_id"]]
+        assert line["trace_id"] == f"{span.context.trace_id:032x}", line
+    [dequeued] = [r for r in lines if r["event"] == "task dequeued"]
+    assert spans[dequeued["span_id"]].name == "access-fanout split"
+    assert dequeued["taskId"] == str(change.task_id)
+    walked = [r for r in lines if r["event"] in ("shard dequeued", "batch processed")]
+    assert {spans[r["span_id"]].name for r in walked} == {"access-fanout shard"}
+    # The events of a batch carry its line's trace (traceparent) and jobRunId (CorrelationId):
+    # what a log pipeline joins a consumer's lines on.
+    batches = {(r["trace_id"], r["jobRunId"]) for r in lines if r["event"] == "batch processed"}
+    runs = {run for _, run in batches}
+    events = [
+        (dict(headers)["traceparent"].split("-")[1], json.loads(bytes(payload))["CorrelationId"])
+        for headers, payload in db.execute("SELECT headers, payload FROM identity.outbox")
+    ]
+    of_these_runs = [event for event in events if event[1] in runs]
+    assert len(of_these_runs) == 90
+    assert set(of_these_runs) == batches

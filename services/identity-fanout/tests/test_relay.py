@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import threading
 import time
 import uuid
@@ -27,7 +29,7 @@ from relay_support import (
 )
 
 from identity_fanout.ops.outbox import outbox_status
-from identity_fanout.outbox.relay import LaneSession, OutboxRelay
+from identity_fanout.outbox.relay import DELETE_SPAN, LaneSession, OutboxRelay
 from identity_fanout.outbox.writer import outbox_message
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
 from pin_contracts import (
@@ -119,7 +121,8 @@ def test_publishes_exact_records_keeps_writer_trace_and_empties_outbox(
         assert traceparent.split("-")[1] == f"{write_span.get_span_context().trace_id:032x}"
     assert by_id == {}
 
-    [span] = exporter.get_finished_spans()
+    spans = exporter.get_finished_spans()
+    [span] = [s for s in spans if s.name.startswith("send")]
     assert span.kind is SpanKind.CLIENT
     assert span.name == f"send {topic.name}"
     assert span.attributes is not None
@@ -127,6 +130,44 @@ def test_publishes_exact_records_keeps_writer_trace_and_empties_outbox(
     assert span.attributes["messaging.destination.name"] == topic.name
     assert span.attributes["messaging.batch.message_count"] == 5
     assert [link.context.span_id for link in span.links] == [write_span.get_span_context().span_id]
+    # The rows' delete, linked to their send.
+    [delete] = [s for s in spans if s.name == DELETE_SPAN]
+    assert [link.context.span_id for link in delete.links] == [span.context.span_id]
+    assert delete.attributes is not None
+    assert delete.attributes["db.operation.batch.size"] == 5
+
+
+def test_outbox_published_carries_its_delete_span_and_the_writers_traces(
+    dsn: str, topic: Topic, make_relay: RelayFactory, json_logs: io.StringIO
+) -> None:
+    writer = TracerProvider().get_tracer("writer")
+    traces = []
+    for _ in range(2):  # two transactions, each traced: two writers' traces
+        with writer.start_as_current_span("set-role-permissions") as write_span:
+            write(dsn, [outbox_message(access_event(), topic) for _ in range(3)])
+        traces.append(f"{write_span.get_span_context().trace_id:032x}")
+    write(dsn, [outbox_message(access_event(), topic)])  # and a row written untraced
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    relay = make_relay(tracer_provider=provider)
+
+    assert relay.run_once() == 7
+    lines = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    published = [line for line in lines if line["event"] == "outbox published"]
+    spans = exporter.get_finished_spans()
+    deletes = {f"{s.context.span_id:016x}": s for s in spans if s.name == DELETE_SPAN}
+    assert published
+    assert sum(line["count"] for line in published) == 7
+    # Each line's trace and span: its delete's, whose links lead to the sends of its rows ...
+    for line in published:
+        delete = deletes[line["span_id"]]
+        assert line["trace_id"] == f"{delete.context.trace_id:032x}"
+    sends = {s.context.span_id for s in spans if s.name.startswith("send")}
+    linked = {link.context.span_id for s in deletes.values() for link in s.links}
+    assert linked == sends
+    # ... and the traces that wrote the rows, which their consumers' lines carry.
+    assert sorted({t for line in published for t in line["traceIds"]}) == sorted(traces)
 
 
 def test_rows_of_one_key_arrive_in_outbox_id_order(

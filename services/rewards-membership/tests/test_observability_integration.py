@@ -16,6 +16,9 @@ import psycopg
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 from consumer_kit import record_of
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pin_contracts import EMPTY_GUID, envelope_for
 from pin_runtime.kafka import create_admin, ensure_topics
@@ -298,3 +301,46 @@ def test_a_dead_letter_not_written_reports_the_rest_of_its_partition_once_as_wha
     assert ids("unknown-membership-status") == [odd_ids[0]]
     assert ids("unknown-leave-reason") == [odd_ids[1]]
     assert ids("dead-lettered") == [msgspec.json.decode(refused)["MessageId"]]
+
+
+def test_every_line_of_an_event_carries_its_trace_and_correlation_from_consumed_on(
+    *,
+    kafka: Any,
+    start_consumer: Any,
+    event: Callable[..., Any],
+    raw: Callable[..., bytes],
+    json_logs: io.StringIO,
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    agent = uuid.uuid4()
+    traced = raw(event(agent, uuid.uuid4(), 1), CorrelationId="onboarding-80")
+    untraced = raw(event(agent, uuid.uuid4(), 1), CorrelationId="onboarding-81")
+    refused = msgspec.json.encode({"MessageId": str(uuid.uuid4()), "CorrelationId": "x-82"})
+    consumer = start_consumer(tracer=provider.get_tracer("test"))
+    kafka.send_raw(
+        (str(agent).encode(), traced, [("traceparent", TRACEPARENT.encode())]),
+        (str(agent).encode(), untraced, None),
+        (str(agent).encode(), refused, None),
+    )
+    consumer.wait_handled(3)
+    consumer.close()
+
+    # The batches' traces: where a record without a traceparent of its own is followed.
+    batches = {
+        format(s.context.trace_id, "032x")
+        for s in exporter.get_finished_spans()
+        if s.name == f"process {kafka.topic}" and format(s.context.trace_id, "032x") != TRACE_ID
+    }
+    assert batches
+    consumed = {line["CorrelationId"]: line for line in lines(json_logs, "consumed")}
+    assert set(consumed) == {"onboarding-80", "onboarding-81", "x-82"}
+    assert consumed["onboarding-80"]["trace_id"] == TRACE_ID
+    assert consumed["onboarding-81"]["trace_id"] in batches
+    assert consumed["x-82"]["trace_id"] in batches
+    # Its later lines carry the same trace (and correlation) as its `consumed` line.
+    later = lines(json_logs, "membership-applied") + lines(json_logs, "dead-lettered")
+    assert len(later) == 3
+    for line in later:
+        assert line["trace_id"] == consumed[line["CorrelationId"]]["trace_id"], line

@@ -55,6 +55,7 @@ from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.horizon import HorizonWatch
 from pin_runtime.http import Check, Heartbeat, OpsServer
 from pin_runtime.logging import LogLevel, configure_logging, log_event
+from pin_runtime.metrics import no_created_series
 from pin_runtime.postgres import (
     AUTH_FAILURE_SQLSTATES,
     DatabaseAuthError,
@@ -365,6 +366,8 @@ def long_running(
     configure_logging(log_level, service)  # stdout: a long-lived process's log is its output
     build = BuildInfo.of(service)
     provider = configure_tracing(service, version=build.version)
+    # No `_created` series on /metrics (pin_runtime.metrics says why), whatever imported what.
+    no_created_series()
     registry = registry or CollectorRegistry()
     register_process_metrics(registry, build)
     try:

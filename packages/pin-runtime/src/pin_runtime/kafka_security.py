@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 from pin_runtime.errors import KafkaSetupError, KafkaUnreachableError
 from pin_runtime.kafka_settings import ConfigValue, KafkaClientSettings, librdkafka_config
 from pin_runtime.logging import log_event
-from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE
+from pin_runtime.settings import CONFIG_ERROR_EXIT_CODE, scrub
 
 __all__ = ["kafka_or_exit", "verify_connection"]
 
@@ -126,9 +126,7 @@ def _reason(exc: KafkaException) -> str:
 
 
 def _scrub(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text.replace("\n", " ")
+    return scrub(text, sorted(secrets, key=len, reverse=True)).replace("\n", " ")
 
 
 def kafka_or_exit(

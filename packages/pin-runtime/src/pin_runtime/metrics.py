@@ -17,9 +17,10 @@ it is the prometheus_client metric, typed `Counter`, `Gauge` or `Histogram`, so
 `self.backlog.set(n)` type-checks with no cast; read on the class it is the spec.
 `RelayMetrics(registry)` creates every declared metric on `registry` (never the
 process-global default), in declaration order (the exposition's), then runs
-`__post_init__`. The name is the exported name, exactly: dashboards, alert rules and tests
-read it. A counter's name may end in `_total` or not: prometheus_client exports it with
-`_total` either way.
+`__post_init__`. No counter or histogram exports a `_created` series (turned off for the
+process on import of this module). The name is the exported name, exactly: dashboards,
+alert rules and tests read it. A counter's name may end in `_total` or not:
+prometheus_client exports it with `_total` either way.
 
 Failing loudly, when the class is defined: a metric or label name Prometheus refuses, a
 label given twice (or `le` on a histogram), a histogram without buckets or with buckets
@@ -37,7 +38,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar, overload
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 
 from pin_runtime.errors import PinRuntimeError, TemplatedError
 
@@ -48,15 +55,31 @@ __all__ = [
     "counter",
     "gauge",
     "histogram",
+    "no_created_series",
 ]
 
 _M = TypeVar("_M", Counter, Gauge, Histogram)
+
+# No counter or histogram of this project exports `<name>_created` (the Unix time its series
+# was made): no rule, dashboard or runbook reads it, and it doubles the series a scrape
+# stores. prometheus_client decides it per process, when a registry is collected, so turning
+# it off here, on import of the module every metric set comes from, covers every registry
+# the process builds (its service's metric sets, the horizon watch's, the lag watcher's).
+# `long_running` turns it off again at a process's start.
+
+
+def no_created_series() -> None:
+    """Turn off `_created` for every counter and histogram of the process (idempotent)."""
+    disable_created_metrics()  # type: ignore[no-untyped-call] # prometheus_client is untyped here
+
+
+no_created_series()
 
 _KINDS: Mapping[type[Any], str] = {Counter: "counter", Gauge: "gauge", Histogram: "histogram"}
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # The series names a metric registers beside its own (prometheus_client's registry refuses
-# a second metric that registers any of them).
+# a second metric that registers any of them, `_created` included though none is exported).
 _SUFFIXES: Mapping[type[Any], tuple[str, ...]] = {
     Counter: ("_total", "_created"),
     Gauge: (),

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -28,6 +29,7 @@ __all__ = [
     "parse_duration",
     "redact",
     "redact_dsn",
+    "scrub",
     "secrets_forgotten_after",
     "settings_for_log",
     "settings_or_exit",
@@ -101,14 +103,45 @@ def redact(text: str) -> str:
 
     The last line of defence for text that may quote a secret by accident: a driver's error
     about a malformed DSN repeats the DSN, password included. Log lines, span attributes
-    and the CLIs' error lines pass through here.
+    and the CLIs' error lines pass through here. A secret is replaced where it stands as a
+    whole token (`scrub`), not inside a longer word or path that happens to contain it.
     """
     if not _known_secrets or not text:
         return text
-    for secret in sorted(_known_secrets, key=len, reverse=True):
-        if secret in text:
-            text = text.replace(secret, _SHOWN_AS)
+    return scrub(text, sorted(_known_secrets, key=len, reverse=True))
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """`text` with each of `secrets` (in that order) replaced by *** where it stands as a whole
+    token (`_whole_token`): a password `pin-runtime` goes from `postgresql://u:pin-runtime@h`,
+    `password=pin-runtime` and `'pin-runtime'`, never from `packages/pin-runtime/src`."""
+    for secret in secrets:
+        if secret and secret in text:  # the common case (no secret in the line) stays cheap
+            text = _whole_token(secret).sub(_SHOWN_AS, text)
     return text
+
+
+_JOINS: Final = r"[\w/-]"
+"""What continues a token: a secret next to a letter, digit, `_`, `/` or `-` is part of a
+longer word, a path or a name (`BATCH_SIZE`, `packages/pin-runtime/src`,
+`pin-runtime-lag-watcher`), not the secret. A `.` joins between two of those
+(`identity.outbox`, `pin-runtime.log`) and ends a token otherwise (the end of a sentence).
+Every delimiter a DSN, a URL or a message puts around a password (`:` `@` `=` `&` `?` `#`,
+quotes, spaces, brackets, commas) ends one, so such a password is always scrubbed."""
+
+
+@functools.lru_cache(maxsize=256)
+def _whole_token(secret: str) -> re.Pattern[str]:
+    # A side of the secret that is itself no token character (a secret starting with a
+    # quote) needs no boundary there: it cannot be the tail of a longer word.
+    joins_first = re.match(_JOINS, secret[0]) is not None
+    joins_last = re.match(_JOINS, secret[-1]) is not None
+    # In a JSON line a line break or tab before the secret reads `\n`, `\t`: an escape
+    # ends the token before it as the character it stands for would.
+    escaped = r"(?<=\\[ntrbf])|(?<=\\u[0-9a-fA-F]{4})"
+    before = f"(?:(?<!{_JOINS})|{escaped})(?<!{_JOINS}\\.)" if joins_first else ""
+    after = f"(?!{_JOINS})(?!\\.{_JOINS})" if joins_last else ""
+    return re.compile(before + re.escape(secret) + after)
 
 
 class Secret:

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from pin_contracts import REWARDS_MEMBERSHIP_EVENT_INVALID, AgentMembershipStatus
+from pin_runtime.delivery import NON_RETRIABLE
 from pin_runtime.metrics import MetricSet, counter, gauge, histogram
-from rewards_membership.rules.validation import KEY_PROBLEMS
+from rewards_membership.rules.validation import EXPECTED_CONTRACT_VERSION, KEY_PROBLEMS
 
-__all__ = ["AUTH_DEPENDENCIES", "CONTRACT_VERSION_LABELS", "Metrics", "contract_version_label"]
+__all__ = [
+    "AUTH_DEPENDENCIES",
+    "CONTRACT_VERSION_LABELS",
+    "Metrics",
+    "contract_version_label",
+    "contract_version_labels",
+]
 
 AUTH_DEPENDENCIES = ("postgresql", "kafka")
 """The `dependency` label of rewards_membership_auth_failures_total: whose login was refused."""
@@ -26,6 +34,14 @@ producer cannot grow the number of series without bound."""
 def contract_version_label(version: int) -> str:
     """The `contract_version` label of a ContractVersion read from the wire (bounded)."""
     return str(version) if 1 <= version <= CONTRACT_VERSION_LABELS else "other"
+
+
+def contract_version_labels() -> list[str]:
+    """Every `contract_version` label a mismatch can carry: each version with a label of its
+    own but the expected one (never a mismatch), and "other"."""
+    expected = contract_version_label(EXPECTED_CONTRACT_VERSION)
+    labels = [contract_version_label(v) for v in range(1, CONTRACT_VERSION_LABELS + 1)]
+    return [label for label in [*labels, "other"] if label != expected]
 
 
 class Metrics(MetricSet):
@@ -133,9 +149,20 @@ class Metrics(MetricSet):
         super().__init__(registry)
 
     def __post_init__(self) -> None:
-        # Every reason is exported from the start (at 0): an alert on its increase sees the
-        # first wrong key, not a series that appears with it.
+        # Every known label value of every labelled counter is exported from the start (at
+        # 0), as identity's outcomes are: an alert or a rate on its increase sees the first
+        # event, not a series that appears with it (an absent series has no increase).
+        for status in AgentMembershipStatus:  # the spec's {status}: Active, Left
+            self.applied.labels(status.value)
+        # The spec's one contract violation (an unknown Status is applied, as Left).
+        self.dlq.labels(REWARDS_MEMBERSHIP_EVENT_INVALID)
+        for version in contract_version_labels():
+            self.contract_mismatch.labels(version)
         for reason in KEY_PROBLEMS:
             self.key_mismatch.labels(reason)
         for dependency in AUTH_DEPENDENCIES:
+            # A batch is retried for the same two dependencies whose logins can be refused.
+            self.retries.labels(dependency)
             self.auth_failures.labels(dependency)
+        for reason in sorted(set(NON_RETRIABLE.values())):  # why the DLQ refused a copy
+            self.dlq_replaced.labels(reason)

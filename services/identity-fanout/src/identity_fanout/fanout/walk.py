@@ -187,10 +187,6 @@ class Walker:
     def walk(self, unit: Unit) -> WalkEnd:
         """Walk ``unit`` from its Cursor to the end, or until stopped, fenced, or failing."""
         job_run_id = str(uuid.uuid4())
-        log_event(_log, "job started", jobRunId=job_run_id)
-        log_event(
-            _log, f"{unit.kind} dequeued", jobRunId=job_run_id, attempt=unit.attempt, **unit.ids()
-        )
         attributes: dict[str, Any] = {
             "jobRunId": job_run_id,
             "batchSize": self.settings.batch_size,
@@ -200,6 +196,16 @@ class Walker:
         with self._tracer.start_as_current_span(
             f"access-fanout {unit.kind}", attributes=attributes
         ) as span:
+            # Every line of the run in the unit's span: its trace is the one its events'
+            # traceparent names, and jobRunId their CorrelationId.
+            log_event(_log, "job started", jobRunId=job_run_id)
+            log_event(
+                _log,
+                f"{unit.kind} dequeued",
+                jobRunId=job_run_id,
+                attempt=unit.attempt,
+                **unit.ids(),
+            )
             while True:
                 self.beat()
                 if self.stop.is_set():
@@ -446,15 +452,22 @@ class Walker:
         self.metrics.tasks.labels(outcome="failed").inc()
         if unit.shard_no is not None:
             self.metrics.shards.labels(outcome="failed").inc()
-        log_event(
-            _log,
-            "task failed",
-            logging.ERROR,
-            attempt=unit.attempt,
-            exception=f"poison: {unit.attempt} attempts reached MaxAttempts; "
-            f"last error: {unit.last_error}",
-            **unit.ids(),
+        exception = (
+            f"poison: {unit.attempt} attempts reached MaxAttempts; last error: {unit.last_error}"
         )
+        # The claim that found it poisoned is a span of its own: its line has a trace.
+        with self._tracer.start_as_current_span(
+            "access-fanout poison", attributes={"attempt": unit.attempt, **unit.ids()}
+        ) as span:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, "poison"))
+            log_event(
+                _log,
+                "task failed",
+                logging.ERROR,
+                attempt=unit.attempt,
+                exception=exception,
+                **unit.ids(),
+            )
 
     def _release(self, unit: Unit, job_run_id: str) -> None:
         try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pin_contracts.topics import CATALOGUE
+from pin_runtime.delivery import NON_RETRIABLE
 from pin_runtime.metrics import MetricSet, counter, gauge
 
 __all__ = ["RelayMetrics"]
@@ -86,6 +88,12 @@ class RelayMetrics(MetricSet):
     )
 
     def __post_init__(self) -> None:
+        # Each reason a row is refused for good, on each event topic identity writes, is
+        # exported from the start (at 0), as the worker's outcomes are: the first
+        # quarantined row is an increase, not a series that appears with it.
+        for topic in (t.name for t in CATALOGUE if t.dead_letter_of is None):
+            for reason in sorted(set(NON_RETRIABLE.values())):
+                self.quarantined.labels(topic=topic, reason=reason)
         self._quarantine_topics: set[str] = set()
         self._paused: tuple[str, str] | None = None
 

@@ -23,7 +23,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from identity_fanout.outbox.partitions import Change, TopicPartitions
 from identity_fanout.outbox.records import OutboxRecord, span_links
-from identity_fanout.outbox.window import InflightWindow
+from identity_fanout.outbox.window import InflightWindow, ProducedTrace
 from pin_runtime.delivery import DeliveryFailure, classify
 from pin_runtime.kafka import Compression, ConfigValue, LoginRenewal, create_producer
 from pin_runtime.logging import log_event
@@ -114,11 +114,13 @@ class Publisher:
         now = time.monotonic()
         produced = True
         name, attributes = _span(records, self._client_id)
+        links = span_links(records)
         # CLIENT: the writing transaction, not this send, is the messages' creation context.
         with self._tracer.start_as_current_span(
-            name, kind=SpanKind.CLIENT, attributes=attributes, links=span_links(records)
+            name, kind=SpanKind.CLIENT, attributes=attributes, links=links
         ) as span:
-            window.add(records, now)
+            writers = tuple(dict.fromkeys(format(link.context.trace_id, "032x") for link in links))
+            window.add(records, now, ProducedTrace(span.get_span_context(), writers))
             send, report = producer.produce, window.on_delivery  # bound once per read
             for index, record in enumerate(records):
                 try:

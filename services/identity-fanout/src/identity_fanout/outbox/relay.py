@@ -55,7 +55,7 @@ from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.partitions import catalogue_partitions
 from identity_fanout.outbox.pause_mark import session_name
 from identity_fanout.outbox.publisher import FLUSH_MARGIN, Publisher
-from identity_fanout.outbox.records import OutboxRecord
+from identity_fanout.outbox.records import MAX_SPAN_LINKS, OutboxRecord
 from identity_fanout.outbox.report import (
     report_failed_round,
     report_pause,
@@ -79,7 +79,7 @@ from identity_fanout.outbox.rules import (
 from identity_fanout.outbox.settings import RelaySettings
 from identity_fanout.outbox.store import OutboxStore, ReadRequest
 from identity_fanout.outbox.tables import OutboxTables
-from identity_fanout.outbox.window import InflightWindow
+from identity_fanout.outbox.window import InflightWindow, ProducedTrace
 from pin_runtime.backoff import Backoff
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.kafka import Compression
@@ -88,6 +88,7 @@ from pin_runtime.postgres import LazyConnection, SessionLimits, connect
 
 __all__ = [
     "DEFAULT_LANES",
+    "DELETE_SPAN",
     "OutboxRelay",
     "RelayInternals",
     "RelayMetrics",
@@ -118,6 +119,9 @@ BUSY_WAIT: Final = 0.05
 """How long to wait for reports when the window is full or nothing new was read."""
 WAKE_SLICE: Final = 0.5
 """Longest uninterruptible wait: bounds the reaction to a stop request."""
+DELETE_SPAN: Final = "delete_published identity.outbox"
+"""The span of a delete of published rows (database conventions: `{db.query.summary}`),
+linked to the sends of its rows; `outbox published` is logged in it."""
 
 _VALUE = attrgetter("value")
 
@@ -221,6 +225,7 @@ class OutboxRelay:
             probe=self._probe,
         )
         delivery_timeout = settings.relay_delivery_timeout.total_seconds()
+        self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(__name__)
         self._publisher = Publisher(
             bootstrap=settings.kafka_bootstrap,
             client_id=client_id,
@@ -228,7 +233,7 @@ class OutboxRelay:
             compression=internals.compression,
             extra=dict(settings.kafka_security()),
             delivery_timeout=delivery_timeout,
-            tracer=(tracer_provider or trace.get_tracer_provider()).get_tracer(__name__),
+            tracer=self._tracer,
             partitions=internals.partitions,
             on_partitions=self.metrics.set_topic_partitions,
         )
@@ -249,6 +254,8 @@ class OutboxRelay:
         acknowledged row is right whoever holds its lane), deleted before any read from a
         lane's head, so no relay reads and sends one of them again."""
         self._settled_topics: set[str] = set()
+        self._settled_traces: set[ProducedTrace] = set()
+        """The sends (and the writers' traces) of the rows in `_to_delete`."""
         self._tally = RoundResult()
         self._next_look = 0.0
         self._refreshed_at: float | None = None
@@ -456,6 +463,7 @@ class OutboxRelay:
             self._quarantine(conn, settlement.quarantine)
         topics, slots = self.window.take_settled()
         self._settled_topics.update(topics)
+        self._settled_traces |= self.window.take_settled_traces()
         if settlement.delete:  # the cluster took these: a refusal of it is over
             self._publisher.refusal = None
             self._tally.acknowledged |= topics - {r.record.topic for r in settlement.quarantine}
@@ -510,22 +518,41 @@ class OutboxRelay:
         ids = self._to_delete
         if not ids:
             return True
-        try:
-            deleted = self._store.delete(conn, ids)
-        except (errors.LockNotAvailable, errors.QueryCanceled) as exc:
-            log_event(_log, "outbox delete failed", logging.WARNING, error=str(exc), rows=len(ids))
-            return False
-        self._to_delete = []
-        if deleted != len(ids):
-            log_event(
-                _log,
-                "outbox rows already gone",
-                logging.WARNING,
-                expected=len(ids),
-                deleted=deleted,
-            )
-        topics, self._settled_topics = sorted(self._settled_topics), set()
-        report_published(self.metrics, ids, topics)
+        sends = sorted(self._settled_traces, key=lambda t: t.send.span_id)
+        # The delete's span, linked to the sends of its rows: its lines (`outbox published`
+        # above all) carry its trace, and `traceIds` the writers' (docs: pin-runtime README
+        # "Logging").
+        with self._tracer.start_as_current_span(
+            DELETE_SPAN,
+            kind=trace.SpanKind.CLIENT,
+            links=[trace.Link(t.send) for t in sends[:MAX_SPAN_LINKS] if t.send.is_valid],
+            attributes={
+                "db.system.name": "postgresql",
+                "db.collection.name": self._tables.qualified,
+                "db.operation.name": "DELETE",
+                "db.operation.batch.size": len(ids),
+            },
+        ):
+            try:
+                deleted = self._store.delete(conn, ids)
+            except (errors.LockNotAvailable, errors.QueryCanceled) as exc:
+                log_event(
+                    _log, "outbox delete failed", logging.WARNING, error=str(exc), rows=len(ids)
+                )
+                return False
+            self._to_delete = []
+            if deleted != len(ids):
+                log_event(
+                    _log,
+                    "outbox rows already gone",
+                    logging.WARNING,
+                    expected=len(ids),
+                    deleted=deleted,
+                )
+            topics, self._settled_topics = sorted(self._settled_topics), set()
+            self._settled_traces = set()
+            writers = dict.fromkeys(w for t in sends for w in t.writers)
+            report_published(self.metrics, ids, topics, list(writers)[:MAX_SPAN_LINKS])
         self._tally.published += len(ids)
         self._tally.last_published_id = max(self._tally.last_published_id or 0, *ids)
         return True

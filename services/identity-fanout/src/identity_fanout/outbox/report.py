@@ -27,8 +27,15 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
-def report_published(metrics: RelayMetrics, ids: Sequence[int], topics: Sequence[str]) -> None:
-    """`outbox published`: acknowledged rows just deleted (one line per delete batch)."""
+def report_published(
+    metrics: RelayMetrics,
+    ids: Sequence[int],
+    topics: Sequence[str],
+    trace_ids: Sequence[str] = (),
+) -> None:
+    """`outbox published`: acknowledged rows just deleted (one line per delete batch), with
+    `traceIds`: the traces that wrote them (their traceparent's; the first 32), the traces
+    their consumers' lines carry."""
     metrics.published.inc(len(ids))
     if ids:
         log_event(
@@ -38,6 +45,7 @@ def report_published(metrics: RelayMetrics, ids: Sequence[int], topics: Sequence
             firstId=min(ids),
             lastId=max(ids),
             topics=sorted(set(topics)),
+            traceIds=list(trace_ids),
         )
 
 

@@ -23,21 +23,33 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from operator import attrgetter
 
 from confluent_kafka import KafkaError, KafkaException, Message
+from opentelemetry import trace
 
 from identity_fanout.outbox.records import OutboxRecord
 from identity_fanout.outbox.rules import Settlement, settle
 from pin_runtime.delivery import DeliveryFailure, DeliveryTracker
 
-__all__ = ["InflightWindow"]
+__all__ = ["InflightWindow", "ProducedTrace"]
 
 _ID = attrgetter("id")
 _KEY = attrgetter("key")
 _VALUE = attrgetter("value")
 _SLOT = attrgetter("slot")
 _TOPIC = attrgetter("topic")
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class ProducedTrace:
+    """Where a produced batch is traced: the span of its send, and the traces that wrote its
+    rows (the trace ids of their stored traceparents, as the send span links them). One per
+    send, known by identity (a span context holds an unhashable trace state)."""
+
+    send: trace.SpanContext
+    writers: tuple[str, ...] = ()
 
 
 def _size(records: Sequence[OutboxRecord]) -> int:
@@ -57,6 +69,9 @@ class InflightWindow:
         """The records' ids, kept beside them: settling walks these (C-level)."""
         self._produced: deque[list[float]] = deque()
         """[when, records left] per produced batch, oldest first (one entry per read)."""
+        self._traces: deque[ProducedTrace | None] = deque()
+        """Each produced batch's trace, beside its entry of `_produced`."""
+        self._settled_traces: set[ProducedTrace] = set()
         self._bytes = 0
         self._slots: Counter[int] = Counter()
         self._settled_topics: set[str] = set()
@@ -98,8 +113,10 @@ class InflightWindow:
             return 0
         return max(0, self.max_records - len(self._records))
 
-    def add(self, records: Sequence[OutboxRecord], now: float) -> None:
-        """Count `records` in (about to be produced, in this order).
+    def add(
+        self, records: Sequence[OutboxRecord], now: float, traced: ProducedTrace | None = None
+    ) -> None:
+        """Count `records` in (about to be produced, in this order; `traced`: by that send).
 
         ValueError if a key would be in flight twice (a caller that skipped `admissible`):
         per-key order rests on it, so it is refused here rather than trusted.
@@ -115,6 +132,7 @@ class InflightWindow:
         self._records.extend(records)
         self._ids.extend(ids)
         self._produced.append([now, len(records)])
+        self._traces.append(traced)
         self._bytes += _size(records)
         self._slots.update(map(_SLOT, records))
 
@@ -172,11 +190,18 @@ class InflightWindow:
         self._settled_topics, self._settled_slots = set(), set()
         return settled
 
+    def take_settled_traces(self) -> set[ProducedTrace]:
+        """The traces of the batches whose rows settled since the last call (for the
+        `outbox published` line and its span)."""
+        settled, self._settled_traces = self._settled_traces, set()
+        return settled
+
     def clear(self) -> None:
         """Forget every record (after the failure path purged or waited them out)."""
         self._records.clear()
         self._ids.clear()
         self._produced.clear()
+        self._traces.clear()
         self._slots.clear()
         self._bytes = 0
         self._new_generation()
@@ -194,8 +219,12 @@ class InflightWindow:
             taken = min(left, int(batch[1]))
             batch[1] -= taken
             left -= taken
+            traced = self._traces[0]
+            if traced is not None:
+                self._settled_traces.add(traced)
             if not batch[1]:
                 self._produced.popleft()
+                self._traces.popleft()
         self._bytes -= _size(popped)
         slots = Counter(map(_SLOT, popped))  # counted in C (Counter.subtract is Python)
         self._slots.subtract(slots)

@@ -193,6 +193,9 @@ class Batches:
         first, last = bounds(records)
         suspects = self.partitions.pauser.suspects.intersection(first)
         with trace.use_span(process, end_on_exit=False):
+            # Each record's `consumed` line carries its trace: its producer's (traceparent),
+            # else this batch's, the trace every later line of the record is in.
+            self.reporter.consumed(records, items, process.get_span_context())
             outcomes = self.database.submit(
                 items,
                 document,
@@ -219,7 +222,11 @@ class Batches:
         batch, self.in_flight = self.in_flight, None
         if batch is None:
             return
-        finished = self._finish(batch, exclude)
+        # Every line of its end (dead letters, a rollback, paused partitions) in its trace.
+        with trace.use_span(
+            batch.process, end_on_exit=False, record_exception=False, set_status_on_exception=False
+        ):
+            finished = self._finish(batch, exclude)
         if finished is not None:
             self._unreported.append(finished)
 

@@ -205,7 +205,7 @@ class MembershipConsumer:
             document = None  # records were dropped: encoded again for those kept
         self._lag.maybe_report(assigned, pauser.paused_for(self._clock()), self._unreplayed)
         if records:
-            self._batches.reporter.consumed(records, items)
+            # Logs `consumed` for each record as it is handed over, in the batch's span.
             self._batches.start(records, items, document, poll=(poll_started, poll_returned))
         self._batches.report()
         return len(records)

@@ -45,15 +45,18 @@ class BatchReporter:
         self._metrics = metrics
         self.spans = spans
 
-    def consumed(self, records: Sequence[Message], items: Sequence[Item]) -> None:
-        """`consumed` (INFO) for every record handed to the database, valid or not."""
+    def consumed(
+        self, records: Sequence[Message], items: Sequence[Item], batch: trace.SpanContext
+    ) -> None:
+        """`consumed` (INFO) for every record handed to the database, valid or not, with its
+        trace: its producer's (traceparent), else the batch's (`batch`)."""
         if not _log.isEnabledFor(logging.INFO):
             return
         for message, item in zip(records, items, strict=True):
             log_event(
                 _log,
                 "consumed",
-                **event_fields(item, message, None),
+                **event_fields(item, message, batch),
                 partition=partition_of(message),
                 offset=offset_of(message),
             )
