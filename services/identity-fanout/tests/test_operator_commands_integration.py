@@ -299,7 +299,7 @@ def test_watch_draws_a_bar_per_shard_and_exits_as_the_task_ends(
         wait_until(
             lambda: all(
                 text in out.read_text(errors="replace")
-                for text in ("shard 1", "shard 3", "10/90", "10/30", "━")
+                for text in ("shard 1", "shard 3", "10/90", "10/30", "━", "users/s (life)")
             ),
             30,
             "the watch drew its bars",

@@ -5,7 +5,8 @@ on an autocommit session: it sees every batch committed since, and holds no snap
 between reads) and redrawn as rich progress bars, one for the task and one per shard of a
 sharded task. The bars' rate and ETA are rich's, over the watch's own samples of the last
 30 seconds (a recent window: a worker restarted, or more workers added, shows at once);
-`tasks show` without `--watch` has only the rows and gives the rate over the unit's life.
+until the watch has two samples of a unit they are the unit's rate over its life, marked
+`(life)`, as `tasks show` without `--watch` gives them (it has only the rows).
 With `--json`, one `TaskView` line per read instead.
 
 Exit codes: 0 when the task is Completed (a superseded task too: a newer version of the
@@ -35,12 +36,11 @@ from rich.progress import (
     TaskID,
     TaskProgressColumn,
     TextColumn,
-    TimeRemainingColumn,
 )
 from rich.text import Text
 
 from identity_fanout.fanout.queue import get_task, list_shards
-from identity_fanout.ops.cells import NULL
+from identity_fanout.ops.cells import NULL, duration_cell
 from identity_fanout.ops.progress import Progress as UnitProgress
 from identity_fanout.ops.progress import task_progress
 from identity_fanout.ops.tasks import TaskView
@@ -57,11 +57,28 @@ RATE_WINDOW_SECONDS: Final = 30.0
 
 
 class _RateColumn(ProgressColumn):
-    """Users a second over the watch's recent samples; `-` until it has two."""
+    """Users a second over the watch's recent samples; until it has two, the unit's rate
+    over its life (marked so), or `-`."""
 
     def render(self, task: Task) -> Text:
         speed = task.finished_speed or task.speed
-        return Text(NULL if speed is None else f"{speed:,.1f} users/s")
+        if speed is not None:
+            return Text(f"{speed:,.1f} users/s")
+        life: float | None = task.fields.get("life_rate")
+        return Text(NULL if life is None else f"{life:,.1f} users/s (life)")
+
+
+class _EtaColumn(ProgressColumn):
+    """Time left at the recent rate; until the watch has one, at the rate over the unit's
+    life; `-` when neither is known (no total, no rate, a Failed unit)."""
+
+    def render(self, task: Task) -> Text:
+        if task.finished:
+            return Text("eta 0s")
+        remaining = task.time_remaining
+        if remaining is None:
+            remaining = task.fields.get("life_eta")
+        return Text(f"eta {duration_cell(remaining)}")
 
 
 def _bars(console: Console) -> Progress:
@@ -71,8 +88,7 @@ def _bars(console: Console) -> Progress:
         MofNCompleteColumn(),
         TaskProgressColumn(),
         _RateColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
+        _EtaColumn(),
         TextColumn("{task.fields[status]}"),
         console=console,
         auto_refresh=False,
@@ -196,5 +212,13 @@ def _draw(progress: Progress, bars: dict[int, TaskID], view: TaskView) -> None:
             total = max(total, unit.done)
         if key not in bars:
             bars[key] = progress.add_task(description, total=total, status=unit.status)
-        progress.update(bars[key], completed=unit.done, total=total, status=unit.status)
+        # The columns read these from the task's fields.
+        progress.update(
+            bars[key],
+            completed=unit.done,
+            total=total,
+            status=unit.status,
+            life_rate=unit.rate_per_second,
+            life_eta=unit.eta_seconds,
+        )
     progress.refresh()
