@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import socket
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -187,3 +190,97 @@ def test_operator_commands_load_no_kafka_client(module: str) -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert loaded.stdout.strip() == "False"
+
+
+TASK = str(uuid.uuid4())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("tasks", "list", "--limit", "-5"),  # reached the database (2201W, exit 1)
+        ("tasks", "list", "--limit", "0"),
+        ("tasks", "list", "--limit", "10001"),
+        ("tasks", "list", "--limit", "lots"),
+        ("tasks", "list", "--status", "Done"),
+        ("tasks", "list", "--role", "sales"),
+        ("tasks", "show", TASK, "--watch", "--interval", "5"),  # a duration needs its unit
+        ("tasks", "show", TASK, "--watch", "--interval", "1ms"),
+        ("tasks", "show", TASK, "--watch", "--interval", "99999999999d"),
+        ("tasks", "show", TASK, "--watch", "--interval", "soon"),
+        ("outbox", "quarantine", "list", "--limit", "-1"),
+        ("outbox", "quarantine", "show", "0"),
+        ("roles", "show", "not-a-uuid"),
+        ("roles", "set-permissions", "not-a-uuid", "docs.read"),
+        ("memberships", "join", str(uuid.uuid4())),
+        ("memberships", "leave", str(uuid.uuid4()), str(uuid.uuid4())),
+        ("tasks",),
+        ("nonsense",),
+    ],
+)
+def test_every_argument_is_checked_by_the_parser_in_one_line(args: tuple[str, ...]) -> None:
+    result = run(*args, env={"IDENTITY_FANOUT_DATABASE_DSN": "host=127.0.0.1 port=1"})
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()  # no usage block above it
+    assert line.startswith("identity-fanout"), line
+    assert ": error: " in line, line
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("status", ["failed", "FAILED", "Failed", "inprogress"])
+def test_a_status_is_taken_in_any_case(status: str) -> None:
+    # Parsed, then the (unreachable) database is the only thing that stops it: exit 1.
+    result = run(
+        "tasks",
+        "list",
+        "--status",
+        status,
+        env={"IDENTITY_FANOUT_DATABASE_DSN": "host=127.0.0.1 port=1"},
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("error: database unavailable:")
+
+
+def test_an_empty_permission_set_without_allow_empty_is_refused_before_connecting() -> None:
+    role = str(uuid.uuid4())
+    result = run(
+        "roles",
+        "set-permissions",
+        role,
+        env={"IDENTITY_FANOUT_DATABASE_DSN": "host=127.0.0.1 port=1"},
+    )
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: no PERMISSION_CODE given")
+    assert "--allow-empty" in line
+
+
+UNREACHABLE_BOUND_SECONDS = 15.0
+"""CONNECT_TIMEOUT (5 s) for the one address, plus the interpreter's start, with room."""
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that takes the TCP connection and never answers: a server that hangs (or a
+    host behind a firewall that drops the reply), as libpq meets it."""
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as server:
+        yield server.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("status",), ("tasks", "list"), ("roles", "show", str(uuid.uuid4())), ("outbox", "status")],
+)
+def test_an_unreachable_database_is_one_line_within_the_bound(
+    args: tuple[str, ...], silent_port: int
+) -> None:
+    # libpq waited for the server's first byte for as long as the kernel kept the
+    # connection: the command never answered.
+    dsn = f"host=127.0.0.1 port={silent_port} dbname=x user=x sslmode=disable"
+    started = time.monotonic()
+    result = run(*args, env={"IDENTITY_FANOUT_DATABASE_DSN": dsn})
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: database unavailable:"), line
+    assert elapsed < UNREACHABLE_BOUND_SECONDS, elapsed

@@ -7,13 +7,14 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+import msgspec
 import pytest
 from rich.console import Console, RenderableType
 
 from identity_fanout.fanout.queue import FanOutShard, FanOutTask
 from identity_fanout.fanout.shards import START
 from identity_fanout.ops.outbox import OutboxStatus, RelayHolder, status_table
-from identity_fanout.ops.quarantine import quarantine_table
+from identity_fanout.ops.quarantine import quarantine_detail, quarantine_table
 from identity_fanout.ops.tasks import shards_table, tasks_table
 from identity_fanout.outbox.quarantine import QuarantinedRow
 
@@ -47,6 +48,8 @@ def task(
         completed_at=None,
         updated_at=AT,
         shard_count=2,
+        user_count=50_000,
+        role_code="sales-managers",
     )
 
 
@@ -111,7 +114,7 @@ def status() -> OutboxStatus:
 
 Build = Callable[[], RenderableType]
 LISTINGS: dict[str, tuple[Build, tuple[str, str], tuple[str, str]]] = {
-    "tasks list": (lambda: tasks_table([task()]), ("id", str(TASK)), ("role", str(ROLE))),
+    "tasks list": (lambda: tasks_table([task()]), ("id", str(TASK)), ("role id", str(ROLE))),
     "shards": (lambda: shards_table([shard()]), ("up to", str(KEY)), ("cursor", str(CURSOR))),
     "quarantine list": (
         lambda: quarantine_table([quarantined()]),
@@ -135,8 +138,8 @@ def test_a_listing_is_one_block_per_row_at_80_columns(name: str) -> None:
     ("build", "width", "first", "second"),
     [
         (lambda: shards_table([shard()]), 200, str(KEY), str(CURSOR)),
-        (lambda: tasks_table([task(last_error=None)]), 200, str(TASK), str(ROLE)),
-        (lambda: tasks_table([task()]), 250, str(TASK), "connection to the database was lost"),
+        (lambda: tasks_table([task(last_error=None)]), 230, str(TASK), str(ROLE)),
+        (lambda: tasks_table([task()]), 280, str(TASK), "connection to the database was lost"),
         (lambda: quarantine_table([quarantined()]), 250, str(KEY), "Broker: Message size too"),
     ],
     ids=["shards", "tasks list", "tasks list with an error", "quarantine list"],
@@ -156,8 +159,21 @@ def test_outbox_status_reads_at_80_and_200_columns() -> None:
     narrow = render(status_table(status()), 80)
     assert all(len(line) <= 80 for line in narrow)
     assert "quarantined pin.identity.access.v1: 1 (outbox quarantine list)" in narrow
-    assert any(line.startswith("relay pid 4242:") for line in narrow)
+    assert any(line.startswith("relay session pid 4242:") for line in narrow)
     wide = render(status_table(status()), 200)
-    holder = [line for line in wide if "relay pid 4242" in line]
+    holder = [line for line in wide if "relay session pid 4242" in line]
     assert len(holder) == 1
     assert "identity-fanout-relay@relay-7c9f8d6b5-x2x9q from 10.42.0.17" in holder[0]
+
+
+def test_a_missing_value_is_one_symbol_in_every_table() -> None:
+    # None, empty and "-" were three ways of saying "none" in these tables.
+    blank = task(last_error=None)
+    lines = render(tasks_table([blank]), 300)
+    [row] = [line for line in lines if str(TASK) in line]
+    assert "None" not in row
+    assert row.rstrip(" │").endswith("-")  # the last error: none
+    unset = msgspec.structs.replace(quarantined(), headers=(("traceparent", None),))
+    detail = render(quarantine_detail(unset), 200)
+    [header] = [line for line in detail if "header traceparent" in line]
+    assert header.rstrip(" │").endswith(" -")  # a header without a value: was empty

@@ -58,7 +58,7 @@ def test_a_paused_relay_shows_its_reason_in_both_statuses_until_it_resumes(
         assert paused["topic"] == topic.name
         assert paused["application_name"].startswith("identity-fanout-relay@")
         assert "paused" not in paused["application_name"]
-        assert f"relay pid {paused['pid']} paused" in table
+        assert f"relay session pid {paused['pid']} paused" in table
         assert f"unknown-topic on {topic.name}" in table
 
         ensure_topics(admin, [(topic.name, topic.partitions, topic.config())])

@@ -14,6 +14,7 @@ class TestSqlFiles(SqlFileChecks):
         "fanout/sql/tasks.sql",
         "fanout/sql/units.sql",
         "membership/membership.sql",
+        "ops/sql/sessions.sql",
         "outbox/sql/floor.sql",
         "outbox/sql/lanes.sql",
         "outbox/sql/outbox.sql",

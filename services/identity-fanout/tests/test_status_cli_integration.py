@@ -66,7 +66,16 @@ def test_status_shows_a_split_task_a_waiting_one_and_what_the_outbox_holds(
 
     code, out, err = status(identity_dsn)
     assert code == 0, err
-    for text in ("fan-out queue", "2 task(s), the longest for", "shards Pending", "backlog"):
+    # Each task once: the split one is being walked (its other shards wait), the other waits.
+    assert (shown["tasks"]["waiting"], shown["tasks"]["being_walked"]) == (1, 1)
+    assert shown["tasks"]["walked_with_shards_waiting"] == 1
+    for text in (
+        "fan-out queue",
+        "1 task(s), the longest for",
+        "1 task(s) (1 with shards waiting for a worker)",
+        "shards Pending",
+        "backlog",
+    ):
         assert text in out, text
 
     # The listings too, for scripts: one object per task; a task with its shards.
@@ -104,5 +113,6 @@ def test_set_permissions_answers_in_json_for_scripts(db: Conn, identity_dsn: str
         "identity-fanout", ["roles", "set-permissions", str(role), "deals.read", "--json"], env
     )
     change = msgspec.json.decode(result.stdout)  # the result alone (the log is on stderr)
-    assert (change["role_id"], change["mode"], change["users"]) == (str(role), "queued", None)
+    # The users the queued task will notify, counted once the change committed.
+    assert (change["role_id"], change["mode"], change["users"]) == (str(role), "queued", 3)
     assert change["task_id"]

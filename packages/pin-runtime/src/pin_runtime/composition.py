@@ -43,7 +43,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final, Generic
+from typing import Final, Generic, NoReturn
 from uuid import UUID
 
 import psycopg
@@ -81,6 +81,7 @@ __all__ = [
     "COLLECTOR_THRESHOLDS",
     "ERROR_EXIT_CODE",
     "Cli",
+    "OneLineArgumentParser",
     "Runtime",
     "collect_less",
     "error_line",
@@ -167,6 +168,16 @@ def _refused_login(exc: Exception) -> str | None:
     return f"the database refused the login ({sqlstate} {name}): {_first_line(exc)}"
 
 
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose usage error is ONE line on stderr, exit 2 (as a bad setting
+    is): `PROG COMMAND: error: what is wrong (see PROG COMMAND --help)`, never the usage
+    block above it, so that the last line says what went wrong and a script can read it.
+    Its sub-parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 @dataclass(frozen=True)
 class Cli(Generic[S]):
     """A service's command line, the same for every service: `main` parses the arguments,
@@ -191,7 +202,7 @@ class Cli(Generic[S]):
     ) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
         """The service's argument parser (`prog` its console script; the help names the
         settings' prefix) and the sub-parsers its commands are added to (`args.command`)."""
-        parser = argparse.ArgumentParser(
+        parser: argparse.ArgumentParser = OneLineArgumentParser(
             prog=self.service,
             description=f"{description} Configured by {self.env_prefix}* environment "
             "variables (see the README).",

@@ -17,6 +17,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry
 
 from identity_fanout.fanout.metrics import FanoutMetrics
+from identity_fanout.fanout.session_name import worker_session_name
 from identity_fanout.fanout.worker import FanoutWorker, refused_logins
 from identity_fanout.outbox.relay import OutboxRelay
 from identity_fanout.schema import OUTBOX_TABLES
@@ -122,6 +123,8 @@ def run_worker(settings: Settings, *, with_relay: bool) -> None:
         pool = create_pool(
             settings.database_dsn.reveal(),
             name="identity-fanout-worker",
+            # Every session of this worker process carries its name: `status` counts them.
+            application_name=worker_session_name(),
             min_size=1,
             max_size=settings.db_pool_size,
             session=settings.database_session(),

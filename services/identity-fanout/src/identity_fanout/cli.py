@@ -2,8 +2,16 @@
 
 Exit codes (`pin_runtime.composition.run_command`, as every service's CLI): 0 done; 1 a
 typed error (unknown role, task not Failed, ...) or the database unreachable, with one line
-on stderr; 2 bad usage or configuration (argparse, or `config error: VARIABLE: reason`; a
-discard of access events without `--force`, nothing discarded).
+on stderr; 2 bad usage or configuration (argparse's one line, or `config error: VARIABLE:
+reason`; a discard of access events without `--force`, an empty permission set without
+`--allow-empty`: nothing changed); `tasks show --watch`: 3 when the task ended Failed, 130
+on Ctrl-C (`ops.watch`).
+
+Every argument is checked by the parser (counts and limits in range, statuses in any case,
+durations with their unit). Every operator command takes `--json` (one document, or one
+line per row or per read; a missing value is `null`); its tables show a missing value as
+`-` (`ops.cells`). An unreachable database is one line within `CONNECT_TIMEOUT` (5 s) per
+address the host resolves to.
 """
 
 from __future__ import annotations
@@ -11,18 +19,20 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Final, TypeVar
 
 import msgspec
 import psycopg
 from psycopg.rows import TupleRow
 from rich.console import Console, RenderableType
+from rich.text import Text
 
 from identity_fanout.errors import IdentityFanoutError
-from identity_fanout.fanout.enqueue import set_role_permissions
 from identity_fanout.fanout.queue import get_task, list_shards, list_tasks, replay_task
 from identity_fanout.membership import command as membership_command
 from identity_fanout.ops.outbox import outbox_status, status_table
+from identity_fanout.ops.progress import task_progress
 from identity_fanout.ops.quarantine import (
     discarded,
     discarded_line,
@@ -31,8 +41,10 @@ from identity_fanout.ops.quarantine import (
     requeued_line,
     retried,
 )
+from identity_fanout.ops.roles import change_line, change_permissions, role_screen, role_view
 from identity_fanout.ops.status import status_screen, system_status
-from identity_fanout.ops.tasks import shards_table, task_detail, tasks_table
+from identity_fanout.ops.tasks import TaskView, shards_table, task_detail, tasks_table
+from identity_fanout.ops.watch import watch_task
 from identity_fanout.outbox.errors import DiscardNeedsForceError, OutboxError
 from identity_fanout.outbox.quarantine import Operator
 from identity_fanout.outbox.store import OutboxStore
@@ -42,7 +54,8 @@ from pin_contracts import FanOutTaskStatus
 from pin_runtime.composition import Cli, error_line, uuid_argument
 from pin_runtime.lag_watch.cli import COMMAND as LAG_WATCH
 from pin_runtime.lag_watch.cli import LagWatchCommand
-from pin_runtime.postgres import LoginConnection
+from pin_runtime.postgres import CONNECT_TIMEOUT, LoginConnection
+from pin_runtime.settings import parse_duration
 
 # Plain messages never wrap (scripts parse them); listings take the terminal's width (a
 # table where it fits, else a block per row: pin_runtime.listing).
@@ -57,14 +70,48 @@ USAGE_EXIT_CODE: Final = 2
 _LAG_WATCH: Final = LagWatchCommand(SERVICE_NAME, LagWatchSettings, ENV_PREFIX)
 
 
+MAX_LIMIT: Final = 10_000
+"""The most rows a listing prints (`--limit`)."""
+WATCH_INTERVAL: Final = (timedelta(milliseconds=100), timedelta(minutes=10))
+"""The range of `tasks show --watch --interval`."""
+
+
 def _positive(text: str) -> int:
+    """An id: an integer >= 1 (PostgreSQL's bigint at most)."""
+    return _integer(text, 1, 2**63 - 1)
+
+
+def _limit(text: str) -> int:
+    return _integer(text, 1, MAX_LIMIT)
+
+
+def _integer(text: str, low: int, high: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be from {low} to {high}: {text!r}")
     return value
+
+
+def _interval(text: str) -> float:
+    """A duration with its unit (`500ms`, `2s`, `1m`): a bare number is refused, since
+    seconds or milliseconds would be a guess."""
+    try:
+        float(text)
+    except ValueError:
+        pass
+    else:
+        raise argparse.ArgumentTypeError(f"a duration needs its unit (ms, s, m, h): {text!r}")
+    try:
+        value = parse_duration(text)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"not a duration (ms, s, m, h): {text!r}") from None
+    low, high = WATCH_INTERVAL
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be from 100ms to 10m: {text!r}")
+    return value.total_seconds()
 
 
 def _reason(text: str) -> str:
@@ -74,11 +121,12 @@ def _reason(text: str) -> str:
 
 
 def _status(text: str) -> FanOutTaskStatus:
-    try:
-        return FanOutTaskStatus(text)
-    except ValueError:
-        choices = ", ".join(s.value for s in FanOutTaskStatus)
-        raise argparse.ArgumentTypeError(f"unknown status {text!r}; one of {choices}") from None
+    """A task status in any case (`failed`, `Failed`, `FAILED`)."""
+    for status in FanOutTaskStatus:
+        if status.value.lower() == text.strip().lower():
+            return status
+    choices = ", ".join(s.value for s in FanOutTaskStatus)
+    raise argparse.ArgumentTypeError(f"unknown status {text!r}; one of {choices}")
 
 
 def _dry_run(command: argparse.ArgumentParser) -> None:
@@ -102,7 +150,12 @@ def _parser() -> argparse.ArgumentParser:
     parser, commands = _CLI.parser(
         "PIN identity access fan-out: worker, outbox relay and runbook commands."
     )
-    commands.add_parser("migrate", help="apply the database migrations of the identity schema")
+    migrate = commands.add_parser(
+        "migrate", help="apply the database migrations of the identity schema"
+    )
+    migrate.add_argument(
+        "--json", action="store_true", help='the migrations applied: {"applied": [...]}'
+    )
     worker = commands.add_parser("worker", help="run the fan-out worker (and the outbox relay)")
     worker.add_argument(
         "--no-relay", action="store_true", help="do not run the outbox relay in this process"
@@ -113,7 +166,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="one JSON object (for scripts)")
     _LAG_WATCH.add_to(commands)
+    _roles_parser(commands)
+    _tasks_parser(commands)
+    _outbox_parser(commands)
+    membership_command.add_commands(commands, uuid_argument)
+    return parser
 
+
+def _roles_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     roles = commands.add_parser("roles", help="role commands").add_subparsers(
         dest="roles_command", required=True, metavar="ROLES_COMMAND"
     )
@@ -123,24 +183,77 @@ def _parser() -> argparse.ArgumentParser:
     set_permissions.add_argument("role_id", type=uuid_argument, metavar="ROLE_ID")
     set_permissions.add_argument("permissions", nargs="*", metavar="PERMISSION_CODE")
     set_permissions.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="required to give the role no permission at all: that takes every permission "
+        "of the role away from each of its users",
+    )
+    set_permissions.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say how many users would be notified and how (inline, or a queued task and "
+        "its shards); the same statements, rolled back: nothing changes",
+    )
+    set_permissions.add_argument(
         "--json", action="store_true", help="what changed as one JSON object (for scripts)"
     )
+    role_show = roles.add_parser(
+        "show", help="a role: version, active users, permissions, its unfinished tasks"
+    )
+    role_show.add_argument("role_id", type=uuid_argument, metavar="ROLE_ID")
+    role_show.add_argument("--json", action="store_true", help="one JSON object (for scripts)")
 
+
+def _tasks_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tasks = commands.add_parser("tasks", help="fan-out queue commands").add_subparsers(
         dest="tasks_command", required=True, metavar="TASKS_COMMAND"
     )
     listing = tasks.add_parser("list", help="list tasks, newest first")
-    listing.add_argument("--status", type=_status, default=None)
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument(
+        "--status",
+        type=_status,
+        default=None,
+        help="only tasks in this status (any case): "
+        + ", ".join(s.value for s in FanOutTaskStatus),
+    )
+    listing.add_argument(
+        "--role", type=uuid_argument, default=None, metavar="ROLE_ID", help="only this role's"
+    )
+    listing.add_argument(
+        "--limit", type=_limit, default=50, help=f"at most this many (1 to {MAX_LIMIT})"
+    )
     listing.add_argument("--json", action="store_true", help="one JSON object per task")
-    show = tasks.add_parser("show", help="show one task")
+    show = tasks.add_parser(
+        "show", help="one task: its fields, shards and progress (total, done, rate, ETA)"
+    )
     show.add_argument("task_id", type=uuid_argument, metavar="TASK_ID")
     show.add_argument(
-        "--json", action="store_true", help="one JSON object: the task and its shards"
+        "--json",
+        action="store_true",
+        help="one JSON object: the task, its shards and their progress (with --watch: one "
+        "per read)",
+    )
+    show.add_argument(
+        "--watch",
+        action="store_true",
+        help="redraw progress bars (the task's and one per shard) until the task ends: exit "
+        "0 Completed, 3 Failed, 130 on Ctrl-C",
+    )
+    show.add_argument(
+        "--interval",
+        type=_interval,
+        default=1.0,
+        metavar="DURATION",
+        help="how often --watch reads the task (100ms to 10m; default 1s)",
     )
     replay = tasks.add_parser("replay", help="put a Failed task back in the queue")
     replay.add_argument("task_id", type=uuid_argument, metavar="TASK_ID")
+    replay.add_argument(
+        "--json", action="store_true", help="the task as it is now, one JSON object"
+    )
 
+
+def _outbox_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     outbox = commands.add_parser("outbox", help="outbox commands").add_subparsers(
         dest="outbox_command", required=True, metavar="OUTBOX_COMMAND"
     )
@@ -152,7 +265,9 @@ def _parser() -> argparse.ArgumentParser:
         "quarantine", help="rows Kafka refused for good (too large, invalid, not authorized)"
     ).add_subparsers(dest="quarantine_command", required=True, metavar="QUARANTINE_COMMAND")
     q_list = quarantine.add_parser("list", help="quarantined rows and why, oldest first")
-    q_list.add_argument("--limit", type=_positive, default=100)
+    q_list.add_argument(
+        "--limit", type=_limit, default=100, help=f"at most this many (1 to {MAX_LIMIT})"
+    )
     q_list.add_argument(
         "--json", action="store_true", help="one JSON object per row (for scripts), no table"
     )
@@ -190,15 +305,19 @@ def _parser() -> argparse.ArgumentParser:
     _dry_run(q_discard)
     _changed_json(q_discard)
 
-    membership_command.add_commands(commands, uuid_argument)
-    return parser
 
-
-def _show(value: T, screen: Callable[[T], RenderableType], *, as_json: bool) -> None:
+def _show(
+    value: T,
+    screen: Callable[[T], RenderableType],
+    *,
+    as_json: bool,
+    document: object = None,
+) -> None:
     """A status for an operator (rich), or with `--json` for a script: one JSON document
-    on its own line, nothing else on stdout."""
+    (`value`, or `document` when the script's view differs) on its own line, nothing else
+    on stdout."""
     if as_json:
-        _json(value)
+        _json(value if document is None else document)
     else:
         _console.print(screen(value))
 
@@ -214,10 +333,17 @@ def _changed(count: int, what: str, *, dry_run: bool) -> str:
     return f"{count} row(s) {what}"
 
 
-def _connect(settings: Settings) -> psycopg.Connection[TupleRow]:
-    """A connection bounded by the service's session limits (a blocked statement fails)."""
+def _connect(settings: Settings, *, autocommit: bool = False) -> psycopg.Connection[TupleRow]:
+    """A connection bounded by the service's session limits (a blocked statement fails)
+    and by `CONNECT_TIMEOUT` per address (libpq would wait out the kernel's TCP retries,
+    minutes, for a host that does not answer)."""
     return LoginConnection.connect(
-        settings.database_dsn.reveal(), **settings.database_session().connect_kwargs()
+        settings.database_dsn.reveal(),
+        connect_timeout=CONNECT_TIMEOUT,
+        autocommit=autocommit,
+        # Named, so that an operator's session is told apart from the workers' (`status`).
+        application_name=f"{SERVICE_NAME}-cli",
+        **settings.database_session().connect_kwargs(),
     )
 
 
@@ -292,31 +418,72 @@ def _retry(
     )
 
 
-def _tasks(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> None:
+def _tasks(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> int | None:
     if args.tasks_command == "list":
-        listed = list_tasks(conn, status=args.status, limit=args.limit)
+        listed = list_tasks(conn, status=args.status, role_id=args.role, limit=args.limit)
         if args.json:
             sys.stdout.writelines(msgspec.json.encode(t).decode() + "\n" for t in listed)
         else:
             _console.print(tasks_table(listed))
     elif args.tasks_command == "show":
-        task, shards = get_task(conn, args.task_id), list_shards(conn, args.task_id)
+        if args.watch:
+            return watch_task(
+                conn, args.task_id, interval=args.interval, console=_console, as_json=args.json
+            )
+        task, shards = get_task(conn, args.task_id), tuple(list_shards(conn, args.task_id))
+        view = TaskView(
+            task=task, shards=shards, progress=task_progress(task, shards, datetime.now(UTC))
+        )
         if args.json:
-            sys.stdout.write(msgspec.json.encode({"task": task, "shards": shards}).decode() + "\n")
-            return
-        _console.print(task_detail(task))
+            _json(view)
+            return None
+        _console.print(task_detail(view))
         if shards:  # a task fanned out as one unit has none
-            _console.print(shards_table(shards))
+            _console.print(shards_table(shards, view.progress.shards))
     else:
         task = replay_task(conn, args.task_id)
-        _console.print(f"task {task.id} is {task.status} again (attempts reset)")
+        if args.json:
+            _json(task)
+        else:
+            _console.print(f"task {task.id} is {task.status} again (attempts reset)")
+    return None
+
+
+def _roles(args: argparse.Namespace, settings: Settings) -> int | None:
+    if args.roles_command == "show":
+        with _connect(settings) as conn:
+            view = role_view(conn, args.role_id)
+        _show(view, role_screen, as_json=args.json)
+        return None
+    if not args.permissions and not args.allow_empty:
+        # A usage error, told before anything is read or written.
+        error_line(
+            "error: no PERMISSION_CODE given: that takes every permission of the role away "
+            "from each of its users; pass --allow-empty if that is meant (--dry-run says how "
+            "many users)"
+        )
+        return USAGE_EXIT_CODE
+    with _connect(settings) as conn:
+        change = change_permissions(
+            conn,
+            args.role_id,
+            args.permissions,
+            inline_threshold=settings.inline_fanout_threshold,
+            shard_size=settings.shard_size,
+            dry_run=args.dry_run,
+        )
+    if args.json:
+        _json(change)
+    else:
+        _console.print(change_line(change), markup=False, highlight=False)
+    return None
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int | None:
     dsn = settings.database_dsn.reveal()
     if args.command == "migrate":
         applied = migrate_database(dsn, role_prefix=settings.db_role_prefix)
-        _console.print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
+        _show(applied, _applied_line, as_json=args.json, document={"applied": applied})
     elif args.command in ("worker", "relay"):
         # The long-lived commands publish: their composition root (and the Kafka client it
         # brings) is loaded for them alone, never for the operator commands below.
@@ -327,36 +494,32 @@ def _run(args: argparse.Namespace, settings: Settings) -> int | None:
         else:
             app.run_worker(settings, with_relay=not args.no_relay)
     elif args.command == "roles":
-        with _connect(settings) as conn:
-            change = set_role_permissions(
-                conn,
-                args.role_id,
-                args.permissions,
-                inline_threshold=settings.inline_fanout_threshold,
-            )
-        if args.json:
-            sys.stdout.write(msgspec.json.encode(change).decode() + "\n")
-        else:
-            _console.print(
-                f"role {change.role_id}: version {change.version}, {change.mode}"
-                + (f", {change.users} user(s) notified" if change.mode == "inline" else "")
-                + (f", task {change.task_id}" if change.task_id else "")
-            )
+        return _roles(args, settings)
     elif args.command == "status":
         with _connect(settings) as conn:
             status = system_status(conn, OUTBOX, lanes=settings.outbox_lanes)
         _show(status, status_screen, as_json=args.json)
     elif args.command == "tasks":
-        with _connect(settings) as conn:
-            _tasks(conn, args)
+        # A watch reads again and again: autocommit, so that it holds no snapshot between.
+        with _connect(settings, autocommit=args.tasks_command == "show") as conn:
+            return _tasks(conn, args)
     elif args.command == "outbox":
         with _connect(settings) as conn:
             return _outbox(conn, args, lanes=settings.outbox_lanes)
     elif args.command == "memberships":
         with _connect(settings) as conn:
             recorded = membership_command.run(conn, args)
-        _console.print(membership_command.change_line(recorded), markup=False, highlight=False)
+        _show(
+            recorded,
+            lambda change: Text(membership_command.change_line(change)),
+            as_json=args.json,
+            document=membership_command.changed(recorded),
+        )
     return None
+
+
+def _applied_line(applied: list[str]) -> Text:
+    return Text(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

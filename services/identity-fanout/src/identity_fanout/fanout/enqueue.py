@@ -19,34 +19,71 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Literal
 from uuid import UUID
 
 import msgspec
 from psycopg import Connection
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, class_row
 
 from identity_fanout.errors import RoleArchivedError, RoleNotFoundError, UnknownPermissionError
 from identity_fanout.fanout.assignments import count_users_up_to
 from identity_fanout.fanout.page import PageOf, write_page
 from identity_fanout.fanout.queue import enqueue_task, supersede_older_tasks
 from identity_fanout.outbox.writer import current_trace_context
-from pin_runtime.sql import load_queries
+from pin_runtime.sql import columns, load_queries
 
 _roles = load_queries("identity_fanout", "fanout/sql/roles.sql")
 
 
 class PermissionsChange(msgspec.Struct, frozen=True, kw_only=True):
-    """What set_role_permissions did."""
+    """What set_role_permissions did (or, with `dry_run`, would do)."""
 
     role_id: UUID
     version: int
     mode: Literal["unchanged", "inline", "queued"]
     users: int | None
-    """Users notified inline; None when queued (the worker counts them)."""
+    """Users notified inline; queued: None from set_role_permissions (the worker counts
+    them), the role's users counted just after the change by the command
+    (`ops.roles.change_permissions`)."""
     task_id: UUID | None
     superseded: tuple[UUID, ...] = ()
     """Older unfinished tasks of the role this change took over."""
+    shards: int = 0
+    """Queued: the shards the task splits into at the command's ShardSize (0: walked as one
+    unit); the worker splits it by its own ShardSize and count at its first claim."""
+    dry_run: bool = False
+    """Nothing was written: the same statements ran and were rolled back."""
+
+
+class RoleSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of identity.role_definitions, as `roles show` prints it."""
+
+    id: UUID
+    code: str
+    company_id: UUID | None
+    status: str
+    version: int
+    created_at: datetime
+    updated_at: datetime
+
+
+_ROLE_SUMMARY = _roles.compose("role_summary", columns=columns(RoleSummary))
+
+
+def get_role(conn: Connection[TupleRow], role_id: UUID) -> RoleSummary:
+    """The role; RoleNotFoundError if there is none."""
+    with conn.cursor(row_factory=class_row(RoleSummary)) as cur:
+        role = cur.execute(_ROLE_SUMMARY, {"id": role_id}).fetchone()
+    if role is None:
+        raise RoleNotFoundError(role_id)
+    return role
+
+
+def role_permissions(conn: Connection[TupleRow], role_id: UUID) -> list[str]:
+    """The role's permission codes, sorted."""
+    return sorted(row[0] for row in conn.execute(_roles.current_permissions, {"id": role_id}))
 
 
 def set_role_permissions(

@@ -35,6 +35,7 @@ from identity_fanout.fanout.shards import (
     roll_up,
     shard_count_for,
     shard_ranges,
+    shard_sizes,
     split_step,
 )
 from pin_contracts import AccessChangeReason, FanOutTaskStatus
@@ -48,6 +49,7 @@ __all__ = [
     "FanOutTask",
     "FanoutQueue",
     "QueueState",
+    "TaskCounts",
     "Unit",
     "enqueue_task",
     "get_task",
@@ -58,6 +60,8 @@ __all__ = [
     "retry_delay",
     "shard_progress",
     "supersede_older_tasks",
+    "task_counts",
+    "unfinished_tasks",
 ]
 
 _log = logging.getLogger(__name__)
@@ -104,6 +108,11 @@ class FanOutTask(LeasedRow, frozen=True, kw_only=True):
     superseded_by_version: int | None = None
     """Set when a newer version of the role took over the users this task had not reached:
     the task is Completed where it stood (its Cursor, its ProcessedCount)."""
+    user_count: int | None = None
+    """The role's users as the first claim counted them (a small role's exact count, or
+    the count a large one was split by); None until a worker claimed the task."""
+    role_code: str | None = None
+    """The role's Code (joined from role_definitions: the listings name the role)."""
 
 
 class FanOutShard(LeasedRow, frozen=True, kw_only=True):
@@ -113,6 +122,8 @@ class FanOutShard(LeasedRow, frozen=True, kw_only=True):
     shard_no: int
     lower_bound: UUID
     upper_bound: UUID | None
+    user_count: int | None = None
+    """The users between its bounds at the split (None: split by an older worker)."""
 
 
 class Unit(msgspec.Struct, frozen=True, kw_only=True):
@@ -152,6 +163,18 @@ class Unit(msgspec.Struct, frozen=True, kw_only=True):
         if self.shard_no is not None:
             ids["shardNo"] = self.shard_no
         return ids
+
+
+class TaskCounts(msgspec.Struct, frozen=True, kw_only=True):
+    """The unfinished tasks, each counted once (`sql/tasks.sql` task_counts says how):
+    what `identity-fanout status` shows."""
+
+    waiting: int
+    being_walked: int
+    walked_with_shards_waiting: int
+    """Of the tasks being walked, those with shards no worker serves yet."""
+    oldest_age_seconds: float | None
+    """Age of the oldest unfinished task; None when there is none."""
 
 
 class QueueState(msgspec.Struct, frozen=True):
@@ -265,17 +288,20 @@ class FanoutQueue:
         with conn.transaction():
             gate = assignments.count_users_up_to(conn, unit.role_id, shard_size + 1)
             if shard_count_for(gate, shard_size) == 0:
+                # Small: the gate counted every user; the task's total for `tasks show`.
+                params = {"id": unit.id, "attempt": unit.attempt, "users": gate}
+                conn.execute(_shards.mark_whole, params)
                 return 0
             users = assignments.count_users(conn, unit.role_id)
             shards = shard_count_for(users, shard_size)
             if shards == 0:
                 return 0
-            bounds = assignments.split_bounds(
-                conn, unit.role_id, step=split_step(users, shards), bounds=shards - 1
-            )
+            step = split_step(users, shards)
+            bounds = assignments.split_bounds(conn, unit.role_id, step=step, bounds=shards - 1)
             ranges = shard_ranges(bounds)
             marked = conn.execute(
-                _shards.mark_split, {"id": unit.id, "attempt": unit.attempt, "shards": len(ranges)}
+                _shards.mark_split,
+                {"id": unit.id, "attempt": unit.attempt, "shards": len(ranges), "users": users},
             ).rowcount
             if marked != 1:  # the claim was lost meanwhile: leave the task to its new holder
                 return 0
@@ -285,6 +311,7 @@ class FanoutQueue:
                     "task_id": unit.id,
                     "lowers": [lower for lower, _ in ranges],
                     "uppers": [upper for _, upper in ranges],
+                    "sizes": shard_sizes(users, step, len(ranges)),
                 },
             )
             notify(conn, TASKS_CHANNEL, str(unit.id))
@@ -387,6 +414,15 @@ def queue_state(conn: Conn) -> QueueState:
     return QueueState(backlog, leased, failed, float(oldest or 0), float(waiting))
 
 
+def task_counts(conn: Conn) -> TaskCounts:
+    """The unfinished tasks, each once: waiting or being walked."""
+    with conn.cursor(row_factory=class_row(TaskCounts)) as cur:
+        row = cur.execute(_tasks.task_counts).fetchone()
+    return row or TaskCounts(
+        waiting=0, being_walked=0, walked_with_shards_waiting=0, oldest_age_seconds=None
+    )
+
+
 def shard_progress(conn: Conn) -> dict[str, int]:
     """The shards of unfinished tasks by state (`sql/shards.sql` shard_progress)."""
     return dict(conn.execute(_shards.shard_progress).fetchall())
@@ -441,19 +477,28 @@ def _select_tasks(filter_: str) -> str:
 
 
 _NEWEST: Final = _select_tasks("newest_first")
-_NEWEST_WITH_STATUS: Final = _select_tasks("newest_first_with_status")
+_UNFINISHED_OF_ROLE: Final = _select_tasks("unfinished_of_role")
 _BY_ID: Final = _select_tasks("by_id")
 _SHARDS: Final = _shards.compose("select_shards", columns=columns(FanOutShard))
 
 
 def list_tasks(
-    conn: Conn, *, status: FanOutTaskStatus | None = None, limit: int = 50
+    conn: Conn,
+    *,
+    status: FanOutTaskStatus | None = None,
+    role_id: UUID | None = None,
+    limit: int = 50,
 ) -> list[FanOutTask]:
-    """Newest first; only ``status`` when given."""
+    """Newest first; only ``status`` and only the role ``role_id`` when given."""
+    params = {"status": status.value if status else None, "role_id": role_id, "limit": limit}
     with conn.cursor(row_factory=class_row(FanOutTask)) as cur:
-        if status is None:
-            return cur.execute(_NEWEST, {"limit": limit}).fetchall()
-        return cur.execute(_NEWEST_WITH_STATUS, {"status": status.value, "limit": limit}).fetchall()
+        return cur.execute(_NEWEST, params).fetchall()
+
+
+def unfinished_tasks(conn: Conn, role_id: UUID) -> list[FanOutTask]:
+    """The role's tasks not Completed (Failed ones wait for a replay), oldest first."""
+    with conn.cursor(row_factory=class_row(FanOutTask)) as cur:
+        return cur.execute(_UNFINISHED_OF_ROLE, {"role_id": role_id}).fetchall()
 
 
 def get_task(conn: Conn, task_id: UUID) -> FanOutTask:

@@ -71,6 +71,16 @@ def split_step(users: int, shards: int) -> int:
     return max(1, -(-users // shards))
 
 
+def shard_sizes(users: int, step: int, shards: int) -> list[int]:
+    """The users of each shard at the split: ``step`` each (its upper bound is the step-th
+    user after its lower one), the last the rest. Exact unless the role changed between the
+    count and the bounds (then about right: a total for progress, never a limit)."""
+    if shards < 1:
+        return []
+    sizes = [step] * (shards - 1)
+    return [*sizes, max(0, users - step * (shards - 1))]
+
+
 def shard_ranges(bounds: Sequence[UUID]) -> list[tuple[UUID, UUID | None]]:
     """(lower exclusive, upper inclusive) per shard from the inner bounds, ascending.
 

@@ -29,6 +29,7 @@ from psycopg_pool import ConnectionPool
 
 from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.fanout.queue import TASKS_CHANNEL, FanoutQueue, Unit, queue_state
+from identity_fanout.fanout.session_name import worker_session_name
 from identity_fanout.fanout.walk import WalkEnd, Walker, WorkerSignals, classify_failure
 from identity_fanout.schema import OUTBOX
 from identity_fanout.settings import Settings
@@ -47,6 +48,7 @@ from pin_runtime.postgres import (
 __all__ = ["FanoutWorker", "WorkerSignals", "refused_logins"]
 
 _log = logging.getLogger(__name__)
+
 
 OUTAGE_BACKOFF_MAX_SECONDS: Final = 60.0
 """The longest wait between two tries while the database fails every poll or batch."""
@@ -92,6 +94,7 @@ class FanoutWorker:
             beat=self._beat,
             clock=signals.clock,
             on_refused=refused_logins(dsn, metrics),
+            application_name=worker_session_name(),
         )
         self._tracer = tracer or trace.get_tracer("identity_fanout.fanout.worker")
         self._walker = Walker(
@@ -221,11 +224,17 @@ class _Wakeup:
     beat: Callable[[], None]
     clock: Callable[[], float] = time.monotonic
     on_refused: OnRefused | None = None
+    application_name: str | None = None
     _listener: LazyConnection = field(init=False)
 
     def __post_init__(self) -> None:
         self._listener = LazyConnection(
-            lambda: connect(self.dsn, self.session, on_refused=self.on_refused),
+            lambda: connect(
+                self.dsn,
+                self.session,
+                application_name=self.application_name,
+                on_refused=self.on_refused,
+            ),
             prepare=lambda conn: listen(conn, TASKS_CHANNEL),
         )
 

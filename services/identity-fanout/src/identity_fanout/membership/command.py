@@ -7,13 +7,14 @@ from collections.abc import Callable
 from datetime import datetime
 from uuid import UUID
 
+import msgspec
 from psycopg import Connection
 from psycopg.rows import TupleRow
 
-from identity_fanout.membership.decisions import RecordedMembershipChange
+from identity_fanout.membership.decisions import Membership, RecordedMembershipChange
 from identity_fanout.membership.record import join_agency, leave_agency
 
-__all__ = ["add_commands", "change_line", "run"]
+__all__ = ["MembershipChanged", "add_commands", "change_line", "changed", "run"]
 
 
 def _iso_datetime(text: str) -> datetime:
@@ -21,6 +22,9 @@ def _iso_datetime(text: str) -> datetime:
         return datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 datetime: {text!r}") from None
+
+
+_JSON_HELP = "what was recorded as one JSON object (for scripts): the membership and its event"
 
 
 def add_commands(
@@ -35,6 +39,7 @@ def add_commands(
     join.add_argument("agent_user_id", type=uuid_type, metavar="AGENT_USER_ID")
     join.add_argument("company_id", type=uuid_type, metavar="COMPANY_ID")
     join.add_argument("--invitation", type=uuid_type, default=None, metavar="INVITATION_ID")
+    join.add_argument("--json", action="store_true", help=_JSON_HELP)
     leave = memberships.add_parser("leave", help="the agent's membership becomes Left")
     leave.add_argument("agent_user_id", type=uuid_type, metavar="AGENT_USER_ID")
     leave.add_argument("company_id", type=uuid_type, metavar="COMPANY_ID")
@@ -47,6 +52,7 @@ def add_commands(
         metavar="ISO8601",
         help="when the leave takes effect (default: now, the moment it is recorded)",
     )
+    leave.add_argument("--json", action="store_true", help=_JSON_HELP)
 
 
 def run(conn: Connection[TupleRow], args: argparse.Namespace) -> RecordedMembershipChange:
@@ -72,3 +78,22 @@ def change_line(change: RecordedMembershipChange) -> str:
     if m.reason is not None and m.effective_at is not None:
         line += f", {m.reason.value} effective {m.effective_at.isoformat()}"
     return f"{line}, event {change.message_id}"
+
+
+class MembershipChanged(msgspec.Struct, frozen=True, kw_only=True):
+    """What `memberships join|leave --json` prints: the membership as recorded and the
+    event written with it to the outbox."""
+
+    membership: Membership
+    message_id: UUID
+    event_type: str
+    topic: str
+
+
+def changed(change: RecordedMembershipChange) -> MembershipChanged:
+    return MembershipChanged(
+        membership=change.membership,
+        message_id=change.message_id,
+        event_type=change.message.event_type,
+        topic=change.message.topic,
+    )

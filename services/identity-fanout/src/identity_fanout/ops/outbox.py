@@ -9,6 +9,7 @@ import msgspec
 import psycopg
 from psycopg.rows import TupleRow
 
+from identity_fanout.ops.cells import NULL
 from identity_fanout.outbox.pause_mark import base_name, pause_of
 from identity_fanout.outbox.rules import (
     DEFAULT_LANES,
@@ -27,8 +28,11 @@ class RelayHolder(msgspec.Struct, frozen=True, kw_only=True):
     """A relay session holding outbox lanes (from pg_locks / pg_stat_activity)."""
 
     pid: int
+    """The PostgreSQL backend's pid of the session (not the relay's process id)."""
     application_name: str | None
+    """`identity-fanout-relay@HOST`: which relay process this session is."""
     client_addr: str | None
+    """None for a local socket, or when this login may not read it (no pg_read_all_stats)."""
     lanes: tuple[int, ...] = ()
     """The lanes whose every slot this session holds."""
 
@@ -149,7 +153,7 @@ def status_table(status: OutboxStatus) -> Fields:
     pairs.append(
         (
             "oldest",
-            "-"
+            NULL
             if status.oldest_created_at is None
             else f"{status.oldest_created_at.isoformat(timespec='seconds')} "
             f"({status.oldest_age_seconds or 0.0:.1f}s ago)",
@@ -174,27 +178,27 @@ def status_table(status: OutboxStatus) -> Fields:
     held = {lane for holder in status.holders for lane in holder.lanes}
     pairs += [
         (
-            f"relay pid {holder.pid}",
-            f"lanes {_ranges(holder.lanes)}: {holder.application_name or '?'}"
-            f" from {holder.client_addr or 'local socket'}",
+            f"relay session pid {holder.pid}",
+            f"lanes {_ranges(holder.lanes)}: {holder.application_name or NULL}"
+            + (f" from {holder.client_addr}" if holder.client_addr else ""),
         )
         for holder in status.holders
     ]
     pairs += [
         (
-            f"foreign pid {holder.pid}",
+            f"foreign session pid {holder.pid}",
             f"slots {_ranges(holder.slots)}{' + member lock' if holder.member else ''}:"
-            f" {holder.user_name or '?'} as {holder.application_name or '?'}"
+            f" {holder.user_name or NULL} as {holder.application_name or NULL}"
             " (not a relay login: these slots are not published while it holds them)",
         )
         for holder in status.foreign
     ]
     pairs += [
         (
-            f"relay pid {pause.pid} paused",
+            f"relay session pid {pause.pid} paused",
             f"{pause.reason}"
             + (f" on {pause.topic}" if pause.topic else "")
-            + f": {pause.application_name or '?'} holds its rows until the cluster takes"
+            + f": {pause.application_name or NULL} holds its rows until the cluster takes"
             " them (relay paused in its log; IdentityOutboxRelayRefused)",
         )
         for pause in status.paused
@@ -206,4 +210,4 @@ def status_table(status: OutboxStatus) -> Fields:
 
 
 def _ranges(lanes: Sequence[int]) -> str:
-    return ", ".join(str(lane) for lane in lanes) or "-"
+    return ", ".join(str(lane) for lane in lanes) or NULL

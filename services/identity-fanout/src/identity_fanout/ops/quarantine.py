@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from datetime import datetime
 from typing import Final, Generic, Literal, TypeVar
 
 import msgspec
 
+from identity_fanout.ops.cells import cell
 from identity_fanout.outbox.quarantine import DiscardedRow, QuarantinedRow, RequeuedRow
-from pin_runtime.listing import Columns, Fields, Listing, timestamp_cell
+from pin_runtime.listing import Columns, Fields, Listing
 
 __all__ = [
     "QuarantineChange",
@@ -28,15 +28,15 @@ _QUARANTINE_COLUMNS: Final[Columns[QuarantinedRow]] = {
     "id": lambda r: str(r.id),
     "outbox id": lambda r: str(r.outbox_id),
     "topic": lambda r: r.topic,
-    "key": lambda r: r.key,
+    "key": lambda r: cell(r.key),
     "event": lambda r: r.event_type,
     "size": lambda r: str(r.size),
     "code": lambda r: r.error_code,
     "reason": lambda r: r.error_reason,
     "attempts": lambda r: str(r.attempts),
-    "first failed": lambda r: timestamp_cell(r.first_failed_at),
-    "last failed": lambda r: timestamp_cell(r.last_failed_at),
-    "message": lambda r: r.error_message[:120],
+    "first failed": lambda r: cell(r.first_failed_at),
+    "last failed": lambda r: cell(r.last_failed_at),
+    "message": lambda r: cell(r.error_message, width=120),
 }
 
 
@@ -132,6 +132,6 @@ def _detail_pairs(row: QuarantinedRow) -> Iterator[tuple[str, str]]:
     for name in QuarantinedRow.__struct_fields__:
         value = getattr(row, name)
         if name == "headers":
-            yield from ((f"header {header}", text or "") for header, text in value)
+            yield from ((f"header {header}", cell(text)) for header, text in value)
         else:
-            yield name, timestamp_cell(value) if isinstance(value, datetime) else str(value)
+            yield name, cell(value)

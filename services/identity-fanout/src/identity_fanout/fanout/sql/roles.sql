@@ -24,3 +24,7 @@ ON CONFLICT DO NOTHING
 -- name: bump_version --
 UPDATE identity.role_definitions SET version = version + 1, updated_at = now()
 WHERE id = %(id)s RETURNING version
+
+-- name: role_summary --
+-- `roles show`: the role as an operator looks it up ({columns}: enqueue.RoleSummary).
+SELECT {columns} FROM identity.role_definitions WHERE id = %(id)s

@@ -4,16 +4,28 @@
 -- name: mark_split --
 -- The task stays InProgress without a lease of its own: its shards carry the leases. With
 -- shard_count > 0 the task claim never takes it as a unit again.
+-- user_count: the users the role was split by (the total `tasks show` measures against).
 UPDATE identity.access_fanout_tasks
-SET shard_count = %(shards)s, lease_expires_at = NULL, updated_at = now()
+SET shard_count = %(shards)s, user_count = %(users)s, lease_expires_at = NULL,
+    updated_at = now()
+WHERE id = %(id)s AND attempt_count = %(attempt)s AND status = 'InProgress'
+  AND shard_count = 0
+
+-- name: mark_whole --
+-- A task walked as one unit: the role's users counted by the split's gate (exact, since
+-- it had no more than a shard's worth), fenced by the claim like the split.
+UPDATE identity.access_fanout_tasks
+SET user_count = %(users)s
 WHERE id = %(id)s AND attempt_count = %(attempt)s AND status = 'InProgress'
   AND shard_count = 0
 
 -- name: insert_shards --
-INSERT INTO identity.access_fanout_shards (id, task_id, shard_no, lower_bound, upper_bound)
-SELECT gen_random_uuid(), %(task_id)s, ord::integer, lower_bound, upper_bound
-FROM unnest(%(lowers)s::uuid[], %(uppers)s::uuid[]) WITH ORDINALITY
-    AS b(lower_bound, upper_bound, ord)
+-- user_count: the users between the shard's bounds at the split (shards.shard_sizes).
+INSERT INTO identity.access_fanout_shards
+    (id, task_id, shard_no, lower_bound, upper_bound, user_count)
+SELECT gen_random_uuid(), %(task_id)s, ord::integer, lower_bound, upper_bound, user_count
+FROM unnest(%(lowers)s::uuid[], %(uppers)s::uuid[], %(sizes)s::integer[]) WITH ORDINALITY
+    AS b(lower_bound, upper_bound, user_count, ord)
 
 -- name: fail_task --
 -- A poisoned shard fails its task: the Failed-task gauge and alert see it as today.

@@ -13,8 +13,11 @@ SELECT
             WHERE s.task_id = t.id AND s.status IN ('Pending', 'InProgress')
               AND (s.status = 'Pending' OR s.lease_expires_at < now()))
     ) AS backlog,
+    -- A sharded task's own lease is a roll-up of its shards' (it can outlive the shards a
+    -- stopping worker handed back): its shards' leases alone say whether it is walked.
     count(*) FILTER (
-        WHERE t.status = 'InProgress' AND (t.lease_expires_at >= now() OR EXISTS (
+        WHERE t.status = 'InProgress' AND (
+            (t.shard_count = 0 AND t.lease_expires_at >= now()) OR EXISTS (
             SELECT 1 FROM identity.access_fanout_shards AS s
             WHERE s.task_id = t.id AND s.status = 'InProgress' AND s.lease_expires_at >= now()))
     ) AS leased,
@@ -44,17 +47,55 @@ INSERT INTO identity.access_fanout_tasks (id, role_id, company_id, role_version,
 VALUES (%(task_id)s, %(role_id)s, %(company_id)s, %(version)s, %(reason)s, %(status)s)
 
 -- name: select_tasks --
--- Tasks ({columns}: identity_fanout.fanout.queue.FanOutTask) {filter}: one of the fragments below.
-SELECT {columns} FROM identity.access_fanout_tasks {filter}
+-- Tasks ({columns}: identity_fanout.fanout.queue.FanOutTask) with their role's code (the
+-- runbook's listings name the role) {filter}: one of the fragments below.
+SELECT {columns} FROM (
+    SELECT t.*, r.code AS role_code
+    FROM identity.access_fanout_tasks AS t
+    JOIN identity.role_definitions AS r ON r.id = t.role_id
+) AS tasks {filter}
 
 -- name: newest_first --
+-- `tasks list`: either filter may be null (then it is no filter).
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(role_id)s::uuid IS NULL OR role_id = %(role_id)s)
 ORDER BY created_at DESC, id LIMIT %(limit)s
 
--- name: newest_first_with_status --
-WHERE status = %(status)s ORDER BY created_at DESC, id LIMIT %(limit)s
+-- name: unfinished_of_role --
+-- `roles show`: the role's work still to do (Failed: waiting for a replay), oldest first.
+WHERE role_id = %(role_id)s AND status IN ('Pending', 'InProgress', 'Failed')
+ORDER BY created_at, id
 
 -- name: by_id --
 WHERE id = %(id)s
+
+-- name: task_counts --
+-- `identity-fanout status`: each unfinished task counted once. Being walked while a unit
+-- of it is under a live lease: the task itself when walked as one unit, else one of its
+-- shards (a sharded task's own lease is only a roll-up of its shards' and can outlive the
+-- shards a stopping worker handed back); waiting otherwise. shards_waiting: the tasks being
+-- walked that also have shards no worker serves (more workers would take them).
+SELECT
+    count(*) FILTER (WHERE NOT walked) AS waiting,
+    count(*) FILTER (WHERE walked) AS being_walked,
+    count(*) FILTER (WHERE walked AND shards_waiting) AS walked_with_shards_waiting,
+    extract(epoch FROM now() - min(created_at))::float8 AS oldest_age_seconds
+FROM (
+    SELECT t.created_at,
+        CASE WHEN t.shard_count = 0
+            THEN t.status = 'InProgress' AND t.lease_expires_at >= now()
+            ELSE EXISTS (
+                SELECT 1 FROM identity.access_fanout_shards AS s
+                WHERE s.task_id = t.id AND s.status = 'InProgress'
+                  AND s.lease_expires_at >= now())
+        END AS walked,
+        t.shard_count > 0 AND EXISTS (
+            SELECT 1 FROM identity.access_fanout_shards AS s
+            WHERE s.task_id = t.id AND (s.status = 'Pending'
+                OR (s.status = 'InProgress' AND s.lease_expires_at < now()))) AS shards_waiting
+    FROM identity.access_fanout_tasks AS t
+    WHERE t.status IN ('Pending', 'InProgress')
+) AS unfinished
 
 -- name: replay_task --
 -- The replay of a poisoned task, after its cause is fixed: Status -> Pending,
