@@ -160,7 +160,7 @@ def test_every_process_kind_works_against_hostile_database_defaults(
         hostile[OPERATOR.name], "roles", "set-permissions", str(role), "docs.write", threshold=2
     )
     assert code == 0, err
-    assert ", task " in out, out  # queued, not inline
+    assert "queued as task " in out, out  # queued, not inline
     worker = service(
         "worker",
         hostile[WORKER.name],
