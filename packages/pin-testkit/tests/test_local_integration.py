@@ -21,6 +21,8 @@ from pin_runtime.errors import KafkaSetupError
 from pin_runtime.kafka import verify_connection
 from pin_testkit.local import catalogue_topics, down, ensure_up, status
 from pin_testkit.local.state import KAFKA_CONTROLLER_PORT_ENV, KAFKA_PORT_ENV, PG_PORT_ENV
+from pin_testkit.ports import listens
+from pin_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -65,6 +67,9 @@ def test_ensure_up_reuses_restarts_and_stops(state_dir: Path) -> None:
     assert before.up
     assert before.kafka.pid is not None
     os.kill(before.kafka.pid, signal.SIGKILL)
+    # A killed JVM closes its listeners as it exits, a moment after the signal: until then its
+    # ports are held, and a restart would rightly refuse them as another process's.
+    wait_until(lambda: not listens(first.kafka_port), 30, "the killed broker's listener is closed")
     third = ensure_up(state_dir=state_dir)
     assert third == first
     after = status(state_dir=state_dir)
