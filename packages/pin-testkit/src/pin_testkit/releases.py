@@ -26,11 +26,12 @@ import tarfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import ClassVar, Final
 
 from pin_contracts.release import Version
 
 __all__ = [
+    "ReleaseRuleChecks",
     "ServiceRelease",
     "build_release",
     "changelog_versions",
@@ -259,3 +260,73 @@ def build_release(tag: str, service: str, dest: Path, repo: Path = ROOT) -> Path
     members = [str(source / member) for member in (*WORKSPACE_DEPENDENCIES, f"services/{service}")]
     _uv("pip", "install", "--quiet", "--python", python, "--no-deps", *members, cwd=dest)
     return venv / "bin"
+
+
+class ReleaseRuleChecks:
+    """The release rule, the same for every service: the version in pyproject.toml has a
+    changelog entry, the chart ships it, the previous release is tagged and named in
+    UPGRADING.md, released migrations are never edited, and every migration added since is
+    expand-only unless UPGRADING.md lists it as a contract migration (each service's
+    UPGRADING.md "Versioning policy", "Migrations"). A service's test module subclasses it
+    as `TestReleaseRule`, naming its `SERVICE`. This module is not rewritten by pytest, so
+    each failure says what it found itself."""
+
+    SERVICE: ClassVar[ServiceRelease]
+
+    def _notes(self, name: str) -> str:
+        return (self.SERVICE.directory / name).read_text(encoding="utf-8")
+
+    def _previous(self) -> tuple[Version, str]:
+        previous = previous_release(self.SERVICE)
+        if previous is None:
+            raise AssertionError(f"no {self.SERVICE.name}-v* tag below {self.SERVICE.version}")
+        return previous
+
+    def test_the_changelog_has_an_entry_for_the_version(self) -> None:
+        versions = changelog_versions(self._notes("CHANGELOG.md"))
+        _expect(self.SERVICE.version in versions, f"no entry for {self.SERVICE.version}")
+        _expect(versions == sorted(versions, reverse=True), f"entries not newest first: {versions}")
+
+    def test_the_chart_runs_the_version(self) -> None:
+        chart = ROOT / "infra" / "helm" / self.SERVICE.name / "Chart.yaml"
+        found = re.search(r'^appVersion:\s*"?([^"\s]+)"?\s*$', chart.read_text("utf-8"), re.M)
+        app_version = found[1] if found else None
+        _expect(app_version == str(self.SERVICE.version), f"{chart}: appVersion {app_version}")
+
+    def test_the_previous_release_is_tagged_and_named_in_the_upgrade_notes(self) -> None:
+        version, tag = self._previous()
+        _expect(
+            version in changelog_versions(self._notes("CHANGELOG.md")), f"no entry for {version}"
+        )
+        _expect(f"`{tag}`" in self._notes("UPGRADING.md"), f"UPGRADING.md names no `{tag}`")
+
+    def test_released_migrations_are_never_edited(self) -> None:
+        tag = self._previous()[1]
+        released = files_at(tag, self.SERVICE.migrations)
+        current = {p.name: p.read_bytes() for p in self.SERVICE.migrations.glob("*.sql")}
+        edited = [n for n, b in released.items() if n.endswith(".sql") and current.get(n) != b]
+        _expect(not edited, f"changed (or gone) after {tag}: {edited}")
+
+    def test_migrations_since_the_previous_release_are_expand_only(self) -> None:
+        released = files_at(self._previous()[1], self.SERVICE.migrations)
+        allowed = contract_migrations(self._notes("UPGRADING.md"))
+        present = sorted(self.SERVICE.migrations.glob("*.sql"))
+        found = {
+            p.name: contract_statements(p.read_text(encoding="utf-8"))
+            for p in present
+            if p.name not in released and p.name not in allowed
+        }
+        contracting = {name: reasons for name, reasons in found.items() if reasons}
+        _expect(not contracting, f"contract statements in new migrations: {contracting}")
+        unknown = allowed - {p.name for p in present}
+        _expect(not unknown, f"contract migrations listed, not found: {unknown}")
+
+    def test_the_upgrade_notes_state_the_policy(self) -> None:
+        text = self._notes("UPGRADING.md")
+        for heading in ("Versioning policy", "Migrations", "Contract migrations", "Releases"):
+            _expect(bool(re.search(rf"^## {heading}$", text, re.M)), f"no section {heading}")
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)
