@@ -17,6 +17,7 @@ import argparse
 import importlib
 import importlib.metadata
 import re
+import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ __all__ = [
     "SHELLS",
     "CliDocs",
     "Command",
+    "check_generated",
     "commands",
     "completion",
     "generate",
@@ -317,6 +319,36 @@ def missing_from(
         missing.extend(_missing_in_man(command, name, section))
         missing.extend(_missing_in_scripts(command, name, completions, bash))
     return missing
+
+
+def check_generated(program: str, out: Path) -> set[tuple[str, ...]]:
+    """Generate `program`'s man page and completions into `out` as `make cli-docs` does (this
+    module run as a script), and fail (AssertionError) when they lack a command or flag of
+    its parser or the page is not clean roff under groff; the command paths found, for the
+    caller to check the depths it expects."""
+    subprocess.run(  # noqa: S603 - this module as a script, arguments built here
+        [sys.executable, "-m", "pin_testkit.cli_docs", "--out", str(out), program],
+        check=True,
+        capture_output=True,
+    )
+    page = out / "man" / "man1" / f"{program}.1"
+    completions = {
+        shell: (out / _completion_path(program, shell)).read_text(encoding="utf-8")
+        for shell in SHELLS
+    }
+    parser = load_parser(program)
+    missing = missing_from(parser, page.read_text(encoding="utf-8"), completions)
+    if missing:
+        raise AssertionError(f"{program}: generated docs lack {missing}")
+    rendered = subprocess.run(  # noqa: S603 - groff on the page just written
+        ["groff", "-man", "-Tutf8", "-ww", "-z", str(page)],  # noqa: S607 - groff of the PATH
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    if rendered.stderr:
+        raise AssertionError(f"{program}: groff warns: {rendered.stderr}")
+    return {command.path for command in commands(parser)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
