@@ -1,7 +1,7 @@
 """Scenario 12: a rolling upgrade from the previous tagged release, with work in flight.
 
-The previous release of each service (the newest ``<service>-v*`` tag below the version in its
-pyproject.toml; the services' UPGRADING.md) is built from git history into a virtual
+The previous release of each service (the newest release its UPGRADING.md records below the
+version in its pyproject.toml, by commit) is built from git history into a virtual
 environment of its own, with the dependencies its own lockfile pins. The scenario's databases
 are migrated to this release's schema first, as the chart's pre-upgrade hook does before any
 pod rolls. The old worker, relay and consumer run a queued fan-out of a role, which the role's
@@ -83,9 +83,9 @@ def old_release(tmp_path_factory: pytest.TempPathFactory) -> OldRelease:
     for service in (IDENTITY_FANOUT, REWARDS_MEMBERSHIP):
         release = ServiceRelease.of(ROOT / "services" / service)
         previous = previous_release(release)
-        assert previous is not None, f"no {service}-v* tag below {release.version}"
-        tags[service] = previous[1]
-        bins[service] = build_release(previous[1], service, tmp_path_factory.mktemp(service))
+        assert previous is not None, f"no release of {service} recorded below {release.version}"
+        tags[service] = previous.tag
+        bins[service] = build_release(previous.commit, service, tmp_path_factory.mktemp(service))
     return OldRelease(
         tags[IDENTITY_FANOUT],
         tags[REWARDS_MEMBERSHIP],

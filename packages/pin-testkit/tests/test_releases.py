@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from pin_contracts.release import Version
-from pin_testkit.releases import changelog_versions, contract_migrations, contract_statements
+from pin_testkit.releases import (
+    Release,
+    changelog_versions,
+    contract_migrations,
+    contract_statements,
+    recorded_releases,
+)
 
 EXPAND = """
 -- the operator's comment says DROP TABLE and RENAME: no statement
@@ -63,3 +69,18 @@ def test_the_contract_migrations_are_those_the_section_names() -> None:
 def test_changelog_versions() -> None:
     text = "# Changelog\n\n## [Unreleased]\n\n## [0.2.0] - 2026-12-05\n\n## 0.1.0\n"
     assert changelog_versions(text) == [Version(0, 2, 0), Version(0, 1, 0)]
+
+
+def test_the_recorded_releases_are_the_rows_with_a_tag_and_a_full_commit() -> None:
+    old, new = "a" * 40, "b" * 40
+    notes = (
+        "| version | tag | commit | newest migration |\n|---|---|---|---|\n"
+        "| 0.3.0 | not yet tagged | | `0012_x.sql` |\n"
+        f"| 0.1.0 | `svc-v0.1.0` | `{old}` (2026-11-30) | `0004_y.sql` |\n"
+        f"| 0.2.0 | `svc-v0.2.0` | `{new}` (2026-12-05) | `0011_z.sql` |\n"
+        "| 0.0.9 | `svc-v0.0.9` | `abc1234` | a short id is no record |\n"
+    )
+    assert recorded_releases(notes) == [
+        Release(Version(0, 2, 0), "svc-v0.2.0", new),
+        Release(Version(0, 1, 0), "svc-v0.1.0", old),
+    ]

@@ -1,15 +1,18 @@
 """A service's releases: its version, its tags, its notes, what its migrations may do, and the
 previous release built from git history.
 
-- A release of a service is a lightweight tag ``<service>-v<MAJOR.MINOR.PATCH>`` on the commit
-  it was built from; the version being worked on is the one in the service's
-  ``pyproject.toml``, and the previous release is the newest tag below it
-  (``previous_release``). Each service's UPGRADING.md names the commit of each tag.
+- A release of a service is a commit on main, recorded as a row of its UPGRADING.md "Releases"
+  table (version, tag, full commit id) and marked by a lightweight tag
+  ``<service>-v<MAJOR.MINOR.PATCH>``. The table is what the checks read: a clone of main
+  alone carries the commits but not the tags, and the table cannot move once committed. The
+  version being worked on is the one in the service's ``pyproject.toml``; the previous
+  release is the table's newest row below it (``previous_release``). Where the tag is
+  present it must name the row's commit.
 - Migrations are expand/contract: a migration added since the previous release must leave
   that release able to run against the new schema (``contract_statements`` names what would
   not), unless UPGRADING.md lists it under "Contract migrations" (``contract_migrations``),
   released only once no older version runs.
-- ``build_release``: the previous release's package, from ``git archive`` of its tag, into a
+- ``build_release``: the previous release's package, from ``git archive`` of its commit, into a
   virtual environment of its own with the dependencies its own lockfile pins (uv's cache
   serves them, offline once they were fetched), for the rolling-upgrade scenario.
 """
@@ -31,6 +34,7 @@ from typing import ClassVar, Final
 from pin_contracts.release import Version
 
 __all__ = [
+    "Release",
     "ReleaseRuleChecks",
     "ServiceRelease",
     "build_release",
@@ -38,7 +42,9 @@ __all__ = [
     "contract_migrations",
     "contract_statements",
     "files_at",
+    "is_ancestor",
     "previous_release",
+    "recorded_releases",
     "release_tags",
     "uv_binary",
 ]
@@ -100,13 +106,46 @@ def release_tags(service: str, repo: Path = ROOT) -> dict[Version, str]:
     return found
 
 
-def previous_release(release: ServiceRelease, repo: Path = ROOT) -> tuple[Version, str] | None:
-    """The newest release tag below the version being worked on, or None."""
-    older = {v: t for v, t in release_tags(release.name, repo).items() if v < release.version}
-    if not older:
-        return None
-    newest = max(older)
-    return newest, older[newest]
+@dataclass(frozen=True, slots=True, order=True)
+class Release:
+    """One row of a service's UPGRADING.md "Releases" table."""
+
+    version: Version
+    tag: str
+    commit: str
+
+
+_RELEASE_ROW: Final = re.compile(
+    r"^\|\s*(?P<version>\d+\.\d+\.\d+)\s*\|\s*`(?P<tag>[^`]+)`\s*\|\s*`(?P<commit>[0-9a-f]{40})`",
+    re.M,
+)
+
+
+def recorded_releases(upgrading: str) -> list[Release]:
+    """The released versions UPGRADING.md's table records (rows with a tag and a full commit
+    id; the version being prepared has neither), newest first."""
+    rows = [
+        Release(Version.parse(m["version"]), m["tag"], m["commit"])
+        for m in _RELEASE_ROW.finditer(upgrading)
+    ]
+    return sorted(rows, reverse=True)
+
+
+def previous_release(release: ServiceRelease) -> Release | None:
+    """The newest recorded release below the version being worked on, or None."""
+    upgrading = (release.directory / "UPGRADING.md").read_text(encoding="utf-8")
+    older = [r for r in recorded_releases(upgrading) if r.version < release.version]
+    return older[0] if older else None
+
+
+def is_ancestor(commit: str, revision: str = "HEAD", repo: Path = ROOT) -> bool:
+    """Whether ``commit`` is in ``revision``'s history (False when this clone lacks it)."""
+    done = subprocess.run(  # noqa: S603 - git on this repository, arguments built here
+        ["git", "-C", str(repo), "merge-base", "--is-ancestor", commit, revision],  # noqa: S607
+        capture_output=True,
+        check=False,
+    )
+    return done.returncode == 0
 
 
 def files_at(revision: str, directory: Path, repo: Path = ROOT) -> dict[str, bytes]:
@@ -230,13 +269,13 @@ def _uv(*args: str, cwd: Path) -> None:
         raise RuntimeError(f"uv {' '.join(args)} failed ({result.returncode}): {result.stderr}")
 
 
-def build_release(tag: str, service: str, dest: Path, repo: Path = ROOT) -> Path:
-    """``service`` as released at ``tag``: its tree from ``git archive``, its locked
+def build_release(revision: str, service: str, dest: Path, repo: Path = ROOT) -> Path:
+    """``service`` as released at ``revision``: its tree from ``git archive``, its locked
     dependencies (``uv export`` of that tree's uv.lock) and its workspace members installed
     into ``dest/venv`` on this interpreter. The directory of its console scripts."""
     source = dest / "source"
     source.mkdir(parents=True)
-    archive = _git("archive", "--format=tar", tag, repo=repo)
+    archive = _git("archive", "--format=tar", revision, repo=repo)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(source, filter="data")
     requirements = dest / "requirements.txt"
@@ -264,22 +303,22 @@ def build_release(tag: str, service: str, dest: Path, repo: Path = ROOT) -> Path
 
 class ReleaseRuleChecks:
     """The release rule, the same for every service: the version in pyproject.toml has a
-    changelog entry, the chart ships it, the previous release is tagged and named in
-    UPGRADING.md, released migrations are never edited, and every migration added since is
-    expand-only unless UPGRADING.md lists it as a contract migration (each service's
-    UPGRADING.md "Versioning policy", "Migrations"). A service's test module subclasses it
-    as `TestReleaseRule`, naming its `SERVICE`. This module is not rewritten by pytest, so
-    each failure says what it found itself."""
+    changelog entry, the chart ships it, the previous release is recorded in UPGRADING.md on a
+    commit of main (and its tag, where present, names that commit), released migrations are
+    never edited, and every migration added since is expand-only unless UPGRADING.md lists it
+    as a contract migration (each service's UPGRADING.md "Versioning policy", "Migrations"). A
+    service's test module subclasses it as `TestReleaseRule`, naming its `SERVICE`. This
+    module is not rewritten by pytest, so each failure says what it found itself."""
 
     SERVICE: ClassVar[ServiceRelease]
 
     def _notes(self, name: str) -> str:
         return (self.SERVICE.directory / name).read_text(encoding="utf-8")
 
-    def _previous(self) -> tuple[Version, str]:
+    def _previous(self) -> Release:
         previous = previous_release(self.SERVICE)
         if previous is None:
-            raise AssertionError(f"no {self.SERVICE.name}-v* tag below {self.SERVICE.version}")
+            raise AssertionError(f"UPGRADING.md records no release below {self.SERVICE.version}")
         return previous
 
     def test_the_changelog_has_an_entry_for_the_version(self) -> None:
@@ -293,22 +332,33 @@ class ReleaseRuleChecks:
         app_version = found[1] if found else None
         _expect(app_version == str(self.SERVICE.version), f"{chart}: appVersion {app_version}")
 
-    def test_the_previous_release_is_tagged_and_named_in_the_upgrade_notes(self) -> None:
-        version, tag = self._previous()
+    def test_the_previous_release_is_recorded_on_main_and_tagged_where_tags_are(self) -> None:
+        previous = self._previous()
         _expect(
-            version in changelog_versions(self._notes("CHANGELOG.md")), f"no entry for {version}"
+            previous.version in changelog_versions(self._notes("CHANGELOG.md")),
+            f"no changelog entry for {previous.version}",
         )
-        _expect(f"`{tag}`" in self._notes("UPGRADING.md"), f"UPGRADING.md names no `{tag}`")
+        _expect(
+            previous.tag == self.SERVICE.tag(previous.version),
+            f"{previous.version} recorded with tag {previous.tag}",
+        )
+        # Every clone of main has the commit; only the repository the tags were pushed to
+        # has the tag, and there it must name the same commit.
+        _expect(is_ancestor(previous.commit), f"{previous.commit} is not in this clone's history")
+        tagged = release_tags(self.SERVICE.name).get(previous.version)
+        if tagged is not None:
+            commit = _git("rev-parse", f"{tagged}^{{commit}}").decode().strip()
+            _expect(commit == previous.commit, f"{tagged} is {commit}, recorded {previous.commit}")
 
     def test_released_migrations_are_never_edited(self) -> None:
-        tag = self._previous()[1]
-        released = files_at(tag, self.SERVICE.migrations)
+        previous = self._previous()
+        released = files_at(previous.commit, self.SERVICE.migrations)
         current = {p.name: p.read_bytes() for p in self.SERVICE.migrations.glob("*.sql")}
         edited = [n for n, b in released.items() if n.endswith(".sql") and current.get(n) != b]
-        _expect(not edited, f"changed (or gone) after {tag}: {edited}")
+        _expect(not edited, f"changed (or gone) after {previous.tag}: {edited}")
 
     def test_migrations_since_the_previous_release_are_expand_only(self) -> None:
-        released = files_at(self._previous()[1], self.SERVICE.migrations)
+        released = files_at(self._previous().commit, self.SERVICE.migrations)
         allowed = contract_migrations(self._notes("UPGRADING.md"))
         present = sorted(self.SERVICE.migrations.glob("*.sql"))
         found = {
