@@ -250,10 +250,10 @@ def test_cli_join_leave_and_refusals(db: Conn, producer_dsn: str) -> None:
     assert again.stderr.strip() == f"error: agent {agent} is already Active in agency {agency}"
 
     unknown = memberships_cli(producer_dsn, "leave", agent, agency, "--reason", "Fired")
-    assert unknown.returncode == 1
+    assert unknown.returncode == 2
     assert unknown.stderr.strip().splitlines() == [
-        "error: invalid membership change: Reason: unknown value 'Fired' "
-        "(known: SelfLeave, ExcludedByAgency)"
+        "identity-fanout memberships leave: error: argument --reason: unknown value 'Fired' "
+        "(known: SelfLeave, ExcludedByAgency) (see identity-fanout memberships leave --help)"
     ]
 
     empty = memberships_cli(producer_dsn, "join", str(EMPTY_GUID), agency)
@@ -308,7 +308,7 @@ def test_cli_usage_errors_exit_2(args: tuple[str, ...], producer_dsn: str) -> No
     assert result.returncode == 2
 
 
-def test_cli_naive_effective_at_is_refused(db: Conn, producer_dsn: str) -> None:
+def test_cli_naive_effective_at_is_refused_by_the_parser(db: Conn, producer_dsn: str) -> None:
     agent, agency = str(uuid.uuid4()), str(uuid.uuid4())
     assert memberships_cli(producer_dsn, "join", agent, agency).returncode == 0
     naive = memberships_cli(
@@ -321,8 +321,11 @@ def test_cli_naive_effective_at_is_refused(db: Conn, producer_dsn: str) -> None:
         "--effective-at",
         "2031-01-31",
     )
-    assert naive.returncode == 1
-    assert "EffectiveAt: datetime must carry a UTC offset" in naive.stderr
+    assert naive.returncode == 2
+    assert naive.stderr.strip().splitlines() == [
+        "identity-fanout memberships leave: error: argument --effective-at: '2031-01-31': "
+        "datetime must carry a UTC offset (see identity-fanout memberships leave --help)"
+    ]
     assert counts(db) == (1, 1)
 
 

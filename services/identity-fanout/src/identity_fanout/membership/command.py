@@ -11,17 +11,40 @@ import msgspec
 from psycopg import Connection
 from psycopg.rows import TupleRow
 
-from identity_fanout.membership.decisions import Membership, RecordedMembershipChange
+from identity_fanout.membership.decisions import (
+    Membership,
+    RecordedMembershipChange,
+    aware,
+    leave_reason,
+)
+from identity_fanout.membership.errors import InvalidMembershipChangeError
 from identity_fanout.membership.record import join_agency, leave_agency
+from pin_contracts import LeaveReason
 
 __all__ = ["MembershipChanged", "add_commands", "change_line", "changed", "run"]
 
 
-def _iso_datetime(text: str) -> datetime:
+# The parser applies the producer's own rules to what it can check alone (exit 2, one line);
+# what needs the database (an agent already Active, not Active) stays the producer's (exit 1).
+
+
+def _effective_at(text: str) -> datetime:
     try:
-        return datetime.fromisoformat(text)
+        value = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 datetime: {text!r}") from None
+    try:
+        aware("EffectiveAt", value)
+    except InvalidMembershipChangeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc.problem}") from None
+    return value
+
+
+def _reason(text: str) -> LeaveReason:
+    try:
+        return leave_reason(text)
+    except InvalidMembershipChangeError as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
 
 
 _JSON_HELP = "what was recorded as one JSON object (for scripts): the membership and its event"
@@ -43,14 +66,20 @@ def add_commands(
     leave = memberships.add_parser("leave", help="the agent's membership becomes Left")
     leave.add_argument("agent_user_id", type=uuid_type, metavar="AGENT_USER_ID")
     leave.add_argument("company_id", type=uuid_type, metavar="COMPANY_ID")
-    # Checked by the producer (exit 1 with the known values), not by argparse choices.
-    leave.add_argument("--reason", required=True, metavar="SelfLeave|ExcludedByAgency")
+    leave.add_argument(
+        "--reason",
+        required=True,
+        type=_reason,
+        metavar="|".join(r.value for r in LeaveReason),
+        help="why the agent leaves",
+    )
     leave.add_argument(
         "--effective-at",
-        type=_iso_datetime,
+        type=_effective_at,
         default=None,
         metavar="ISO8601",
-        help="when the leave takes effect (default: now, the moment it is recorded)",
+        help="when the leave takes effect, with its UTC offset (default: now, the moment it "
+        "is recorded)",
     )
     leave.add_argument("--json", action="store_true", help=_JSON_HELP)
 

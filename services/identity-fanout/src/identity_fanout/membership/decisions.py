@@ -44,6 +44,8 @@ __all__ = [
     "Membership",
     "MembershipRequest",
     "RecordedMembershipChange",
+    "aware",
+    "leave_reason",
     "membership_event",
     "membership_message",
     "next_membership",
@@ -100,9 +102,20 @@ class RecordedMembershipChange:
         return self.envelope.message_id
 
 
-def _aware(name: str, value: datetime | None) -> None:
+def aware(name: str, value: datetime | None) -> None:
+    """A producer's datetime carries its UTC offset: a naive one would be read in whatever
+    zone a consumer runs in."""
     if value is not None and value.utcoffset() is None:
         raise InvalidMembershipChangeError(name, "datetime must carry a UTC offset")
+
+
+def leave_reason(reason: LeaveReason | str) -> LeaveReason:
+    """A leave's Reason, one of the values the producer emits."""
+    parsed = parse_enum(LeaveReason, reason)
+    if isinstance(parsed, UnknownEnumValue):
+        known = ", ".join(r.value for r in LeaveReason)
+        raise InvalidMembershipChangeError("Reason", f"unknown value {reason!r} (known: {known})")
+    return parsed
 
 
 class ChangeDetails(TypedDict, total=False):
@@ -141,17 +154,9 @@ def parse_request(
     if isinstance(parsed_status, UnknownEnumValue):
         known = ", ".join(s.value for s in AgentMembershipStatus)
         raise InvalidMembershipChangeError("Status", f"unknown value {status!r} (known: {known})")
-    parsed_reason: LeaveReason | None = None
-    if reason is not None:
-        parsed = parse_enum(LeaveReason, reason)
-        if isinstance(parsed, UnknownEnumValue):
-            known = ", ".join(r.value for r in LeaveReason)
-            raise InvalidMembershipChangeError(
-                "Reason", f"unknown value {reason!r} (known: {known})"
-            )
-        parsed_reason = parsed
-    _aware("EffectiveAt", effective_at)
-    _aware("OccurredAt", occurred_at)
+    parsed_reason = None if reason is None else leave_reason(reason)
+    aware("EffectiveAt", effective_at)
+    aware("OccurredAt", occurred_at)
     if parsed_status is AgentMembershipStatus.ACTIVE:
         if parsed_reason is not None or effective_at is not None:
             raise InvalidMembershipChangeError(
