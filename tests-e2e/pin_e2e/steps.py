@@ -31,6 +31,7 @@ __all__ = [
     "inbox_count",
     "outbox_backlog",
     "projection_converged",
+    "quarantined",
     "record_changes",
     "record_changes_cli",
     "seed_role",
@@ -114,6 +115,15 @@ def outbox_backlog(system: System) -> int:
         row = conn.execute("SELECT count(*) FROM identity.outbox").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def quarantined(system: System) -> list[tuple[str, str, str]]:
+    """The outbox quarantine's rows: (topic, error code, error message) each."""
+    with psycopg.connect(system.identity_dsn, autocommit=True, connect_timeout=5) as conn:
+        rows = conn.execute(
+            "SELECT topic, error_code, error_message FROM identity.outbox_quarantine ORDER BY id"
+        ).fetchall()
+    return [(str(t), str(c), str(m)) for t, c, m in rows]
 
 
 def _record(conn: psycopg.Connection[TupleRow], change: PlannedChange) -> None:

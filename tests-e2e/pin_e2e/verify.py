@@ -7,12 +7,20 @@ from collections.abc import Mapping, Sequence
 from uuid import UUID
 
 from pin_contracts import decode_membership_changed
-from pin_e2e.checks import AccessDelivery, MembershipPlan, analyse_access, expected_snapshots
+from pin_e2e.checks import (
+    AccessDelivery,
+    MembershipPlan,
+    analyse_access,
+    expected_snapshots,
+    identity_memberships,
+    membership_differences,
+    rewards_rows,
+)
 from pin_e2e.report import ScenarioStats
-from pin_e2e.steps import outbox_backlog, projection_converged, task_row
+from pin_e2e.steps import outbox_backlog, projection_converged, quarantined, task_row
 from pin_e2e.system import System
 from pin_testkit.service import ServiceProcess
-from pin_testkit.waiting import DEFAULT_INTERVAL, wait_until
+from pin_testkit.waiting import DEFAULT_INTERVAL, ConditionTimeoutError, wait_until
 
 __all__ = [
     "access_delivered",
@@ -50,25 +58,39 @@ def wait_task_drained(
     alive: Sequence[ServiceProcess],
     interval: float = DEFAULT_INTERVAL,
 ) -> float:
-    """Until the task is Completed and the relay has published every outbox row."""
-    return wait_until(
-        lambda: task_row(system, task)["status"] == "Completed" and outbox_backlog(system) == 0,
-        timeout=DRAIN_TIMEOUT,
-        what=what,
-        interval=interval,
-        alive=alive,
-    )
+    """Until the task is Completed and the relay has published every outbox row: an empty
+    outbox with a row in quarantine is no drain (no scenario here sends a record Kafka
+    refuses for good), so that fails at once, naming the rows and why."""
+
+    def drained() -> bool:
+        refused = quarantined(system)
+        assert not refused, f"quarantined instead of published: {refused}"
+        return task_row(system, task)["status"] == "Completed" and outbox_backlog(system) == 0
+
+    return wait_until(drained, timeout=DRAIN_TIMEOUT, what=what, interval=interval, alive=alive)
 
 
 def wait_converged(system: System, plan: MembershipPlan, alive: Sequence[ServiceProcess]) -> float:
-    """Until the rewards projection of the plan's agents equals identity and the plan."""
-    return wait_until(
-        projection_converged(system, plan.agents, plan.final),
-        timeout=CONVERGE_TIMEOUT,
-        what="projection equals identity",
-        interval=0.5,
-        alive=alive,
-    )
+    """Until the rewards projection of the plan's agents equals identity and the plan; when
+    it does not, the failure names where they still differ."""
+    try:
+        return wait_until(
+            projection_converged(system, plan.agents, plan.final),
+            timeout=CONVERGE_TIMEOUT,
+            what="projection equals identity",
+            interval=0.5,
+            alive=alive,
+        )
+    except ConditionTimeoutError as exc:
+        problems = membership_differences(
+            plan.final,
+            identity_memberships(system.identity_dsn, plan.agents),
+            rewards_rows(system.rewards_dsn, plan.agents),
+        )
+        shown = "\n".join(problems[:10])
+        raise ConditionTimeoutError(
+            f"{len(problems)} differences, the first ones:\n{shown}\n{exc}"
+        ) from None
 
 
 def access_delivered(system: System, users: Sequence[UUID], version: int) -> AccessDelivery:
