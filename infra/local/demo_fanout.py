@@ -10,9 +10,9 @@ import msgspec
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from demo_support import Service, console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from identity_fanout.ops.watch import TASK_FAILED_EXIT_CODE
 from pin_contracts import Envelope, UserAccessChangedKafkaEvent, decode_access_changed
 from pin_contracts.topics import USER_ACCESS_CHANGED
 from pin_testkit.seeding import add_permissions, seed_role_with_users
@@ -63,33 +63,17 @@ def _read_back(
         consumer.close()
 
 
-def _follow(dsn: str, task_id: str) -> str:
-    """Progress bars of the task and of the relay until both are done; the final status."""
-    with (
-        psycopg.connect(dsn, autocommit=True) as db,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress,
-    ):
-        fanned = progress.add_task("users fanned out", total=DEMO_USERS)
-        published = progress.add_task("events acknowledged by Kafka", total=DEMO_USERS)
+def _follow(worker: Service, task_id: str) -> str:
+    """The operator's own view of the fan-out (`tasks show --watch`: its bars until the task
+    ends), then the outbox until Kafka acknowledged every event of it; the task's status."""
+    code = worker.follow("tasks", "show", task_id, "--watch")
+    status = {0: "Completed", TASK_FAILED_EXIT_CODE: "Failed"}.get(code, f"watch exit {code}")
+    with console.status("events waiting for Kafka") as waiting:
         while True:
-            row = db.execute(
-                "SELECT status, processed_count, (SELECT count(*) FROM identity.outbox) "
-                "FROM identity.access_fanout_tasks WHERE id = %s",
-                (task_id,),
-            ).fetchone()
-            if row is None:
-                raise RuntimeError(f"task {task_id} vanished")
-            status, processed, waiting = row
-            progress.update(fanned, completed=processed)
-            progress.update(published, completed=max(0, processed - waiting))
-            if status in ("Completed", "Failed") and waiting == 0:
-                return str(status)
+            outbox = json.loads(worker.run("outbox", "status", "--json", quiet=True))
+            if outbox["backlog"] == 0:
+                return status
+            waiting.update(f"{outbox['backlog']:,} events waiting for Kafka")
             time.sleep(0.2)  # a person watches: five refreshes a second
 
 
@@ -109,14 +93,9 @@ def fan_out(worker: Service, dsn: str, bootstrap: str) -> None:
         f"role {change['role_id']}: version {change['version']}, {change['mode']}, "
         f"task {change['task_id']}"
     )
-    task_id = change["task_id"]
-    status = _follow(dsn, task_id)
+    task_id, version = change["task_id"], change["version"]
+    status = _follow(worker, task_id)
     elapsed = time.monotonic() - started
-    with psycopg.connect(dsn) as db:
-        row = db.execute(
-            "SELECT version FROM identity.role_definitions WHERE id = %s", (role,)
-        ).fetchone()
-    version = row[0] if row else 0
     events, sample = _read_back(bootstrap, before, version)
 
     summary = Table(title="Access fan-out", title_justify="left", show_header=False)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
 from rich.console import Console
 
 from pin_testkit.ports import free_port
-from pin_testkit.service import ServiceProcess, run_cli, service_environment
+from pin_testkit.service import ServiceProcess, run_cli, script, service_environment
 
 console = Console()
 
@@ -57,6 +58,15 @@ class Service:
         login = dict(self.tool_env(args)) if self.tool_env is not None else {}
         env = self.env | login | {"COLUMNS": str(width)}
         return run_cli(self.script, args, env).stdout.rstrip()
+
+    def follow(self, *args: str) -> int:
+        """Run another command of the same script on this terminal (a watch draws its own
+        bars here); its exit code."""
+        console.print(f"$ {self.script} {' '.join(args)}")
+        login = dict(self.tool_env(args)) if self.tool_env is not None else {}
+        return subprocess.run(
+            [script(self.script), *args], env=self.env | login, check=False
+        ).returncode
 
     def stop(self) -> int:
         code = self.process.terminate(STOP_TIMEOUT)
