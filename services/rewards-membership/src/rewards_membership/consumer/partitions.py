@@ -54,13 +54,12 @@ PAUSE_REASONS: Final = (POSTGRESQL, "kafka", LOCK_TIMEOUT)
 that is unavailable, or the lock its rows wait for."""
 
 
-def seek_back(consumer: Consumer, tp: TopicPartition, *, pause: bool = False) -> bool:
-    """Rewind a partition to `tp.offset` (paused first if asked), so its records are read
-    again. False, logged, when it cannot be: the partition was revoked meanwhile and its
-    next owner reads it from the committed offset."""
+def seek_back(consumer: Consumer, tp: TopicPartition) -> bool:
+    """Rewind a partition to `tp.offset`, so its records are read again. False, logged,
+    when the client refuses: the partition left this instance (its next owner reads it from
+    the committed offset), or it was assigned so recently that its fetch has not started
+    (`_STATE`: it will start from the committed offset)."""
     try:
-        if pause:
-            consumer.pause([tp])
         consumer.seek(tp)
     except KafkaException as error:
         log_event(
@@ -139,13 +138,27 @@ class PartitionControl:
         event: str,
         cause: str | None = None,
     ) -> None:
-        """Seek each partition back to `first[p]` and pause it until its backoff ends."""
+        """Pause each partition still ours until its backoff ends, sought back to `first[p]`.
+
+        A partition is paused whether or not its seek went through: once the client holds
+        it paused, only `resume_due` resumes it, so the pause must be known here. A seek the
+        client refused (a partition assigned a moment ago, its fetch not started) is made
+        again at the resume.
+        """
         now = self._clock()
         delays = []
         for partition, offset in sorted(first.items()):
+            if partition not in self.assigned:
+                continue  # gone meanwhile: its next owner reads it from the committed offset
             tp = TopicPartition(self._topic, partition, offset)
-            if not seek_back(self._consumer, tp, pause=True):
+            try:
+                self._consumer.pause([tp])
+            except KafkaException as error:
+                log_event(
+                    _log, "pause failed", logging.WARNING, partition=partition, reason=str(error)
+                )
                 continue
+            seek_back(self._consumer, tp)
             pause = self.pauser.pause(
                 partition,
                 seek_to=offset,
@@ -193,6 +206,14 @@ class PartitionControl:
             )
             due = [p for p in due if p not in waiting_db]
         if due:
+            for partition in due:
+                held = self.pauser.get(partition)
+                if held is not None and held.seek_to is not None:
+                    # Again: the seek at the pause may have been refused. If this one is too,
+                    # the fetch has not started yet and will start at the committed offset,
+                    # which is never past a record not yet applied.
+                    tp = TopicPartition(self._topic, partition, held.seek_to)
+                    seek_back(self._consumer, tp)
             self._consumer.resume([TopicPartition(self._topic, p) for p in due])
             self.pauser.resume(due)
             log_event(_log, "partitions resumed", partitions=due)
