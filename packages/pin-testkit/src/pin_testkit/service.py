@@ -31,6 +31,7 @@ __all__ = [
     "CommandResult",
     "ServiceProcess",
     "run_cli",
+    "run_command",
     "sample_key",
     "script",
     "service_environment",
@@ -248,8 +249,25 @@ def run_cli(
 
     With ``check`` (the default) a non-zero exit raises :class:`CommandFailedError`.
     """
-    done = subprocess.run(  # noqa: S603 - the project's own console script
-        [script(program), *args],
+    return run_command(
+        program, [script(program)], args, env=dict(env), timeout=timeout, check=check
+    )
+
+
+def run_command(
+    name: str,
+    launcher: Sequence[str],
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    check: bool,
+) -> CommandResult:
+    """``launcher + args`` (a console script, or ``docker run ... image``) as ``run_cli``
+    runs a command: output captured, no standard input, the exit code checked when asked
+    (the failure named by ``name`` and ``args``)."""
+    done = subprocess.run(  # noqa: S603 - the project's own command, arguments built here
+        [*launcher, *args],
         env=dict(env),
         capture_output=True,
         text=True,
@@ -259,5 +277,5 @@ def run_cli(
     )
     result = CommandResult(tuple(args), done.returncode, done.stdout, done.stderr)
     if check and done.returncode != 0:
-        raise CommandFailedError(f"{program} {' '.join(args)} -> {done.returncode}: {done.stderr}")
+        raise CommandFailedError(f"{name} {' '.join(args)} -> {done.returncode}: {done.stderr}")
     return result

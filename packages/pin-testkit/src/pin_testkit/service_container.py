@@ -26,9 +26,9 @@ from pin_testkit.service import (
     CLI_TIMEOUT,
     KILL_TIMEOUT,
     STOP_TIMEOUT,
-    CommandFailedError,
     CommandResult,
     ServiceProcess,
+    run_command,
 )
 
 __all__ = ["HARDENED", "ServiceContainer", "container_environment", "run_cli_container"]
@@ -192,16 +192,5 @@ def run_cli_container(
     """``run_cli`` in a throwaway container of ``image`` (its entry point is the CLI)."""
     passed = container_environment(env)
     names = [arg for name in sorted(passed) for arg in ("-e", name)]
-    done = subprocess.run(  # noqa: S603 - the docker client, arguments built here
-        [DOCKER, "run", "--rm", *HARDENED, *names, image, *args],
-        env=_client_env(passed),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
-    result = CommandResult(tuple(args), done.returncode, done.stdout, done.stderr)
-    if check and done.returncode != 0:
-        raise CommandFailedError(f"{image} {' '.join(args)} -> {done.returncode}: {done.stderr}")
-    return result
+    launcher = [DOCKER, "run", "--rm", *HARDENED, *names, image]
+    return run_command(image, launcher, args, env=_client_env(passed), timeout=timeout, check=check)
