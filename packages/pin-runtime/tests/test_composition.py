@@ -12,6 +12,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from datetime import timedelta
 from typing import Literal
 from uuid import UUID
 
@@ -26,7 +27,14 @@ from prometheus_client import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from pin_runtime.composition import Cli, long_running, run_command, uuid_argument
+from pin_runtime.composition import (
+    Cli,
+    duration_argument,
+    long_running,
+    run_command,
+    uuid_argument,
+    whole_number,
+)
 from pin_runtime.errors import MigrationError, SettingsError
 from pin_runtime.http import ComponentState, Heartbeat
 from pin_runtime.metrics import no_created_series
@@ -367,3 +375,36 @@ def test_a_metrics_address_already_taken_is_refused_before_anything_is_served() 
         ):
             pass
     assert refused.value.variable == "SVC_METRICS_PORT"
+
+
+@pytest.mark.parametrize(
+    ("text", "refusal"),
+    [("ten", "not a whole number: 'ten'"), ("0", "0 is out of range: from 1 to 5"), ("6", "6 is")],
+)
+def test_a_whole_number_outside_its_range_is_a_usage_error(text: str, refusal: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=refusal):
+        whole_number(1, 5)(text)
+
+
+def test_a_whole_number_in_its_range_is_taken() -> None:
+    assert [whole_number(1, 5)(t) for t in ("1", "5")] == [1, 5]
+
+
+@pytest.mark.parametrize(
+    ("text", "refusal"),
+    [
+        ("5", "has no unit"),  # seconds or days: a guess
+        ("5 parsecs", "not a duration"),
+        ("99999999999999d", "not a duration"),
+        ("30m", "out of range: from 1h to 3650d"),
+        ("3651d", "out of range"),
+    ],
+)
+def test_a_duration_needs_its_unit_and_its_range(text: str, refusal: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=refusal):
+        duration_argument("1h", "3650d")(text)
+
+
+def test_a_duration_in_its_range_is_taken() -> None:
+    parse = duration_argument("1h", "3650d")
+    assert (parse("1h"), parse("30d")) == (timedelta(hours=1), timedelta(days=30))

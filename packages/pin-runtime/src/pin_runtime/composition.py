@@ -37,12 +37,14 @@ import argparse
 import errno
 import gc
 import logging
+import re
 import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Final, Generic, NoReturn
 from uuid import UUID
 
@@ -70,6 +72,7 @@ from pin_runtime.settings import (
     CONFIG_ERROR_EXIT_CODE,
     S,
     Secret,
+    parse_duration,
     redact,
     settings_or_exit,
     unknown_variables,
@@ -84,10 +87,12 @@ __all__ = [
     "OneLineArgumentParser",
     "Runtime",
     "collect_less",
+    "duration_argument",
     "error_line",
     "long_running",
     "run_command",
     "uuid_argument",
+    "whole_number",
 ]
 
 ERROR_EXIT_CODE: Final = 1
@@ -101,6 +106,47 @@ def uuid_argument(text: str) -> UUID:
         return UUID(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from None
+
+
+def whole_number(least: int, most: int) -> Callable[[str], int]:
+    """An argparse `type=`: a whole number from `least` to `most`, else argparse's usage
+    error (exit 2), which names the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: from {least} to {most}")
+        return value
+
+    return parse
+
+
+_UNIT: Final = re.compile(r".*[a-z]\s*$", re.IGNORECASE)
+
+
+def duration_argument(least: str, most: str) -> Callable[[str], timedelta]:
+    """An argparse `type=`: a duration with its unit (`500ms`, `90m`, `30d`) from `least` to
+    `most` (written the same way), else argparse's usage error (exit 2). A bare number is
+    refused: seconds or milliseconds or days would be a guess, and a wrong one may delete."""
+    low, high = parse_duration(least), parse_duration(most)
+
+    def parse(text: str) -> timedelta:
+        if not _UNIT.match(text):
+            raise argparse.ArgumentTypeError(f"{text!r} has no unit: write e.g. 500ms, 90m or 30d")
+        try:
+            value = parse_duration(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(
+                f"not a duration: {text!r} (e.g. 500ms, 90m or 30d; at most {most})"
+            ) from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: from {least} to {most}")
+        return value
+
+    return parse
 
 
 def error_line(line: str) -> None:

@@ -51,11 +51,16 @@ from identity_fanout.outbox.store import OutboxStore
 from identity_fanout.schema import OUTBOX, migrate_database
 from identity_fanout.settings import ENV_PREFIX, SERVICE_NAME, LagWatchSettings, Settings
 from pin_contracts import FanOutTaskStatus
-from pin_runtime.composition import Cli, error_line, uuid_argument
+from pin_runtime.composition import (
+    Cli,
+    duration_argument,
+    error_line,
+    uuid_argument,
+    whole_number,
+)
 from pin_runtime.lag_watch.cli import COMMAND as LAG_WATCH
 from pin_runtime.lag_watch.cli import LagWatchCommand
 from pin_runtime.postgres import CONNECT_TIMEOUT, LoginConnection
-from pin_runtime.settings import parse_duration
 
 # Plain messages never wrap (scripts parse them); listings take the terminal's width (a
 # table where it fits, else a block per row: pin_runtime.listing).
@@ -72,46 +77,13 @@ _LAG_WATCH: Final = LagWatchCommand(SERVICE_NAME, LagWatchSettings, ENV_PREFIX)
 
 MAX_LIMIT: Final = 10_000
 """The most rows a listing prints (`--limit`)."""
-WATCH_INTERVAL: Final = (timedelta(milliseconds=100), timedelta(minutes=10))
+WATCH_INTERVAL: Final = ("100ms", "10m")
 """The range of `tasks show --watch --interval`."""
 
 
-def _positive(text: str) -> int:
-    """An id: an integer >= 1 (PostgreSQL's bigint at most)."""
-    return _integer(text, 1, 2**63 - 1)
-
-
-def _limit(text: str) -> int:
-    return _integer(text, 1, MAX_LIMIT)
-
-
-def _integer(text: str, low: int, high: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not low <= value <= high:
-        raise argparse.ArgumentTypeError(f"must be from {low} to {high}: {text!r}")
-    return value
-
-
-def _interval(text: str) -> float:
-    """A duration with its unit (`500ms`, `2s`, `1m`): a bare number is refused, since
-    seconds or milliseconds would be a guess."""
-    try:
-        float(text)
-    except ValueError:
-        pass
-    else:
-        raise argparse.ArgumentTypeError(f"a duration needs its unit (ms, s, m, h): {text!r}")
-    try:
-        value = parse_duration(text)
-    except (ValueError, OverflowError):
-        raise argparse.ArgumentTypeError(f"not a duration (ms, s, m, h): {text!r}") from None
-    low, high = WATCH_INTERVAL
-    if not low <= value <= high:
-        raise argparse.ArgumentTypeError(f"must be from 100ms to 10m: {text!r}")
-    return value.total_seconds()
+_positive = whole_number(1, 2**63 - 1)
+"""An id: an integer >= 1 (PostgreSQL's bigint at most)."""
+_limit = whole_number(1, MAX_LIMIT)
 
 
 def _reason(text: str) -> str:
@@ -241,8 +213,8 @@ def _tasks_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     show.add_argument(
         "--interval",
-        type=_interval,
-        default=1.0,
+        type=duration_argument(*WATCH_INTERVAL),
+        default=timedelta(seconds=1),
         metavar="DURATION",
         help="how often --watch reads the task (100ms to 10m; default 1s)",
     )
@@ -428,7 +400,11 @@ def _tasks(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> int 
     elif args.tasks_command == "show":
         if args.watch:
             return watch_task(
-                conn, args.task_id, interval=args.interval, console=_console, as_json=args.json
+                conn,
+                args.task_id,
+                interval=args.interval.total_seconds(),
+                console=_console,
+                as_json=args.json,
             )
         task, shards = get_task(conn, args.task_id), tuple(list_shards(conn, args.task_id))
         view = TaskView(

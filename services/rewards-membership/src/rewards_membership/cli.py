@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Final
 
-from pin_runtime.composition import Cli, uuid_argument
+from pin_runtime.composition import Cli, duration_argument, uuid_argument, whole_number
 from pin_runtime.lag_watch.cli import COMMAND as LAG_WATCH
 from pin_runtime.lag_watch.cli import LagWatchCommand
 from pin_runtime.logging import log_event
-from pin_runtime.settings import parse_duration
 from rewards_membership.app import run_consumer, run_migrations
 from rewards_membership.errors import RewardsMembershipError
 from rewards_membership.ops.agent import agent_show
@@ -48,53 +45,14 @@ _LAG_WATCH: Final = LagWatchCommand(SERVICE_NAME, LagWatchSettings, ENV_PREFIX)
 # `inbox prune --older-than`: below an hour a prune would take the marks of records still
 # being redelivered (a batch not committed yet, a rebalance), which would then be applied
 # again as stale rather than skipped as duplicates; ten years is more than any retention.
-PRUNE_OLDEST: Final = timedelta(days=3650)
-PRUNE_YOUNGEST: Final = timedelta(hours=1)
+PRUNE_YOUNGEST: Final = "1h"
+PRUNE_OLDEST: Final = "3650d"
 LIMIT_MAX: Final = 1_000_000
 """`dlq list --limit`: the rows are streamed, but a million is more than anyone reads."""
 OFFSET_MAX: Final = 2**63 - 1
 """Kafka's offsets are signed 64-bit."""
 PARTITION_MAX: Final = 2**31 - 1
 """Kafka's partition numbers are signed 32-bit."""
-_UNIT: Final = re.compile(r".*[a-z]\s*$", re.IGNORECASE)
-
-
-def _span(value: timedelta) -> str:
-    days, seconds = value.days, value.seconds
-    return f"{days}d" if not seconds else f"{days * 24 + seconds // 3600}h"
-
-
-def _older_than(text: str) -> timedelta:
-    """A duration with its unit (`30d`, `12h`, `90m`): a bare number is refused, not taken
-    as seconds (`5` meant days, and would have taken every mark)."""
-    if not _UNIT.match(text):
-        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write e.g. 30d, 12h or 90m")
-    try:
-        value = parse_duration(text)
-    except (ValueError, OverflowError):
-        raise argparse.ArgumentTypeError(
-            f"not a duration: {text!r} (e.g. 30d, 12h or 90m; at most {_span(PRUNE_OLDEST)})"
-        ) from None
-    if not PRUNE_YOUNGEST <= value <= PRUNE_OLDEST:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is out of range: from {_span(PRUNE_YOUNGEST)} to {_span(PRUNE_OLDEST)}"
-        )
-    return value
-
-
-def _bounded(least: int, most: int) -> Callable[[str], int]:
-    """An argparse `type=` for a whole number within [least, most]."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-        if not least <= value <= most:
-            raise argparse.ArgumentTypeError(f"{value} is out of range: from {least} to {most}")
-        return value
-
-    return parse
 
 
 def _reason(text: str) -> str:
@@ -107,11 +65,11 @@ def _which_records(command: argparse.ArgumentParser) -> None:
     which = command.add_mutually_exclusive_group(required=True)
     which.add_argument("--all", action="store_true", help="every record of the DLQ")
     which.add_argument(
-        "--offset", type=_bounded(0, OFFSET_MAX), help="the record at this DLQ offset"
+        "--offset", type=whole_number(0, OFFSET_MAX), help="the record at this DLQ offset"
     )
     command.add_argument(
         "--partition",
-        type=_bounded(0, PARTITION_MAX),
+        type=whole_number(0, PARTITION_MAX),
         help="DLQ partition of --offset (needed when ambiguous; one the DLQ topic has)",
     )
 
@@ -150,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_list = dlq_commands.add_parser("list", help="table of dead-lettered records")
     dlq_list.add_argument(
         "--limit",
-        type=_bounded(1, LIMIT_MAX),
+        type=whole_number(1, LIMIT_MAX),
         default=1000,
         help=f"most rows shown (1..{LIMIT_MAX})",
     )
@@ -188,10 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     prune = inbox_commands.add_parser("prune", help="delete old idempotency marks")
     prune.add_argument(
         "--older-than",
-        type=_older_than,
+        type=duration_argument(PRUNE_YOUNGEST, PRUNE_OLDEST),
         required=True,
-        help=f"e.g. 30d, 12h; a unit is required, {_span(PRUNE_YOUNGEST)} to"
-        f" {_span(PRUNE_OLDEST)} (marks older go)",
+        help=f"e.g. 30d, 12h; a unit is required, {PRUNE_YOUNGEST} to"
+        f" {PRUNE_OLDEST} (marks older go)",
     )
     prune.add_argument(
         "--dry-run",
