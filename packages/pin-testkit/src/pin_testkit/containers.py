@@ -53,6 +53,7 @@ LABEL: Final = {"pin-platform": "testcontainers"}
 # What pin-local runs: a throwaway server, durability traded for speed.
 POSTGRES_SETTINGS: Final = (
     "max_connections=200",
+    "max_prepared_transactions=20",
     "fsync=off",
     "synchronous_commit=off",
     "full_page_writes=off",
