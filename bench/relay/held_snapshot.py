@@ -4,7 +4,7 @@ A session idle in a REPEATABLE READ transaction (`BEGIN ...; SELECT 1;`, then no
 keeps every row the relay deletes after it alive for index scans: none can be marked dead,
 so a statement that walks the outbox from its first index entry fetches them all from the
 heap again at every run; without the outbox floor such a snapshot made a drain several
-times slower (docs/design/identity-fanout.md "The outbox floor"). This script drains the
+times slower (docs/design/identity-fanout.md "The outbox frontier"). This script drains the
 same burst twice in one run, with one relay (`OutboxRelay.run` in a thread, the service's
 defaults):
 
@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from identity_fanout.app import outbox_relay
-from identity_fanout.outbox.floor import OutboxFloor
+from identity_fanout.outbox.frontier import OutboxFrontier
 from identity_fanout.schema import OUTBOX, migrate_database
 from identity_fanout.settings import Settings
 from pin_contracts.topics import USER_ACCESS_CHANGED
@@ -125,9 +125,9 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, *, held: bool, idle: 
         # The head statement as it was (from the first entry), then from the floor, the
         # snapshot still held over every deleted row.
         result.from_head = explained(db, 1)
-        floor = OutboxFloor(OUTBOX)
+        floor = OutboxFrontier(OUTBOX)
         for _ in range(3):
-            floor.refresh(db, force=True)
+            floor.step(db)
         result.from_floor = explained(db, floor.value)
         holder.rollback()
     return result

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from identity_fanout.app import RELAY_CLIENT_ID
 from identity_fanout.outbox.relay import OutboxRelay, RelayInternals, RelaySignals
 from identity_fanout.outbox.settings import RelaySettings
+from identity_fanout.outbox.store import ReadRequest
 from identity_fanout.outbox.tables import OutboxTables
 from identity_fanout.outbox.writer import OutboxMessage
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
@@ -45,6 +46,7 @@ __all__ = [
     "access_topic",
     "new_relay",
     "outbox_count",
+    "read_request",
     "write",
 ]
 
@@ -72,6 +74,17 @@ BILLING = OutboxTables(
     guard="carry invoices",
 )
 """Another service's outbox: every name differs from the identity outbox's."""
+
+
+ANY_ID: Final = 2**62
+"""A frontier past every id: a read of rows known to be committed."""
+
+
+def read_request(
+    slots: tuple[int, ...], after: int, limit: int, budget: int, *, upto: int = ANY_ID
+) -> ReadRequest:
+    """A read of `slots` with one cursor and one frontier for all of them."""
+    return ReadRequest(slots, (after,) * len(slots), (upto,) * len(slots), limit, budget)
 
 
 SETTING_OF: Final = {

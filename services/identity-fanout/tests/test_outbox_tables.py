@@ -45,10 +45,15 @@ def test_every_statement_names_only_the_tables_it_is_given(filename: str) -> Non
         if "{filter}" in queries[name]:
             parts["filter"] = sql.SQL(queries.by_id)
         if "{heads}" in queries[name]:  # the merged read, of two slots' heads
-            heads = (BILLING.compose(queries, "slot_head", slot=sql.Literal(s)) for s in (1, 2))
+            heads = (
+                BILLING.compose(queries, "slot_head", slot=sql.Literal(s), index=sql.Literal(s + 1))
+                for s in (1, 2)
+            )
             parts["heads"] = sql.SQL(" UNION ALL ").join(map(sql.SQL, heads))
         if "{slot}" in queries[name]:
             parts["slot"] = sql.Literal(7)
+        if "{index}" in queries[name]:
+            parts["index"] = sql.Literal(8)
         statement = BILLING.compose(queries, name, **parts)
         assert "identity" not in statement, (filename, name)
         assert "{" not in statement, (filename, name)

@@ -72,6 +72,18 @@ def test_a_relay_given_other_tables_publishes_and_quarantines_there_only(
             "CREATE FUNCTION billing.slot_of(key text) RETURNS smallint LANGUAGE sql IMMUTABLE"
             " AS $$ SELECT identity.outbox_key_slot(key) $$"
         )
+        # Its ids, each taken after its slot's writer lock (what migration 0012 gives the
+        # identity outbox), under its own lock class.
+        db.execute("CREATE SEQUENCE billing.events_id_seq CACHE 1 OWNED BY billing.events.id")
+        db.execute(
+            "CREATE FUNCTION billing.row_id() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            f" PERFORM pg_advisory_xact_lock_shared({BILLING.writer_lock_class}, NEW.key_slot);"
+            " NEW.id := nextval('billing.events_id_seq'); RETURN NEW; END $$"
+        )
+        db.execute(
+            "CREATE TRIGGER row_id BEFORE INSERT ON billing.events"
+            " FOR EACH ROW EXECUTE FUNCTION billing.row_id()"
+        )
     topic = access_topic(kafka_topic(partitions=3))
     write(identity_dsn, [outbox_message(access_event(), topic) for _ in range(3)])
     invoices = [invoice(topic.name, f"invoice-{n}") for n in range(4)]

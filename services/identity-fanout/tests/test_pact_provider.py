@@ -32,6 +32,7 @@ import pytest
 from pact import Verifier
 from pact.types import Message
 from psycopg.rows import TupleRow
+from relay_support import read_request
 
 from identity_fanout.fanout.batch import run_batch
 from identity_fanout.fanout.enqueue import set_role_permissions
@@ -61,8 +62,8 @@ Mutation = Callable[[dict[str, Any]], None]
 
 def outbox_record(conn: Conn, message_id: uuid.UUID | None = None) -> Message:
     """The outbox row as the relay publishes it (its own row -> record conversion)."""
-    every_slot = {"slots": list(range(SLOTS)), "after": 0, "limit": 10_000, "budget": 1 << 40}
-    rows = conn.execute(READ_LANES, every_slot).fetchall()
+    every_slot = read_request(tuple(range(SLOTS)), 0, 10_000, 1 << 40)
+    rows = conn.execute(READ_LANES, every_slot.params()).fetchall()
     records = [record_from_row(row) for row in rows]
     if message_id is not None:
         records = [

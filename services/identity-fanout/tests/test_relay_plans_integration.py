@@ -18,6 +18,7 @@ from typing import LiteralString
 import psycopg
 import pytest
 from psycopg.rows import TupleRow
+from relay_support import read_request
 
 from identity_fanout.outbox.records import OutboxRecord
 from identity_fanout.outbox.rules import slots_of
@@ -32,7 +33,7 @@ Conn = psycopg.Connection[TupleRow]
 BURST = 30_000
 IDLE_READS = 40
 """Far more than psycopg's prepare_threshold (5) plus PostgreSQL's five custom plans."""
-EVERY_SLOT = ReadRequest(tuple(slots_of(range(8), 8)), 0, 5000, 32 * 1024 * 1024)
+EVERY_SLOT = read_request(tuple(slots_of(range(8), 8)), 0, 5000, 32 * 1024 * 1024)
 
 _q = load_queries("identity_fanout", "outbox/sql/relay.sql")
 _outbox = load_queries("identity_fanout", "outbox/sql/outbox.sql")
@@ -75,8 +76,7 @@ def plan_of(conn: Conn, statement: str, params: Mapping[str, object] | None = No
 
 def plan_of_read(conn: Conn, request: ReadRequest) -> str:
     """EXPLAIN of the exact read with these parameters, as this session plans it."""
-    params = request._asdict() | {"slots": list(request.slots)}
-    lines = conn.execute(b"EXPLAIN " + READ_LANES.encode(), params, prepare=False)
+    lines = conn.execute(b"EXPLAIN " + READ_LANES.encode(), request.params(), prepare=False)
     return "\n".join(str(line[0]) for line in lines)
 
 
@@ -85,18 +85,23 @@ def test_an_idle_relay_reads_a_burst_along_an_index_never_with_a_generic_plan(
 ) -> None:
     db.execute("VACUUM ANALYZE identity.outbox")  # empty, as autovacuum leaves it
     with connect(relay_dsn, SessionLimits()) as relay:
+        OUTBOX.join_relays(relay)  # the lanes' session, as the relay opens it
         for _ in range(IDLE_READS):  # an idle relay: one empty read per poll
             assert fetch(relay, READ_LANES, EVERY_SLOT) == []
         write_burst(db, BURST)
 
         first = fetch(relay, READ_LANES, EVERY_SLOT)
-        after = fetch(relay, READ_LANES, EVERY_SLOT._replace(after=first[-1].id))
+        after = fetch(
+            relay, READ_LANES, read_request(EVERY_SLOT.slots, first[-1].id, 5000, 32 * 1024 * 1024)
+        )
         assert (len(first), len(after)) == (5000, 5000)
         assert first[-1].id < after[0].id
 
         # No generic plan ever served the read: it is not prepared at all.
         assert outbox_statements(relay) == []
-        plan = plan_of_read(relay, EVERY_SLOT._replace(after=first[-1].id))
+        plan = plan_of_read(
+            relay, read_request(EVERY_SLOT.slots, first[-1].id, 5000, 32 * 1024 * 1024)
+        )
         assert "Index Scan" in plan, plan
         assert "Seq Scan" not in plan, plan
         assert "Sort" not in plan, plan
@@ -151,6 +156,7 @@ def test_a_relay_holding_few_slots_merges_their_heads_and_reads_what_the_walk_re
     merged = OUTBOX.read_statement(one_lane)
     assert merged != READ_LANES
     with connect(relay_dsn, SessionLimits()) as relay:
+        OUTBOX.join_relays(relay)  # the lanes' session, as the relay opens it
         middle = fetch(relay, READ_LANES, EVERY_SLOT._replace(limit=10_000))[-1].id
         for after, limit, budget in (
             (0, 5000, 32 * 1024 * 1024),
@@ -159,16 +165,16 @@ def test_a_relay_holding_few_slots_merges_their_heads_and_reads_what_the_walk_re
             (0, 5000, 100_000),  # cut by payload bytes
             (0, 5000, 1),  # at least one row
         ):
-            request = ReadRequest(one_lane, after, limit, budget)
+            request = read_request(one_lane, after, limit, budget)
             walked = fetch(relay, READ_LANES, request)
             assert walked, request
             assert fetch(relay, merged, request) == walked, request
-        assert fetch(relay, merged, ReadRequest(one_lane, 10**12, 5000, 1)) == []
+        assert fetch(relay, merged, read_request(one_lane, 10**12, 5000, 1)) == []
 
         plan = plan_of(
             relay,
             merged,
-            {"slots": list(one_lane), "after": 0, "limit": 5000, "budget": 32 * 1024 * 1024},
+            read_request(one_lane, 0, 5000, 32 * 1024 * 1024).params(),
         )
         assert "Merge Append" in plan, plan
         assert "Seq Scan" not in plan, plan

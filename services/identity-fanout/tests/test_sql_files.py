@@ -15,7 +15,7 @@ class TestSqlFiles(SqlFileChecks):
         "fanout/sql/units.sql",
         "membership/membership.sql",
         "ops/sql/sessions.sql",
-        "outbox/sql/floor.sql",
+        "outbox/sql/frontier.sql",
         "outbox/sql/lanes.sql",
         "outbox/sql/outbox.sql",
         "outbox/sql/quarantine.sql",

@@ -95,8 +95,8 @@ class RuntimeRole(msgspec.Struct, frozen=True):
     grants: tuple[TableGrant, ...]
     reads_statistics: bool = False
     """Member of `pg_read_all_stats` (read-only statistics: every session's backend_xmin and
-    transaction start in pg_stat_activity), for the horizon watch (pin_runtime.horizon) and
-    the outbox floor (identity-fanout); granted when the migrating user may, else a
+    transaction start in pg_stat_activity), for the horizon watch (pin_runtime.horizon);
+    granted when the migrating user may, else a
     warning, and revoked once no longer declared."""
 
     def __post_init__(self) -> None:
@@ -189,7 +189,7 @@ def _statistics(
     """`pg_read_all_stats` for `role_id` as declared. Granting a predefined role needs
     CREATEROLE (or its admin option): a migrating user without it leaves the membership as
     it is and says so, since the service runs without it (the horizon watch sees only its
-    own role's sessions, the outbox floor never rises)."""
+    own role's sessions)."""
     held = conn.execute(_q.reads_statistics, (name,)).fetchone()
     if held is not None and bool(held[0]) == grant:
         return

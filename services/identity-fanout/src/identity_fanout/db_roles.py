@@ -8,8 +8,8 @@ or the tests, which run every process as its role, fail with SQLSTATE 42501.
 
 Not listed because PostgreSQL needs no grant for it: LISTEN/NOTIFY, advisory locks,
 `pg_locks`/`pg_stat_activity` (another role's sessions in full need `reads_statistics`),
-and the identity columns' sequences (an identity column's `nextval` is not checked against
-the sequence's privileges; reading the last value handed out is, hence `outbox_id_seq`).
+and the outbox's ids (migration 0012's trigger takes them as the migration's owner; reading
+the last value handed out is checked, hence `outbox_id_seq`).
 `SELECT ... FOR UPDATE` needs UPDATE on the table; `COPY ... FROM STDIN` needs INSERT;
 `RETURNING` and a `WHERE` on a table's columns need SELECT.
 """
@@ -39,10 +39,11 @@ WORKER: Final = RuntimeRole(
         # The depth checked before each batch (backpressure) and reported with the queue
         # gauges: the ids and ages of the rows, never their contents.
         TableGrant("outbox", ("SELECT",), columns=("id", "created_at")),
-        # The outbox floor (outbox.floor): the last id handed out, never a row's contents.
+        # The outbox frontier (outbox.frontier): the last id handed out, never a row's contents.
         TableGrant("outbox_id_seq", ("SELECT",)),
     ),
-    # The horizon watch, and the outbox floor's look at which transactions are still open.
+    # The horizon watch (the oldest holder of the xmin horizon, by name); the outbox frontier
+    # needs none: it reads pg_locks.
     reads_statistics=True,
 )
 
@@ -55,10 +56,11 @@ RELAY: Final = RuntimeRole(
         TableGrant("outbox", ("SELECT", "DELETE")),
         # The move's INSERT ... RETURNING, and the quarantined-rows gauge.
         TableGrant("outbox_quarantine", ("SELECT", "INSERT")),
-        # The outbox floor (outbox.floor): the last id handed out.
+        # The outbox frontier (outbox.frontier): the last id handed out.
         TableGrant("outbox_id_seq", ("SELECT",)),
     ),
-    # The horizon watch, and the outbox floor's look at which transactions are still open.
+    # The horizon watch (the oldest holder of the xmin horizon, by name); the outbox frontier
+    # needs none: it reads pg_locks.
     reads_statistics=True,
 )
 

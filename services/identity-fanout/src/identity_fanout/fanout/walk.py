@@ -44,7 +44,7 @@ from identity_fanout.errors import LeaseLostError, TaskSupersededError
 from identity_fanout.fanout.batch import BatchResult, run_batch
 from identity_fanout.fanout.metrics import FanoutMetrics
 from identity_fanout.fanout.queue import FanoutQueue, Unit, retry_delay
-from identity_fanout.outbox.floor import OutboxFloor
+from identity_fanout.outbox.frontier import OutboxFrontier
 from identity_fanout.outbox.store import OutboxDepth
 from identity_fanout.schema import OUTBOX
 from identity_fanout.settings import Settings
@@ -177,8 +177,10 @@ class Walker:
     retry_after: float = field(init=False, default=0.0)
     """Seconds the worker waits before its next claim after a failure not the unit's own
     (1 s doubling to 60 s while they go on): set by `on_failure`."""
-    outbox_floor: OutboxFloor = field(init=False, default_factory=lambda: OutboxFloor(OUTBOX))
-    """Where the depth looks for the outbox's head (outbox.floor): not the first index entry,
+    outbox_frontier: OutboxFrontier = field(
+        init=False, default_factory=lambda: OutboxFrontier(OUTBOX)
+    )
+    """Where the depth looks for the outbox's head (outbox.frontier): not the first index entry,
     past every row the relays deleted that a held snapshot keeps alive."""
 
     def __post_init__(self, tracer: trace.Tracer | None) -> None:
@@ -293,7 +295,7 @@ class Walker:
 
     def _outbox_depth(self) -> OutboxDepth:
         with self.pool.connection() as conn:
-            depth = OUTBOX.depth(conn, self.outbox_floor.refresh(conn))
+            depth = OUTBOX.depth(conn, self.outbox_frontier.refresh(conn))
         self.observe_outbox(depth)
         return depth
 

@@ -198,7 +198,7 @@ class FanoutWorker:
         reports them, so they survive every relay being down."""
         with self._pool.connection() as conn:
             state = queue_state(conn)
-            depth = OUTBOX.depth(conn, self._walker.outbox_floor.refresh(conn))
+            depth = OUTBOX.depth(conn, self._walker.outbox_frontier.refresh(conn))
         self._walker.observe_outbox(depth)
         self._metrics.queue_backlog.set(state.backlog)
         self._metrics.leased_tasks.set(state.leased)

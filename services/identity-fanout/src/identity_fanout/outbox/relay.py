@@ -14,8 +14,8 @@ by the others within `lock_retry_interval` of the server noticing.
 One loop on one thread does everything, one round after the other (`OutboxRelay._round`):
 
 1. start: the lanes' connection, and every `lock_retry_interval` a look at the lanes;
-2. read the next rows of the held lanes (id order, after the last one in flight, within
-   what is left of the in-flight window) and produce them at once;
+2. read the next rows of the held lanes (id order, each slot after the last one read and up
+   to its frontier, within what is left of the in-flight window) and produce them at once;
 3. poll: serve the producer's delivery reports (the window keeps every record's outcome);
 4. settle the window's settled prefix (`rules.settle`): quarantine the rows refused for
    good, delete the acknowledged ones once a batch of them is there (or the lanes caught
@@ -24,7 +24,8 @@ One loop on one thread does everything, one round after the other (`OutboxRelay.
    settled prefix is applied and the rest stays in the outbox to go out again after a
    backoff, so a later row of a key never overtakes one that may yet be delivered;
 5. finish: the floor, the backlog gauges when due, the pause for a refusal of the cluster
-   (`rules.next_pause`), readiness; then wait for a NOTIFY if nothing is in flight.
+   (`rules.next_pause`), readiness; then wait for a NOTIFY if nothing is in flight (or for
+   a writer of a held slot to end, which a rollback does not announce).
 
 The reads and deletes run on the lanes' own connection, between produce calls, and no
 thread of the relay's own: librdkafka sends and compresses on its threads meanwhile
@@ -50,7 +51,7 @@ from prometheus_client import CollectorRegistry
 from psycopg import errors
 from psycopg.rows import TupleRow
 
-from identity_fanout.outbox.floor import OutboxFloor
+from identity_fanout.outbox.frontier import OutboxFrontier
 from identity_fanout.outbox.metrics import RelayMetrics
 from identity_fanout.outbox.partitions import catalogue_partitions
 from identity_fanout.outbox.pause_mark import session_name
@@ -119,11 +120,17 @@ BUSY_WAIT: Final = 0.05
 """How long to wait for reports when the window is full or nothing new was read."""
 WAKE_SLICE: Final = 0.5
 """Longest uninterruptible wait: bounds the reaction to a stop request."""
+FRONTIER_RECHECK: Final = 0.1
+"""Longest wait for a NOTIFY while a writer of a held slot is open: its rollback (or a
+prepared transaction's end) wakes nobody, and rows committed behind it wait for the next
+look at the frontier."""
 DELETE_SPAN: Final = "delete_published identity.outbox"
 """The span of a delete of published rows (database conventions: `{db.query.summary}`),
 linked to the sends of its rows; `outbox published` is logged in it."""
 
 _VALUE = attrgetter("value")
+_SLOT = attrgetter("slot")
+_ID = attrgetter("id")
 
 
 class RelayInternals(msgspec.Struct, frozen=True, kw_only=True):
@@ -240,11 +247,12 @@ class OutboxRelay:
         self.window = InflightWindow(
             max_records=settings.relay_window_records, max_bytes=settings.relay_window_bytes
         )
-        self._floor = OutboxFloor(self._store)
-        """Where a lane without a cursor reads from (taken over, or nothing in flight)."""
+        self._frontier = OutboxFrontier(self._store)
+        """How far each slot may be read, and where a slot without a cursor reads from (taken
+        over, or nothing in flight): the floor."""
         self._stale_after = delivery_timeout + FLUSH_MARGIN
         self._cursors: dict[int, int] = {}
-        """The last id read in each held lane (a lane without one reads from the floor)."""
+        """The last id read in each held slot (a slot without one reads from the floor)."""
         self._next_read = 0.0
         """monotonic() before which a round does not read (a caught-up read's cooldown)."""
         self._caught_up = True
@@ -352,7 +360,11 @@ class OutboxRelay:
             # Paused, a read is only the next try: the delay grows until Kafka takes a row.
             self._kafka_backoff.reset()
         elif not len(self.window):
-            self._session.wait_for_notify(self._poll_interval, stop=self._stop, on_tick=self._beat)
+            held = slots_of(self._session.readable_lanes(), self.settings.outbox_lanes)
+            wait = FRONTIER_RECHECK if self._frontier.waiting(held) else self._poll_interval
+            self._session.wait_for_notify(
+                min(wait, self._poll_interval), stop=self._stop, on_tick=self._beat
+            )
             # Woken while the lanes cool down after a caught-up read: the next read waits
             # for the end of it, and answers every commit until then.
             return self._cooldown_left()
@@ -393,57 +405,51 @@ class OutboxRelay:
     def _fill(self, conn: Conn, lanes: Collection[int]) -> int:
         """Read and produce the next rows of `lanes` if the window has room; rows read.
 
-        Each lane reads on after its own cursor (the last id read in it): a lane taken over
-        while others are in flight starts from the floor, so its oldest rows go first.
-        Lanes sharing a cursor are read together, normally all of them in one statement.
+        Each slot reads on after its own cursor (the last id read in it) up to its frontier,
+        which the frontier's step just before moved (a new statement, whose snapshot sees
+        every row up to it): a slot taken over while others are in flight starts from the
+        floor, so its oldest rows go first, and no row commits behind a cursor.
         """
-        batch_size = self.settings.relay_batch_size
-        room = min(batch_size, self.window.room())
+        room = min(self.settings.relay_batch_size, self.window.room())
         if not lanes or room <= 0:
             self._caught_up = not lanes  # a full window: more is likely waiting
             return 0
         if not len(self.window) and self._delete_settled(conn):
-            # Nothing in flight: every lane from its head (late commits too), once the
-            # acknowledged rows there are gone (while they cannot be deleted, the lanes read
-            # on after their cursors).
+            # Nothing in flight: every slot from its head again (the rows whose quarantine
+            # failed, those left by a stopped flow), once the acknowledged rows there are
+            # gone (while they cannot be deleted, the slots read on after their cursors).
             self._cursors.clear()
-        # A lane's head is read from the floor, below which no row is nor will be (late
-        # commits included): not from the first index entry, past every deleted row that a
-        # held snapshot keeps alive (outbox.floor).
-        start = self._floor.after
-        self._cursors = {lane: self._cursors.get(lane, start) for lane in lanes}
-        groups: dict[int, list[int]] = {}
-        for lane, after in self._cursors.items():
-            groups.setdefault(after, []).append(lane)
-        read = read_bytes = 0
-        caught_up = True
-        for after, group in sorted(groups.items()):
-            limit = room - read
-            if limit <= 0:
-                caught_up = False
-                break
-            slots = tuple(slots_of(group, self.settings.outbox_lanes))
-            budget = max(1, self.window.max_bytes - self.window.bytes - read_bytes)
-            records = self._store.read(conn, ReadRequest(slots, after, limit, budget))
-            # Fewer rows than asked, and not for the budget: the lanes hold no more now.
-            caught_up &= len(records) < limit and 2 * sum(map(len, map(_VALUE, records))) < budget
-            # At most one record per key in flight (InflightWindow.admissible): the rest of
-            # the read waits, and is read again, from after the last one produced.
-            records = records[: self.window.admissible(records)]
-            if not records:
-                continue
-            read_bytes += sum(map(len, map(_VALUE, records)))
-            for lane in group:  # every row of the group up to here is read
-                self._cursors[lane] = records[-1].id
-            read += len(records)
-            self._produce(records)
+        self._frontier.step(conn)
+        start = self._frontier.after
+        slots = tuple(slots_of(lanes, self.settings.outbox_lanes))
+        self._cursors = {slot: self._cursors.get(slot, start) for slot in slots}
+        afters = tuple(self._cursors.values())
+        uptos = tuple(map(self._frontier.upto, slots))
+        if all(map(int.__ge__, afters, uptos)):
+            self._caught_up = True  # nothing settled past any cursor: no statement
+            return 0
+        budget = max(1, self.window.max_bytes - self.window.bytes)
+        records = self._store.read(conn, ReadRequest(slots, afters, uptos, room, budget))
+        # Fewer rows than asked, and not for the budget: the slots hold no more now.
+        caught_up = len(records) < room and 2 * sum(map(len, map(_VALUE, records))) < budget
+        # At most one record per key in flight (InflightWindow.admissible): the rest of
+        # the read waits, and is read again, from after the last one produced in its slot.
+        admitted = self.window.admissible(records)
+        if caught_up and admitted == len(records):
+            # Every row of each slot up to its frontier was read: a later read starts there.
+            self._cursors.update(zip(slots, map(max, afters, uptos), strict=True))
+        records = records[:admitted]
+        # In id order, so each slot keeps the last id produced in it.
+        self._cursors.update(zip(map(_SLOT, records), map(_ID, records), strict=True))
         self._caught_up = caught_up
-        if caught_up and read and self._read_cooldown:
+        if records:
+            self._produce(records)
+        if caught_up and records and self._read_cooldown:
             # Rows came, and no more are there: more are likely on their way, and read
             # together after the cooldown. An empty read sets none: after a quiet spell
             # the next commit is read at once.
             self._next_read = time.monotonic() + self._read_cooldown
-        return read
+        return len(records)
 
     def _produce(self, records: Sequence[OutboxRecord]) -> None:
         self._tally.read += len(records)
@@ -606,9 +612,9 @@ class OutboxRelay:
         if idle:
             self._delete_settled(conn)  # nothing else to do: the last deletes
         result, self._tally = self._tally, RoundResult()
-        # The floor the next reads from a lane's head and the gauges start at (a step every
-        # FLOOR_INTERVAL at most: outbox.floor).
-        floor = self._floor.refresh(conn)
+        # The floor the next reads from a slot's head and the gauges start at (a step every
+        # STEP_INTERVAL at most when no read stepped it: outbox.frontier).
+        floor = self._frontier.refresh(conn)
         # Every instance counts the whole outbox (any one of them shows it, and a stuck one
         # cannot hide the others' backlog), once per GAUGES_INTERVAL times the instances
         # running, so the fleet's counting does not grow with it; and at once after a

@@ -48,6 +48,20 @@ The rows of a round are walked in outbox id order:
   not: a re-send may duplicate a record, but a later row of the same key never overtakes
   one that may yet be delivered, and nothing is lost.
 
+Frontier
+--------
+How far each slot may be read. Pure.
+
+A writer takes a row's id before it commits, so rows may commit out of id order. Each
+writing transaction holds the shared lock (writer class, slot) of every slot it writes from
+before its first id there until it ends (migration 0012), so the transactions that may still
+commit a row of a slot are the holders of its lock. A step reads the last id handed out,
+then the holders: a slot nobody holds is settled up to that id at once; otherwise the id
+waits with the holders of that moment, and the slot is settled up to it once all of them
+have ended (later holders take later ids, and wait for a later step). A relay reads a slot
+only up to its frontier, so no row ever commits below what it read: a key's rows go out in
+id order, and a row waits only for the transactions that hold its own slot.
+
 Pause
 -----
 When the relay pauses for a refusal of the cluster, and when it resumes. Pure.
@@ -90,6 +104,8 @@ __all__ = [
     "Pause",
     "Refusal",
     "Settlement",
+    "SlotWait",
+    "advance_frontier",
     "foreign_holders",
     "lane_of_slot",
     "lock_class",
@@ -118,6 +134,46 @@ def lock_class(name: str) -> int:
     (positive, so it reads the same in `pg_locks.classid`, an unsigned oid). The lanes'
     classes are named after the outbox table (`OutboxTables.lane_lock_class`)."""
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+# -- frontier ----------------------------------------------------------------------------
+
+
+class SlotWait(NamedTuple):
+    """A slot's frontier candidate: settled once every transaction in `writers` has ended."""
+
+    upto: int
+    """The last id handed out when the candidate was taken."""
+    writers: frozenset[str]
+    """The transactions holding the slot's writer lock just after (pg_locks'
+    `virtualtransaction`: unique per transaction, a prepared one's too)."""
+
+
+def advance_frontier(
+    frontier: Sequence[int],
+    waits: Mapping[int, SlotWait],
+    last: int,
+    writers: Mapping[int, frozenset[str]],
+) -> tuple[list[int], dict[int, SlotWait]]:
+    """One step of every slot's frontier: `last` is the last id handed out, `writers` the
+    holders of each slot's writer lock read after it. A waiting candidate whose writers have
+    all ended becomes the frontier; a slot without a candidate is settled up to `last` when
+    nobody holds it, else waits for its holders with `last`. The next frontier and waits."""
+    advanced = list(frontier)
+    left: dict[int, SlotWait] = {}
+    for slot in range(SLOTS):
+        holders = writers.get(slot, frozenset())
+        wait = waits.get(slot)
+        if wait is not None:
+            if wait.writers & holders:
+                left[slot] = wait
+                continue
+            advanced[slot] = max(advanced[slot], wait.upto)
+        if holders:
+            left[slot] = SlotWait(last, holders)
+        else:
+            advanced[slot] = max(advanced[slot], last)
+    return advanced, left
 
 
 def lane_of_slot(slot: int, lanes: int) -> int:

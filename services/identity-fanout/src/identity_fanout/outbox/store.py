@@ -2,12 +2,12 @@
 audit trail and the lanes' advisory locks, composed once for the service's `OutboxTables`.
 
 The writers (rows in, the depth they throttle on), the relay (reads, deletes, quarantine
-moves, backlog gauges, the floor, its lane locks), the fan-out's page statement and the
+moves, backlog gauges, the frontier, its lane locks), the fan-out's page statement and the
 operator commands (`outbox status`, `outbox quarantine ...`) all go through one
 `OutboxStore`; the SQL is in `sql/*.sql`, named, and nothing else in the service runs any
 of it.
 
-Statements run often on the outbox (reads, deletes, backlog, depth, floor) are never
+Statements run often on the outbox (reads, deletes, backlog, depth, frontier) are never
 prepared: the outbox is empty one moment and holds millions of rows the next, and a generic
 plan made while it was empty (a sequential scan and a sort of the whole table) would serve
 the next burst (docs/design/identity-fanout.md "Plans on the outbox").
@@ -34,7 +34,7 @@ from identity_fanout.outbox.quarantine import (
     quarantined_row,
 )
 from identity_fanout.outbox.records import OutboxRecord, records_from_rows
-from identity_fanout.outbox.rules import LaneLock
+from identity_fanout.outbox.rules import SLOTS, LaneLock
 from identity_fanout.outbox.tables import OutboxTables
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import listen, notify
@@ -48,7 +48,7 @@ __all__ = [
     "BACKLOG_EXACT_UP_TO",
     "MERGED_UP_TO",
     "Backlog",
-    "FloorStep",
+    "FrontierStep",
     "OutboxDepth",
     "OutboxStore",
     "ReadRequest",
@@ -62,8 +62,8 @@ def _queries(name: str) -> Queries:
     return load_queries("identity_fanout", f"outbox/sql/{name}.sql")
 
 
-_relay, _lanes, _floor, _outbox, _quarantine = map(
-    _queries, ("relay", "lanes", "floor", "outbox", "quarantine")
+_relay, _lanes, _frontier, _outbox, _quarantine = map(
+    _queries, ("relay", "lanes", "frontier", "outbox", "quarantine")
 )
 
 BACKLOG_EXACT_UP_TO: Final = 10_000
@@ -84,12 +84,29 @@ def _json_text(value: object) -> str:
 
 
 class ReadRequest(NamedTuple):
-    """Up to `limit` rows of `slots` after `after`, within `budget` payload bytes."""
+    """Up to `limit` rows of `slots`, each slot's after its cursor (`afters`) and up to its
+    frontier (`uptos`, both in the order of `slots`), within `budget` payload bytes."""
 
     slots: tuple[int, ...]
-    after: int
+    afters: tuple[int, ...]
+    uptos: tuple[int, ...]
     limit: int
     budget: int
+
+    def params(self) -> dict[str, object]:
+        """The statement's parameters: each slot's bounds in arrays indexed by slot + 1."""
+        afters, uptos = [0] * SLOTS, [-1] * SLOTS
+        for slot, after, upto in zip(self.slots, self.afters, self.uptos, strict=True):
+            afters[slot], uptos[slot] = after, upto
+        return {
+            "slots": list(self.slots),
+            "afters": afters,
+            "uptos": uptos,
+            "after": min(self.afters),
+            "upto": max(self.uptos),
+            "limit": self.limit,
+            "budget": self.budget,
+        }
 
 
 class OutboxDepth(NamedTuple):
@@ -109,16 +126,14 @@ class Backlog(NamedTuple):
     """Age of the head row; 0 when the outbox is empty."""
 
 
-class FloorStep(NamedTuple):
-    """One step of the outbox floor (`sql/floor.sql`, `outbox.floor`)."""
+class FrontierStep(NamedTuple):
+    """One look of the outbox frontier (`sql/frontier.sql`, `outbox.frontier`)."""
 
-    floor: int
-    passed: bool
-    """The pending candidate's writers are all gone."""
     last: int
-    """The last id handed out: the next candidate."""
-    at: datetime
-    """The database's clock just after taking `last`."""
+    """The last id handed out."""
+    writers: dict[int, frozenset[str]]
+    """The transactions holding each slot's writer lock, looked at after `last`."""
+    floor: int
 
 
 class SlotBacklog(NamedTuple):
@@ -142,7 +157,7 @@ class OutboxStore:
         self._merged: dict[tuple[int, ...], LiteralString] = {}
         self._delete = compose(_relay, "delete_published")
         self._backlog = compose(_relay, "backlog")
-        self._floor = compose(_floor, "floor")
+        self._frontier = compose(_frontier, "step")
         self._lane_locks = compose(_lanes, "lane_locks")
         self._move = compose(_quarantine, "move")
         self._quarantine_counts = compose(_quarantine, "count_by_topic")
@@ -185,7 +200,7 @@ class OutboxStore:
         notify(conn, self.tables.channel)
 
     def depth(self, conn: Connection[TupleRow], floor: int = 1) -> OutboxDepth:
-        """How far the relays are behind; the head looked for from `floor` (`outbox.floor`)."""
+        """How far the relays are behind; the head looked for from `floor` (`outbox.frontier`)."""
         row = conn.execute(self._depth, {"floor": floor}, prepare=False).fetchone()
         return OutboxDepth(0, 0.0) if row is None else OutboxDepth(int(row[0]), float(row[1]))
 
@@ -200,7 +215,7 @@ class OutboxStore:
     ) -> list[OutboxRecord]:
         """The rows `request` asks for, in id order (at least one when any is there), by
         `read_statement` (or `statement`, one of the two a plan test compares)."""
-        params = request._asdict() | {"slots": list(request.slots)}
+        params = request.params()
         if statement is None:
             statement = self.read_statement(request.slots)
         # Binary: the payload (bytea) arrives as is instead of hex text to decode.
@@ -217,7 +232,14 @@ class OutboxStore:
             if len(self._merged) >= _MERGED_KEPT:  # lanes regrouped often: keep it bounded
                 self._merged.clear()
             heads = sql.SQL(" UNION ALL ").join(
-                sql.SQL(self.tables.compose(_relay, "slot_head", slot=sql.Literal(slot)))
+                sql.SQL(
+                    self.tables.compose(
+                        _relay,
+                        "slot_head",
+                        slot=sql.Literal(slot),
+                        index=sql.Literal(slot + 1),
+                    )
+                )
                 for slot in slots
             )
             merged = self._merged[slots] = self.tables.compose(
@@ -248,19 +270,24 @@ class OutboxStore:
         rows = counted if counted < BACKLOG_EXACT_UP_TO else (span or counted)
         return Backlog(int(rows), max(0.0, age) if age is not None else 0.0)
 
-    def floor_step(
-        self,
-        conn: Connection[TupleRow],
-        floor: int,
-        *,
-        upto: int | None,
-        since: datetime | None,
-    ) -> FloorStep | None:
-        """One step of the outbox floor (`outbox.floor` says what each part proves)."""
+    def frontier_step(
+        self, conn: Connection[TupleRow], floor: int, *, upto: int | None
+    ) -> FrontierStep | None:
+        """One look of the outbox frontier (`outbox.frontier` says what each part proves)."""
         row = conn.execute(
-            self._floor, {"floor": floor, "upto": upto, "since": since}, prepare=False
+            self._frontier,
+            {"floor": floor, "upto": upto, "class": self.tables.writer_lock_class},
+            prepare=False,
         ).fetchone()
-        return None if row is None else FloorStep(int(row[0]), bool(row[1]), int(row[2]), row[3])
+        if row is None:
+            return None
+        last, slots, holders, new_floor = row
+        writers: dict[int, set[str]] = {}
+        for slot, holder in zip(slots, holders, strict=True):
+            writers.setdefault(slot, set()).add(holder)
+        return FrontierStep(
+            int(last), {slot: frozenset(held) for slot, held in writers.items()}, int(new_floor)
+        )
 
     def move_to_quarantine(
         self, conn: Connection[TupleRow], refusals: Sequence[Refusal]
@@ -282,10 +309,11 @@ class OutboxStore:
     # -- the lanes' advisory locks ---------------------------------------------------------
 
     def join_relays(self, conn: Connection[TupleRow]) -> None:
-        """Take the shared member lock (this session counts as a relay instance) and LISTEN
-        to the writers' channel: before the first read, so a row committed after it still
-        wakes the relay."""
+        """Take the shared member lock (this session counts as a relay instance), plan in id
+        order (`sql/lanes.sql` says why) and LISTEN to the writers' channel: before the first
+        read, so a row committed after it still wakes the relay."""
         conn.execute(_lanes.join_members, {"members": self.tables.member_lock_class})
+        conn.execute(_lanes.plan_in_id_order)
         listen(conn, self.tables.channel)
 
     def lane_locks(self, conn: Connection[TupleRow]) -> list[LaneLock]:

@@ -3,8 +3,14 @@
 The outbox knows no service: its statements name their tables as `{outbox}`, `{quarantine}`
 and `{discards}` slots (and a key's slot function as `{key_slot}`), filled from one
 `OutboxTables` the service supplies (composed once, when a gateway is built), and so are the
-NOTIFY channel, the advisory-lock classes of the lanes, the log field a row's key is shown
-under, and which rows an operator may only discard with `force`.
+NOTIFY channel, the advisory-lock classes of the lanes and of the writers, the log field a
+row's key is shown under, and which rows an operator may only discard with `force`.
+
+What the outbox asks of a service's table besides its columns: each row's id taken from a
+sequence owned by the id column, one at a time, after the writing transaction took the
+shared lock `(writer_lock_class, slot)` of the row's slot (identity-fanout's migration 0012
+does it with a trigger): the relays read a slot only up to the ids whose writers have ended
+(`outbox.frontier`).
 """
 
 from __future__ import annotations
@@ -54,6 +60,13 @@ class OutboxTables(msgspec.Struct, frozen=True, kw_only=True):
     def lane_lock_class(self) -> int:
         """First key of a slot's advisory lock `(lane_lock_class, slot)`."""
         return lock_class(f"pin-outbox-relay:{self.qualified}")
+
+    @property
+    def writer_lock_class(self) -> int:
+        """First key of the shared transaction lock `(writer_lock_class, slot)` a writer holds
+        from before its first id in the slot until it ends (migration 0012's trigger, which
+        names it as a literal; `outbox.frontier`)."""
+        return lock_class(f"pin-outbox-writer:{self.qualified}")
 
     @property
     def member_lock_class(self) -> int:

@@ -7,6 +7,15 @@
 -- in pg_locks are the instances the lanes are shared among; it ends with the connection.
 SELECT pg_advisory_lock_shared(%(members)s, 0)
 
+-- name: plan_in_id_order --
+-- The lanes' session never sorts: everything it reads (a lane's rows, the backlog, the
+-- floor's walk) comes along an index in id order, however few rows the statistics of an
+-- outbox analyzed while empty promise. A read's per-slot bounds (cursor, frontier) are
+-- taken by the planner as a fraction of the rows, and with statistics of an empty outbox a
+-- burst of 30,000 was read by a bitmap scan and a sort of all of it instead of 5,000 rows
+-- along the primary key (`tests/test_relay_plans_integration.py`).
+SET enable_sort = off
+
 -- name: try_lock_slots --
 -- Session-level locks of a lane's slots: held until released or until the connection
 -- ends (crash, network loss).

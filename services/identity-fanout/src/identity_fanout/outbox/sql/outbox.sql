@@ -39,7 +39,7 @@ SELECT key_slot, count(*),
 -- deleted and VACUUM has not removed yet, the costly part of a look that a throttled
 -- worker repeats every 0.1 s; the newest is the last id handed out (the sequence: a tail of
 -- deleted rows is never walked backward). The head's walk starts at the worker's floor
--- (`floor`, outbox.floor): while a snapshot older than the deletes is held, a walk from the
+-- (`floor`, outbox.frontier): while a snapshot older than the deletes is held, a walk from the
 -- first entry fetched every deleted row from the heap again.
 WITH head AS (
     SELECT id, created_at FROM {outbox} WHERE id >= %(floor)s ORDER BY id LIMIT 1

@@ -3,18 +3,22 @@
 -- {outbox}, {quarantine}, {discards}: the service's tables (identity_fanout.outbox.tables).
 
 -- name: read_lanes --
--- The next rows of the held lanes after the last one in flight (with none in flight: from
--- the outbox floor, outbox.floor, never from the first index entry),
--- at most limit rows and as many as start within budget payload bytes (at least one row).
--- Only committed rows are visible (read committed, autocommit). A row committed late under a
--- lower id than the cursor is read once the window is empty again (the cursor then restarts
--- from the head).
+-- The next rows of the held slots, each slot's after its cursor (the last id read in it;
+-- without one, the outbox floor, outbox.frontier, never the first index entry) and up to
+-- its frontier (every row up to it is committed or never will be: nothing commits behind a
+-- cursor), at most limit rows in id order and as many as start within budget payload bytes
+-- (at least one row). `afters` and `uptos` are indexed by slot + 1; `after` and `upto`
+-- bound the walk of the primary key. The per-slot bounds are one expression in `coalesce`:
+-- the planner takes half the rows through it (two comparisons with unknown bounds it would
+-- take as a ninth, and a burst would be read by a bitmap scan and a sort of all of it).
 SELECT id, topic, message_key, payload, headers, key_slot
   FROM (SELECT *, sum(octet_length(payload)) OVER (ORDER BY id) - octet_length(payload) AS before
           FROM (SELECT id, topic, message_key, payload, headers::text AS headers, key_slot
                   FROM {outbox}
                  WHERE key_slot = ANY(%(slots)s::smallint[])
-                   AND id > %(after)s
+                   AND id > %(after)s AND id <= %(upto)s
+                   AND coalesce(id > (%(afters)s::bigint[])[key_slot + 1]
+                                AND id <= (%(uptos)s::bigint[])[key_slot + 1], false)
                  ORDER BY id
                  LIMIT %(limit)s) AS head) AS sized
  WHERE before < %(budget)s
@@ -34,11 +38,13 @@ SELECT id, topic, message_key, payload, headers, key_slot
  ORDER BY id
 
 -- name: slot_head --
--- One slot's next rows, for `read_slot_heads` ({slot}: the slot, as a literal, so that
--- each branch is planned on its own range of the index).
+-- One slot's next rows, for `read_slot_heads` ({slot}: the slot, {index}: slot + 1, as
+-- literals, so that each branch is planned on its own range of the index).
 (SELECT id, topic, message_key, payload, headers::text AS headers, key_slot
    FROM {outbox}
-  WHERE key_slot = {slot} AND id > %(after)s
+  WHERE key_slot = {slot}
+    AND id > (%(afters)s::bigint[])[{index}]
+    AND id <= (%(uptos)s::bigint[])[{index}]
   ORDER BY id
   LIMIT %(limit)s)
 
@@ -54,9 +60,9 @@ DELETE FROM {outbox} WHERE id = ANY(%(ids)s::bigint[])
 -- The count walks the primary key, not the heap: rows the relay deleted stay in the heap as
 -- dead tuples until VACUUM, at its head, and a sequential count read through all of them at
 -- every idle step, growing with the table; the index skips entries already found dead.
--- Each walk starts at the floor (`floor`, outbox.floor): while a snapshot older than the
+-- Each walk starts at the floor (`floor`, outbox.frontier): while a snapshot older than the
 -- deletes is held no entry can be found dead, and the walk from the first entry fetched
--- every deleted row from the heap again (docs/design/identity-fanout.md "The outbox floor").
+-- every deleted row from the heap again (docs/design/identity-fanout.md "The outbox frontier").
 WITH head AS (
     SELECT id, created_at FROM {outbox} WHERE id >= %(floor)s ORDER BY id LIMIT 1
 )
