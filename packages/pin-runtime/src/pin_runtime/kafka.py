@@ -37,10 +37,10 @@ from pin_runtime.secret_files import SecretFileError
 __all__ = [
     "METADATA_REFRESH_MS",
     "ConfigValue",
+    "HeadersRead",
     "KafkaClientSettings",
     "KafkaConfig",
     "LoginRenewal",
-    "ReadHeaders",
     "RecordHeaders",
     "SaslMechanism",
     "SecurityProtocol",
@@ -404,7 +404,7 @@ RecordHeaders = list[tuple[str, str | bytes | None]]
 None for a null header), as `produce(headers=...)` takes them back."""
 
 
-ReadHeaders = tuple[RecordHeaders, str | None]
+HeadersRead = tuple[RecordHeaders, str | None]
 """What `read_headers` could read of a record's headers: every header in order (empty when
 it has none or they are unreadable), and why the client could not read them, or None. A
 plain tuple: it is built for every record consumed."""
@@ -426,7 +426,7 @@ result as it comes, the exception stays pending and is raised by whatever code r
 (or the half-built list is read, and the process dies)."""
 
 
-def read_headers(message: Message) -> ReadHeaders:
+def read_headers(message: Message) -> HeadersRead:
     """The headers of a consumed record and None, whatever bytes it carries, or no headers
     and why the client could not read them: never raises.
 
