@@ -11,8 +11,16 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
-from pin_runtime.kafka import create_admin, create_consumer, create_producer, ensure_topics
+from pin_runtime.kafka import (
+    create_admin,
+    create_consumer,
+    create_producer,
+    ensure_topics,
+    read_headers,
+    record_headers,
+)
 from pin_runtime.tracing import Headers, extract_context, inject_headers
+from pin_testkit.kafka_wire import WireRecord, produce_wire
 
 pytestmark = pytest.mark.integration
 
@@ -74,9 +82,11 @@ def test_round_trip_with_headers_and_trace_context(
         consumer.subscribe([new_topic])
         message = poll_one(consumer.poll, 60)
         assert (message.key(), message.value()) == (b"user-1", b'{"ok":true}')
-        received = dict(message.headers() or [])
+        received = dict(record_headers(message))
         assert received["MessageId"] == b"m-1"
-        context = trace.get_current_span(extract_context(message.headers())).get_span_context()
+        context = trace.get_current_span(
+            extract_context(record_headers(message))
+        ).get_span_context()
         assert context.trace_id == span.get_span_context().trace_id
         assert context.span_id == span.get_span_context().span_id
 
@@ -93,3 +103,39 @@ def test_round_trip_with_headers_and_trace_context(
         assert after.offset == offset + 1
     finally:
         consumer.close()
+
+
+def test_headers_that_cannot_be_read_are_none_and_leave_the_record_usable(
+    kafka_bootstrap: str, admin: AdminClient, new_topic: str
+) -> None:
+    # Header names are bytes on the wire; confluent-kafka decodes them as UTF-8 and, on one
+    # that is not, fails in a way that crashed or stopped every reader: records read well
+    # for a while (the interpreter has specialised the call by then), then such records.
+    ensure_topics(admin, [(new_topic, 1)])
+    good: WireRecord = (b"k", b"good", [(b"MessageId", b"m-1"), (b"null", None)])
+    bad: WireRecord = (b"k", b"bad", [(b"MessageId", b"m-2"), (b"\xff\xfename", b"v")])
+    records = ([good] * 100 + [bad]) * 3
+    produce_wire(kafka_bootstrap, new_topic, 0, records)
+
+    group = f"pin-runtime-test-{uuid.uuid4().hex[:8]}"
+    consumer = create_consumer(kafka_bootstrap, group_id=group, client_id="pin-runtime-test-c")
+    try:
+        consumer.subscribe([new_topic])
+        messages = [poll_one(consumer.poll, 60) for _ in records]
+    finally:
+        consumer.close()
+    for message in messages:
+        first, again = read_headers(message), read_headers(message)
+        if message.value() == b"good":
+            assert first == again == ([("MessageId", b"m-1"), ("null", None)], None)
+            continue
+        (headers, unreadable), (headers_again, unreadable_again) = first, again
+        assert headers == headers_again == []
+        assert unreadable == unreadable_again
+        assert unreadable is not None
+        assert unreadable.startswith("UnicodeDecodeError: 'utf-8' codec can't decode")
+        # The message is whole again: its own getter (no broken list left), ==, the rest.
+        assert message.headers() == []
+        assert record_headers(message) == []
+        assert message != messages[0]
+        assert (message.key(), (message.offset() or 0) % 101) == (b"k", 100)

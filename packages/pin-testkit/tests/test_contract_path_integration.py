@@ -16,7 +16,7 @@ from pin_contracts.enums import AgentMembershipStatus, LeaveReason
 from pin_contracts.envelope import envelope_for
 from pin_contracts.kafka import headers_for, kafka_key
 from pin_runtime.delivery import flush_or_raise
-from pin_runtime.kafka import create_producer
+from pin_runtime.kafka import create_producer, record_headers
 from pin_runtime.tracing import extract_context, inject_headers
 from pin_testkit.events import membership_event
 from pin_testkit.records import consume
@@ -55,5 +55,5 @@ def test_membership_event_survives_the_broker(
     assert message.key() == str(payload.agent_user_id).encode()
     decoded = decode_membership_changed(message.value())
     assert decoded == envelope
-    carried = trace.get_current_span(extract_context(message.headers())).get_span_context()
+    carried = trace.get_current_span(extract_context(record_headers(message))).get_span_context()
     assert carried.trace_id == sent_trace_id

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
+from pin_runtime.kafka import record_headers
 from pin_testkit.databases import DatabaseFactory, database_exists, dsn_dbname
 from pin_testkit.records import consume
 
@@ -73,7 +74,11 @@ def test_topic_round_trip(kafka_bootstrap: str, kafka_topic: Callable[..., str])
     producer.produce(topic, key=b"k", value=b"hello", headers=[("h", b"v")])
     assert producer.flush(30) == 0
     [message] = consume(kafka_bootstrap, topic, 1)
-    assert (message.key(), message.value(), message.headers()) == (b"k", b"hello", [("h", b"v")])
+    assert (message.key(), message.value(), record_headers(message)) == (
+        b"k",
+        b"hello",
+        [("h", b"v")],
+    )
 
 
 def test_runtime_dsn_logs_in_with_only_its_group_privileges(

@@ -11,7 +11,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import psycopg
 import pytest
@@ -24,6 +24,7 @@ from relay_support import new_relay
 from identity_fanout.outbox.writer import OutboxMessage
 from identity_fanout.schema import OUTBOX
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED
+from pin_runtime.kafka import record_headers
 from pin_testkit.fuzzing import fuzz_settings, fuzz_timeout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(fuzz_timeout())]
@@ -87,8 +88,10 @@ def read_topic(bootstrap: str, topic: str) -> Published:
                 assert error.code() == KafkaError._PARTITION_EOF, error
                 at_end.add(message.partition() or 0)
                 continue
-            raw: Any = message.headers() or []
-            headers = [(str(k), bytes(v or b"")) for k, v in raw]
+            headers = [
+                (k, v.encode() if isinstance(v, str) else v or b"")
+                for k, v in record_headers(message)
+            ]
             row = next(v for k, v in headers if k == FUZZ_HEADER)
             found[row.decode()] = (message.key(), message.value(), headers)
     finally:

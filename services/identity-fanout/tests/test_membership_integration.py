@@ -34,6 +34,7 @@ from pin_contracts import (
     decode_membership_changed,
     header_text,
 )
+from pin_runtime.kafka import record_headers
 from pin_testkit.concurrency import run_together
 from pin_testkit.records import consume
 from pin_testkit.service import CommandResult, run_cli, service_environment
@@ -359,8 +360,7 @@ def test_relay_publishes_membership_events_keyed_by_agent(
     assert [r.key() for r in records] == [str(agent).encode()] * 3
     assert [r.value() for r in records] == [c.message.value for c in changes]
     for record, change in zip(records, changes, strict=True):
-        headers = record.headers() or []
-        assert isinstance(headers, list)
+        headers = record_headers(record)
         assert header_text(headers, MESSAGE_ID_HEADER) == str(change.message_id)
         assert [(n, v.decode() if isinstance(v, bytes) else v) for n, v in headers] == list(
             change.message.headers

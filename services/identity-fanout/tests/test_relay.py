@@ -40,6 +40,7 @@ from pin_contracts import (
     header_text,
 )
 from pin_runtime.http import ComponentState
+from pin_runtime.kafka import record_headers
 from pin_runtime.migrations import advisory_lock_key
 from pin_runtime.postgres import SessionLimits, notify
 from pin_testkit.ports import free_port
@@ -60,9 +61,7 @@ def outbox_ids(dsn: str) -> list[int]:
 
 
 def headers_of(record: Message) -> list[tuple[str, str | bytes | None]]:
-    headers = record.headers() or []
-    assert isinstance(headers, list)
-    return headers
+    return record_headers(record)
 
 
 def is_active(relay: OutboxRelay) -> bool:

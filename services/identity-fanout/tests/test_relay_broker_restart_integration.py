@@ -29,6 +29,7 @@ from pin_contracts import (
     header_text,
 )
 from pin_runtime.http import ComponentState
+from pin_runtime.kafka import record_headers
 from pin_testkit.private import PrivateKafka
 from pin_testkit.records import read_messages
 from pin_testkit.waiting import wait_until
@@ -76,8 +77,7 @@ def read_topic(bootstrap: str, topic: Topic) -> list[tuple[int, str, int]]:
     """Every record of ``topic`` as (partition, message id, payload version)."""
     records = []
     for message in read_messages(bootstrap, topic.name):
-        headers = message.headers() or []
-        assert isinstance(headers, list)
+        headers = record_headers(message)
         message_id = header_text(headers, MESSAGE_ID_HEADER) or ""
         version = decode_access_changed(message.value() or b"").payload.version
         records.append((message.partition() or 0, message_id, version))

@@ -6,7 +6,9 @@ UTF-8, duplicate keys, numbers beyond int64 and float) between two valid records
 partition: dead-lettered once with its reason (the spec's headers), the valid record after
 it applied, the partition's offset past all three, the consumer still running; `dlq list`
 and `dlq replay` read the dead letter back. A valid record whose key is missing, not UTF-8
-or not its AgentUserId is applied, counted and logged once.
+or not its AgentUserId is applied, counted and logged once. A record whose header names are
+not UTF-8 (which confluent-kafka cannot read: `Message.headers()` raises) is taken by its
+value while every partition goes on, and a dead letter like it is listed and replayed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pin_contracts import (
     AGENT_MEMBERSHIP_CHANGED,
     DLT_EXCEPTION_FQCN_HEADER,
     DLT_EXCEPTION_MESSAGE_HEADER,
+    DLT_ORIGINAL_CONSUMER_GROUP_HEADER,
     DLT_ORIGINAL_OFFSET_HEADER,
     DLT_ORIGINAL_PARTITION_HEADER,
     DLT_ORIGINAL_TOPIC_HEADER,
@@ -32,6 +35,7 @@ from pin_contracts import (
     ERROR_PATH_HEADER,
     IDENTITY_MEMBERSHIP_DLQ,
     REWARDS_MEMBERSHIP_EVENT_INVALID,
+    DeadLetterInfo,
     envelope_for,
     header_text,
     headers_for,
@@ -39,6 +43,8 @@ from pin_contracts import (
 from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.kafka import create_consumer, create_producer
 from pin_testkit import fixtures
+from pin_testkit.kafka_wire import WireHeaders, WireRecord, produce_wire
+from pin_testkit.records import read_topic
 from rewards_membership.cli import main
 from rewards_membership.dlq.topic import DeadLetterRecord, read_dead_letters
 from rewards_membership.settings import Settings
@@ -305,3 +311,152 @@ def test_a_record_keyed_other_than_by_its_agent_is_applied_counted_and_logged_on
     assert line["key"] == (None if key is None else key.decode(errors="replace"))
     assert consumer.total("rewards_contract_mismatch_total") == 0
     consumer.close()
+
+
+UNREADABLE_NAME: Final = b"\xff\xfe"
+"""A header name that is not UTF-8: confluent-kafka's `Message.headers()` raises on it."""
+
+
+def unreadable(headers: list[Any] | None) -> WireHeaders:
+    """`headers` as the wire writes them, a header whose name is not UTF-8 among them."""
+    named: list[tuple[bytes, bytes | None]] = [
+        (name.encode(), value.encode() if isinstance(value, str) else value)
+        for name, value in headers or []
+    ]
+    return [*named[:1], (UNREADABLE_NAME, b"value"), *named[1:]]
+
+
+def test_a_record_whose_header_names_are_not_utf8_is_taken_by_its_value_on_every_partition(
+    *, kit: ConsumerKit, json_logs: io.StringIO
+) -> None:
+    # Headers are no part of the contract (the value is authoritative): such a record is
+    # applied when its value is valid and dead-lettered when it is not, its headers left
+    # behind; its partition and the others go on, nothing crashes.
+    topic = kit.kafka_topic(partitions=3, config=AGENT_MEMBERSHIP_CHANGED.config())
+    dlq = kit.kafka_topic(partitions=3, config=IDENTITY_MEMBERSHIP_DLQ.config())
+    producer = create_producer(kit.kafka_bootstrap, client_id="rm-header-tests", linger_ms=1)
+    good = {
+        p: [envelope_for(kit.event(uuid.uuid4(), uuid.uuid4(), 1)) for _ in range(2)]
+        for p in range(3)
+    }
+    valid = envelope_for(kit.event(uuid.uuid4(), uuid.uuid4(), 1))
+    valid_key, valid_value, valid_headers = record_of(valid)
+    invalid_key = str(uuid.uuid4()).encode()
+    invalid_document = envelope(kit, uuid.UUID(invalid_key.decode()))
+    del invalid_document["Payload"]["CompanyId"]
+    invalid_value = msgspec.json.encode(invalid_document)
+    bad: list[WireRecord] = [
+        (valid_key, valid_value, unreadable(valid_headers)),
+        (invalid_key, invalid_value, unreadable(headers_for(valid))),
+    ]
+    consumer = kit.start_consumer(topic=topic, dlq_topic=dlq)
+    for partition in range(3):
+        produce(producer, topic, partition, record_of(good[partition][0]))
+    assert produce_wire(kit.kafka_bootstrap, topic, 0, bad) == [1, 2]
+    for partition in range(3):
+        produce(producer, topic, partition, record_of(good[partition][1]))
+    consumer.wait_handled(8, timeout=90)
+
+    assert consumer.error is None
+    assert consumer.total("rewards_membership_applied_total") == 7
+    assert (
+        consumer.value(
+            "rewards_identity_membership_dlq_total", code=REWARDS_MEMBERSHIP_EVENT_INVALID
+        )
+        == 1
+    )
+    applied = {r[0] for r in kit.sql("SELECT agent_user_id FROM rewards.agent_performance")}
+    expected = {e.payload.agent_user_id for es in good.values() for e in es}
+    assert applied == expected | {valid.payload.agent_user_id}
+    ends = {0: 4, 1: 2, 2: 2}
+    kit.wait(
+        lambda: (
+            {p: committed(kit.kafka_bootstrap, kit.settings.group_id, topic, p) for p in ends}
+            == ends
+        ),
+        what="every partition's offset past its records",
+    )
+    assert consumer.consumer.paused_partitions == frozenset()
+
+    # Each is said once, with why its headers could not be read.
+    warnings = logged(json_logs, "record-headers-unreadable")
+    assert [(w["partition"], w["offset"], w["level"]) for w in warnings] == [
+        (0, 1, "WARNING"),
+        (0, 2, "WARNING"),
+    ]
+    assert warnings[0]["MessageId"] == str(valid.message_id)
+    assert "UnicodeDecodeError" in warnings[0]["headersReason"], warnings[0]
+    [dead] = logged(json_logs, "dead-lettered")
+    assert (dead["partition"], dead["offset"], dead["key"]) == (0, 2, invalid_key.decode())
+    assert dead["reason"].startswith("$.Payload.CompanyId: Object missing required field")
+
+    # The dead letter keeps key and value byte for byte; the headers it could not read are
+    # not copied, the DLQ's own are there.
+    [letter] = dead_letters(kit.kafka_bootstrap, dlq)
+    assert (letter.key, letter.value) == (invalid_key, invalid_value)
+    assert letter.info is not None
+    assert (letter.info.original_partition, letter.info.original_offset) == (0, 2)
+    assert letter.info.error_code == REWARDS_MEMBERSHIP_EVENT_INVALID
+    assert letter.original_headers == []
+    consumer.close()
+
+
+def test_a_dead_letter_whose_header_names_are_not_utf8_is_listed_and_replayed(
+    *,
+    kit: ConsumerKit,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    operator_dsn: str,
+) -> None:
+    # A dead letter another writer put on the DLQ, its headers unreadable: the DLQ's own
+    # headers cannot be read either, so it is listed with why, a replay refuses it unless
+    # forced, and a forced replay sends its key and value to the source topic.
+    topic = kit.kafka_topic(partitions=3, config=AGENT_MEMBERSHIP_CHANGED.config())
+    dlq = kit.kafka_topic(partitions=3, config=IDENTITY_MEMBERSHIP_DLQ.config())
+    event = envelope_for(kit.event(uuid.uuid4(), uuid.uuid4(), 1))
+    key, value, _ = record_of(event)
+    assert key is not None
+    info = DeadLetterInfo(
+        error_code=REWARDS_MEMBERSHIP_EVENT_INVALID,
+        exception_message="$.Payload.CompanyId: must not be Guid.Empty",
+        exception_fqcn="pin_contracts.errors.ContractViolation",
+        original_topic=topic,
+        original_partition=0,
+        original_offset=0,
+        original_timestamp_ms=0,
+        original_consumer_group=kit.settings.group_id,
+    )
+    headers = unreadable(info.to_headers())
+    assert any(name == DLT_ORIGINAL_CONSUMER_GROUP_HEADER.encode() for name, _ in headers)
+    assert produce_wire(kit.kafka_bootstrap, dlq, 0, [(key, value, headers)]) == [0]
+    cli_env(
+        monkeypatch,
+        msgspec.structs.replace(kit.settings, topic=topic, dlq_topic=dlq),
+        operator_dsn,
+    )
+    capsys.readouterr()
+
+    assert main(["dlq", "list", "--json"]) == 0
+    [row] = [msgspec.json.decode(line) for line in capsys.readouterr().out.splitlines()]
+    assert (row["partition"], row["offset"], row["state"], row["code"], row["key"]) == (
+        0,
+        0,
+        "pending",
+        None,
+        key.decode(),
+    )
+    assert row["reason"].startswith("headers unreadable: "), row["reason"]
+
+    assert main(["dlq", "replay", "--offset", "0", "--partition", "0", "--json"]) == 1
+    [refused, totals] = map(msgspec.json.decode, capsys.readouterr().out.splitlines())
+    assert refused["result"] == "refused"
+    assert refused["detail"].startswith("no DLQ headers: headers unreadable: "), refused
+    assert totals["results"]["refused"] == 1
+
+    args = ["dlq", "replay", "--offset", "0", "--partition", "0", "--force", "--json"]
+    assert main(args) == 0
+    [replayed, totals] = map(msgspec.json.decode, capsys.readouterr().out.splitlines())
+    assert replayed["result"] == "replayed", replayed
+    assert totals["results"]["replayed"] == 1
+    [copy] = read_topic(kit.kafka_bootstrap, topic)
+    assert (copy.key, copy.value, copy.headers) == (key, value, [])

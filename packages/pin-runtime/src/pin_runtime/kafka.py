@@ -3,17 +3,19 @@
 Config is built by pure functions (`producer_config`, `consumer_config`, `admin_config`) so
 tests can read it; `create_*` add the logging callbacks and construct the client. The
 authentication settings and `verify_connection` live in `pin_runtime.kafka_security` and are
-re-exported here.
+re-exported here. A consumed record's headers are read through `read_headers` /
+`record_headers` only, which never raise whatever bytes the record carries.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal, TypedDict, Unpack
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -35,9 +37,11 @@ from pin_runtime.secret_files import SecretFileError
 __all__ = [
     "METADATA_REFRESH_MS",
     "ConfigValue",
+    "HeadersRead",
     "KafkaClientSettings",
     "KafkaConfig",
     "LoginRenewal",
+    "RecordHeaders",
     "SaslMechanism",
     "SecurityProtocol",
     "TopicSpec",
@@ -48,6 +52,8 @@ __all__ = [
     "create_producer",
     "ensure_topics",
     "producer_config",
+    "read_headers",
+    "record_headers",
     "refused_login",
     "renewed_sasl_password",
     "report_refused_login",
@@ -391,3 +397,69 @@ def _await_leaders(admin: AdminClient, wanted: Mapping[str, int], deadline: floa
         if remaining <= 0:
             raise KafkaSetupError(f"topics without partition leaders in time: {sorted(pending)}")
         time.sleep(min(0.1, remaining))  # metadata has no change notification to wait on
+
+
+RecordHeaders = list[tuple[str, str | bytes | None]]
+"""A consumed record's headers in order, as confluent-kafka gives them (values are bytes, or
+None for a null header), as `produce(headers=...)` takes them back."""
+
+
+HeadersRead = tuple[RecordHeaders, str | None]
+"""What `read_headers` could read of a record's headers: every header in order (empty when
+it has none or they are unreadable), and why the client could not read them, or None. A
+plain tuple: it is built for every record consumed."""
+
+
+class _Unreadable(list[tuple[str, str | bytes | None]]):
+    """No headers, in place of a list the client could not build, and why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason
+
+
+_headers: Final = functools.partial(Message.headers)
+"""`Message.headers`, called through the interpreter's vectorcall, which turns a result
+returned with an exception set into a `SystemError` every time. A plain
+`message.headers()` does not: once the interpreter has specialised the call, it takes the
+result as it comes, the exception stays pending and is raised by whatever code runs next
+(or the half-built list is read, and the process dies)."""
+
+
+def read_headers(message: Message) -> HeadersRead:
+    """The headers of a consumed record and None, whatever bytes it carries, or no headers
+    and why the client could not read them: never raises.
+
+    Header names are bytes on the wire, but confluent-kafka decodes them as UTF-8 in C.
+    On a name that is not UTF-8 (2.16) `Message.headers()` returns a half-built list with
+    the `UnicodeDecodeError` set, which surfaces as a `SystemError` or later, elsewhere,
+    and keeps that list: the next call returns it, and reading it crashes the interpreter
+    (a null item), as do `==` and pickling of the message. Any producer can write such a
+    name, so every reader of records in this project asks for the headers here, before
+    anything else does: the failed list is replaced at once (`set_headers`) by an empty
+    one that remembers why, so every later reader finds no headers and the reason, and the
+    message is safe to use again. The client builds the list whole or not at all: none of
+    such a record's headers can be kept (what stays of it is its key, value and
+    position)."""
+    try:
+        raw = _headers(message)
+    except Exception as exc:  # whatever the client raises: these are bytes nobody vouches for
+        cause = exc.__cause__ or exc.__context__ or exc
+        unreadable = _Unreadable(f"{type(cause).__name__}: {cause}")
+        message.set_headers(unreadable)
+        return [], unreadable.reason
+    if type(raw) is list:  # the usual case first: this runs for every record consumed
+        # A copy: the client hands out the same list at every call.
+        return raw.copy(), None
+    if raw is None:
+        return [], None
+    if isinstance(raw, _Unreadable):
+        return [], raw.reason
+    if isinstance(raw, dict):
+        return list(raw.items()), None
+    return list(raw), None
+
+
+def record_headers(message: Message) -> RecordHeaders:
+    """A record's headers (`read_headers`), none when they cannot be read."""
+    return read_headers(message)[0]

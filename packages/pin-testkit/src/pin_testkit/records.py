@@ -16,6 +16,7 @@ from typing import Any, Final
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from pin_contracts import Headers
+from pin_runtime.kafka import record_headers
 
 __all__ = [
     "Delivered",
@@ -131,14 +132,13 @@ def read_topic(bootstrap: str, topic: str, start: Mapping[int, int] | None = Non
 
 
 def _record(topic: str, message: Message) -> Record:
-    raw_headers: Any = message.headers() or []
     return Record(
         topic=topic,
         partition=int(message.partition() or 0),
         offset=int(message.offset() or 0),
         key=message.key(),
         value=message.value(),
-        headers=[(str(k), v) for k, v in raw_headers],
+        headers=record_headers(message),
     )
 
 

@@ -1,7 +1,11 @@
 """Typed accessors of a consumed confluent-kafka `Message` (its getters are all optional),
 and the fields every log line of its event carries (`event_fields`: the consumer's lines
 and the dead-letter writer's alike). Read by `consumer` and `dlq` both, so it belongs to
-neither: `dlq` reads records without importing the consumer that writes through it."""
+neither: `dlq` reads records without importing the consumer that writes through it.
+
+Headers are read through pin-runtime's `read_headers` only: a record whose header names
+are not UTF-8 has none here instead of raising (docs/design/rewards-membership.md "Bytes
+nobody vouches for")."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from confluent_kafka import Message
 from opentelemetry import trace
 
 from pin_contracts import TRACEPARENT_HEADER, Headers
+from pin_runtime.kafka import record_headers
 from rewards_membership.rules.validation import LOGGED_FIELDS, Item, MembershipChange
 
 __all__ = ["event_fields", "headers_of", "key_text", "offset_of", "partition_of", "topic_of"]
@@ -36,12 +41,8 @@ def topic_of(message: Message) -> str:
 
 
 def headers_of(message: Message) -> Headers:
-    raw = message.headers()
-    if raw is None:
-        return []
-    if isinstance(raw, dict):
-        return list(raw.items())
-    return list(raw)
+    """The record's headers (a new list); none when the client cannot read them."""
+    return record_headers(message)
 
 
 def key_text(message: Message) -> str | None:
@@ -86,11 +87,7 @@ def event_fields(item: Item, message: Message, batch: trace.SpanContext | None) 
 
 def _trace_id(message: Message) -> str | None:
     """The trace id of the record's traceparent (`00-<trace id>-<span id>-<flags>`)."""
-    headers = message.headers()
-    if not headers:
-        return None
-    pairs = headers.items() if isinstance(headers, dict) else headers
-    for name, value in pairs:
+    for name, value in record_headers(message):
         if name == TRACEPARENT_HEADER and isinstance(value, bytes):
             # Any bytes may stand here: only 32 lowercase hex digits, not all zero, are a
             # trace id (W3C); anything else is no trace id, not an error.

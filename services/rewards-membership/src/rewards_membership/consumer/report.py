@@ -20,6 +20,7 @@ from typing import Any
 from confluent_kafka import Message
 from opentelemetry import trace
 
+from pin_runtime.kafka import read_headers
 from pin_runtime.logging import log_event
 from rewards_membership.consumer.decided import Decided
 from rewards_membership.consumer.spans import BatchSpans, BatchTimes
@@ -81,8 +82,11 @@ class BatchReporter:
             observe(elapsed_ms)
         earliest: datetime | None = None
         for decided in done:
-            self.spans.record(decided, batch_context, times)
             message, item, outcome = decided.message, decided.item, decided.outcome
+            headers, unreadable = read_headers(message)
+            self.spans.record(decided, headers, batch_context, times)
+            if unreadable is not None and outcome is not Outcome.DUPLICATE:
+                self._report_unreadable_headers(item, message, unreadable, batch_context)
             if type(item) is MembershipChange:
                 # The common case first, without a call per record: a valid event, no log
                 # line at this level, no warning to raise.
@@ -145,6 +149,23 @@ class BatchReporter:
             dlqPartition=receipt.dlq_partition if receipt else None,
             dlqOffset=receipt.dlq_offset if receipt else None,
             valueReplaced=receipt.replaced if receipt else None,
+        )
+
+    def _report_unreadable_headers(
+        self, item: Item, message: Message, reason: str, batch: trace.SpanContext
+    ) -> None:
+        """Headers are no part of the contract: the record went its way by its value (and a
+        dead letter of it carries no headers of its own), but a producer writes headers the
+        client cannot read (a name not UTF-8), so the operator sees it, once per record."""
+        log_event(
+            _log,
+            "record-headers-unreadable",
+            logging.WARNING,
+            **event_fields(item, message, batch),
+            partition=partition_of(message),
+            offset=offset_of(message),
+            key=key_text(message),
+            headersReason=reason,
         )
 
     def _report_change(

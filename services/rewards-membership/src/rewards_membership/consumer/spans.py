@@ -23,10 +23,10 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from pin_contracts import TRACEPARENT_HEADER
+from pin_contracts import TRACEPARENT_HEADER, Headers
 from pin_runtime.tracing import extract_context
 from rewards_membership.consumer.decided import Decided
-from rewards_membership.records import key_text, offset_of, partition_of
+from rewards_membership.records import headers_of, key_text, offset_of, partition_of
 from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import MembershipChange
 
@@ -72,7 +72,9 @@ class BatchSpans:
         when the batch committed or failed."""
         links = []
         for message in records[:_MAX_LINKS]:
-            context = trace.get_current_span(extract_context(message.headers())).get_span_context()
+            context = trace.get_current_span(
+                extract_context(headers_of(message))
+            ).get_span_context()
             if context.is_valid:
                 links.append(Link(context))
         receive = self.tracer.start_span(
@@ -96,11 +98,13 @@ class BatchSpans:
             },
         )
 
-    def record(self, decided: Decided, batch: trace.SpanContext, times: BatchTimes) -> None:
+    def record(
+        self, decided: Decided, headers: Headers, batch: trace.SpanContext, times: BatchTimes
+    ) -> None:
         """The event's receive -> process -> storage spans in its producer's trace (only for
-        a record that carries one)."""
+        a record that carries one). `headers`: the record's, read once by the caller."""
         message, item, outcome = decided.message, decided.item, decided.outcome
-        if not _has_traceparent(message):
+        if not _has_traceparent(headers):
             return
         attributes = self._attributes("receive", "poll") | {
             "messaging.destination.partition.id": str(partition_of(message)),
@@ -121,7 +125,7 @@ class BatchSpans:
             attributes["messaging.message.conversation_id"] = str(correlation)
         receive = self.tracer.start_span(
             f"poll {self.topic}",
-            context=extract_context(message.headers()),
+            context=extract_context(headers),
             kind=SpanKind.CLIENT,
             start_time=times.poll_started,
             attributes=attributes,
@@ -161,12 +165,7 @@ class BatchSpans:
         }
 
 
-def _has_traceparent(message: Message) -> bool:
-    headers = message.headers()
-    if not headers:
-        return False
-    if isinstance(headers, dict):
-        return TRACEPARENT_HEADER in headers
+def _has_traceparent(headers: Headers) -> bool:
     # A plain loop, not any(<generator>): this runs once per record.
     for name, _ in headers:  # noqa: SIM110
         if name == TRACEPARENT_HEADER:

@@ -28,9 +28,10 @@ from pin_contracts import (
     Unreadable,
     original_headers,
 )
+from pin_runtime.kafka import read_headers
 from rewards_membership.dlq.reference import decode_reference, sha256_hex
 from rewards_membership.errors import TopicMissingError
-from rewards_membership.records import headers_of, offset_of, partition_of, topic_of
+from rewards_membership.records import offset_of, partition_of, topic_of
 from rewards_membership.rules.validation import InvalidEvent
 
 __all__ = [
@@ -119,12 +120,17 @@ class Handled(Generic[S]):
 
 def dead_letter_record(message: Message) -> DeadLetterRecord:
     """A record read from the DLQ, its DLQ headers read (or why they cannot be)."""
-    headers = headers_of(message)
-    try:
-        info: DeadLetterInfo | None = DeadLetterInfo.from_headers(headers)
-        problem = None
-    except ContractViolation as exc:
-        info, problem = None, str(exc)
+    headers, unreadable = read_headers(message)
+    info: DeadLetterInfo | None = None
+    problem: str | None = None
+    if unreadable is not None:
+        # Not one of them can be had (a name not UTF-8): the DLQ's own are lost with them.
+        problem = f"headers unreadable: {unreadable}"
+    else:
+        try:
+            info = DeadLetterInfo.from_headers(headers)
+        except ContractViolation as exc:
+            problem = str(exc)
     return DeadLetterRecord(
         partition_of(message),
         offset_of(message),
