@@ -117,7 +117,17 @@ def _message(topic: Topic, schema_files: dict[str, str]) -> dict[str, Any]:
                 "key": {
                     "type": "string",
                     "format": "uuid",
-                    "description": f"The payload's {topic.key_field}: per-key order.",
+                    "description": (
+                        f"The payload's {topic.key_field}. "
+                        + (
+                            "The source record's key."
+                            if topic.dead_letter_of
+                            else "A key's records come in the order their outbox rows took "
+                            "their ids: commit order where the producer's writers serialize "
+                            "the key; at least once, so a record may repeat (README "
+                            '"Record key").'
+                        )
+                    ),
                 },
                 "bindingVersion": _KAFKA_BINDING,
             }
