@@ -51,7 +51,7 @@ from pin_e2e.verify import access_delivered, wait_checkpointed, wait_converged, 
 from pin_contracts import decode_access_changed, decode_membership_changed
 from pin_testkit.ports import free_port
 from pin_testkit.records import Record
-from pin_testkit.releases import ROOT, ServiceRelease, build_release, previous_release
+from pin_testkit.releases import ROOT, ServiceRelease, build_previous_release
 from pin_testkit.service import ServiceProcess
 
 pytestmark = pytest.mark.integration
@@ -78,20 +78,13 @@ class OldRelease:
 
 @pytest.fixture(scope="module")
 def old_release(tmp_path_factory: pytest.TempPathFactory) -> OldRelease:
-    bins = {}
-    tags = {}
-    for service in (IDENTITY_FANOUT, REWARDS_MEMBERSHIP):
-        release = ServiceRelease.of(ROOT / "services" / service)
-        previous = previous_release(release)
-        assert previous is not None, f"no release of {service} recorded below {release.version}"
-        tags[service] = previous.tag
-        bins[service] = build_release(previous.commit, service, tmp_path_factory.mktemp(service))
-    return OldRelease(
-        tags[IDENTITY_FANOUT],
-        tags[REWARDS_MEMBERSHIP],
-        bins[IDENTITY_FANOUT] / IDENTITY_FANOUT,
-        bins[REWARDS_MEMBERSHIP] / REWARDS_MEMBERSHIP,
+    (identity, identity_program), (rewards, rewards_program) = (
+        build_previous_release(
+            ServiceRelease.of(ROOT / "services" / service), tmp_path_factory.mktemp(service)
+        )
+        for service in (IDENTITY_FANOUT, REWARDS_MEMBERSHIP)
     )
+    return OldRelease(identity.tag, rewards.tag, identity_program, rewards_program)
 
 
 def installed_version(program: Path) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pin_runtime.errors import MigrationError
+from pin_runtime.errors import MigrationError, NewerSchemaError
 from pin_runtime.migrations import advisory_lock_key, migrate
 from pin_testkit.waiting import wait_until
 
@@ -67,6 +67,20 @@ def test_edited_applied_migration_is_refused(
     with pytest.raises(MigrationError, match="0001_create_tasks was edited"):
         migrate(fresh_database, schema="identity", migrations=directory)
     assert [v for v, _ in applied_rows(fresh_database)] == [1, 5]  # nothing after the refusal
+
+
+def test_a_schema_a_newer_release_migrated_is_refused_before_anything_changes(
+    fresh_database: str, migrations_dir: MigrationsDir, tmp_path: Path
+) -> None:
+    # The newer release: both files. The older: the first, and one it would still apply.
+    migrate(fresh_database, schema="identity", migrations=migrations_dir(FILES))
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "0001_create_tasks.sql").write_text(FILES["0001_create_tasks.sql"])
+    (older / "0003_more.sql").write_text("CREATE TABLE identity.more (x int);")
+    with pytest.raises(NewerSchemaError, match=r"migration\(s\) 0005_add_status that this"):
+        migrate(fresh_database, schema="identity", migrations=older)
+    assert [v for v, _ in applied_rows(fresh_database)] == [1, 5]
 
 
 def test_failed_migration_rolls_back_alone(

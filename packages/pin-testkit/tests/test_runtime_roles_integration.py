@@ -36,7 +36,7 @@ def role(fresh_database: str) -> Iterator[RuntimeRole]:
             sql.Identifier(name)
             for (name,) in conn.execute(
                 "SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)",
-                ([f"{declared.name}_login", declared.name],),
+                ([f"{declared.name}_login", declared.name, declared.holder_named("")],),
             )
         ]
         if made:
@@ -61,7 +61,9 @@ def test_declared_privileges_match_and_extra_ones_are_listed(
 
         conn.execute(sql.SQL("GRANT INSERT ON app.other TO {}").format(sql.Identifier(role.name)))
         conn.execute(
-            sql.SQL("REVOKE SELECT ON app.probe FROM {}").format(sql.Identifier(role.name))
+            sql.SQL("REVOKE SELECT ON app.probe FROM {}").format(
+                sql.Identifier(role.holder_named(""))
+            )
         )
         assert privilege_mismatches(
             conn, schema="app", tables=["probe", "other"], roles=[role]

@@ -26,6 +26,7 @@ TABLES = (
     "access_fanout_tasks",
     "access_fanout_shards",
     "outbox",
+    "outbox_id_seq",
     "outbox_quarantine",
     "outbox_quarantine_discards",
     "agent_memberships",
@@ -97,8 +98,8 @@ def test_a_bad_role_prefix_is_a_config_error() -> None:
 
 
 def test_migrate_without_createrole_names_the_roles_to_create(postgres_admin_dsn: str) -> None:
-    """An owner that may not create roles: one line naming them, exit 1; once an
-    administrator made them, the same owner grants to them."""
+    """An owner that may not create roles: one line naming them and the statements that make
+    them, exit 1; once an administrator ran those, the same owner grants to them."""
     prefix = f"t{uuid.uuid4().hex[:10]}_"
     owner, database = f"{prefix}owner", f"{prefix}identity"
     roles = [prefix + role.name for role in RUNTIME_ROLES]
@@ -122,11 +123,17 @@ def test_migrate_without_createrole_names_the_roles_to_create(postgres_admin_dsn
         *logged, line = refused.stderr.strip().splitlines()
         assert all(entry.startswith("{") for entry in logged), logged
         assert line.startswith("error: database role(s) ")
-        assert ", ".join(roles) in line
+        assert ", ".join(f"{role}, {role}_acl" for role in roles) in line
         assert f"CREATE ROLE {prefix}identity_fanout_worker NOLOGIN" in line
+        assert (
+            f"CREATE ROLE {prefix}identity_fanout_worker_acl NOLOGIN "
+            f"ROLE {prefix}identity_fanout_worker"
+        ) in line
+        # What an administrator runs: the statements the line names.
+        statements = line.split("create them first (", 1)[1].split(") or migrate", 1)[0]
         with psycopg.connect(postgres_admin_dsn, autocommit=True) as admin:
-            for role in roles:
-                admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+            for statement in statements.split("; "):
+                admin.execute(statement.encode())
         granted = run_cli("identity-fanout", ["migrate"], env, timeout=60, check=False)
         assert granted.returncode == 0, granted.stderr
         with psycopg.connect(make_conninfo(postgres_admin_dsn, dbname=database)) as conn:
@@ -140,5 +147,5 @@ def test_migrate_without_createrole_names_the_roles_to_create(postgres_admin_dsn
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
             )
-            for role in [*roles, owner]:
+            for role in [*roles, *(f"{role}_acl" for role in roles), owner]:
                 admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))

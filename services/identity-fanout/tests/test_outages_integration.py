@@ -24,6 +24,9 @@ from pin_runtime.postgres import SessionLimits
 from pin_testkit.seeding import seed_role_with_users
 from pin_testkit.waiting import wait_until
 
+# The role the worker's privileges are granted to (pin_runtime.db_roles): a grant lost.
+WORKER_PRIVILEGES = WORKER.holder_named("")
+
 pytestmark = pytest.mark.integration
 
 Conn = psycopg.Connection[TupleRow]
@@ -57,7 +60,7 @@ def two_tasks(db: Conn) -> list[list[uuid.UUID]]:
 def test_a_lost_privilege_fails_every_batch_but_poisons_no_task(
     db: Conn, worker_dsn: str, pool: ConnectionPool[Conn], two_tasks: list[list[uuid.UUID]]
 ) -> None:
-    db.execute(f"REVOKE SELECT ON identity.role_assignments FROM {WORKER.name}")
+    db.execute(f"REVOKE SELECT ON identity.role_assignments FROM {WORKER_PRIVILEGES}")
     stop = threading.Event()
     database = ComponentState()
     worker, metrics = worker_support.new_worker(
@@ -74,7 +77,7 @@ def test_a_lost_privilege_fails_every_batch_but_poisons_no_task(
         # No batch committed, nothing idle: no successful run for the alert to see.
         assert metrics.last_success._value.get() == 0
 
-        db.execute(f"GRANT SELECT ON identity.role_assignments TO {WORKER.name}")
+        db.execute(f"GRANT SELECT ON identity.role_assignments TO {WORKER_PRIVILEGES}")
         wait_until(lambda: statuses(db) == {"Completed"}, what="both tasks Completed", timeout=90)
     assert database().status == "ok"
     assert metrics.last_success._value.get() > 0
@@ -166,7 +169,7 @@ def test_a_poll_refused_by_the_database_is_counted_and_retried_not_a_crash(
 ) -> None:
     role, _ = seed_role_with_users(db, users=5, other_roles=0)
     task = enqueue(db, db, role)
-    db.execute(f"REVOKE SELECT, UPDATE ON identity.access_fanout_tasks FROM {WORKER.name}")
+    db.execute(f"REVOKE SELECT, UPDATE ON identity.access_fanout_tasks FROM {WORKER_PRIVILEGES}")
     stop = threading.Event()
     database = ComponentState()
     worker, metrics = worker_support.new_worker(
@@ -176,7 +179,7 @@ def test_a_poll_refused_by_the_database_is_counted_and_retried_not_a_crash(
         wait_until(lambda: errors(metrics, "poll") >= 2, what="two failed polls", timeout=30)
         assert running.alive()
         assert database().status == "degraded"
-        db.execute(f"GRANT SELECT, UPDATE ON identity.access_fanout_tasks TO {WORKER.name}")
+        db.execute(f"GRANT SELECT, UPDATE ON identity.access_fanout_tasks TO {WORKER_PRIVILEGES}")
         wait_until(
             lambda: task_row(db, task)["status"] == "Completed", what="Completed", timeout=60
         )
@@ -188,7 +191,7 @@ def test_polls_that_find_only_backed_off_units_are_no_successful_run(
 ) -> None:
     role, _ = seed_role_with_users(db, users=5, other_roles=0)
     task = enqueue(db, db, role)
-    db.execute(f"REVOKE SELECT ON identity.role_assignments FROM {WORKER.name}")
+    db.execute(f"REVOKE SELECT ON identity.role_assignments FROM {WORKER_PRIVILEGES}")
     stop = threading.Event()
     worker, metrics = worker_support.new_worker(worker_dsn, pool, stop, polling=FAST)
     with Running(worker, stop=stop):
@@ -196,7 +199,7 @@ def test_polls_that_find_only_backed_off_units_are_no_successful_run(
         # between find nothing to claim, and must not count as successful runs.
         wait_until(lambda: errors(metrics, "outage") >= 3, what="three failures", timeout=60)
         assert metrics.last_success._value.get() == 0
-        db.execute(f"GRANT SELECT ON identity.role_assignments TO {WORKER.name}")
+        db.execute(f"GRANT SELECT ON identity.role_assignments TO {WORKER_PRIVILEGES}")
         wait_until(
             lambda: task_row(db, task)["status"] == "Completed", what="Completed", timeout=60
         )

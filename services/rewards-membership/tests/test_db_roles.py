@@ -7,7 +7,7 @@ import pytest
 from pin_testkit.runtime_roles import RUNTIME_GROUPS, assert_exact_privileges, refused
 from rewards_membership.db_roles import CONSUMER, OPERATOR, RUNTIME_ROLES
 
-TABLES = ("agent_performance", "inbox", "dlq_replays", "schema_migrations")
+TABLES = ("agent_performance", "inbox", "dlq_replays", "dlq_resolutions", "schema_migrations")
 
 
 @pytest.mark.integration

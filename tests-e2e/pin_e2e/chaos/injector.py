@@ -179,7 +179,8 @@ def _refuse_role_model(system: ChaosSystem) -> Heal:
     `role_assignments`, so every batch of every worker fails (42501) for as long as it
     lasts, while the platform's writes (the workload's role changes) go on and keep tasks
     waiting. The workers must page, give every attempt back and finish after it."""
-    statement = "{} SELECT ON identity.role_assignments {} identity_fanout_worker"
+    # The role the workers' privileges are granted to (pin_runtime.db_roles).
+    statement = "{} SELECT ON identity.role_assignments {} identity_fanout_worker_acl"
     with psycopg.connect(system.base.identity_dsn, autocommit=True, connect_timeout=5) as conn:
         conn.execute(statement.format("REVOKE", "FROM"))
 

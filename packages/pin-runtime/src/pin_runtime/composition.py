@@ -3,7 +3,9 @@
 - `run_command` maps what a command raises to the process's exit code and ONE line on
   stderr (its last: the command's JSON log lines may precede it), never a traceback that
   could quote a DSN: a bad setting is exit 2 (`config error:
-  VARIABLE: reason`, as `settings.settings_or_exit`); a refused migration or a domain error
+  VARIABLE: reason`, as `settings.settings_or_exit`); a migration refused because a newer
+  release migrated the schema is exit 2 too (`error: ...`, nothing changed: the refusal is
+  the answer, not a failure to retry); another refused migration or a domain error
   of the service is exit 1 (`error: ...`); a database that cannot be reached is exit 1
   (`error: database unavailable: <first line of the driver's message>`), and so is a
   statement it refused (`error: the database refused the command (SQLSTATE): ...`), and
@@ -53,7 +55,7 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
 from pin_runtime.build import BuildInfo, register_process_metrics
-from pin_runtime.errors import MigrationError, SettingsError
+from pin_runtime.errors import MigrationError, NewerSchemaError, SettingsError
 from pin_runtime.horizon import HorizonWatch
 from pin_runtime.http import Check, Heartbeat, OpsServer
 from pin_runtime.logging import LogLevel, configure_logging, log_event
@@ -83,6 +85,7 @@ from pin_runtime.tracing import configure_tracing, shutdown_tracing
 __all__ = [
     "COLLECTOR_THRESHOLDS",
     "ERROR_EXIT_CODE",
+    "REFUSED_EXIT_CODE",
     "Cli",
     "OneLineArgumentParser",
     "Runtime",
@@ -96,6 +99,8 @@ __all__ = [
 ]
 
 ERROR_EXIT_CODE: Final = 1
+REFUSED_EXIT_CODE: Final = 2
+"""A command refused what it was asked, nothing changed: as a bad setting or usage."""
 
 _log = logging.getLogger(__name__)
 
@@ -185,9 +190,10 @@ def run_command(
         )
         return ERROR_EXIT_CODE if refused is None else CONFIG_ERROR_EXIT_CODE
     except typed as exc:
-        # MigrationError: `migrate` refused (an edited file, roles it may not create).
+        # MigrationError: `migrate` refused (an edited file, roles it may not create); a
+        # schema a newer release migrated is refused before anything changed.
         error_line(f"error: {exc}")
-        return ERROR_EXIT_CODE
+        return REFUSED_EXIT_CODE if isinstance(exc, NewerSchemaError) else ERROR_EXIT_CODE
     except psycopg.Error as exc:
         # A statement the database refused (a permission, a constraint, a value it cannot
         # hold): one line with its SQLSTATE for the runbook, never a traceback.

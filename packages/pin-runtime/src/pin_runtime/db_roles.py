@@ -7,10 +7,16 @@ after the numbered files, inside the same advisory lock, in one transaction:
 - a missing role is created `NOLOGIN` (a group: operators `GRANT` it to login users) when
   the migrating user may create roles; otherwise the migration fails naming the roles to
   create, and changes nothing;
-- each role's privileges on the schema's tables and sequences are revoked and granted
-  again from the declaration, so a privilege dropped from the code is dropped from the
-  database too, and a table added by a new file gets its grants in the same run. Other
-  sessions see the old or the new set, never a gap (one transaction);
+- each role's privileges on the schema are held by a role of their own, `<role>_acl`
+  (NOLOGIN, created like the role, the role made a member of it): that one's privileges on
+  the schema's tables and sequences are revoked and granted again from the declaration, so
+  a privilege dropped from the code is dropped from the database too, and a table added by
+  a new file gets its grants in the same run. Other sessions see the old or the new set,
+  never a gap (one transaction);
+- the role itself holds nothing in the schema directly: whatever was granted to it there
+  is revoked at every run. A release before the `_acl` roles (0.1.0) re-derives and revokes
+  the grants of the role itself when its `migrate` runs on a newer schema (a rollback); the
+  grants the newer code runs on are not among them;
 - `USAGE` on the schema, never `CREATE`; nothing is owned by a runtime role;
 - `CONNECT` on the database for each role, and (when the owner migrates) no longer for
   PUBLIC: only the service's own logins, and those granted it by name, connect.
@@ -52,6 +58,7 @@ _PRIVILEGES: Final = frozenset(get_args(Privilege))
 _IDENTIFIER: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _PREFIX: Final = re.compile(r"(?:[a-z_][a-z0-9_]{0,30})?")
 _MAX_NAME: Final = 63  # NAMEDATALEN - 1: PostgreSQL would silently truncate a longer name
+_HOLDER_SUFFIX: Final = "_acl"
 
 
 def check_role_prefix(prefix: str) -> str:
@@ -109,6 +116,13 @@ class RuntimeRole(msgspec.Struct, frozen=True):
             raise ValueError(f"role name {name!r} is longer than {_MAX_NAME} characters")
         return name
 
+    def holder_named(self, prefix: str) -> str:
+        """The role holding this role's privileges on the schema, `<named>_acl`."""
+        name = self.named(prefix) + _HOLDER_SUFFIX
+        if len(name) > _MAX_NAME:
+            raise ValueError(f"role name {name!r} is longer than {_MAX_NAME} characters")
+        return name
+
 
 def apply_runtime_roles(
     conn: psycopg.Connection[TupleRow],
@@ -120,29 +134,37 @@ def apply_runtime_roles(
     """Create the missing roles and set their privileges; the names created.
 
     Runs in the caller's transaction (migrate() opens one). Raises `MigrationError` when a
-    role is missing and the current user may not create roles.
+    role is missing and the current user may not create roles, or a role is not a member of
+    its `_acl` role and the current user may not make it one.
     """
     names = {role.name: role.named(prefix) for role in roles}
-    existing = {str(name) for (name,) in conn.execute(_q.existing, (list(names.values()),))}
-    missing = [names[role.name] for role in roles if names[role.name] not in existing]
+    holders = {role.name: role.holder_named(prefix) for role in roles}
+    wanted = [*names.values(), *holders.values()]
+    existing = {str(name) for (name,) in conn.execute(_q.existing, (wanted,))}
+    missing = [name for name in wanted if name not in existing]
     if missing:
-        _create(conn, [role for role in roles if names[role.name] in missing], prefix)
+        _create(conn, schema, roles, prefix, existing)
     schema_id = sql.Identifier(schema)
     for role in roles:
-        role_id = sql.Identifier(names[role.name])
+        group, holder = names[role.name], holders[role.name]
+        _inherit(conn, group, holder)
+        group_id, holder_id = sql.Identifier(group), sql.Identifier(holder)
+        # The role itself holds nothing here: what an older release granted to it goes.
+        for statement in (_q.revoke_tables, _q.revoke_sequences, _q.revoke_schema):
+            conn.execute(sql.SQL(statement).format(schema=schema_id, role=group_id))
         # Start from nothing: what the declaration no longer lists goes away.
         for statement in (_q.revoke_tables, _q.revoke_sequences, _q.revoke_schema, _q.grant_usage):
-            conn.execute(sql.SQL(statement).format(schema=schema_id, role=role_id))
+            conn.execute(sql.SQL(statement).format(schema=schema_id, role=holder_id))
         for grant in role.grants:
             conn.execute(
                 sql.SQL(_q.grant_table).format(
                     privileges=_privileges(grant),
                     table=sql.Identifier(schema, grant.table),
-                    role=role_id,
+                    role=holder_id,
                 )
             )
-        _statistics(conn, role_id, names[role.name], grant=role.reads_statistics)
-    _grant_connect(conn, [names[role.name] for role in roles])
+        _statistics(conn, group_id, group, grant=role.reads_statistics)
+    _grant_connect(conn, list(names.values()))
     return missing
 
 
@@ -155,32 +177,88 @@ def _privileges(grant: TableGrant) -> sql.Composable:
     return sql.SQL(", ").join(sql.SQL(p) + columns for p in grant.privileges)
 
 
-def _create(conn: psycopg.Connection[TupleRow], roles: list[RuntimeRole], prefix: str) -> None:
-    missing = [role.named(prefix) for role in roles]
+def _create(
+    conn: psycopg.Connection[TupleRow],
+    schema: str,
+    roles: Sequence[RuntimeRole],
+    prefix: str,
+    existing: set[str],
+) -> None:
+    # Each role, then the role holding its privileges (commented with what it is for).
+    wanted = [
+        (name, purpose, member)
+        for role in roles
+        for name, purpose, member in (
+            (role.named(prefix), role.purpose, None),
+            (
+                role.holder_named(prefix),
+                f"privileges of {role.named(prefix)} in schema {schema}, set by migrate",
+                role.named(prefix),
+            ),
+        )
+        if name not in existing
+    ]
     row = conn.execute(_q.may_create).fetchone()
     user, may_create = (row[0], bool(row[1])) if row is not None else ("?", False)
     if not may_create:
-        statements = "; ".join(f"CREATE ROLE {name} NOLOGIN" for name in missing)
-        raise MigrationError(
-            f"database role(s) {', '.join(missing)} do not exist and {user} may not create "
-            f"roles (no CREATEROLE): create them first ({statements}) or migrate as a user "
-            "with CREATEROLE"
+        statements = "; ".join(
+            f"CREATE ROLE {name} NOLOGIN" + (f" ROLE {member}" if member else "")
+            for name, _, member in wanted
         )
-    for role in roles:
-        name = sql.Identifier(role.named(prefix))
+        raise MigrationError(
+            f"database role(s) {', '.join(name for name, _, _ in wanted)} do not exist and "
+            f"{user} may not create roles (no CREATEROLE): create them first ({statements}) "
+            "or migrate as a user with CREATEROLE"
+        )
+    for name, purpose, _ in wanted:
+        role_id = sql.Identifier(name)
         try:
             # A savepoint: a migration of another database of the cluster may create the
             # same role at the same moment (roles are cluster-wide, the lock per database).
             with conn.transaction():
-                conn.execute(sql.SQL(_q.create).format(role=name))
+                conn.execute(sql.SQL(_q.create).format(role=role_id))
                 # Says in psql's \du which process logs in with it (set once: commenting
                 # on a role needs CREATEROLE, which a later migrating user may lack).
                 conn.execute(
-                    sql.SQL(_q.describe).format(role=name, purpose=sql.Literal(role.purpose))
+                    sql.SQL(_q.describe).format(role=role_id, purpose=sql.Literal(purpose))
                 )
         except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
             continue
-        log_event(_log, "database role created", role=role.named(prefix))
+        log_event(_log, "database role created", role=name)
+
+
+def _inherit(conn: psycopg.Connection[TupleRow], group: str, holder: str) -> None:
+    """`group` a member of `holder`, inheriting its privileges (its members, the logins,
+    with it). Granting a membership needs CREATEROLE (or the admin option on `holder`)."""
+    if _inherits(conn, group, holder):
+        return
+    try:
+        # A savepoint: a migration of another database of the cluster may grant the same
+        # membership at the same moment; the one that commits second finds it made.
+        with conn.transaction():
+            conn.execute(
+                sql.SQL(_q.grant_membership).format(
+                    role=sql.Identifier(holder), member=sql.Identifier(group)
+                )
+            )
+    except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+        pass
+    except psycopg.errors.InsufficientPrivilege:
+        raise MigrationError(
+            f"database role {group} is not a member of {holder} and the migrating user may "
+            f"not make it one (no CREATEROLE): run GRANT {holder} TO {group} first, or "
+            "migrate as a user with CREATEROLE"
+        ) from None
+    if not _inherits(conn, group, holder):
+        raise MigrationError(
+            f"database role {group} does not inherit the privileges of {holder} (NOINHERIT): "
+            f"ALTER ROLE {group} INHERIT"
+        )
+
+
+def _inherits(conn: psycopg.Connection[TupleRow], group: str, holder: str) -> bool:
+    row = conn.execute(_q.inherits, (group, holder)).fetchone()
+    return row is not None and bool(row[0])
 
 
 def _statistics(
@@ -197,6 +275,11 @@ def _statistics(
     try:
         with conn.transaction():
             conn.execute(sql.SQL(statement).format(role=role_id))
+    except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+        # Granted by a migration of another database of the cluster (roles are cluster-wide)
+        # between the look above and this grant: what was wanted. Left unhandled, the whole
+        # transaction of grants would roll back and `migrate` fail.
+        return
     except psycopg.errors.InsufficientPrivilege as exc:
         log_event(
             _log,

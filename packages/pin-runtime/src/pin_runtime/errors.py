@@ -14,6 +14,7 @@ __all__ = [
     "KafkaSetupError",
     "KafkaUnreachableError",
     "MigrationError",
+    "NewerSchemaError",
     "PinRuntimeError",
     "SettingsError",
     "TemplatedError",
@@ -70,6 +71,20 @@ class SettingsError(PinRuntimeError, TemplatedError):
 
 class MigrationError(PinRuntimeError):
     """The migration set or the migrations table is inconsistent (a bug, not an outage)."""
+
+
+class NewerSchemaError(MigrationError, TemplatedError):
+    """`migrate` refused, changing nothing: the migrations table holds migrations this code
+    does not have, so a newer release migrated the schema. Migrating it again would set the
+    runtime roles' grants from this older declaration, under the newer code still running."""
+
+    template = (
+        "the {schema} schema is newer than this release: it has migration(s) {migrations} "
+        "that this release does not have; nothing changed. Migrate with the newer release, or "
+        "roll the code back without migrating (the newer schema runs this release)"
+    )
+    schema: str
+    migrations: str
 
 
 class KafkaSetupError(PinRuntimeError):

@@ -22,7 +22,7 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pin_runtime.db_roles import RuntimeRole, apply_runtime_roles
-from pin_runtime.errors import MigrationError
+from pin_runtime.errors import MigrationError, NewerSchemaError
 from pin_runtime.logging import log_event
 from pin_runtime.postgres import LoginConnection, is_retriable
 from pin_runtime.sql import load_queries
@@ -85,7 +85,9 @@ def migrate(
     """Apply pending migrations; return the names applied (empty when up to date).
 
     Concurrent runners (two pods starting) serialize on a session advisory lock; the second
-    finds nothing to do. An applied file whose checksum changed raises `MigrationError`.
+    finds nothing to do. An applied file whose checksum changed raises `MigrationError`; a
+    migrations table holding a migration this code does not have (a newer release migrated
+    the schema) raises `NewerSchemaError`, before anything is changed.
     `roles` (named `role_prefix + name`) are created if missing and given exactly their
     declared privileges after the files, at every run (`pin_runtime.db_roles`).
     """
@@ -93,7 +95,7 @@ def migrate(
         raise ValueError(f"schema must be a lower-case SQL identifier, got {schema!r}")
     plan = load_migrations(migrations)  # fail on a bad file set before touching the database
     for role in roles:
-        role.named(role_prefix)  # a bad prefix fails before touching the database too
+        role.holder_named(role_prefix)  # a bad prefix fails before touching the database too
     if isinstance(conn_or_dsn, str):
         with LoginConnection.connect(conn_or_dsn, autocommit=True) as conn:
             return _migrate(conn, schema, plan, roles, role_prefix)
@@ -135,7 +137,7 @@ def _migrate(
             conn.execute(sql.SQL(_q.create_history).format(table=table))
         rows = conn.execute(sql.SQL(_q.applied).format(table=table))
         applied = {version: (name, checksum) for version, name, checksum in rows}
-        _verify(plan, applied)
+        _verify(schema, plan, applied)
         done: list[str] = []
         for migration in plan:
             if migration.version in applied:
@@ -182,7 +184,7 @@ def _apply_roles(
     )
 
 
-def _verify(plan: list[Migration], applied: dict[int, tuple[str, str]]) -> None:
+def _verify(schema: str, plan: list[Migration], applied: dict[int, tuple[str, str]]) -> None:
     for migration in plan:
         if migration.version not in applied:
             continue
@@ -195,10 +197,6 @@ def _verify(plan: list[Migration], applied: dict[int, tuple[str, str]]) -> None:
             )
     unknown = sorted(set(applied) - {m.version for m in plan})
     if unknown:
-        # Normal during a rollback of the code: the database is ahead, which is not ours to fix.
-        log_event(
-            _log,
-            "database has migrations this code does not know",
-            logging.WARNING,
-            versions=unknown,
-        )
+        # A newer release migrated the schema (a rollback of the code): its processes may
+        # still run, and the grants below would be set from this older declaration.
+        raise NewerSchemaError(schema, ", ".join(applied[version][0] for version in unknown))

@@ -37,6 +37,7 @@ __all__ = [
     "Release",
     "ReleaseRuleChecks",
     "ServiceRelease",
+    "build_previous_release",
     "build_release",
     "changelog_versions",
     "contract_migrations",
@@ -299,6 +300,15 @@ def build_release(revision: str, service: str, dest: Path, repo: Path = ROOT) ->
     members = [str(source / member) for member in (*WORKSPACE_DEPENDENCIES, f"services/{service}")]
     _uv("pip", "install", "--quiet", "--python", python, "--no-deps", *members, cwd=dest)
     return venv / "bin"
+
+
+def build_previous_release(release: ServiceRelease, dest: Path) -> tuple[Release, Path]:
+    """The previous release of ``release`` (``previous_release``), built into ``dest`` by
+    ``build_release``: its row of UPGRADING.md and its console script."""
+    previous = previous_release(release)
+    if previous is None:
+        raise AssertionError(f"UPGRADING.md records no release below {release.version}")
+    return previous, build_release(previous.commit, release.name, dest) / release.name
 
 
 class ReleaseRuleChecks:

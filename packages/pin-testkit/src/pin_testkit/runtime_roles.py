@@ -39,6 +39,7 @@ __all__ = [
     "privilege_mismatches",
     "refused",
     "runtime_dsn",
+    "schema_relations",
 ]
 
 TABLE_PRIVILEGES: Final = (
@@ -132,17 +133,24 @@ def privilege_mismatches(
     schema: str,
     tables: Sequence[str],
     roles: Iterable[RuntimeRole],
+    missing_only: bool = False,
 ) -> list[str]:
     """Every difference between the database and the declared roles (`db_roles.py`).
 
     Each table privilege of ``TABLE_PRIVILEGES`` on each of ``tables`` is held exactly when
     declared; each role has USAGE on ``schema`` and never CREATE, and owns no relation.
+    With ``missing_only``: only what a role is declared and lacks (what its process would
+    fail on), not what it holds beyond.
     """
     found: list[str] = []
     for role in roles:
         declared = {(g.table, p) for g in role.grants if not g.columns for p in g.privileges}
         for grant in (g for g in role.grants if g.columns):
-            found.extend(_column_mismatches(conn, role.name, f"{schema}.{grant.table}", grant))
+            found.extend(
+                _column_mismatches(
+                    conn, role.name, f"{schema}.{grant.table}", grant, missing_only=missing_only
+                )
+            )
         for table in tables:
             for privilege in TABLE_PRIVILEGES:
                 row = conn.execute(
@@ -150,7 +158,7 @@ def privilege_mismatches(
                     (role.name, f"{schema}.{table}", privilege),
                 ).fetchone()
                 held = bool(row and row[0])
-                if held != ((table, privilege) in declared):
+                if held != ((table, privilege) in declared) and not (held and missing_only):
                     state = "holds" if held else "lacks"
                     found.append(f"{role.name} {state} {privilege} on {schema}.{table}")
         usage = conn.execute(
@@ -158,8 +166,10 @@ def privilege_mismatches(
             "has_schema_privilege(%(r)s, %(s)s, 'CREATE')",
             {"r": role.name, "s": schema},
         ).fetchone()
-        if usage is None or tuple(usage) != (True, False):
+        if usage is None or not usage[0] or (usage[1] and not missing_only):
             found.append(f"{role.name}: schema {schema} USAGE/CREATE is {usage}, not (True, False)")
+        if missing_only:
+            continue
         owns = conn.execute(
             "SELECT count(*) FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner "
             "WHERE r.rolname = %s",
@@ -171,7 +181,12 @@ def privilege_mismatches(
 
 
 def _column_mismatches(
-    conn: psycopg.Connection[Any], role: str, table: str, grant: TableGrant
+    conn: psycopg.Connection[Any],
+    role: str,
+    table: str,
+    grant: TableGrant,
+    *,
+    missing_only: bool,
 ) -> list[str]:
     """A column grant holds on exactly its columns, for each of its privileges."""
     found: list[str] = []
@@ -189,10 +204,23 @@ def _column_mismatches(
                 "SELECT has_column_privilege(%s, %s, %s, %s)", (role, table, column, privilege)
             ).fetchone()
             held = bool(row and row[0])
-            if held != (column in grant.columns):
+            if held != (column in grant.columns) and not (held and missing_only):
                 state = "holds" if held else "lacks"
                 found.append(f"{role} {state} {privilege} on {table}.{column}")
     return found
+
+
+def schema_relations(conn: psycopg.Connection[Any], schema: str) -> list[str]:
+    """Every table, view and sequence of ``schema``, by name: what a grant matrix covers
+    when it should miss none (a new table's, an identity column's sequence)."""
+    return [
+        str(name)
+        for (name,) in conn.execute(
+            "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace "
+            "AND relkind IN ('r', 'p', 'v', 'm', 'S') ORDER BY relname",
+            (schema,),
+        )
+    ]
 
 
 def assert_exact_privileges(

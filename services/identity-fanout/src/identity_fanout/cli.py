@@ -4,8 +4,8 @@ Exit codes (`pin_runtime.composition.run_command`, as every service's CLI): 0 do
 typed error (unknown role, task not Failed, ...) or the database unreachable, with one line
 on stderr; 2 bad usage or configuration (argparse's one line, or `config error: VARIABLE:
 reason`; a discard of access events without `--force`, an empty permission set without
-`--allow-empty`: nothing changed); `tasks show --watch`: 3 when the task ended Failed, 130
-on Ctrl-C (`ops.watch`).
+`--allow-empty`, a `migrate` of a schema a newer release migrated: nothing changed);
+`tasks show --watch`: 3 when the task ended Failed, 130 on Ctrl-C (`ops.watch`).
 
 Every argument is checked by the parser (counts and limits in range, statuses in any case,
 durations with their unit). Every operator command takes `--json` (one document, or one

@@ -1,10 +1,10 @@
 """The runtime roles of the `identity` schema: what each process's statements need, no more.
 
 `identity-fanout migrate` creates them (NOLOGIN groups, named `IDENTITY_FANOUT_DB_ROLE_PREFIX`
-+ name) and grants exactly this after the numbered files; docs/design/identity-fanout.md
-"Database roles" has the
-table and how to make login users. A statement added to a process needs its privilege here,
-or the tests, which run every process as its role, fail with SQLSTATE 42501.
++ name) and grants exactly this after the numbered files, to each one's `<name>_acl` role;
+docs/design/identity-fanout.md "Database roles" has the table and how to make login users. A
+statement added to a process needs its privilege here, or the tests, which run every process
+as its role, fail with SQLSTATE 42501.
 
 Not listed because PostgreSQL needs no grant for it: LISTEN/NOTIFY, advisory locks,
 `pg_locks`/`pg_stat_activity` (another role's sessions in full need `reads_statistics`),

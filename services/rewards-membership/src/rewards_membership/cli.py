@@ -6,7 +6,8 @@ Settings are read and validated before anything else: a bad value prints one lin
 variable and exits 2; bad arguments are argparse's exit 2 too, each checked here (durations
 with a unit and within bounds, counts and offsets within theirs). Every other failure maps
 to its exit code as in every service's CLI (`pin_runtime.composition.run_command`): a
-refused migration or a service error exits 1 with `error: ...`, an unreachable database 1
+refused migration or a service error exits 1 with `error: ...` (a `migrate` of a schema a
+newer release migrated 2, nothing changed), an unreachable database 1
 with `error: database unavailable: ...`; `consume` runs in `app.run_consumer`. An operator
 command that talks to Kafka checks the brokers itself (`ops.brokers`): it answers within
 seconds when they are down, with what the database can say.

@@ -1,12 +1,11 @@
 """The runtime roles of the `rewards` schema: what each process's statements need, no more.
 
 `rewards-membership migrate` creates them (NOLOGIN groups, named
-`REWARDS_MEMBERSHIP_DB_ROLE_PREFIX` + name) and grants exactly this after the numbered files;
-docs/design/rewards-membership.md "Database roles" has the table and how to make login users. A
-statement added to a
-process needs its privilege here, or the tests, which run every process as its role, fail
-with SQLSTATE 42501. `SELECT ... FOR UPDATE` needs UPDATE on the table; a `WHERE` on a
-table's columns and `ON CONFLICT (...)` need SELECT.
+`REWARDS_MEMBERSHIP_DB_ROLE_PREFIX` + name) and grants exactly this after the numbered files, to
+each one's `<name>_acl` role; docs/design/rewards-membership.md "Database roles" has the table
+and how to make login users. A statement added to a process needs its privilege here, or the
+tests, which run every process as its role, fail with SQLSTATE 42501. `SELECT ... FOR UPDATE`
+needs UPDATE on the table; a `WHERE` on a table's columns and `ON CONFLICT (...)` need SELECT.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
--- Runtime roles and their privileges. `{schema}`, `{role}`, `{table}`, `{database}` and
--- `{roles}` are identifiers, `{privileges}` a list of privilege keywords and `{purpose}` a
+-- Runtime roles and their privileges. `{schema}`, `{role}`, `{member}`, `{table}`, `{database}`
+-- and `{roles}` are identifiers, `{privileges}` a list of privilege keywords and `{purpose}` a
 -- literal, all composed with psycopg.sql at run time.
 
 -- name: existing --
@@ -14,6 +14,13 @@ CREATE ROLE {role} NOLOGIN
 
 -- name: describe --
 COMMENT ON ROLE {role} IS {purpose}
+
+-- name: inherits --
+-- Whether the first role has the privileges of the second (a member of it, inheriting).
+SELECT pg_has_role(%s, %s, 'USAGE')
+
+-- name: grant_membership --
+GRANT {role} TO {member}
 
 -- name: revoke_tables --
 REVOKE ALL ON ALL TABLES IN SCHEMA {schema} FROM {role}
