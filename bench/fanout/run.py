@@ -21,7 +21,8 @@ itself is this checkout's (the clock starts at its commit).
 Then runs the 1,000,000-user scale-out benchmark (`scale.py`) unless `--scale-users 0`, the
 same with every worker and relay process limited to `--cpu-limit` millicores (1, 2, 4 and
 8 instances, as pods with a CPU limit) unless `--limited-scale-users 0`, and the revocation
-latency under a 1,000,000-user fan-out (`latency.py`) unless `--latency-users 0`.
+latency under a 1,000,000-user fan-out (`latency.py`, with the same baselines) unless
+`--latency-users 0`.
 
     uv run python bench/fanout/run.py [--users 50000] [--batch-size 500] [--scale-users N]
         [--limited-scale-users N] [--cpu-limit 50] [--latency-users N]
@@ -422,9 +423,8 @@ def main() -> None:
             )
         )
     if args.latency_users:
-        scenarios = latency.run(args.latency_users, latency.RELAY_MILLICORES)
-        latency.report(args.latency_users, scenarios)
-        latency.record_all(args.latency_users, scenarios)
+        scenarios = latency.run(args.latency_users, latency.RELAY_MILLICORES, args.baseline)
+        latency.report_all(args.latency_users, scenarios)
 
 
 if __name__ == "__main__":
