@@ -193,10 +193,18 @@ cli-docs: sync ## man pages and bash/zsh completions of both CLIs, from their pa
 demo: sync ## run the whole system on this machine and show what happens
 	$(RUN) python infra/local/demo.py
 
+# BASELINE="<rev> ...": the fan-out (50k-user role, revocation latency) and relay benchmarks
+# also run the service of those git revisions in turn with this one (the fan-out ones on a
+# schema their own migrations made).
+BASELINE ?=
+BASELINE_ARGS := $(if $(strip $(BASELINE)),--baseline $(BASELINE))
+
 .PHONY: bench
-bench: up ## benchmarks (not tests): 50k-user fan-out vs the database floor, 1M-user role by 1/2/4 instances and by 1/2/4/8 with a 50m CPU limit each, revocation latency during a 1M-user fan-out, relay drain vs a plain producer and 4 relays vs 1, relay drain with a snapshot held vs none, membership consumer drain
+bench: up ## benchmarks (not tests): 50k-user fan-out vs the database floor, 1M-user role by 1/2/4 instances and by 1/2/4/8 with a 50m CPU limit each, revocation latency during a 1M-user fan-out, relay drain vs a plain producer and 4 relays vs 1, relay drain with a snapshot held vs none, membership consumer drain; BASELINE=<rev ...>: the fan-out and relay benchmarks beside those git revisions' service, in turn
 	@set -e; eval "$$($(RUN) pin-local -q env)"; \
 	export PIN_BENCH_RESULTS="$$(mktemp -t pin-bench.XXXXXX)"; \
-	for b in $(wildcard bench/*/run.py); do echo "== $$b"; $(RUN) python $$b; done; \
+	for b in $(wildcard bench/*/run.py); do echo "== $$b"; case $$b in \
+		bench/fanout/run.py|bench/relay/run.py) $(RUN) python $$b $(BASELINE_ARGS);; \
+		*) $(RUN) python $$b;; esac; done; \
 	echo "== bench/relay/held_snapshot.py"; $(RUN) python bench/relay/held_snapshot.py --rows 300000; \
 	$(RUN) python -m pin_testkit.bench; rm -f "$$PIN_BENCH_RESULTS"

@@ -2,17 +2,23 @@
 processes as the chart runs them (each as its runtime login, through pin_testkit's
 ServiceProcess), and what they count.
 
-One set of helpers for `run.py`, `scale.py` and `shards.py`: they differ in what they
-measure, not in how they start, watch and stop the service.
+One set of helpers for `run.py`, `latency.py`, `scale.py` and `shards.py`: they differ in
+what they measure, not in how they start, watch and stop the service.
+
+A baseline (`--baseline REV`) is the same service at a git revision: its `identity_fanout`
+package (`pin_testkit.bench.checkout_package`) first on the PYTHONPATH of its processes,
+`migrate` included, so it runs on a database its own migrations made; the figures of each
+side are taken in turn, round by round (`Side`, `rotated`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Final, NamedTuple, TypeVar
 
 import psycopg
 from rich.console import Console
@@ -23,7 +29,7 @@ from pin_testkit.databases import temporary_database
 from pin_testkit.discovery import environment_or_local
 from pin_testkit.ports import free_port
 from pin_testkit.runtime_roles import all_logins, ensure_login, runtime_dsn
-from pin_testkit.service import ServiceProcess, service_environment
+from pin_testkit.service import ServiceProcess, run_cli, service_environment
 
 console = Console(width=max(150, Console().width))
 """Wide enough for the tables when the output is a file or a pipe (`make bench | tee`)."""
@@ -35,6 +41,55 @@ CFS_PERIOD_US = 100_000
 WORKER = ("worker", "--no-relay")
 RELAY = ("relay",)
 """The chart's topology: the fan-out and the relay as separate Deployments."""
+
+
+THIS_CHECKOUT: Final = "this checkout"
+
+
+class Side(NamedTuple):
+    """Whose service a measurement runs: this checkout's (`package` None) or a baseline's,
+    the directory of its `identity_fanout` package at a git revision."""
+
+    name: str
+    package: str | None = None
+
+
+def sides(baselines: Mapping[str, str]) -> list[Side]:
+    """This checkout, then each baseline (revision -> package directory) as `@<revision>`."""
+    return [Side(THIS_CHECKOUT), *(Side(f"@{rev}", package) for rev, package in baselines.items())]
+
+
+T = TypeVar("T")
+
+
+def rotated(items: Sequence[T], round_: int) -> list[T]:
+    """`items` starting one further each round: none always runs right after the same other
+    (whose leftovers, an autovacuum of its deletes, would fall on it)."""
+    turn = round_ % len(items)
+    return [*items[turn:], *items[:turn]]
+
+
+def each_round(values: Sequence[float], digits: int = 2) -> str:
+    return ", ".join(f"{v:.{digits}f}" for v in values)
+
+
+def spread(values: Sequence[float], digits: int = 2) -> str:
+    """min / median / max of the rounds' figures."""
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{low:.{digits}f} / {mid:.{digits}f} / {high:.{digits}f}"
+
+
+def versus(values: Sequence[float], this: Sequence[float]) -> str:
+    """The median of `values` over that of `this` (this checkout's), and whether the rounds'
+    ranges lie apart (min to max: the difference is beyond the spread)."""
+    ratio = statistics.median(values) / statistics.median(this)
+    apart = min(values) > max(this) or max(values) < min(this)
+    return f"{ratio:.2f}x" + (", ranges apart" if apart else "")
+
+
+def python_path(package: str | None) -> dict[str, str]:
+    """The environment that makes a process import `package` (a baseline's) first."""
+    return {} if package is None else {"PYTHONPATH": package}
 
 
 class Services(NamedTuple):
@@ -49,10 +104,17 @@ def services() -> Services:
 
 
 @contextlib.contextmanager
-def scratch_database(admin_dsn: str, prefix: str) -> Iterator[str]:
-    """A migrated database of its own (runtime logins ensured), dropped again afterwards."""
+def scratch_database(admin_dsn: str, prefix: str, package: str | None = None) -> Iterator[str]:
+    """A migrated database of its own (runtime logins ensured), dropped again afterwards;
+    with `package` (a baseline's), migrated by that package's `identity-fanout migrate`."""
     with temporary_database(admin_dsn, prefix) as dsn:
-        migrate_database(dsn)
+        if package is None:
+            migrate_database(dsn)
+        else:
+            env = service_environment(
+                ("IDENTITY_FANOUT_",), IDENTITY_FANOUT_DATABASE_DSN=dsn, **python_path(package)
+            )
+            run_cli("identity-fanout", ["migrate"], env)
         for _, groups in all_logins():
             ensure_login(admin_dsn, *groups)
         yield dsn
@@ -111,11 +173,17 @@ def login_of(args: Sequence[str]) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def launched(
-    dsn: str, commands: Sequence[Sequence[str]], env: Mapping[str, str]
+    dsn: str,
+    commands: Sequence[Sequence[str]],
+    env: Mapping[str, str],
+    package: str | None = None,
 ) -> Iterator[list[ServiceProcess]]:
     """`identity-fanout <command>` processes, each as its runtime login and with a metrics
-    port of its own; ready (`/readyz`) when this yields, terminated when it ends."""
-    base = service_environment(("IDENTITY_FANOUT_",), IDENTITY_FANOUT_LOG_LEVEL="WARNING")
+    port of its own (`package` first on their PYTHONPATH: a baseline's); ready (`/readyz`)
+    when this yields, terminated when it ends."""
+    base = service_environment(
+        ("IDENTITY_FANOUT_",), IDENTITY_FANOUT_LOG_LEVEL="WARNING", **python_path(package)
+    )
     with contextlib.ExitStack() as stack:
         processes: list[ServiceProcess] = []
         for args in commands:

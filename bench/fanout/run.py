@@ -10,20 +10,32 @@ writes per user) with its result fetched. Target: the chart's default topology (
 workers, two relays; the role is two shards) within 2x of it; one worker with one relay and
 the relay in the worker's process are measured beside it.
 
+With `--baseline REV [REV ...]` the service of each git revision REV (its `identity_fanout`
+package first on its processes' PYTHONPATH, on a database of its own migrated by REV's own
+migrations and seeded alike) fans out the same role in the chart's topology too, in turn
+with this checkout's for `--rounds` rounds: each side's figure (commit -> last row deleted)
+is printed round by round with its min / median / max, so a difference is judged against
+the code it replaces in the same run and against the rounds' spread. The permission change
+itself is this checkout's (the clock starts at its commit).
+
 Then runs the 1,000,000-user scale-out benchmark (`scale.py`) unless `--scale-users 0`, the
 same with every worker and relay process limited to `--cpu-limit` millicores (1, 2, 4 and
 8 instances, as pods with a CPU limit) unless `--limited-scale-users 0`, and the revocation
-latency under a 1,000,000-user fan-out (`latency.py`) unless `--latency-users 0`.
+latency under a 1,000,000-user fan-out (`latency.py`, with the same baselines) unless
+`--latency-users 0`.
 
     uv run python bench/fanout/run.py [--users 50000] [--batch-size 500] [--scale-users N]
         [--limited-scale-users N] [--cpu-limit 50] [--latency-users N]
+        [--baseline REV ...] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
+from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 from uuid import UUID
 
@@ -34,7 +46,14 @@ import scale
 from rich.table import Table
 
 from identity_fanout.fanout.enqueue import set_role_permissions
-from pin_testkit.bench import Comparison, Figure, busy_share, machine_jiffies, record
+from pin_testkit.bench import (
+    Comparison,
+    Figure,
+    baseline_packages,
+    busy_share,
+    machine_jiffies,
+    record,
+)
 from pin_testkit.runtime_roles import runtime_dsn
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 from pin_testkit.waiting import wait_until
@@ -83,6 +102,8 @@ WHERE a.user_id IN (
 GROUP BY a.user_id
 """
 FLOOR_RUNS: Final = 3
+ROUNDS: Final = 3
+"""Rounds of each side with `--baseline`."""
 
 
 class Timings(NamedTuple):
@@ -134,13 +155,19 @@ def measure(
     batch_size: int,
     commands: list[tuple[str, ...]],
     run: int,
+    package: str | None = None,
 ) -> Timings:
+    """One fan-out of the role by `commands`' processes: this checkout's service, or with
+    `package` a baseline's. `run` counts the role's changes in this database (each sets
+    other permissions than the one before it)."""
     env = {
         "IDENTITY_FANOUT_KAFKA_BOOTSTRAP": bootstrap,
         "IDENTITY_FANOUT_BATCH_SIZE": str(batch_size),
     }
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("VACUUM identity.outbox")  # each run starts from the same outbox
     with (
-        procs.launched(dsn, commands, env) as processes,
+        procs.launched(dsn, commands, env, package) as processes,
         psycopg.connect(runtime_dsn(dsn, "identity_fanout_operator"), autocommit=True) as db,
     ):
         machine = machine_jiffies()
@@ -172,6 +199,91 @@ def measure(
             machine_busy=busy,
             load=os.getloadavg()[0],
         )
+
+
+class Database(NamedTuple):
+    """A side's database: its service, the role it fans out, the changes made of it so far."""
+
+    side: procs.Side
+    dsn: str
+    role: UUID
+    changes: int = 0
+
+
+def rounds_side_by_side(
+    admin_dsn: str,
+    bootstrap: str,
+    this: Database,
+    revisions: Sequence[str],
+    *,
+    users: int,
+    batch_size: int,
+    rounds: int,
+) -> dict[str, list[Timings]]:
+    """The chart's topology, this checkout's service (in `this`) and that of each git revision
+    (in a database its own migrations made, seeded alike) in turn, `rounds` times: each
+    side's timings, round by round."""
+    with contextlib.ExitStack() as stack:
+        baselines = stack.enter_context(baseline_packages(revisions))
+        databases = [this]
+        for side in procs.sides(baselines)[1:]:
+            dsn = stack.enter_context(
+                procs.scratch_database(admin_dsn, "pin_bench_fanout", side.package)
+            )
+            databases.append(Database(side, dsn, seed(dsn, users)))
+        timings: dict[str, list[Timings]] = {d.side.name: [] for d in databases}
+        for round_ in range(rounds):
+            for d in procs.rotated(databases, round_):
+                with procs.console.status(f"round {round_ + 1}: {d.side.name}, {CHART}"):
+                    timings[d.side.name].append(
+                        measure(
+                            d.dsn,
+                            bootstrap,
+                            d.role,
+                            users=users,
+                            batch_size=batch_size,
+                            commands=TOPOLOGIES[CHART],
+                            run=d.changes + round_,
+                            package=d.side.package,
+                        )
+                    )
+    return timings
+
+
+def report_sides(users: int, timings: dict[str, list[Timings]]) -> None:
+    """Each side's figures round by round, their spread, and the medians' ratio."""
+    names = list(timings)
+    rounds = len(timings[procs.THIS_CHECKOUT])
+    table = Table(
+        title=f"identity-fanout: a {users:,}-user role, {CHART}: this checkout and each "
+        f"baseline in turn, {rounds} rounds ({os.cpu_count()} cores shared with PostgreSQL "
+        "and Kafka)",
+        title_justify="left",
+    )
+    table.add_column("measure")
+    for name in names:
+        table.add_column(name, justify="right")
+    completed = {n: [t.completed_s for t in ts] for n, ts in timings.items()}
+    acked = {n: [t.acknowledged_s for t in ts] for n, ts in timings.items()}
+    this = acked[procs.THIS_CHECKOUT]
+
+    def row(measure: str, cell: Callable[[str], str]) -> None:
+        table.add_row(measure, *(cell(n) for n in names))
+
+    row("commit -> task Completed, s, each round", lambda n: procs.each_round(completed[n]))
+    row("  min / median / max", lambda n: procs.spread(completed[n]))
+    row("commit -> last event acked, s, each round", lambda n: procs.each_round(acked[n]))
+    row("  min / median / max", lambda n: procs.spread(acked[n]))
+    row("  median / this checkout's", lambda n: procs.versus(acked[n], this))
+    row(
+        "worker peak RSS MiB, each round",
+        lambda n: procs.each_round([t.worker_rss_mib for t in timings[n]], 0),
+    )
+    row(
+        "machine CPU busy, each round",
+        lambda n: ", ".join(f"{t.machine_busy:.0%}" for t in timings[n]),
+    )
+    procs.console.print(table)
 
 
 def report(users: int, batch_size: int, results: dict[str, Timings], floor: list[float]) -> None:
@@ -244,9 +356,24 @@ def main() -> None:
         default=latency.USERS,
         help="users of the large role the latency benchmark fans out meanwhile (0: skip it)",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        nargs="*",
+        default=[],
+        help="also fan out with the service of each of these git revisions, in turn "
+        "(here and in the latency benchmark)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=ROUNDS,
+        help="rounds of each side with --baseline (the chart's topology)",
+    )
     args = parser.parse_args()
 
     admin_dsn, bootstrap = procs.services()
+    compared: dict[str, list[Timings]] = {}
     with procs.scratch_database(admin_dsn, "pin_bench_fanout") as dsn:
         role = seed(dsn, args.users)
         with procs.console.status("the floor: one statement building every snapshot"):
@@ -263,7 +390,19 @@ def main() -> None:
                     commands=commands,
                     run=run,
                 )
+        if args.baseline:
+            compared = rounds_side_by_side(
+                admin_dsn,
+                bootstrap,
+                Database(procs.Side(procs.THIS_CHECKOUT), dsn, role, len(TOPOLOGIES)),
+                args.baseline,
+                users=args.users,
+                batch_size=args.batch_size,
+                rounds=args.rounds,
+            )
     report(args.users, args.batch_size, results, floor)
+    if compared:
+        report_sides(args.users, compared)
     record(
         Comparison.duration(
             BENCHMARK.format(users=args.users),
@@ -284,9 +423,8 @@ def main() -> None:
             )
         )
     if args.latency_users:
-        scenarios = latency.run(args.latency_users, latency.RELAY_MILLICORES)
-        latency.report(args.latency_users, scenarios)
-        latency.record_all(args.latency_users, scenarios)
+        scenarios = latency.run(args.latency_users, latency.RELAY_MILLICORES, args.baseline)
+        latency.report_all(args.latency_users, scenarios)
 
 
 if __name__ == "__main__":

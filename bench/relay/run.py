@@ -23,9 +23,11 @@ The relay's own process CPU per row (all its threads, librdkafka's included) is 
 with the plain producer's on the same rows. Target: at most 1.25x.
 
 With `--baseline REV [REV ...]` the relay of each git revision REV (its `identity_fanout`
-package, run with this checkout's other packages) drains the same rows too, alternating
-with this one in every round: a change of the relay is judged against the code it replaces
-in the same run, not against figures of another day.
+package, `pin_testkit.bench.checkout_package`, first on the relay's PYTHONPATH before this
+checkout's other packages) drains the same rows too, alternating with this one in every
+round: a change of the relay is judged against the code it replaces in the same run, not
+against figures of another day. Every side drains rows written (untimed) into this
+checkout's schema.
 
 The same drain is then run by several relay instances sharing the lanes (`--relays`, 4 by
 default, each holding its share before the rows commit), and the PostgreSQL CPU per row of
@@ -40,12 +42,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import os
 import statistics
-import subprocess
-import tarfile
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -75,6 +73,7 @@ from pin_runtime.kafka import producer_config
 from pin_testkit.bench import (
     Comparison,
     Figure,
+    baseline_packages,
     busy_share,
     cpu_seconds,
     listener_pid,
@@ -126,20 +125,6 @@ def side(instances: int) -> str:
 
 def baseline_side(revision: str) -> str:
     return f"relay @{revision}"
-
-
-def checkout_package(revision: str, into: str) -> str:
-    """`identity_fanout` as it is at git `revision`, extracted under `into`; the directory
-    to put first on a relay's PYTHONPATH (before this checkout's editable install)."""
-    source = "services/identity-fanout/src"
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", revision, source],
-        check=True,
-        capture_output=True,
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    return os.path.join(into, source)
 
 
 def backend_cpu(db: psycopg.Connection[tuple[object, ...]]) -> dict[int, tuple[str, float]]:
@@ -391,12 +376,8 @@ def main() -> None:
     topics = TopicFactory(bootstrap, prefix="pin-bench-relay")
     with (
         temporary_database(admin_dsn, "pin_bench_relay") as dsn,
-        tempfile.TemporaryDirectory(prefix="pin-bench-baseline-") as old,
+        baseline_packages(args.baseline) as baselines,
     ):
-        baselines = {
-            rev: checkout_package(rev, os.path.join(old, str(n)))
-            for n, rev in enumerate(args.baseline)
-        }
         try:
             migrate_database(dsn)
             with console.status(f"building {args.rows:,} access events"):

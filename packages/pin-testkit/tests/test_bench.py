@@ -1,4 +1,5 @@
-"""Benchmark comparisons: the ratio's direction, the results file, the summary's exit code."""
+"""Benchmark comparisons: the ratio's direction, the results file, the summary's exit code;
+the service's package at a git revision, for a baseline."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from pin_testkit.bench import RESULTS_ENV, Comparison, Figure, load, main, record
+from pin_testkit.bench import (
+    RESULTS_ENV,
+    Comparison,
+    Figure,
+    baseline_packages,
+    checkout_package,
+    load,
+    main,
+    record,
+)
 
 
 def rate(subject: float, limit: float, target: float = 0.5) -> Comparison:
@@ -76,3 +86,16 @@ def test_without_a_results_file_nothing_is_written_and_the_summary_says_so(
     assert list(tmp_path.iterdir()) == []
     assert main([str(tmp_path / "missing.jsonl")]) == 1
     assert "no benchmark results" in capsys.readouterr().err
+
+
+def test_a_baseline_is_the_package_at_its_revision_first_on_the_path() -> None:
+    with baseline_packages(["HEAD"]) as packages:
+        path = Path(packages["HEAD"])
+        assert (path / "identity_fanout" / "__init__.py").is_file()
+        assert (path / "identity_fanout" / "migrations").is_dir()
+    assert not path.exists()  # removed with its temporary directory
+
+
+def test_an_unknown_revision_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no-such-revision"):
+        checkout_package("no-such-revision", str(tmp_path))

@@ -4,25 +4,39 @@ A benchmark script measures the subject (the service) and its limit (a plain cli
 statement) in the same run, because on a shared machine only the ratio is stable. It calls
 `record` for each comparison; `make bench` points `PIN_BENCH_RESULTS` at one file for every
 script and runs `python -m pin_testkit.bench` at the end to print them side by side.
+
+A change is judged against the code it replaces in the same run, too: `checkout_package`
+extracts a package as it is at a git revision (`baseline_packages`, several), to put first
+on the PYTHONPATH of the processes that run it, beside this checkout's in turn.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import subprocess
 import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from pin_testkit.releases import ROOT
+
 __all__ = [
     "RESULTS_ENV",
+    "SERVICE_SOURCE",
     "Comparison",
     "Figure",
+    "baseline_packages",
     "busy_share",
+    "checkout_package",
     "cpu_seconds",
     "listener_pid",
     "load",
@@ -142,6 +156,53 @@ def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
     """Share of the machine's CPU time busy (anyone's) between two `machine_jiffies()`."""
     total = after[0] - before[0]
     return 1 - (after[1] - before[1]) / total if total else float("nan")
+
+
+SERVICE_SOURCE: Final = "services/identity-fanout/src"
+"""Where the service's package is in the repository: what a baseline replaces."""
+
+
+def checkout_package(revision: str, into: str, source: str = SERVICE_SOURCE) -> str:
+    """The packages under `source` as they are at git `revision`, extracted under `into`;
+    the directory to put first on a process's PYTHONPATH (before this checkout's editable
+    installs), checked to be where that process imports them from."""
+    archive = subprocess.run(  # noqa: S603 - git on this repository, arguments built here
+        ["git", "-C", str(ROOT), "archive", "--format=tar", revision, source],  # noqa: S607
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        raise ValueError(f"no {source} at {revision}: {archive.stderr.decode().strip()}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    path = os.path.join(into, source)
+    for package in sorted(p.name for p in Path(path).iterdir() if (p / "__init__.py").is_file()):
+        found = subprocess.run(  # noqa: S603 - this interpreter, arguments built here
+            [
+                sys.executable,
+                "-c",
+                "import sys, importlib.util as u; print(u.find_spec(sys.argv[1]).origin)",
+                package,
+            ],
+            env=os.environ | {"PYTHONPATH": path},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        if not found.startswith(path + os.sep):
+            raise RuntimeError(f"{package} @{revision}: PYTHONPATH={path} imports {found}")
+    return path
+
+
+@contextlib.contextmanager
+def baseline_packages(revisions: Sequence[str]) -> Iterator[dict[str, str]]:
+    """`checkout_package` of each revision (revision -> its PYTHONPATH directory), in a
+    temporary directory removed afterwards; an empty dict for none."""
+    with tempfile.TemporaryDirectory(prefix="pin-bench-baseline-") as root:
+        yield {
+            revision: checkout_package(revision, os.path.join(root, str(n)))
+            for n, revision in enumerate(revisions)
+        }
 
 
 def record(comparison: Comparison) -> None:
