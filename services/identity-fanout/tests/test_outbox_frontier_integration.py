@@ -10,7 +10,6 @@ counted with EXPLAIN (ANALYZE, BUFFERS), never with a clock.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -22,12 +21,20 @@ import pytest
 from prometheus_client import CollectorRegistry
 from psycopg import sql
 from psycopg.rows import TupleRow
-from relay_support import RelayFactory, RelayThread, access_event, access_topic, write
+from relay_support import (
+    RelayFactory,
+    RelayThread,
+    access_event,
+    access_topic,
+    key_in,
+    slot_of,
+    write,
+)
 
 from identity_fanout.db_roles import RELAY, RUNTIME_ROLES
 from identity_fanout.ops.outbox import outbox_status
 from identity_fanout.outbox.frontier import OutboxFrontier
-from identity_fanout.outbox.rules import SLOTS, slots_of
+from identity_fanout.outbox.rules import slots_of
 from identity_fanout.outbox.store import ReadRequest
 from identity_fanout.outbox.writer import outbox_message
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
@@ -59,18 +66,6 @@ WITHOUT_STATISTICS = "without_statistics_"
 
 _relay = load_queries("identity_fanout", "outbox/sql/relay.sql")
 _outbox = load_queries("identity_fanout", "outbox/sql/outbox.sql")
-
-
-def slot_of(key: str) -> int:
-    """The key's slot, as `identity.outbox_key_slot` computes it."""
-    return hashlib.sha256(key.encode()).digest()[0] % SLOTS
-
-
-def key_in(slot: int) -> uuid.UUID:
-    """A user id whose key falls in `slot`."""
-    while slot_of(str(key := uuid.uuid4())) != slot:
-        pass
-    return key
 
 
 def write_rows(db: Conn, rows: int) -> None:
