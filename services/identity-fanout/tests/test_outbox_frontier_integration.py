@@ -11,6 +11,7 @@ counted with EXPLAIN (ANALYZE, BUFFERS), never with a clock.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -266,6 +267,36 @@ def test_a_rolled_back_writer_frees_its_slot(db: Conn, producer_dsn: str, relay_
         late.rollback()
         settle(frontier, relay)
         assert read_all(relay, frontier, (3,)) == [committed]
+
+
+def test_the_relay_tells_how_long_an_open_writer_has_held_one_of_its_slots(
+    db: Conn, identity_dsn: str, producer_dsn: str, make_relay: RelayFactory
+) -> None:
+    """`identity_outbox_writer_oldest_age_seconds`, from the frontier's own steps (no statement
+    and no grant of its own): a writer of a slot the instance publishes counts, one of a slot
+    it does not hold never does."""
+    relay = make_relay(lanes=2)
+    gauge = relay.metrics.writer_oldest_age_seconds
+    with (
+        psycopg.connect(identity_dsn, autocommit=True) as foreign,
+        psycopg.connect(producer_dsn) as elsewhere,
+        psycopg.connect(producer_dsn) as late,
+    ):
+        # Slot 5 held by another session: the relay takes lane 0 (even slots) alone.
+        foreign.execute("SELECT pg_advisory_lock(%s, 5)", (OUTBOX_TABLES.lane_lock_class,))
+        relay.run_once()
+        assert relay.lanes == {0}
+        assert gauge._value.get() == 0
+        write_key(elsewhere, key_in(5), admin=db)
+        write_key(late, key_in(4), admin=db)
+        relay.run_once()  # the first step that sees them
+        time.sleep(1.0)
+        relay.run_once()
+        assert 1.0 <= gauge._value.get() < 30
+        late.commit()
+        relay.run_once()
+        assert gauge._value.get() == 0  # slot 5's writer is still open: not its slot
+        assert relay._frontier.oldest_writer_age([5]) >= 1.0
 
 
 def test_a_keys_next_version_never_overtakes_one_committed_late_below_a_cursor(
