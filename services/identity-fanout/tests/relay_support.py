@@ -7,6 +7,7 @@ fixtures built on it (``make_relay``) live in ``conftest``.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import uuid
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from identity_fanout.app import RELAY_CLIENT_ID
 from identity_fanout.outbox.relay import OutboxRelay, RelayInternals, RelaySignals
+from identity_fanout.outbox.rules import SLOTS
 from identity_fanout.outbox.settings import RelaySettings
 from identity_fanout.outbox.store import ReadRequest
 from identity_fanout.outbox.tables import OutboxTables
@@ -44,9 +46,11 @@ __all__ = [
     "RelayThread",
     "access_event",
     "access_topic",
+    "key_in",
     "new_relay",
     "outbox_count",
     "read_request",
+    "slot_of",
     "write",
 ]
 
@@ -175,6 +179,18 @@ def access_event(
         ),
         correlation_id=correlation_id,
     )
+
+
+def slot_of(key: str) -> int:
+    """The key's slot, as `identity.outbox_key_slot` computes it."""
+    return hashlib.sha256(key.encode()).digest()[0] % SLOTS
+
+
+def key_in(slot: int) -> uuid.UUID:
+    """A user id whose key falls in `slot`."""
+    while slot_of(str(key := uuid.uuid4())) != slot:
+        pass
+    return key
 
 
 def write(dsn: str, messages: list[OutboxMessage]) -> None:

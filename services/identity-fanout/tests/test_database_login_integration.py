@@ -67,7 +67,11 @@ def test_a_relay_whose_login_is_refused_says_so_counts_it_and_reports_its_gauges
             "two refused logins counted",
         )
         # Never a healthy 0 for an outbox it could not look at.
-        for gauge in ("identity_outbox_oldest_age_seconds", "identity_outbox_backlog"):
+        for gauge in (
+            "identity_outbox_oldest_age_seconds",
+            "identity_outbox_backlog",
+            "identity_outbox_writer_oldest_age_seconds",
+        ):
             value = sample(registry, gauge)
             assert value is not None, gauge
             assert math.isnan(value), gauge

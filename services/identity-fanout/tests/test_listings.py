@@ -13,10 +13,11 @@ from rich.console import Console, RenderableType
 
 from identity_fanout.fanout.queue import FanOutShard, FanOutTask
 from identity_fanout.fanout.shards import START
-from identity_fanout.ops.outbox import OutboxStatus, RelayHolder, status_table
+from identity_fanout.ops.outbox import OutboxStatus, RelayHolder, open_writers, status_table
 from identity_fanout.ops.quarantine import quarantine_detail, quarantine_table
 from identity_fanout.ops.tasks import shards_table, tasks_table
 from identity_fanout.outbox.quarantine import QuarantinedRow
+from identity_fanout.outbox.store import OpenWriterRow
 
 AT = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 TASK, ROLE, KEY, CURSOR = (uuid.uuid4() for _ in range(4))
@@ -177,3 +178,32 @@ def test_a_missing_value_is_one_symbol_in_every_table() -> None:
     detail = render(quarantine_detail(unset), 200)
     [header] = [line for line in detail if "header traceparent" in line]
     assert header.rstrip(" │").endswith(" -")  # a header without a value: was empty
+
+
+def test_open_writers_show_their_lanes_and_are_marked_once_open_long() -> None:
+    rows = [
+        OpenWriterRow([9, 17], None, "fix-42", None, "dba", "prepared", AT, 754.2),
+        OpenWriterRow([5], 4242, None, "psql", "alice", "idle in transaction", AT, 3.0),
+        OpenWriterRow([5, 13, 21], 4343, None, "psql", "bob", None, None, None),
+    ]
+    prepared, short, hidden = open_writers(rows, lanes=8)
+    assert (prepared.lanes, prepared.long_open, prepared.open_seconds) == ((1,), True, 754.2)
+    assert (short.lanes, short.long_open) == ((5,), False)
+    assert (hidden.lanes, hidden.long_open, hidden.open_seconds) == ((5,), None, None)
+    assert open_writers(rows, lanes=4)[0].lanes == (1,)
+    assert open_writers(rows, lanes=2)[2].lanes == (1,)
+
+    shown = msgspec.structs.replace(status(), open_writers=(prepared, short, hidden))
+    lines = render(status_table(shown), 250)
+    [first] = [line for line in lines if "prepared writer fix-42" in line]
+    assert "slots 9, 17 (lanes 1): dba, prepared 12m34s ago (over 10s: rows of these" in first
+    assert "COMMIT PREPARED or ROLLBACK PREPARED" in first
+    [second] = [line for line in lines if "open writer pid 4242" in line]
+    assert "slots 5 (lanes 5): alice as psql, idle in transaction, open 3.0s" in second
+    assert "over" not in second
+    [third] = [line for line in lines if "open writer pid 4343" in line]
+    assert "bob as psql, state unknown, open unknown (pg_read_all_stats shows them)" in third
+    assert "None" not in "".join(lines)
+    narrow = render(status_table(shown), 80)
+    assert all(len(line) <= 80 for line in narrow)
+    assert any(line.startswith("open writer pid 4242:") for line in narrow)

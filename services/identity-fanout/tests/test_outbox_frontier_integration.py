@@ -10,8 +10,8 @@ counted with EXPLAIN (ANALYZE, BUFFERS), never with a clock.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -22,12 +22,20 @@ import pytest
 from prometheus_client import CollectorRegistry
 from psycopg import sql
 from psycopg.rows import TupleRow
-from relay_support import RelayFactory, RelayThread, access_event, access_topic, write
+from relay_support import (
+    RelayFactory,
+    RelayThread,
+    access_event,
+    access_topic,
+    key_in,
+    slot_of,
+    write,
+)
 
 from identity_fanout.db_roles import RELAY, RUNTIME_ROLES
 from identity_fanout.ops.outbox import outbox_status
 from identity_fanout.outbox.frontier import OutboxFrontier
-from identity_fanout.outbox.rules import SLOTS, slots_of
+from identity_fanout.outbox.rules import slots_of
 from identity_fanout.outbox.store import ReadRequest
 from identity_fanout.outbox.writer import outbox_message
 from identity_fanout.schema import OUTBOX, OUTBOX_TABLES
@@ -59,18 +67,6 @@ WITHOUT_STATISTICS = "without_statistics_"
 
 _relay = load_queries("identity_fanout", "outbox/sql/relay.sql")
 _outbox = load_queries("identity_fanout", "outbox/sql/outbox.sql")
-
-
-def slot_of(key: str) -> int:
-    """The key's slot, as `identity.outbox_key_slot` computes it."""
-    return hashlib.sha256(key.encode()).digest()[0] % SLOTS
-
-
-def key_in(slot: int) -> uuid.UUID:
-    """A user id whose key falls in `slot`."""
-    while slot_of(str(key := uuid.uuid4())) != slot:
-        pass
-    return key
 
 
 def write_rows(db: Conn, rows: int) -> None:
@@ -271,6 +267,36 @@ def test_a_rolled_back_writer_frees_its_slot(db: Conn, producer_dsn: str, relay_
         late.rollback()
         settle(frontier, relay)
         assert read_all(relay, frontier, (3,)) == [committed]
+
+
+def test_the_relay_tells_how_long_an_open_writer_has_held_one_of_its_slots(
+    db: Conn, identity_dsn: str, producer_dsn: str, make_relay: RelayFactory
+) -> None:
+    """`identity_outbox_writer_oldest_age_seconds`, from the frontier's own steps (no statement
+    and no grant of its own): a writer of a slot the instance publishes counts, one of a slot
+    it does not hold never does."""
+    relay = make_relay(lanes=2)
+    gauge = relay.metrics.writer_oldest_age_seconds
+    with (
+        psycopg.connect(identity_dsn, autocommit=True) as foreign,
+        psycopg.connect(producer_dsn) as elsewhere,
+        psycopg.connect(producer_dsn) as late,
+    ):
+        # Slot 5 held by another session: the relay takes lane 0 (even slots) alone.
+        foreign.execute("SELECT pg_advisory_lock(%s, 5)", (OUTBOX_TABLES.lane_lock_class,))
+        relay.run_once()
+        assert relay.lanes == {0}
+        assert gauge._value.get() == 0
+        write_key(elsewhere, key_in(5), admin=db)
+        write_key(late, key_in(4), admin=db)
+        relay.run_once()  # the first step that sees them
+        time.sleep(1.0)
+        relay.run_once()
+        assert 1.0 <= gauge._value.get() < 30
+        late.commit()
+        relay.run_once()
+        assert gauge._value.get() == 0  # slot 5's writer is still open: not its slot
+        assert relay._frontier.oldest_writer_age([5]) >= 1.0
 
 
 def test_a_keys_next_version_never_overtakes_one_committed_late_below_a_cursor(

@@ -1,15 +1,17 @@
-"""`identity-fanout outbox status`: what waits in the outbox and who publishes it."""
+"""`identity-fanout outbox status`: what waits in the outbox, who publishes it and which
+open writers hold it back."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Final
 
 import msgspec
 import psycopg
 from psycopg.rows import TupleRow
 
-from identity_fanout.ops.cells import NULL
+from identity_fanout.ops.cells import NULL, duration_cell
 from identity_fanout.outbox.pause_mark import base_name, pause_of
 from identity_fanout.outbox.rules import (
     DEFAULT_LANES,
@@ -20,8 +22,13 @@ from identity_fanout.outbox.rules import (
     relay_instances,
     slots_of,
 )
-from identity_fanout.outbox.store import OutboxStore
+from identity_fanout.outbox.store import OpenWriterRow, OutboxStore
 from pin_runtime.listing import Fields
+
+WRITER_OPEN_LONG: Final = 10.0
+"""Seconds after which an open writer is marked: a writer of the service (a fan-out page, a
+membership change) commits well within it, and the rows of its slots committed meanwhile
+wait for its end."""
 
 
 class RelayHolder(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +59,31 @@ class RelayPause(msgspec.Struct, frozen=True, kw_only=True):
     """Where it showed (None: the name had no room for it; the relay's log has it)."""
 
 
+class OpenWriter(msgspec.Struct, frozen=True, kw_only=True):
+    """A transaction holding writer locks of the outbox (`outbox/sql/frontier.sql`
+    open_writers): the rows of its slots committed after it took them wait until it ends."""
+
+    pid: int | None
+    """The session's backend pid; None for a prepared transaction (see `gid`)."""
+    gid: str | None
+    """A prepared transaction's name (COMMIT PREPARED / ROLLBACK PREPARED)."""
+    slots: tuple[int, ...]
+    lanes: tuple[int, ...]
+    """The lanes of its slots, by the status's lane count."""
+    user_name: str | None
+    """The session's login, or a prepared transaction's owner."""
+    application_name: str | None
+    state: str | None
+    """pg_stat_activity's state (`idle in transaction`, `active`, ...), `prepared`, or None
+    when this login may not read it (another login's session, without pg_read_all_stats)."""
+    since: datetime | None
+    """When its transaction started (a prepared one: when it was prepared); None: unknown."""
+    open_seconds: float | None
+    """Seconds since `since`; None: unknown."""
+    long_open: bool | None
+    """Open longer than `WRITER_OPEN_LONG`; None when its age is unknown."""
+
+
 class OutboxStatus(msgspec.Struct, frozen=True, kw_only=True):
     """What `identity-fanout outbox status` prints."""
 
@@ -78,6 +110,9 @@ class OutboxStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Sessions of other logins holding lane locks (their slots are not published)."""
     paused: tuple[RelayPause, ...] = ()
     """Running relay instances paused for a refusal of the cluster, and why."""
+    open_writers: tuple[OpenWriter, ...] = ()
+    """Transactions holding writer locks (longest open first): the relays read their slots
+    only up to the rows they may still commit."""
 
 
 def outbox_status(
@@ -109,6 +144,26 @@ def outbox_status(
         quarantined=store.quarantine_counts(conn),
         foreign=tuple(foreign_holders(locks)),
         paused=_paused(locks),
+        open_writers=open_writers(store.open_writers(conn), lanes),
+    )
+
+
+def open_writers(rows: Sequence[OpenWriterRow], lanes: int) -> tuple[OpenWriter, ...]:
+    """The writers as the status shows them: their lanes, and whether they are open long."""
+    return tuple(
+        OpenWriter(
+            pid=row.pid,
+            gid=row.gid,
+            slots=tuple(row.slots),
+            lanes=tuple(sorted({lane_of_slot(slot, lanes) for slot in row.slots})),
+            user_name=row.user_name,
+            application_name=row.application_name,
+            state=row.state,
+            since=row.since,
+            open_seconds=None if row.open_seconds is None else round(row.open_seconds, 1),
+            long_open=None if row.open_seconds is None else row.open_seconds > WRITER_OPEN_LONG,
+        )
+        for row in rows
     )
 
 
@@ -203,10 +258,38 @@ def status_table(status: OutboxStatus) -> Fields:
         )
         for pause in status.paused
     ]
+    pairs += [_writer_pair(writer) for writer in status.open_writers]
     unheld = [lane for lane in range(status.lanes) if lane not in held]
     if status.holders and unheld:
         pairs.append(("lanes unheld", f"{_ranges(unheld)} (taken within seconds by a relay)"))
     return Fields(pairs, title="outbox")
+
+
+def _writer_pair(writer: OpenWriter) -> tuple[str, str]:
+    """`open writer pid N` (or `prepared writer GID`): its slots, who, and how long."""
+    held = f"slots {_ranges(writer.slots)} (lanes {_ranges(writer.lanes)})"
+    age = duration_cell(writer.open_seconds) if writer.open_seconds is not None else "unknown"
+    if writer.pid is None:
+        key = f"prepared writer {writer.gid or NULL}"
+        who = f"{writer.user_name or NULL}, prepared" + (
+            f" {age} ago" if writer.open_seconds is not None else ""
+        )
+        end = "COMMIT PREPARED or ROLLBACK PREPARED"
+    else:
+        key = f"open writer pid {writer.pid}"
+        who = (
+            f"{writer.user_name or NULL} as {writer.application_name or NULL},"
+            f" {writer.state or 'state unknown'}, open {age}"
+            # PostgreSQL hides them in another login's session from a login without it.
+            + (" (pg_read_all_stats shows them)" if writer.open_seconds is None else "")
+        )
+        end = "its end"
+    mark = (
+        f" (over {WRITER_OPEN_LONG:.0f}s: rows of these slots wait for {end})"
+        if writer.long_open
+        else ""
+    )
+    return key, f"{held}: {who}{mark}"
 
 
 def _ranges(lanes: Sequence[int]) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Final
 
 from psycopg import Connection
@@ -57,6 +57,9 @@ class OutboxFrontier:
         self._next = 0.0
         self._frontier = [0] * SLOTS
         self._waits: dict[int, SlotWait] = {}
+        self._holders: Mapping[int, frozenset[str]] = {}
+        self._seen: dict[str, float] = {}
+        """When a step first saw each writer of the last step (the clock's time)."""
         self.value = 1
         """The floor: no row has a lower id, nor ever will (ids start at 1)."""
 
@@ -73,6 +76,17 @@ class OutboxFrontier:
         """Whether a transaction that may write one of `slots` was open at the last step:
         its end, a commit or a rollback, moves the frontier, and a rollback wakes nobody."""
         return any(slot in self._waits for slot in slots)
+
+    def oldest_writer_age(self, slots: Iterable[int]) -> float:
+        """How long the oldest writer holding one of `slots` at the last step has held writer
+        locks, counted from the first step that saw it (0: none). Short of the truth by at
+        most the time between two steps, or by what came before this process's first step;
+        it needs no statement of its own and no grant (a transaction's xact_start would
+        need pg_read_all_stats for another login's session)."""
+        holders, seen, now = self._holders, self._seen, self._clock()
+        # .get: a step under way in another thread may have replaced one of the two.
+        first = min((seen.get(w, now) for s in slots for w in holders.get(s, ())), default=now)
+        return max(0.0, now - first)
 
     def step(self, conn: Connection[TupleRow]) -> int:
         """One step now (`sql/frontier.sql`); the floor."""
@@ -97,6 +111,9 @@ class OutboxFrontier:
             self._frontier, self._waits = advance_frontier(
                 self._frontier, self._waits, step.last, step.writers
             )
+            seen, writers = self._seen, frozenset[str]().union(*step.writers.values())
+            self._seen = {w: seen.get(w, now) for w in writers}
+            self._holders = step.writers
             return self.value
         finally:
             self._lock.release()
@@ -105,3 +122,4 @@ class OutboxFrontier:
         """Back to the head (a connection to another database, say: tests)."""
         with self._lock:
             self.value, self._frontier, self._waits, self._next = 1, [0] * SLOTS, {}, 0.0
+            self._holders, self._seen = {}, {}

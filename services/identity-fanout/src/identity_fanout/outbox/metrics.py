@@ -29,6 +29,13 @@ class RelayMetrics(MetricSet):
         "Age of the next row to publish (lowest id); 0 when the outbox is empty; "
         "NaN while this instance cannot read the database.",
     )
+    writer_oldest_age_seconds = gauge(
+        "identity_outbox_writer_oldest_age_seconds",
+        "How long the oldest open transaction holding a writer lock of a slot this instance "
+        "publishes has held it, from this instance's first look that found it (rows of that "
+        "slot committed since wait for it to end); 0 when none; NaN while this instance "
+        "cannot read the database.",
+    )
     published = counter(
         "identity_outbox_published_total",
         "Outbox rows acknowledged by the broker and deleted.",
@@ -116,6 +123,7 @@ class RelayMetrics(MetricSet):
         nan = float("nan")
         self.backlog.set(nan)
         self.oldest_age_seconds.set(nan)
+        self.writer_oldest_age_seconds.set(nan)
         self.foreign_lock_holders.set(nan)
         for topic in self._quarantine_topics:
             self.quarantine_rows.labels(topic=topic).set(nan)

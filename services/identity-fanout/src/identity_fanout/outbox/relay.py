@@ -23,7 +23,8 @@ One loop on one thread does everything, one round after the other (`OutboxRelay.
    stops the flow (`_fail`): every outstanding record gets its outcome (bounded wait), the
    settled prefix is applied and the rest stays in the outbox to go out again after a
    backoff, so a later row of a key never overtakes one that may yet be delivered;
-5. finish: the floor, the backlog gauges when due, the pause for a refusal of the cluster
+5. finish: the floor, the age of the oldest open writer of a held slot (from the frontier's
+   steps), the backlog gauges when due, the pause for a refusal of the cluster
    (`rules.next_pause`), readiness; then wait for a NOTIFY if nothing is in flight (or for
    a writer of a held slot to end, which a rollback does not announce).
 
@@ -615,6 +616,10 @@ class OutboxRelay:
         # The floor the next reads from a slot's head and the gauges start at (a step every
         # STEP_INTERVAL at most when no read stepped it: outbox.frontier).
         floor = self._frontier.refresh(conn)
+        # How long a writer has held a slot of this instance back, from the steps the
+        # frontier took anyway: no statement of its own.
+        held = slots_of(self._session.lanes, self.settings.outbox_lanes)
+        self.metrics.writer_oldest_age_seconds.set(self._frontier.oldest_writer_age(held))
         # Every instance counts the whole outbox (any one of them shows it, and a stuck one
         # cannot hide the others' backlog), once per GAUGES_INTERVAL times the instances
         # running, so the fleet's counting does not grow with it; and at once after a

@@ -49,6 +49,7 @@ __all__ = [
     "MERGED_UP_TO",
     "Backlog",
     "FrontierStep",
+    "OpenWriterRow",
     "OutboxDepth",
     "OutboxStore",
     "ReadRequest",
@@ -136,6 +137,26 @@ class FrontierStep(NamedTuple):
     floor: int
 
 
+class OpenWriterRow(NamedTuple):
+    """A transaction holding writer locks of the outbox's slots (`sql/frontier.sql`
+    open_writers): the rows of those slots committed after it took them wait for it to end."""
+
+    slots: list[int]
+    pid: int | None
+    """None for a prepared transaction (it has no session)."""
+    gid: str | None
+    """A prepared transaction's name, for COMMIT PREPARED / ROLLBACK PREPARED."""
+    application_name: str | None
+    user_name: str | None
+    """The session's login, or a prepared transaction's owner."""
+    state: str | None
+    """pg_stat_activity's state, `prepared`, or None when this login may not read it."""
+    since: datetime | None
+    """xact_start (a prepared transaction's prepare time), None when this login may not read
+    it (another login's session without pg_read_all_stats)."""
+    open_seconds: float | None
+
+
 class SlotBacklog(NamedTuple):
     slot: int
     rows: int
@@ -158,6 +179,7 @@ class OutboxStore:
         self._delete = compose(_relay, "delete_published")
         self._backlog = compose(_relay, "backlog")
         self._frontier = compose(_frontier, "step")
+        self._open_writers = compose(_frontier, "open_writers")
         self._lane_locks = compose(_lanes, "lane_locks")
         self._move = compose(_quarantine, "move")
         self._quarantine_counts = compose(_quarantine, "count_by_topic")
@@ -348,6 +370,12 @@ class OutboxStore:
 
     def backlog_by_slot(self, conn: Connection[TupleRow]) -> list[SlotBacklog]:
         return [SlotBacklog(*row) for row in conn.execute(self._slot_backlog).fetchall()]
+
+    def open_writers(self, conn: Connection[TupleRow]) -> list[OpenWriterRow]:
+        """Every transaction holding writer locks now, longest open first (unknown last)."""
+        params = {"class": self.tables.writer_lock_class}
+        with conn.cursor(row_factory=class_row(OpenWriterRow)) as cur:
+            return cur.execute(self._open_writers, params).fetchall()
 
     # -- the quarantine --------------------------------------------------------------------
 

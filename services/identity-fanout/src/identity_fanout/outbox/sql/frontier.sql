@@ -42,3 +42,48 @@ SELECT last.id,
        AND l.objsubid = 2
        AND l.classid::bigint = %(class)s
  ) AS held
+
+-- name: open_writers --
+-- Who holds the slots back (`outbox status`): each transaction holding writer locks, with
+-- its slots and its session (pid, login, application, state, xact_start from
+-- pg_stat_activity) or, for a prepared transaction (no pid), its gid, owner and prepare
+-- time from pg_prepared_xacts. A prepared transaction's virtualtransaction is not always
+-- `-1/<xid>` (PostgreSQL 15.18 keeps the one of the session that prepared it): it is
+-- found through the lock on its transaction id, held under the same virtualtransaction as
+-- its advisory locks; pg_locks is read once, so both come from one look.
+-- Nothing needs a grant: another login's state and xact_start are NULL without
+-- pg_read_all_stats (the caller says unknown); a prepared transaction's time shows to all.
+WITH locks AS MATERIALIZED (
+    SELECT l.locktype, l.virtualtransaction, l.pid, l.objid, l.transactionid
+      FROM pg_locks AS l
+     WHERE l.granted
+       AND ((l.locktype = 'advisory'
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+             -- A two-int4 key shows as classid = first key, objid = second key, objsubid = 2.
+             AND l.objsubid = 2
+             AND l.classid::bigint = %(class)s)
+            OR (l.locktype = 'transactionid' AND l.pid IS NULL))
+), writers AS (
+    SELECT virtualtransaction, pid, array_agg(objid::int ORDER BY objid) AS slots
+      FROM locks
+     WHERE locktype = 'advisory'
+     GROUP BY virtualtransaction, pid
+)
+SELECT w.slots, w.pid, p.gid, a.application_name,
+       coalesce(a.usename, p.owner)::text AS user_name,
+       CASE WHEN p.gid IS NOT NULL THEN 'prepared' ELSE a.state END AS state,
+       coalesce(a.xact_start, p.prepared) AS since,
+       extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, p.prepared))::float8
+           AS open_seconds
+  FROM writers AS w
+  LEFT JOIN pg_stat_activity AS a ON a.pid = w.pid
+  LEFT JOIN LATERAL (
+    SELECT x.gid, x.owner, x.prepared
+      FROM locks AS t
+      JOIN pg_prepared_xacts AS x ON x.transaction = t.transactionid
+     WHERE w.pid IS NULL
+       AND t.locktype = 'transactionid'
+       AND t.virtualtransaction = w.virtualtransaction
+     LIMIT 1
+  ) AS p ON true
+ ORDER BY since NULLS LAST, w.pid, p.gid
