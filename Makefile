@@ -127,10 +127,13 @@ stack-down: ## remove the compose stack and its volumes
 # The end-to-end scenarios with every service a container of its image and the stack's
 # PostgreSQL and Kafka as the servers (tests-e2e/pin_e2e/stack.py): one suite, two topologies.
 # Not here: 9 (its TLS/SCRAM broker and certificates are host files), 10 (Toxiproxy and
-# the private servers of the chaos campaign) and 12 (the previous release is built from git
-# history into a virtual environment, not an image).
+# the private servers of the chaos campaign), 12 (the previous release is built from git
+# history into a virtual environment, not an image) and 13 (the outbox history checks the
+# relay's code, not its image: once per `make test`), nor the pure tests of 10's and 13's
+# parts.
 E2E_COMPOSE_TESTS := $(filter-out tests-e2e/test_9_secrets.py tests-e2e/test_10_chaos_campaign.py \
-	tests-e2e/test_12_rolling_upgrade.py tests-e2e/test_chaos_%.py,$(wildcard tests-e2e/test_*.py))
+	tests-e2e/test_12_rolling_upgrade.py tests-e2e/test_13_outbox_history.py \
+	tests-e2e/test_chaos_%.py tests-e2e/test_history_%.py,$(wildcard tests-e2e/test_*.py))
 .PHONY: e2e-compose
 e2e-compose: images ## build the images, bring a fresh compose stack up, run the e2e scenarios on its containers, remove it
 	$(STACK) down -v --remove-orphans
@@ -168,6 +171,14 @@ test-one: up ## one test, file or folder on the real services: make test-one T=p
 chaos: up ## chaos campaign: 50 random faults, then the long ones, invariants and alert matrix checked
 	eval "$$($(RUN) pin-local -q env)" && PIN_CHAOS_FAULTS=$${PIN_CHAOS_FAULTS:-50} \
 		PIN_CHAOS_LONG=$${PIN_CHAOS_LONG:-1} $(RUN) pytest tests-e2e/test_10_chaos_campaign.py
+
+# A long outbox history: PIN_HISTORY_SECONDS (600) of late, flooding and prepared writers with
+# relays killed and moved, then the delivery guarantees checked (tests-e2e/README.md "The
+# outbox history"); PIN_HISTORY_SEED replays one. `make test` runs 40 s of it.
+.PHONY: history
+history: up ## outbox history: 10 minutes of writers and relay faults, delivery guarantees checked
+	eval "$$($(RUN) pin-local -q env)" && PIN_HISTORY_SECONDS=$${PIN_HISTORY_SECONDS:-600} \
+		$(RUN) pytest tests-e2e/test_13_outbox_history.py
 
 # Whole-path fuzzing with many more examples than `make test` runs (a few hundred each),
 # the consumer's batch statement proved against the pure plan on as many batches, and the
