@@ -20,8 +20,10 @@ from pin_e2e.history.model import (
     Row,
     Txn,
     WriterKind,
+    from_json,
     key_slot,
     payload,
+    to_json,
     token_of,
 )
 
@@ -275,3 +277,11 @@ def test_a_payload_carries_its_token_and_nothing_else_is_read_as_one() -> None:
     assert token_of(b"not json") is None
     assert token_of(b'["w:1"]') is None
     assert token_of(None) is None
+
+
+def test_a_history_kept_as_json_reads_back_equal() -> None:
+    b = _Builder()
+    token = b.txn(1, A, at=0, commit=1, kind=WriterKind.SERIALIZED, seq=1)
+    b.publish(token, A, at=1.5)
+    b.history.note(T0 + 2, "relay-1 SIGKILL")
+    assert from_json(to_json(b.history)) == b.history

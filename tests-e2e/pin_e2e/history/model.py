@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Final
 
@@ -22,8 +22,10 @@ __all__ = [
     "Row",
     "Txn",
     "WriterKind",
+    "from_json",
     "key_slot",
     "payload",
+    "to_json",
     "token_of",
 ]
 
@@ -148,3 +150,32 @@ def token_of(value: bytes | None) -> str | None:
         return None
     token = document.get("token") if isinstance(document, dict) else None
     return token if isinstance(token, str) else None
+
+
+def to_json(history: History) -> str:
+    """The whole history as one JSON document (`from_json` reads it back): what a run keeps
+    beside its report, to look at a failure again without running it."""
+    return json.dumps(asdict(history))
+
+
+def from_json(text: str) -> History:
+    document = json.loads(text)
+    txns = [
+        Txn(
+            name=t["name"],
+            kind=WriterKind(t["kind"]),
+            rows=tuple(Row(**r) for r in t["rows"]),
+            began_at=t["began_at"],
+            commit_sent_at=t["commit_sent_at"],
+            ended_at=t["ended_at"],
+            outcome=Outcome(t["outcome"]),
+            prepared_at=t["prepared_at"],
+        )
+        for t in document["txns"]
+    ]
+    return History(
+        started=document["started"],
+        txns=txns,
+        publications=[Publication(**p) for p in document["publications"]],
+        events=[(at, what) for at, what in document["events"]],
+    )

@@ -26,6 +26,8 @@ class HistoryReport:
     """Wall time of the whole run."""
     rerun: str
     """How to play the same plan again."""
+    recorded: str | None = None
+    """Where the history was kept (`model.from_json` reads it)."""
 
     @property
     def violated(self) -> list[Property]:
@@ -68,4 +70,6 @@ def render(report: HistoryReport, width: int = 160) -> str:
     for at, what in sorted(report.history.events):
         line(f"  {at - t0:7.2f}s  {what}")
     line(f"{report.seconds:.1f}s in all; {report.rerun}")
+    if report.recorded:
+        line(f"the history: {report.recorded} (pin_e2e.history.model.from_json)")
     return console.export_text()

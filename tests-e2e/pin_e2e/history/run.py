@@ -49,6 +49,7 @@ from pin_e2e.history.model import (
     WriterKind,
     key_slot,
     payload,
+    to_json,
     token_of,
 )
 from pin_e2e.history.plan import Action, ActionKind, Plan, RelaySpec, WriterSpec, late_commit
@@ -678,6 +679,8 @@ def run_history(system: System, admin_dsn: str, plan: Plan, *, bound: float) -> 
         topics.delete_all()
     writers.errors.raise_first()
     history.publications = sorted(reader.publications, key=lambda p: (p.partition, p.offset))
+    recorded = system.workdir / "history.json"
+    recorded.write_text(to_json(history))
     verdict = check_history(history, bound=bound, restarted_at=restarted_at)
     return HistoryReport(
         plan=plan,
@@ -686,6 +689,7 @@ def run_history(system: System, admin_dsn: str, plan: Plan, *, bound: float) -> 
         properties=[*verdict.properties, *properties, exercised(history, faults)],
         seconds=time.monotonic() - started,
         rerun=f"PIN_HISTORY_SEED={plan.seed} PIN_HISTORY_SECONDS={plan.seconds:g}",
+        recorded=str(recorded),
     )
 
 
