@@ -285,3 +285,20 @@ def test_a_history_kept_as_json_reads_back_equal() -> None:
     b.publish(token, A, at=1.5)
     b.history.note(T0 + 2, "relay-1 SIGKILL")
     assert from_json(to_json(b.history)) == b.history
+
+
+def test_a_row_held_back_by_a_transaction_that_writes_no_outbox_row_is_named() -> None:
+    b = _Builder()
+    b.history.bystanders.append((T0 + 1, T0 + 9, "unrelated prepared transaction held"))
+    b.publish(b.txn(1, A, at=2, commit=2.5), A, at=2.6)  # went out while it was held
+    b.publish(b.txn(2, B, at=2, commit=3), B, at=9.1)  # waited for its end
+    g3 = next(p for p in _failed(b.history) if p.name.startswith("G3"))
+    assert g3.offender == (B, 2)
+    assert "2 rows committed meanwhile: 1 published only after one ended" in g3.figures
+    # Committed just before its end, or waiting for its own slot's writer, it did not wait.
+    c = _Builder()
+    c.history.bystanders.append((T0 + 1, T0 + 9, "long transaction holding a transaction id"))
+    c.publish(c.txn(1, A, at=0, commit=8.5), A, at=8.6)
+    c.publish(c.txn(2, B, at=2, commit=3), B, at=9.1)
+    c.publish(c.txn(3, OTHER, at=5, commit=6), OTHER, at=9.2)
+    assert _failed(c.history) == []

@@ -13,6 +13,9 @@ the first offending key, whose history the report prints).
   row published for the first time after a higher id of its key), and for serialized keys
   in commit order; re-sends are allowed (at least once) but a key's last record is its
   newest row.
+- G3, a row waits for nothing else: no row committed while a transaction that writes no
+  outbox row was held is published only after that one ended, when its own reference came
+  `BYSTANDER_WAIT` or more before that end.
 - Aborted rows are never published, and every record is a row of this run's writers.
 """
 
@@ -41,6 +44,10 @@ __all__ = [
 
 LATE: Final = 0.5
 """A commit this long after the row's INSERT counts as a late commit."""
+BYSTANDER_WAIT: Final = 5.0
+"""A row whose reference came this long before the end of a transaction that writes no
+outbox row, and that was published only after that end, waited for it: longer than any
+hand-over or burst delays a row (about 4 s at most on two busy cores)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +177,7 @@ def check_history(history: History, *, bound: float, restarted_at: float | None 
     lost, delays = _delivered(history, index, bound=bound, restarted_at=restarted_at)
     properties = (
         *lost,
+        _bystanders_hold_nothing(history, index),
         _first_publications_in_id_order(index),
         _serialized_in_commit_order(index),
         _last_record_is_newest(index),
@@ -226,6 +234,34 @@ def _delivered(
         offender=(worst[2].key, worst[2].id) if worst else None,
     )
     return (lost, in_time), Delays(tuple(after_commit), tuple(after_reference))
+
+
+def _bystanders_hold_nothing(history: History, index: _Index) -> Property:
+    holders = _SlotHolders(history.txns)
+    during = 0
+    waited: list[tuple[Txn, Row, str]] = []
+    for txn in history.txns:
+        if txn.outcome is not Outcome.COMMITTED:
+            continue
+        for begun, ended, what in history.bystanders:
+            if not begun <= txn.ended_at <= ended:
+                continue
+            during += len(txn.rows)
+            for row in txn.rows:
+                first = index.first(row.token)
+                reference = holders.reference(txn, row.slot)
+                if first is not None and reference <= ended - BYSTANDER_WAIT <= first.timestamp:
+                    waited.append((txn, row, what))
+    kinds = ", ".join(sorted({what for _, _, what in history.bystanders})) or "none held"
+    first_row = min(waited, key=lambda w: w[1].id)[1] if waited else None
+    return Property(
+        "G3: nothing waits for a transaction that writes no outbox row",
+        not waited,
+        f"{len(history.bystanders)} held ({kinds}); {during:,} rows committed meanwhile: "
+        f"{len(waited)} published only after one ended, {BYSTANDER_WAIT:g}s or more after "
+        "their reference",
+        offender=(first_row.key, first_row.id) if first_row else None,
+    )
 
 
 def _first_ids(index: _Index, key: str) -> list[tuple[Row, Publication]]:

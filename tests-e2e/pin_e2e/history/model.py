@@ -130,6 +130,9 @@ class History:
     publications: list[Publication] = field(default_factory=list)
     events: list[tuple[float, str]] = field(default_factory=list)
     """(wall time, what happened): the faults and the phases, for the report."""
+    bystanders: list[tuple[float, float, str]] = field(default_factory=list)
+    """(begun, ended, what) of each transaction held beside the writers that writes no
+    outbox row (an unrelated prepared transaction, a long one holding an id)."""
 
     def note(self, at: float, what: str) -> None:
         self.events.append((at, what))
@@ -178,4 +181,5 @@ def from_json(text: str) -> History:
         txns=txns,
         publications=[Publication(**p) for p in document["publications"]],
         events=[(at, what) for at, what in document["events"]],
+        bystanders=[(begun, ended, what) for begun, ended, what in document["bystanders"]],
     )

@@ -560,7 +560,7 @@ class _Held:
     dsn: str
     gid_prefix: str
     history: History
-    open: dict[int, tuple[psycopg.Connection[TupleRow], str]] = field(default_factory=dict)
+    open: dict[int, tuple[psycopg.Connection[TupleRow], str, float]] = field(default_factory=dict)
     counts: dict[ActionKind, int] = field(default_factory=dict)
     _numbers: Iterator[int] = field(default_factory=itertools.count)
 
@@ -573,23 +573,26 @@ class _Held:
             conn.tpc_prepare()
         else:
             conn.execute("SELECT pg_current_xact_id()")
-        self.open[number] = (conn, kind.value)
+        begun = time.time()
+        self.open[number] = (conn, kind.value, begun)
         self.counts[kind] = self.counts.get(kind, 0) + 1
-        self.history.note(time.time(), f"{kind.value}: begun")
+        self.history.note(begun, f"{kind.value}: begun")
         return number
 
     def end(self, number: int) -> None:
-        conn, what = self.open.pop(number)
+        conn, what, begun = self.open.pop(number)
         with conn:
             if what == ActionKind.UNRELATED_PREPARED.value:
                 conn.tpc_commit()
             else:
                 conn.commit()
-        self.history.note(time.time(), f"{what}: ended")
+        ended = time.time()
+        self.history.bystanders.append((begun, ended, what))
+        self.history.note(ended, f"{what}: ended")
 
     def close(self) -> None:
         for number in list(self.open):
-            conn, _ = self.open.pop(number)
+            conn, _, _ = self.open.pop(number)
             conn.close()
 
 
