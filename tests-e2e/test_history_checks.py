@@ -213,14 +213,17 @@ def test_a_key_on_two_partitions_fails() -> None:
 
 
 def test_the_gauges_agree_only_with_a_settled_status() -> None:
-    assert gauges_agree((3, 3), {"relay-1": 3.0, "relay-2": 3.0}).holds is True
-    blind = gauges_agree((3, 3), {"relay-1": 3.0, "relay-2": 0.0})
+    assert gauges_agree((3, 3), {"relay-1": (3.0, 2.5), "relay-2": (3.0, 0.5)}).holds is True
+    assert gauges_agree((0, 0), {"relay-1": (0.0, 0.0)}).holds is True
+    blind = gauges_agree((3, 3), {"relay-1": (3.0, 2.5), "relay-2": (0.0, 0.0)})
     assert blind.holds is False
-    assert "relay-2 0" in blind.figures
-    assert gauges_agree((3, 1), {"relay-1": 3.0}).holds is None
+    assert "relay-2 0 (0s)" in blind.figures
+    assert gauges_agree((3, 3), {"relay-1": (3.0, 0.0)}).holds is False  # a waiting row, no age
+    assert gauges_agree((0, 0), {"relay-1": (0.0, 4.0)}).holds is False  # an age, no row
+    assert gauges_agree((3, 1), {"relay-1": (3.0, 1.0)}).holds is None
     assert gauges_agree(None, {}).holds is None
     assert gauges_agree((0, 0), {}).holds is False  # no relay to show it
-    assert gauges_agree((0, 0), {"relay-1": None}).holds is False  # a relay without /metrics
+    assert gauges_agree((0, 0), {"relay-1": (None, None)}).holds is False  # no /metrics
 
 
 def test_every_kind_of_fault_must_have_happened() -> None:

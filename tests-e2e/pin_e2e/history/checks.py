@@ -429,15 +429,28 @@ def _records_of_writers(history: History, index: _Index) -> Property:
     )
 
 
-def gauges_agree(status: tuple[int, int] | None, gauges: Mapping[str, float | None]) -> Property:
+Gauges = Mapping[str, tuple[float | None, float | None]]
+"""Each running relay's (identity_outbox_backlog, identity_outbox_oldest_age_seconds); None:
+not exported, or its /metrics did not answer."""
+
+
+def gauges_agree(status: tuple[int, int] | None, gauges: Gauges) -> Property:
     """Once the run settled, every running relay's `identity_outbox_backlog` is what
-    `outbox status` counts. `status`: its count just before and just after the gauges were
-    read; while it changes in between (rows still going out) nothing is checked."""
+    `outbox status` counts, and its `identity_outbox_oldest_age_seconds` is 0 exactly when
+    that is 0. `status`: the count just before and just after the gauges were read; while
+    it changes in between (rows still going out) nothing is checked."""
     name = "backlog gauges agree with `outbox status` once settled"
-    shown = ", ".join(
-        f"{label} {'-' if v is None else f'{v:g}'}" for label, v in sorted(gauges.items())
+
+    def shown(value: float | None) -> str:
+        return "-" if value is None else f"{value:g}"
+
+    figures = "identity_outbox_backlog (oldest age): " + (
+        ", ".join(
+            f"{label} {shown(rows)} ({shown(age)}s)"
+            for label, (rows, age) in sorted(gauges.items())
+        )
+        or "no relay running"
     )
-    figures = f"identity_outbox_backlog: {shown or 'no relay running'}"
     if status is None:
         return Property(name, None, f"not checked: no `outbox status`; {figures}")
     before, after = status
@@ -448,7 +461,10 @@ def gauges_agree(status: tuple[int, int] | None, gauges: Mapping[str, float | No
             f"not checked: the outbox never settled (`outbox status` {before}, then {after} "
             f"rows); {figures}",
         )
-    agree = bool(gauges) and all(v is not None and v == before for v in gauges.values())
+    agree = bool(gauges) and all(
+        rows is not None and age is not None and rows == before and (age == 0) == (before == 0)
+        for rows, age in gauges.values()
+    )
     return Property(name, agree, f"outbox status: {before} rows; {figures}")
 
 

@@ -524,13 +524,19 @@ class _Fleet:
                     moved += 1
         return moved, blind
 
-    def gauges(self) -> dict[str, float | None]:
-        found: dict[str, float | None] = {}
+    def gauges(self) -> dict[str, tuple[float | None, float | None]]:
+        """Each running relay's backlog and oldest-age gauges (None: not there)."""
+        found: dict[str, tuple[float | None, float | None]] = {}
         for process in self.running():
             try:
-                found[process.name] = process.metrics().get("identity_outbox_backlog")
+                metrics = process.metrics()
             except (OSError, AssertionError):
-                found[process.name] = None
+                found[process.name] = (None, None)
+                continue
+            found[process.name] = (
+                metrics.get("identity_outbox_backlog"),
+                metrics.get("identity_outbox_oldest_age_seconds"),
+            )
         return found
 
     def close(self) -> None:
