@@ -133,6 +133,9 @@ class History:
     bystanders: list[tuple[float, float, str]] = field(default_factory=list)
     """(begun, ended, what) of each transaction held beside the writers that writes no
     outbox row (an unrelated prepared transaction, a long one holding an id)."""
+    restarted_at: float | None = None
+    """When every relay was restarted to fetch rows still missing once the run settled
+    (None: none was missing)."""
 
     def note(self, at: float, what: str) -> None:
         self.events.append((at, what))
@@ -182,4 +185,5 @@ def from_json(text: str) -> History:
         publications=[Publication(**p) for p in document["publications"]],
         events=[(at, what) for at, what in document["events"]],
         bystanders=[(begun, ended, what) for begun, ended, what in document["bystanders"]],
+        restarted_at=document["restarted_at"],
     )

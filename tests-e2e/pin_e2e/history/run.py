@@ -688,9 +688,10 @@ def run_history(system: System, admin_dsn: str, plan: Plan, *, bound: float) -> 
         topics.delete_all()
     writers.errors.raise_first()
     history.publications = sorted(reader.publications, key=lambda p: (p.partition, p.offset))
+    history.restarted_at = restarted_at
     recorded = system.workdir / "history.json"
     recorded.write_text(to_json(history))
-    verdict = check_history(history, bound=bound, restarted_at=restarted_at)
+    verdict = check_history(history, bound=bound)
     return HistoryReport(
         plan=plan,
         bound=bound,
