@@ -308,6 +308,23 @@ def test_notify_wakes_the_running_relay_long_before_the_poll_interval(
     consume(kafka_bootstrap, topic.name, 1)
 
 
+def test_a_hot_keys_rows_go_out_one_after_the_other_without_waiting_for_a_wake(
+    dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory
+) -> None:
+    """One key's rows go out one round trip apart (one in flight per key); the rows held
+    behind it are read again as soon as it settles, not at the next NOTIFY or poll."""
+    user = uuid.uuid4()
+    relay = make_relay(poll_interval=30.0, read_cooldown=0)
+    with RelayThread(relay):
+        wait_until(lambda: relay.last_round is not None and relay.active, 10, "relay active")
+        write(dsn, [outbox_message(access_event(user, v), topic) for v in range(1, 21)])
+        wait_until(lambda: outbox_count(dsn) == 0, 20, "20 rows of one key, poll at 30 s")
+    records = consume(kafka_bootstrap, topic.name, 20)
+    assert [decode_access_changed(r.value()).payload.version for r in records] == list(
+        range(1, 21)
+    )
+
+
 def test_running_relay_survives_losing_its_database_connection(
     dsn: str, topic: Topic, kafka_bootstrap: str, make_relay: RelayFactory, cut_relay_session: Cut
 ) -> None:

@@ -360,7 +360,7 @@ class OutboxRelay:
         if read and self.pause is None:
             # Paused, a read is only the next try: the delay grows until Kafka takes a row.
             self._kafka_backoff.reset()
-        elif not len(self.window):
+        elif not len(self.window) and self._caught_up:
             held = slots_of(self._session.readable_lanes(), self.settings.outbox_lanes)
             wait = FRONTIER_RECHECK if self._frontier.waiting(held) else self._poll_interval
             self._session.wait_for_notify(
@@ -436,7 +436,10 @@ class OutboxRelay:
         # At most one record per key in flight (InflightWindow.admissible): the rest of
         # the read waits, and is read again, from after the last one produced in its slot.
         admitted = self.window.admissible(records)
-        if caught_up and admitted == len(records):
+        # Caught up only if nothing read waits either: rows held behind a key in flight are
+        # read again as soon as it settles, not after a NOTIFY or the poll interval.
+        caught_up &= admitted == len(records)
+        if caught_up:
             # Every row of each slot up to its frontier was read: a later read starts there.
             self._cursors.update(zip(slots, map(max, afters, uptos), strict=True))
         records = records[:admitted]
