@@ -71,7 +71,7 @@ byte last;                   /* pg_sequence_last_value: the last id handed out (
 byte rkey[NID + 1];
 byte rst[NID + 1];
 byte ts[NW];
-bit  w1stays;                 /* W1 stays open for good (and W2 never begins) */
+bit  w1stays;                /* W1 stays open for good (and W2 never begins) */
 byte tsu;                    /* U: an unrelated transaction, no writer lock */
 #ifdef HORIZON
 byte hold[NSLOT];            /* pg_locks: holders of each slot's writer lock (bit t) */
@@ -648,12 +648,11 @@ active proctype FloorSafety()
 #endif
 
 /* G1, no row stuck: from some point on no committed row is left in the outbox (each row
- * commits at most once, so: every committed row is acknowledged and deleted), in every run
- * where the writers do not stall for ever (each one ends, or W1 stays open on purpose) and
- * Kafka does not either (infinitely often no record waits for its outcome). These are the
- * weak fairness of the writers and of Kafka, written into the formula; the relay that
- * holds lane 0 is the only process left that can move for ever, so it is never starved
- * (README.md). */
+ * commits at most once, so: every committed row is acknowledged and deleted while the
+ * relays run). Checked under weak fairness (pan -a -f); the formula also states two of its
+ * consequences as premises, which only prune the search (every weakly fair run has them):
+ * each writer ends (or W1 stays open on purpose, and W2 then never begins), and Kafka
+ * answers (infinitely often no record waits for its outcome). */
 #define nocommitted  (rst[1] != R_COMM && rst[2] != R_COMM && rst[3] != R_COMM)
 #define writers_done (ts[2] == T_DONE && (w1stays || (ts[0] == T_DONE && ts[1] == T_DONE)))
 #define kafka_idle   (kst[1] != K_FLIGHT && kst[2] != K_FLIGHT && kst[3] != K_FLIGHT)
