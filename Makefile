@@ -91,7 +91,7 @@ infra-check: sync ## images, SBOMs, Helm charts, monitoring rules, pin-contracts
 	UV=$(UV) infra/checks/all.sh
 
 .PHONY: test
-test: lint infra-check up pact ## lint, infra checks, pact, every test on real PostgreSQL and Kafka, then the containers (test-containers)
+test: lint infra-check model-tools up pact ## lint, infra checks, pact, every test on real PostgreSQL and Kafka, then the containers (test-containers)
 	eval "$$($(RUN) pin-local -q env)" && $(RUN) pytest $(TEST_PATHS) \
 		$(addprefix --ignore=,$(PACT_CONSUMER_TESTS) $(PACT_PROVIDER_TESTS))
 	$(MAKE) --no-print-directory test-containers
@@ -148,6 +148,19 @@ e2e-compose: images ## build the images, bring a fresh compose stack up, run the
 test-containers: ## the engine, the images, make e2e-compose and make testcontainers; containers removed after
 	$(MAKE) --no-print-directory e2e-compose testcontainers; status=$$?; \
 	infra/docker/engine.sh down; exit $$status
+
+# The outbox protocol's model (services/identity-fanout/model/README.md): Debian's spin and
+# gcc where missing, then one spin run per design and property, each held to what it must
+# give (the publication horizon passes everything, today's protocol fails with its known
+# counterexamples); a summary of each with its states and time. `make test` installs the
+# tools only: its identity-fanout tests run the deciding checks (tests/test_model.py).
+.PHONY: model
+model: ## model-check the outbox protocol with spin: the new design passes, today's fails as known
+	services/identity-fanout/model/run.sh
+
+.PHONY: model-tools
+model-tools:
+	services/identity-fanout/model/run.sh --install-only
 
 # What a developer runs between edits: no service is started, nothing is left running.
 UNIT_PATHS := contracts/tests $(wildcard packages/*/tests) $(wildcard services/*/tests)
