@@ -1,14 +1,14 @@
 """The outbox protocol's model checks: outbox.pml run through spin, one run per design and
 property, each against what it must give (README.md beside this file).
 
-The publication horizon must pass every property; today's protocol must fail G2 (the
+The frontier must pass every property; the back-read protocol (before the frontier) must fail G2 (the
 per-key order) and, when the relay's login lacks pg_read_all_stats, floor safety and G1
-(a row stuck); each variant of the horizon with one of its rules taken away must fail G2.
-A check that gives anything else fails the run, so a model that stopped finding today's
+(a row stuck); each variant of the frontier with one of its rules taken away must fail G2.
+A check that gives anything else fails the run, so a model that stopped finding the back-read protocol's
 bug is noticed as surely as a new design that breaks a property.
 
     python3 check.py             # every check, a summary per check (states, time)
-    python3 check.py --quick     # the checks that decide (not today's with the grant)
+    python3 check.py --quick     # the checks that decide (not the back-read protocol's with the grant)
     python3 check.py --trails D  # also write each counterexample's steps to D/<check>.txt
 
 Needs spin and gcc on the PATH (run.sh installs them).
@@ -48,59 +48,59 @@ class Check:
     """Part of `--quick` (the test's run): everything that decides; the rest documents."""
 
 
-HORIZON = "horizon"
-TODAY = "today"
-NOSTATS = "today, no pg_read_all_stats"
+FRONTIER = "frontier"
+BACKREAD = "back-read"
+NOSTATS = "back-read, no pg_read_all_stats"
 G2 = "G2 order"
 FLOOR = "floor safety"
 G1 = "G1 no row stuck"
 
 CHECKS: Final = (
-    Check("horizon-order", HORIZON, G2, ("-DHORIZON", "-DCHECK_ORDER"), False, True),
-    Check("horizon-floor", HORIZON, FLOOR, ("-DHORIZON", "-DCHECK_FLOOR"), False, True),
-    Check("horizon-g1", HORIZON, G1, ("-DHORIZON",), True, True),
+    Check("frontier-order", FRONTIER, G2, ("-DFRONTIER", "-DCHECK_ORDER"), False, True),
+    Check("frontier-floor", FRONTIER, FLOOR, ("-DFRONTIER", "-DCHECK_FLOOR"), False, True),
+    Check("frontier-g1", FRONTIER, G1, ("-DFRONTIER",), True, True),
     Check(
-        "horizon-limit1-order",
-        "horizon, LIMIT 1",
+        "frontier-limit1-order",
+        "frontier, LIMIT 1",
         G2,
-        ("-DHORIZON", "-DCHECK_ORDER", "-DLIMIT=1"),
+        ("-DFRONTIER", "-DCHECK_ORDER", "-DLIMIT=1"),
         False,
         True,
         quick=False,
     ),
-    Check("today-order", TODAY, G2, ("-DTODAY", "-DCHECK_ORDER"), False, False),
-    Check("today-floor", TODAY, FLOOR, ("-DTODAY", "-DCHECK_FLOOR"), False, True, quick=False),
-    Check("today-g1", TODAY, G1, ("-DTODAY",), True, True, quick=False),
+    Check("backread-order", BACKREAD, G2, ("-DBACKREAD", "-DCHECK_ORDER"), False, False),
+    Check("backread-floor", BACKREAD, FLOOR, ("-DBACKREAD", "-DCHECK_FLOOR"), False, True, quick=False),
+    Check("backread-g1", BACKREAD, G1, ("-DBACKREAD",), True, True, quick=False),
     Check(
-        "today-nostats-floor",
+        "backread-nostats-floor",
         NOSTATS,
         FLOOR,
-        ("-DTODAY", "-DNOSTATS", "-DCHECK_FLOOR"),
+        ("-DBACKREAD", "-DNOSTATS", "-DCHECK_FLOOR"),
         False,
         False,
     ),
-    Check("today-nostats-g1", NOSTATS, G1, ("-DTODAY", "-DNOSTATS"), True, False),
+    Check("backread-nostats-g1", NOSTATS, G1, ("-DBACKREAD", "-DNOSTATS"), True, False),
     Check(
-        "horizon-holders-first",
-        "horizon, holders read before the last id",
+        "frontier-holders-first",
+        "frontier, holders read before the last id",
         G2,
-        ("-DHORIZON", "-DCHECK_ORDER", "-DHOLDERS_FIRST"),
-        False,
-        False,
-    ),
-    Check(
-        "horizon-id-before-lock",
-        "horizon, id taken before the writer lock",
-        G2,
-        ("-DHORIZON", "-DCHECK_ORDER", "-DID_BEFORE_LOCK"),
+        ("-DFRONTIER", "-DCHECK_ORDER", "-DHOLDERS_FIRST"),
         False,
         False,
     ),
     Check(
-        "horizon-naive-limit",
-        "horizon, cursor to H after a LIMIT cut",
+        "frontier-id-before-lock",
+        "frontier, id taken before the writer lock",
         G2,
-        ("-DHORIZON", "-DCHECK_ORDER", "-DNAIVE_LIMIT", "-DLIMIT=1"),
+        ("-DFRONTIER", "-DCHECK_ORDER", "-DID_BEFORE_LOCK"),
+        False,
+        False,
+    ),
+    Check(
+        "frontier-naive-limit",
+        "frontier, cursor to H after a LIMIT cut",
+        G2,
+        ("-DFRONTIER", "-DCHECK_ORDER", "-DNAIVE_LIMIT", "-DLIMIT=1"),
         False,
         False,
     ),

@@ -2,9 +2,9 @@
  * identity.outbox: its writers, relays, lanes, floor, cursors, back-read and lane
  * hand-over, for the spin model checker (README.md beside this file).
  *
- *   -DTODAY     the protocol as relay.py, floor.py and floor.sql run it
- *   -DHORIZON   the publication horizon (the default)
- *   -DNOSTATS   TODAY: the relay's login lacks pg_read_all_stats
+ *   -DBACKREAD  the protocol before the frontier (floor.py, floor.sql in git history)
+ *   -DFRONTIER   the frontier (the default)
+ *   -DNOSTATS   BACKREAD: the relay's login lacks pg_read_all_stats
  *
  * What is checked (each alone, so that each is counted on its own):
  *   -DCHECK_ORDER  G2, assertions: at a produce, at a first acknowledgement, at an append
@@ -12,17 +12,17 @@
  *   ltl g1         G1, no row stuck: pan -a -f (weak fairness), compiled without NOCLAIM
  *
  * Variants of the new design that must fail (each one a rule of the design taken away):
- *   -DHOLDERS_FIRST   the horizon statement reads the holders before the last id
+ *   -DHOLDERS_FIRST   the frontier step reads the holders before the last id
  *   -DID_BEFORE_LOCK  the writers' trigger takes the id before the writer lock
  *   -DNAIVE_LIMIT     a read cut by its LIMIT still moves the cursors of the slots it did
- *                     not truncate up to their horizon
+ *                     not truncate up to their frontier
  */
 
-#if !defined(TODAY) && !defined(HORIZON)
-#define HORIZON
+#if !defined(BACKREAD) && !defined(FRONTIER)
+#define FRONTIER
 #endif
-#if defined(TODAY) && defined(HORIZON)
-#error "TODAY or HORIZON, not both"
+#if defined(BACKREAD) && defined(FRONTIER)
+#error "BACKREAD or FRONTIER, not both"
 #endif
 
 #ifndef LIMIT
@@ -56,8 +56,8 @@
 
 /* Writer transactions */
 #define T_IDLE   0
-#define T_BEGUN  1       /* TODAY: BEGIN, no id, no xid (idle in transaction) */
-#define T_LOCKED 2       /* HORIZON: holds its slot's writer lock, no id yet */
+#define T_BEGUN  1       /* BACKREAD: BEGIN, no id, no xid (idle in transaction) */
+#define T_LOCKED 2       /* FRONTIER: holds its slot's writer lock, no id yet */
 #define T_INS    3       /* took its id and inserted: holds an xid */
 #define T_PREP   4       /* prepared: no session; the transaction and its locks are kept */
 #define T_DONE   5       /* committed or rolled back, its locks released */
@@ -73,7 +73,7 @@ byte rst[NID + 1];
 byte ts[NW];
 bit  w1stays;                /* W1 stays open for good (and W2 never begins) */
 byte tsu;                    /* U: an unrelated transaction, no writer lock */
-#ifdef HORIZON
+#ifdef FRONTIER
 byte hold[NSLOT];            /* pg_locks: holders of each slot's writer lock (bit t) */
 #endif
 
@@ -81,7 +81,7 @@ byte hold[NSLOT];            /* pg_locks: holders of each slot's writer lock (bi
 byte held[NR];               /* lanes whose slot locks the relay holds */
 byte rel[NR];                /* lanes marked for hand-over: not read, given back when idle */
 bit  handreq;                /* the lanes' plan moved lane 0 from R1 to R2 (once, or never) */
-#ifdef TODAY
+#ifdef BACKREAD
 #define NCUR 1               /* a cursor per lane: lane 0's */
 #else
 #define NCUR NSLOT           /* a cursor per slot */
@@ -90,15 +90,15 @@ byte cur[NR * NCUR];         /* the last id read (NONE: from the floor) */
 byte floor[NR];              /* each relay process's own floor */
 bit  fpv[NR];                /* the pending floor candidate: */
 byte fpl[NR];                /*   the last id handed out when it was taken, */
-byte fpm[NR];                /*   TODAY the transactions begun by then, HORIZON the holders */
+byte fpm[NR];                /*   BACKREAD the transactions begun by then, FRONTIER the holders */
 bit  fcv[NR];                /* a confirmed candidate: a later statement raises to it */
 byte fcu[NR];
-#ifdef HORIZON
-byte hl[NR];                 /* the horizon statement's last id, between its two reads */
+#ifdef FRONTIER
+byte hl[NR];                 /* the frontier step's last id, between its two reads */
 #ifdef HOLDERS_FIRST
 byte hh[NR * NSLOT];         /* its holders, in the variant that reads them first */
 #endif
-byte H[NR * NSLOT];          /* the confirmed horizon of each slot */
+byte H[NR * NSLOT];          /* the confirmed frontier of each slot */
 bit  pv[NR * NSLOT];         /* a pending bound of the slot: */
 byte pl[NR * NSLOT];         /*   the last id then, */
 byte pm[NR * NSLOT];         /*   the slot's holders then */
@@ -124,7 +124,7 @@ hidden byte lp[NSLOT];
 
 /* ---------------------------------------------------------------------------- writers */
 
-#ifdef HORIZON
+#ifdef FRONTIER
 #define TAKE_LOCK(t, k) \
     atomic { hold[SLOT(k)] = hold[SLOT(k)] | (1 << (t)); ts[t] = T_LOCKED; \
              printf("W%d takes the writer lock of slot %d\n", (t) + 1, SLOTNO(SLOT(k))) }
@@ -133,7 +133,7 @@ hidden byte lp[NSLOT];
     atomic { last++; id = last; rkey[id] = k; rst[id] = R_OPEN; ts[t] = T_INS; \
              printf("W%d inserts key %c: id %d\n", (t) + 1, KEYC(k), id) }
 
-#ifdef HORIZON
+#ifdef FRONTIER
 /* Visible first, then the locks go (PostgreSQL ends a transaction in the proc array before
  * it releases its locks). */
 #define RELEASE(t, k) \
@@ -157,7 +157,7 @@ proctype Writer(byte t; byte k)
 {
     byte id;
     (t != 1 || ts[0] == T_DONE);
-#ifdef TODAY
+#ifdef BACKREAD
     atomic { ts[t] = T_BEGUN; printf("W%d begins\n", t + 1) }
     TAKE_ID(t, k);
 #elif defined(ID_BEFORE_LOCK)
@@ -303,7 +303,7 @@ inline produce(r, n)
 #define IN_FLIGHT_OR_SEEN(r, n)  (((wkeys[r] | seen) >> rkey[n]) & 1)
 #define READS_LANE0(r)           (held[r] & ~rel[r] & LANE0)
 
-#ifdef TODAY
+#ifdef BACKREAD
 /* One read of lane 0 (`_fill`; lane 1 has no row): committed rows of its slots after its
  * cursor (from the floor when it has none), in id order, LIMIT rows; the prefix before a
  * key in flight is produced, and the cursor becomes the last id produced. With nothing in
@@ -386,20 +386,20 @@ inline floor_step(r)
     :: else
     fi
 }
-#endif /* TODAY */
+#endif /* BACKREAD */
 
-#ifdef HORIZON
+#ifdef FRONTIER
 #ifdef HOLDERS_FIRST
 #define HOLDERS(r, s) hh[(r) * NSLOT + (s)]
 #else
 #define HOLDERS(r, s) hold[s]
 #endif
 
-/* The horizon statement's second part: per slot, a pending bound whose holders are all
- * gone becomes the horizon; then a slot without a pending bound gets L as its horizon if
+/* The frontier step's second part: per slot, a pending bound whose holders are all
+ * gone becomes the frontier; then a slot without a pending bound gets L as its frontier if
  * nobody holds it, else L becomes its pending bound, with the slot's holders of now. The
  * floor's candidate is confirmed alike, from the holders of every slot. */
-inline horizon(r)
+inline frontier(r)
 {
     h0 = H[r * NSLOT]; h1 = H[r * NSLOT + 1];
     all = 0;
@@ -428,16 +428,16 @@ inline horizon(r)
     hl[r] = 0;
     if
     :: h0 != H[r * NSLOT] || h1 != H[r * NSLOT + 1] ->
-        printf("R%d: horizon of slot 0 %d, of slot 2 %d\n", r + 1, H[r * NSLOT], H[r * NSLOT + 1])
+        printf("R%d: frontier of slot 0 %d, of slot 2 %d\n", r + 1, H[r * NSLOT], H[r * NSLOT + 1])
     :: else
     fi
 }
 
 /* One read (a new snapshot): committed rows of the readable slots with cursor < id <= H,
  * in id order, LIMIT rows; the prefix before a key in flight is produced. A slot's cursor
- * becomes the last id produced in it, and its horizon if nothing of the slot was cut and
+ * becomes the last id produced in it, and its frontier if nothing of the slot was cut and
  * the read was not cut by its LIMIT. With nothing in flight the cursors are cleared first:
- * the back-read from the floor, as today. */
+ * the back-read from the floor, as the back-read protocol. */
 inline fill(r)
 {
     if
@@ -497,7 +497,7 @@ inline floor_step(r)
     :: else
     fi
 }
-#endif /* HORIZON */
+#endif /* FRONTIER */
 
 /* The window's front settled (`rules.settle`): acknowledged rows deleted; a failed record
  * stops the flow: every record left is purged (to go out again from the outbox) and the
@@ -546,7 +546,7 @@ inline forget(r)
 {
     floor[r] = 0; fpv[r] = 0; fpl[r] = 0; fpm[r] = 0; fcv[r] = 0; fcu[r] = 0;
     for (s : 0 .. NCUR - 1) { cur[r * NCUR + s] = 0 }
-#ifdef HORIZON
+#ifdef FRONTIER
     for (s : 0 .. NSLOT - 1) {
         x = r * NSLOT + s;
         H[x] = 0; pv[x] = 0; pl[x] = 0; pm[x] = 0
@@ -575,10 +575,10 @@ inline round_end(r)
 /* One round after the other (`OutboxRelay._round`), for ever. R1 holds lane 0 from the
  * start; once it marked it for hand-over it only settles its records in flight, gives the
  * lane back and stops (holding no lane, it reads, deletes and changes nothing). R2 starts
- * when the plan gives it lane 0 (a newcomer: floor 1, no horizon, no cursor) and takes it
+ * when the plan gives it lane 0 (a newcomer: floor 1, no frontier, no cursor) and takes it
  * once R1 let it go. A round's statements:
- * TODAY: the read, then the round's end; HORIZON: the horizon statement's second read, the
- * read, then the round's end together with the next round's first read (of the horizon
+ * BACKREAD: the read, then the round's end; FRONTIER: the frontier step's second read, the
+ * read, then the round's end together with the next round's first read (of the frontier
  * statement). The round's end (settle and delete, give back an idle lane, the floor
  * statement, the next look at the lanes) is one step: the writers' steps commute with its
  * deletes and its lane locks, and the floor's raise looks only at ids below a confirmed
@@ -587,10 +587,10 @@ inline round_end(r)
  * before or after them all. */
 #ifdef HOLDERS_FIRST
 #define FIRST_READ(r)  for (s : 0 .. NSLOT - 1) { hh[r * NSLOT + s] = hold[s] }
-#define SECOND_READ(r) hl[r] = last; horizon(r); for (s : 0 .. NSLOT - 1) { hh[r * NSLOT + s] = 0 }
+#define SECOND_READ(r) hl[r] = last; frontier(r); for (s : 0 .. NSLOT - 1) { hh[r * NSLOT + s] = 0 }
 #else
 #define FIRST_READ(r)  hl[r] = last
-#define SECOND_READ(r) horizon(r)
+#define SECOND_READ(r) frontier(r)
 #endif
 
 proctype Relay(byte r)
@@ -599,7 +599,7 @@ proctype Relay(byte r)
     :: r == 1 -> atomic { handreq && !(held[0] & LANE0) -> held[1] = LANE0; printf("R2 takes lane 0\n") }
     :: else
     fi;
-#ifdef HORIZON
+#ifdef FRONTIER
     d_step { FIRST_READ(r) }
 #endif
 end:
@@ -607,7 +607,7 @@ end:
     :: r == 0 && !(held[0] & LANE0) -> break
     :: r == 0 && rel[0] -> d_step { settle(r); release(r) }
     :: else ->
-#ifdef HORIZON
+#ifdef FRONTIER
        d_step { SECOND_READ(r) }
        d_step { fill(r) }
        d_step { round_end(r); if :: !rel[r] -> FIRST_READ(r) :: else fi }

@@ -1,8 +1,8 @@
 """The outbox protocol's model (services/identity-fanout/model/README.md), checked by spin.
 
-The deciding checks of `make model` (`check.py --quick`): the publication horizon passes
-G2, floor safety and G1; today's protocol fails G2 with the known per-key counterexample and,
-without pg_read_all_stats, floor safety and G1; each variant of the horizon without one of
+The deciding checks of `make model` (`check.py --quick`): the frontier passes
+G2, floor safety and G1; the back-read protocol (before the frontier) fails G2 with the known per-key counterexample and,
+without pg_read_all_stats, floor safety and G1; each variant of the frontier without one of
 its rules fails G2. The counterexamples' steps are the ones the README shows.
 
 Under CI (CI=true) spin and gcc must be there (`make test` installs them through
@@ -21,7 +21,7 @@ import pytest
 
 MODEL = Path(__file__).resolve().parents[1] / "model"
 README = MODEL / "README.md"
-SHOWN = ("today-order", "today-nostats-floor", "today-nostats-g1")
+SHOWN = ("backread-order", "backread-nostats-floor", "backread-nostats-g1")
 """Counterexamples the README shows step by step."""
 
 
@@ -36,7 +36,7 @@ def _spin_and_gcc() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_horizon_passes_and_today_fails_as_known(tmp_path: Path) -> None:
+def test_the_frontier_passes_and_the_old_protocol_fails_as_known(tmp_path: Path) -> None:
     _spin_and_gcc()
     done = subprocess.run(
         [sys.executable, str(MODEL / "check.py"), "--quick", "--trails", str(tmp_path)],
@@ -46,13 +46,13 @@ def test_horizon_passes_and_today_fails_as_known(tmp_path: Path) -> None:
         timeout=115,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    per_key = (tmp_path / "today-order.txt").read_text().splitlines()
+    per_key = (tmp_path / "backread-order.txt").read_text().splitlines()
     # W1 takes id 1 for A, W3 commits B@2 and it is read (cursor 2), W1 commits below the
     # cursor, W2 (serialised after W1) commits A@3, which is read before A@1.
     assert per_key[-1].endswith(
         "G2 violated: A@3 produced while A@1 is committed and not acknowledged"
     )
-    stuck = (tmp_path / "today-nostats-g1.txt").read_text()
+    stuck = (tmp_path / "backread-nostats-g1.txt").read_text()
     assert "then, for ever (the cycle):" in stuck
     readme = README.read_text()
     for name in SHOWN:
