@@ -1,14 +1,14 @@
 """The outbox protocol's model checks: outbox.pml run through spin, one run per design and
 property, each against what it must give (README.md beside this file).
 
-The frontier must pass every property; the back-read protocol (before the frontier) must fail G2 (the
+The frontier must pass every property; the back-read protocol it replaced must fail G2 (the
 per-key order) and, when the relay's login lacks pg_read_all_stats, floor safety and G1
 (a row stuck); each variant of the frontier with one of its rules taken away must fail G2.
-A check that gives anything else fails the run, so a model that stopped finding the back-read protocol's
-bug is noticed as surely as a new design that breaks a property.
+A check that gives anything else fails the run, so a model that stopped finding the
+back-read protocol's bug is noticed as surely as a new design that breaks a property.
 
     python3 check.py             # every check, a summary per check (states, time)
-    python3 check.py --quick     # the checks that decide (not the back-read protocol's with the grant)
+    python3 check.py --quick     # the checks that decide (not the back-read ones with the grant)
     python3 check.py --trails D  # also write each counterexample's steps to D/<check>.txt
 
 Needs spin and gcc on the PATH (run.sh installs them).
@@ -69,7 +69,9 @@ CHECKS: Final = (
         quick=False,
     ),
     Check("backread-order", BACKREAD, G2, ("-DBACKREAD", "-DCHECK_ORDER"), False, False),
-    Check("backread-floor", BACKREAD, FLOOR, ("-DBACKREAD", "-DCHECK_FLOOR"), False, True, quick=False),
+    Check(
+        "backread-floor", BACKREAD, FLOOR, ("-DBACKREAD", "-DCHECK_FLOOR"), False, True, quick=False
+    ),
     Check("backread-g1", BACKREAD, G1, ("-DBACKREAD",), True, True, quick=False),
     Check(
         "backread-nostats-floor",

@@ -1,8 +1,8 @@
 """The outbox protocol's model (services/identity-fanout/model/README.md), checked by spin.
 
 The deciding checks of `make model` (`check.py --quick`): the frontier passes
-G2, floor safety and G1; the back-read protocol (before the frontier) fails G2 with the known per-key counterexample and,
-without pg_read_all_stats, floor safety and G1; each variant of the frontier without one of
+G2, floor safety and G1; the back-read protocol it replaced fails G2 with the known per-key
+counterexample and, without pg_read_all_stats, floor safety and G1; each variant of the frontier without one of
 its rules fails G2. The counterexamples' steps are the ones the README shows.
 
 Under CI (CI=true) spin and gcc must be there (`make test` installs them through

@@ -320,9 +320,7 @@ def test_a_hot_keys_rows_go_out_one_after_the_other_without_waiting_for_a_wake(
         write(dsn, [outbox_message(access_event(user, v), topic) for v in range(1, 21)])
         wait_until(lambda: outbox_count(dsn) == 0, 20, "20 rows of one key, poll at 30 s")
     records = consume(kafka_bootstrap, topic.name, 20)
-    assert [decode_access_changed(r.value()).payload.version for r in records] == list(
-        range(1, 21)
-    )
+    assert [decode_access_changed(r.value()).payload.version for r in records] == list(range(1, 21))
 
 
 def test_running_relay_survives_losing_its_database_connection(
