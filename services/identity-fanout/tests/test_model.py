@@ -3,7 +3,7 @@
 The deciding checks of `make model` (`check.py --quick`): the frontier passes
 G2, floor safety and G1; the back-read protocol it replaced fails G2 with the known per-key
 counterexample and, without pg_read_all_stats, floor safety and G1; each variant of the
-frontier without one of its rules fails G2. The counterexamples' steps are the ones the README shows.
+frontier without one of its rules fails G2. The counterexamples' steps are the README's.
 
 Under CI (CI=true) spin and gcc must be there (`make test` installs them through
 `make model-tools`): the test fails without them, it never skips there.
