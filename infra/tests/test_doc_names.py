@@ -95,7 +95,7 @@ SKIPPED_DIRS = {
     *(".git", ".venv", ".tools", ".state", "node_modules", "__pycache__", ".hypothesis"),
     *(".mypy_cache", ".pytest_cache", ".ruff_cache"),
 }
-FILE_SUFFIXES = {"py", "sql", "toml", "md", "json", "yaml", "yml", "sh", "txt", "mjs"}
+FILE_SUFFIXES = {"py", "sql", "toml", "md", "json", "yaml", "yml", "sh", "txt", "mjs", "pml"}
 
 # Backticked words that are no module but are spelled like one. Kept tiny: each is a name of
 # another system that happens to share its first part with one of the project's modules.
