@@ -146,16 +146,16 @@ e2e-compose: images ## build the images, bring a fresh compose stack up, run the
 # testcontainers; the project's containers removed afterwards, whatever happened.
 .PHONY: test-containers
 test-containers: ## the engine, the images, make e2e-compose and make testcontainers; containers removed after
-	$(MAKE) --no-print-directory e2e-compose testcontainers; status=$$?; \
+	$(MAKE) -k --no-print-directory e2e-compose testcontainers; status=$$?; \
 	infra/docker/engine.sh down; exit $$status
 
 # The outbox protocol's model (services/identity-fanout/model/README.md): Debian's spin and
 # gcc where missing, then one spin run per design and property, each held to what it must
-# give (the publication horizon passes everything, today's protocol fails with its known
-# counterexamples); a summary of each with its states and time. `make test` installs the
+# give (the frontier passes everything, the back-read protocol it replaced fails with its
+# known counterexamples); a summary of each with its states and time. `make test` installs the
 # tools only: its identity-fanout tests run the deciding checks (tests/test_model.py).
 .PHONY: model
-model: ## model-check the outbox protocol with spin: the new design passes, today's fails as known
+model: ## model-check the outbox protocol with spin: the frontier passes, the back-read protocol fails as known
 	services/identity-fanout/model/run.sh
 
 .PHONY: model-tools
