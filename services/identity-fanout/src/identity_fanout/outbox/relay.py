@@ -448,10 +448,12 @@ class OutboxRelay:
         self._caught_up = caught_up
         if records:
             self._produce(records)
-        if caught_up and records and self._read_cooldown:
+        if caught_up and records and self._read_cooldown and not self._frontier.waiting(slots):
             # Rows came, and no more are there: more are likely on their way, and read
             # together after the cooldown. An empty read sets none: after a quiet spell
-            # the next commit is read at once.
+            # the next commit is read at once; nor does a read stopped at a frontier that
+            # waits for writers (a fan-out's pages): their rows are committed or nearly,
+            # and the next look reads them.
             self._next_read = time.monotonic() + self._read_cooldown
         return len(records)
 
