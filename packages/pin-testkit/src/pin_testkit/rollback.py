@@ -90,7 +90,7 @@ class RollbackChecks:
     @pytest.fixture
     def migrated(self) -> str:
         """A database this release migrated (its owner's DSN): each service's fixture."""
-        raise NotImplementedError
+        pytest.fail(f"{type(self).__name__} must override the `migrated` fixture")
 
     @pytest.fixture(scope="class")
     @classmethod
