@@ -99,6 +99,14 @@ CHECKS: Final = (
         False,
     ),
     Check(
+        "frontier-no-first-wait",
+        "frontier, a holder without a first id not waited for",
+        G2,
+        ("-DFRONTIER", "-DCHECK_ORDER", "-DNO_FIRST_WAIT"),
+        False,
+        False,
+    ),
+    Check(
         "frontier-naive-limit",
         "frontier, cursor to H after a LIMIT cut",
         G2,

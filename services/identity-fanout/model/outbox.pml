@@ -16,6 +16,7 @@
  *   -DID_BEFORE_LOCK  the writers' trigger takes the id before the writer lock
  *   -DNAIVE_LIMIT     a read cut by its LIMIT still moves the cursors of the slots it did
  *                     not truncate up to their frontier
+ *   -DNO_FIRST_WAIT   a holder that shows no first id yet does not hold the slot back
  */
 
 #if !defined(BACKREAD) && !defined(FRONTIER)
@@ -75,6 +76,7 @@ bit  w1stays;                /* W1 stays open for good (and W2 never begins) */
 byte tsu;                    /* U: an unrelated transaction, no writer lock */
 #ifdef FRONTIER
 byte hold[NSLOT];            /* pg_locks: holders of each slot's writer lock (bit t) */
+byte fid[NW];                /* pg_locks: the first id each writer shows (0: none, yet) */
 #endif
 
 /* Relays */
@@ -88,15 +90,16 @@ bit  handreq;                /* the lanes' plan moved lane 0 from R1 to R2 (once
 #endif
 byte cur[NR * NCUR];         /* the last id read (NONE: from the floor) */
 byte floor[NR];              /* each relay process's own floor */
-bit  fpv[NR];                /* the pending floor candidate: */
+bit  fpv[NR];                /* BACKREAD: the pending floor candidate: */
 byte fpl[NR];                /*   the last id handed out when it was taken, */
-byte fpm[NR];                /*   BACKREAD the transactions begun by then, FRONTIER the holders */
-bit  fcv[NR];                /* a confirmed candidate: a later statement raises to it */
+byte fpm[NR];                /*   the transactions begun by then (BACKREAD) */
+bit  fcv[NR];                /* a confirmed floor candidate: a later statement raises to it */
 byte fcu[NR];
 #ifdef FRONTIER
 byte hl[NR];                 /* the frontier step's last id, between its two reads */
 #ifdef HOLDERS_FIRST
-byte hh[NR * NSLOT];         /* its holders, in the variant that reads them first */
+byte hh[NR * NSLOT];         /* its holders, in the variant that reads them first, */
+byte hf[NR * NW];            /*   and their first ids */
 #endif
 byte H[NR * NSLOT];          /* the confirmed frontier of each slot */
 bit  pv[NR * NSLOT];         /* a pending bound of the slot: */
@@ -134,10 +137,20 @@ hidden byte lp[NSLOT];
              printf("W%d inserts key %c: id %d\n", (t) + 1, KEYC(k), id) }
 
 #ifdef FRONTIER
+/* The trigger's second lock, right after the transaction's first id; or none (a table
+ * whose trigger shows no first id, a transaction begun before migration 0013). */
+#define SHOW_FIRST(t) \
+    if \
+    :: atomic { fid[t] = id; printf("W%d shows its first id %d\n", (t) + 1, id) } \
+    :: skip \
+    fi
+#endif
+
+#ifdef FRONTIER
 /* Visible first, then the locks go (PostgreSQL ends a transaction in the proc array before
  * it releases its locks). */
 #define RELEASE(t, k) \
-    atomic { hold[SLOT(k)] = hold[SLOT(k)] & ~(1 << (t)); ts[t] = T_DONE; id = 0 }
+    atomic { hold[SLOT(k)] = hold[SLOT(k)] & ~(1 << (t)); fid[t] = 0; ts[t] = T_DONE; id = 0 }
 #else
 #define RELEASE(t, k)  ts[t] = T_DONE; id = 0
 #endif
@@ -163,9 +176,11 @@ proctype Writer(byte t; byte k)
 #elif defined(ID_BEFORE_LOCK)
     TAKE_ID(t, k);
     TAKE_LOCK(t, k);
+    SHOW_FIRST(t);
 #else
     TAKE_LOCK(t, k);
     TAKE_ID(t, k);
+    SHOW_FIRST(t);
 #endif
     if
     :: t == 0 ->
@@ -391,40 +406,46 @@ inline floor_step(r)
 #ifdef FRONTIER
 #ifdef HOLDERS_FIRST
 #define HOLDERS(r, s) hh[(r) * NSLOT + (s)]
+#define FIRST(r, t)   hf[(r) * NW + (t)]
 #else
 #define HOLDERS(r, s) hold[s]
+#define FIRST(r, t)   fid[t]
 #endif
 
-/* The frontier step's second part: per slot, a pending bound whose holders are all
- * gone becomes the frontier; then a slot without a pending bound gets L as its frontier if
- * nobody holds it, else L becomes its pending bound, with the slot's holders of now. The
- * floor's candidate is confirmed alike, from the holders of every slot. */
+/* The frontier step's second part (`rules.advance_frontier`), per slot: a pending bound
+ * whose holders are all gone becomes the frontier; the slot's bound is L, or below the
+ * lowest first id its holders show; it is the frontier at once if every holder shows one,
+ * else (unless a bound is pending) it becomes the pending bound, with the holders that show
+ * none. The floor's candidate is the lowest frontier, raised to by a later statement. */
 inline frontier(r)
 {
     h0 = H[r * NSLOT]; h1 = H[r * NSLOT + 1];
-    all = 0;
     for (s : 0 .. NSLOT - 1) {
         x = r * NSLOT + s;
-        all = all | HOLDERS(r, s);
         if
-        :: pv[x] && (pm[x] & HOLDERS(r, s)) == 0 -> H[x] = pl[x]; pv[x] = 0; pl[x] = 0; pm[x] = 0
+        :: pv[x] && (pm[x] & HOLDERS(r, s)) == 0 -> H[x] = MAX(H[x], pl[x]); pv[x] = 0; pl[x] = 0; pm[x] = 0
         :: else
         fi;
+        lastp = hl[r]; nm = 0;
+        for (j : 0 .. NW - 1) {
+            if
+            :: ((HOLDERS(r, s) >> j) & 1) && FIRST(r, j) != 0 ->
+                if :: FIRST(r, j) - 1 < lastp -> lastp = FIRST(r, j) - 1 :: else fi
+            :: ((HOLDERS(r, s) >> j) & 1) && FIRST(r, j) == 0 -> nm = nm | (1 << j)
+            :: else
+            fi
+        }
+#ifdef NO_FIRST_WAIT
+        nm = 0;
+#endif
         if
-        :: !pv[x] && HOLDERS(r, s) == 0 -> H[x] = hl[r]
-        :: !pv[x] && HOLDERS(r, s) != 0 -> pv[x] = 1; pl[x] = hl[r]; pm[x] = HOLDERS(r, s)
+        :: nm == 0 -> H[x] = MAX(H[x], lastp)
+        :: nm != 0 && !pv[x] -> pv[x] = 1; pl[x] = lastp; pm[x] = nm
         :: else
-        fi
+        fi;
+        if :: pv[x] && pl[x] <= H[x] -> pv[x] = 0; pl[x] = 0; pm[x] = 0 :: else fi
     }
-    if
-    :: fpv[r] && (fpm[r] & all) == 0 -> fcv[r] = 1; fcu[r] = fpl[r]; fpv[r] = 0; fpl[r] = 0; fpm[r] = 0
-    :: else
-    fi;
-    if
-    :: !fpv[r] && all == 0 -> fcv[r] = 1; fcu[r] = hl[r]
-    :: !fpv[r] && all != 0 -> fpv[r] = 1; fpl[r] = hl[r]; fpm[r] = all
-    :: else
-    fi;
+    fcv[r] = 1; fcu[r] = (H[r * NSLOT] < H[r * NSLOT + 1] -> H[r * NSLOT] : H[r * NSLOT + 1]);
     hl[r] = 0;
     if
     :: h0 != H[r * NSLOT] || h1 != H[r * NSLOT + 1] ->
@@ -586,8 +607,10 @@ inline round_end(r)
  * property catches), so a writer step between its parts and the next first read is one
  * before or after them all. */
 #ifdef HOLDERS_FIRST
-#define FIRST_READ(r)  for (s : 0 .. NSLOT - 1) { hh[r * NSLOT + s] = hold[s] }
-#define SECOND_READ(r) hl[r] = last; frontier(r); for (s : 0 .. NSLOT - 1) { hh[r * NSLOT + s] = 0 }
+#define FIRST_READ(r)  for (s : 0 .. NSLOT - 1) { hh[r * NSLOT + s] = hold[s] }; \
+                       for (s : 0 .. NW - 1) { hf[r * NW + s] = fid[s] }
+#define SECOND_READ(r) hl[r] = last; frontier(r); for (s : 0 .. NSLOT - 1) { hh[r * NSLOT + s] = 0 }; \
+                       for (s : 0 .. NW - 1) { hf[r * NW + s] = 0 }
 #else
 #define FIRST_READ(r)  hl[r] = last
 #define SECOND_READ(r) frontier(r)

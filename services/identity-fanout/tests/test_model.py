@@ -32,7 +32,9 @@ def _spin_and_gcc() -> None:
     pytest.fail(f"{' and '.join(missing)} missing: `make model-tools` installs them")
 
 
-@pytest.mark.timeout(120)
+# A guard against a hung verifier, not a speed limit: the deciding checks search about 130 s
+# of states with the other core busy.
+@pytest.mark.timeout(600)
 def test_the_frontier_passes_and_the_old_protocol_fails_as_known(tmp_path: Path) -> None:
     _spin_and_gcc()
     done = subprocess.run(
@@ -40,7 +42,7 @@ def test_the_frontier_passes_and_the_old_protocol_fails_as_known(tmp_path: Path)
         capture_output=True,
         text=True,
         check=False,
-        timeout=115,
+        timeout=590,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     per_key = (tmp_path / "backread-order.txt").read_text().splitlines()

@@ -218,6 +218,44 @@ def test_an_open_writer_holds_back_its_own_slot_alone_whatever_the_readers_grant
         assert read_all(relay, frontier, (5,)) == [late_id, *after[:2]]
 
 
+def test_an_open_writer_that_shows_its_first_id_holds_back_only_the_ids_from_there(
+    db: Conn, producer_dsn: str, statsless_relay_dsn: str
+) -> None:
+    """In the step that sees it: no second look after the rows below it commit. Ids past
+    2**32 (the first id's high bits go into the lock's first key) and a rolled-back
+    savepoint (its first id goes with it) keep the bound exact; a session that set the
+    trigger's setting for good shows no first id and is waited for until it ends."""
+    db.execute("SELECT setval('identity.outbox_id_seq', %s)", ((1 << 32) - 2,))
+    below = [write_key(db, key_in(5), admin=db) for _ in range(3)]  # 2**32 - 1 .. 2**32 + 1
+    with (
+        psycopg.connect(producer_dsn) as late,
+        connect(statsless_relay_dsn, SessionLimits()) as relay,
+    ):
+        late.execute("SAVEPOINT s")
+        write_key(late, key_in(5), admin=db)
+        late.execute("ROLLBACK TO SAVEPOINT s")
+        late_id = write_key(late, key_in(5), admin=db)
+        after = write_key(db, key_in(5), admin=db)
+        frontier = OutboxFrontier(OUTBOX)
+        frontier.step(relay)
+        assert frontier.upto(5) == late_id - 1
+        assert frontier.waiting([5])
+        assert read_all(relay, frontier, (5,)) == below
+        late.commit()
+        frontier.step(relay)
+        assert frontier.upto(5) >= after
+        assert not frontier.waiting([5])
+
+        late.execute("SET pin.outbox_first_id = 'set by hand'")
+        unknown = write_key(late, key_in(5), admin=db)
+        frontier.step(relay)
+        assert frontier.upto(5) == after  # not past the writer it cannot place
+        late.rollback()
+        frontier.step(relay)
+        frontier.step(relay)
+        assert frontier.upto(5) >= unknown
+
+
 def test_a_prepared_writer_holds_its_slot_until_committed_and_a_prepared_reader_nothing(
     db: Conn, identity_dsn: str, statsless_relay_dsn: str
 ) -> None:
@@ -387,6 +425,9 @@ def test_ids_follow_the_writer_lock_of_their_slot(db: Conn) -> None:
         "SELECT prosrc FROM pg_proc WHERE oid = 'identity.outbox_row_id'::regproc"
     ).fetchone() or ("",)
     assert f"pg_advisory_xact_lock_shared({OUTBOX_TABLES.writer_lock_class}," in str(body)
+    assert f"pg_advisory_xact_lock_shared(\n            {OUTBOX_TABLES.first_id_lock_class} +" in (
+        str(body)
+    )
     db.execute("BEGIN")
     row_id = write_key(db, key_in(11), admin=db)
     held = db.execute(

@@ -5,10 +5,11 @@ A writer takes a row's id before it commits, so a row may commit below ids alrea
 The relays therefore read a slot only up to its frontier (`rules.advance_frontier` decides,
 `sql/frontier.sql` looks): each writing transaction shows in pg_locks, from before its
 first id in a slot until it ends, as a holder of the slot's writer lock (migration 0012),
-and a slot is settled up to an id once every transaction that held its lock when the id was
-handed out has ended. Nothing needs a grant (pg_locks is readable by every login), a
-prepared transaction that wrote a row holds its slot until COMMIT PREPARED, and a
-transaction that writes no outbox row never holds anything back.
+and from right after its first id, that id (migration 0013); a slot is settled up to the
+last id handed out, or below its holders' first ids, in the step that sees them. Nothing
+needs a grant (pg_locks is readable by every login), a prepared transaction that wrote a row
+holds its slot until COMMIT PREPARED, and a transaction that writes no outbox row never
+holds anything back.
 
 The floor is what every statement that reads the outbox from its head starts at (a relay's
 read with no cursor, the backlog gauges, the writers' depth), instead of the primary key's
@@ -57,6 +58,8 @@ class OutboxFrontier:
         self._next = 0.0
         self._frontier = [0] * SLOTS
         self._waits: dict[int, SlotWait] = {}
+        self._behind: frozenset[int] = frozenset()
+        """Slots settled short of the last id handed out at the last step."""
         self._holders: Mapping[int, frozenset[str]] = {}
         self._seen: dict[str, float] = {}
         """When a step first saw each writer of the last step (the clock's time)."""
@@ -73,9 +76,9 @@ class OutboxFrontier:
         return self._frontier[slot]
 
     def waiting(self, slots: Collection[int]) -> bool:
-        """Whether a transaction that may write one of `slots` was open at the last step:
-        its end, a commit or a rollback, moves the frontier, and a rollback wakes nobody."""
-        return any(slot in self._waits for slot in slots)
+        """Whether one of `slots` was settled short of the last id at the last step: a
+        writer's end, a commit or a rollback, moves it, and a rollback wakes nobody."""
+        return any(slot in self._behind for slot in slots)
 
     def oldest_writer_age(self, slots: Iterable[int]) -> float:
         """How long the oldest writer holding one of `slots` at the last step has held writer
@@ -109,8 +112,9 @@ class OutboxFrontier:
                 return self.value
             self.value = max(self.value, step.floor)
             self._frontier, self._waits = advance_frontier(
-                self._frontier, self._waits, step.last, step.writers
+                self._frontier, self._waits, step.last, step.writers, step.firsts
             )
+            self._behind = frozenset(s for s, upto in enumerate(self._frontier) if upto < step.last)
             seen, writers = self._seen, frozenset[str]().union(*step.writers.values())
             self._seen = {w: seen.get(w, now) for w in writers}
             self._holders = step.writers
@@ -122,4 +126,5 @@ class OutboxFrontier:
         """Back to the head (a connection to another database, say: tests)."""
         with self._lock:
             self.value, self._frontier, self._waits, self._next = 1, [0] * SLOTS, {}, 0.0
+            self._behind = frozenset()
             self._holders, self._seen = {}, {}

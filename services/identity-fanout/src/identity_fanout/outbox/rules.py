@@ -55,12 +55,14 @@ How far each slot may be read. Pure.
 A writer takes a row's id before it commits, so rows may commit out of id order. Each
 writing transaction holds the shared lock (writer class, slot) of every slot it writes from
 before its first id there until it ends (migration 0012), so the transactions that may still
-commit a row of a slot are the holders of its lock. A step reads the last id handed out,
-then the holders: a slot nobody holds is settled up to that id at once; otherwise the id
-waits with the holders of that moment, and the slot is settled up to it once all of them
-have ended (later holders take later ids, and wait for a later step). A relay reads a slot
-only up to its frontier, so no row ever commits below what it read: a key's rows go out in
-id order, and a row waits only for the transactions that hold its own slot.
+commit a row of a slot are the holders of its lock; right after its first id it also shows
+that id (migration 0013), and none of its rows is below it. A step reads the last id handed
+out, then the holders: a slot is settled at once up to that id, or to below the lowest
+first id of its holders. A holder that shows no first id yet (it is between its first id
+and the lock on it, or its table's trigger does not show one) makes that bound wait until
+every such holder of that moment has ended. A relay reads a slot only up to its frontier, so
+no row ever commits below what it read: a key's rows go out in id order, and a row waits
+only for the transactions that hold its own slot and took an id before it.
 
 Pause
 -----
@@ -143,10 +145,10 @@ class SlotWait(NamedTuple):
     """A slot's frontier candidate: settled once every transaction in `writers` has ended."""
 
     upto: int
-    """The last id handed out when the candidate was taken."""
+    """The bound of the step that took the candidate."""
     writers: frozenset[str]
-    """The transactions holding the slot's writer lock just after (pg_locks'
-    `virtualtransaction`: unique per transaction, a prepared one's too)."""
+    """The transactions holding the slot's writer lock just after, without a first id
+    (pg_locks' `virtualtransaction`: unique per transaction, a prepared one's too)."""
 
 
 def advance_frontier(
@@ -154,25 +156,31 @@ def advance_frontier(
     waits: Mapping[int, SlotWait],
     last: int,
     writers: Mapping[int, frozenset[str]],
+    firsts: Mapping[str, int],
 ) -> tuple[list[int], dict[int, SlotWait]]:
     """One step of every slot's frontier: `last` is the last id handed out, `writers` the
-    holders of each slot's writer lock read after it. A waiting candidate whose writers have
-    all ended becomes the frontier; a slot without a candidate is settled up to `last` when
-    nobody holds it, else waits for its holders with `last`. The next frontier and waits."""
+    holders of each slot's writer lock read after it, `firsts` the first id of each holder
+    that showed one. A waiting candidate whose writers have all ended becomes the frontier;
+    the slot's bound (`last`, or below its holders' lowest first id) is its frontier at once
+    if every holder showed a first id, else it waits for those that did not (unless a
+    candidate already waits). The next frontier and waits."""
     advanced = list(frontier)
     left: dict[int, SlotWait] = {}
     for slot in range(SLOTS):
         holders = writers.get(slot, frozenset())
         wait = waits.get(slot)
-        if wait is not None:
-            if wait.writers & holders:
-                left[slot] = wait
-                continue
+        if wait is not None and not wait.writers & holders:
             advanced[slot] = max(advanced[slot], wait.upto)
-        if holders:
-            left[slot] = SlotWait(last, holders)
-        else:
-            advanced[slot] = max(advanced[slot], last)
+            wait = None
+        bound = min((firsts[h] - 1 for h in holders if h in firsts), default=last)
+        bound = min(bound, last)
+        unknown = frozenset(h for h in holders if h not in firsts)
+        if not unknown:
+            advanced[slot] = max(advanced[slot], bound)
+        elif wait is None:
+            wait = SlotWait(bound, unknown)
+        if wait is not None and wait.upto > advanced[slot]:
+            left[slot] = wait
     return advanced, left
 
 

@@ -134,6 +134,8 @@ class FrontierStep(NamedTuple):
     """The last id handed out."""
     writers: dict[int, frozenset[str]]
     """The transactions holding each slot's writer lock, looked at after `last`."""
+    firsts: dict[str, int]
+    """The first id of each of those transactions that shows it (migration 0013)."""
     floor: int
 
 
@@ -298,17 +300,28 @@ class OutboxStore:
         """One look of the outbox frontier (`outbox.frontier` says what each part proves)."""
         row = conn.execute(
             self._frontier,
-            {"floor": floor, "upto": upto, "class": self.tables.writer_lock_class},
+            {
+                "floor": floor,
+                "upto": upto,
+                "class": self.tables.writer_lock_class,
+                "first_class": self.tables.first_id_lock_class,
+            },
             prepare=False,
         ).fetchone()
         if row is None:
             return None
-        last, slots, holders, new_floor = row
+        last, slots, holders, first_ids, new_floor = row
         writers: dict[int, set[str]] = {}
-        for slot, holder in zip(slots, holders, strict=True):
+        firsts: dict[str, int] = {}
+        for slot, holder, first in zip(slots, holders, first_ids, strict=True):
             writers.setdefault(slot, set()).add(holder)
+            if first is not None:
+                firsts[holder] = int(first)
         return FrontierStep(
-            int(last), {slot: frozenset(held) for slot, held in writers.items()}, int(new_floor)
+            int(last),
+            {slot: frozenset(held) for slot, held in writers.items()},
+            firsts,
+            int(new_floor),
         )
 
     def move_to_quarantine(

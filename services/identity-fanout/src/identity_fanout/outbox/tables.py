@@ -69,6 +69,14 @@ class OutboxTables(msgspec.Struct, frozen=True, kw_only=True):
         return lock_class(f"pin-outbox-writer:{self.qualified}")
 
     @property
+    def first_id_lock_class(self) -> int:
+        """First key of the shared transaction lock `(first_id_lock_class + id >> 32, id's
+        low 32 bits)` a writer holds from right after its first id until it ends (migration
+        0013's trigger, which names it as a literal; optional: a writer that shows no first
+        id is waited for until it ends)."""
+        return lock_class(f"pin-outbox-first-id:{self.qualified}")
+
+    @property
     def member_lock_class(self) -> int:
         """First key of the shared lock `(member_lock_class, 0)` every running relay holds."""
         return lock_class(f"pin-outbox-relay-members:{self.qualified}")

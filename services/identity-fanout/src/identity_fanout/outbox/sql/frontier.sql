@@ -10,8 +10,11 @@
 --    ends (migration 0012's trigger), so a transaction that took an id up to `last` shows
 --    here unless it has ended. pg_locks needs no grant and lists prepared transactions too;
 --    a transaction that writes no outbox row (a reader's snapshot, another table's long
---    transaction) holds no such lock and never holds a slot back. The LATERAL reference to
---    `last` makes the lock table be read after the sequence;
+--    transaction) holds no such lock and never holds a slot back. With each holder, the
+--    first id it took, if it shows it yet (migration 0013: the lock (first-id class + the
+--    id's high 32 bits, its low 32 bits), taken right after that id): none of its rows is
+--    below it. The LATERAL reference to `last` makes the lock table be read after the
+--    sequence;
 -- 3. the floor: `upto` (every slot's frontier as the previous step confirmed it, or NULL)
 --    lets it rise to the first row still there at or below it, or past it. This statement's
 --    snapshot was taken after that step saw the writers gone, so their rows are visible to
@@ -23,6 +26,7 @@ WITH last AS MATERIALIZED (
 SELECT last.id,
        held.slots,
        held.writers,
+       held.firsts,
        CASE WHEN %(upto)s::bigint IS NULL THEN %(floor)s::bigint
             ELSE coalesce((SELECT id FROM {outbox}
                             WHERE id >= %(floor)s::bigint AND id <= %(upto)s::bigint
@@ -31,16 +35,30 @@ SELECT last.id,
         END
   FROM last
  CROSS JOIN LATERAL (
-    SELECT coalesce(array_agg(l.objid::int), '{{}}') AS slots,
-           coalesce(array_agg(l.virtualtransaction), '{{}}') AS writers
-      FROM pg_locks AS l
-     WHERE last.id IS NOT NULL
-       AND l.locktype = 'advisory'
-       AND l.granted
-       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-       -- A two-int4 key shows as classid = first key, objid = second key, objsubid = 2.
-       AND l.objsubid = 2
-       AND l.classid::bigint = %(class)s
+    WITH locks AS MATERIALIZED (
+        SELECT l.classid::bigint AS key1, l.objid::bigint AS key2, l.virtualtransaction
+          FROM pg_locks AS l
+         WHERE last.id IS NOT NULL
+           AND l.locktype = 'advisory'
+           AND l.granted
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           -- A two-int4 key shows as classid = first key, objid = second key (both
+           -- unsigned), objsubid = 2.
+           AND l.objsubid = 2
+           AND (l.classid::bigint = %(class)s
+                OR l.classid::bigint BETWEEN %(first_class)s AND %(first_class)s + 65535)
+    ), firsts AS (
+        SELECT virtualtransaction, min(((key1 - %(first_class)s) << 32) + key2) AS id
+          FROM locks
+         WHERE key1 BETWEEN %(first_class)s AND %(first_class)s + 65535
+         GROUP BY virtualtransaction
+    )
+    SELECT coalesce(array_agg(s.key2::int), '{{}}') AS slots,
+           coalesce(array_agg(s.virtualtransaction), '{{}}') AS writers,
+           coalesce(array_agg(f.id), '{{}}') AS firsts
+      FROM locks AS s
+      LEFT JOIN firsts AS f USING (virtualtransaction)
+     WHERE s.key1 = %(class)s
  ) AS held
 
 -- name: open_writers --
