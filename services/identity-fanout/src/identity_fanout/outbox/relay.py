@@ -110,7 +110,7 @@ LOCK_RETRY_INTERVAL: Final = 2.0
 GAUGES_INTERVAL: Final = 2.0
 """Seconds between an instance's refreshes of the backlog gauges, times the instances
 running: every instance reports the whole outbox, so the fleet counts it once per this
-interval however many run (docs/design/identity-fanout.md "Relays side by side")."""
+interval however many run (docs/design/identity-fanout.md "Outbox relay")."""
 COMPRESSION: Final[Compression] = "zstd"
 """The broker's limit applies to the compressed batch, and zstd makes the large snapshots
 the smallest for little CPU (docs/design/identity-fanout.md "Sizes")."""
@@ -881,7 +881,7 @@ class LaneSession:
         Woken, it also takes every NOTIFY already received: psycopg keeps those that came
         while the session ran statements, and one look at the lanes answers them all (taken
         one per wait, each writer's commit during a round would cost one more round of every
-        relay: docs/design/identity-fanout.md "Relays side by side").
+        relay: docs/design/identity-fanout.md "Outbox relay").
         """
         conn = self._conn.current
         if conn is None:

@@ -63,7 +63,7 @@ class RelaySettings(ServiceSettings, frozen=True, kw_only=True):
     one read per commit of every writer (River's producer waits the same way between
     fetches, FetchCooldown). It delays a row by at most this much, and only while rows keep
     coming; after a quiet spell the first row is read at once
-    (docs/design/identity-fanout.md "Relays side by side"). 0 turns it off."""
+    (docs/design/identity-fanout.md "Outbox relay"). 0 turns it off."""
     relay_delivery_timeout: timedelta = timedelta(seconds=30)
     """How long a record may wait for the broker's acknowledgement before it fails (and
     goes out again after a backoff)."""

@@ -10,7 +10,7 @@ of it.
 Statements run often on the outbox (reads, deletes, backlog, depth, frontier) are never
 prepared: the outbox is empty one moment and holds millions of rows the next, and a generic
 plan made while it was empty (a sequential scan and a sort of the whole table) would serve
-the next burst (docs/design/identity-fanout.md "Plans on the outbox").
+the next burst (docs/design/identity-fanout.md "Outbox relay").
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ times the alert's threshold (> 1000), so the alert's decision is always exact.""
 MERGED_UP_TO: Final = 16
 """A read of at most this many slots merges each slot's head (`read_slot_heads`); with more
 it walks the primary key (`read_lanes`): the cheaper of the two for the database
-(docs/design/identity-fanout.md "Relays side by side")."""
+(docs/design/identity-fanout.md "Outbox relay")."""
 _MERGED_KEPT: Final = 256
 """Merged statements kept at most: one per set of slots read together (a relay's lanes, or
 those sharing a cursor), which a rebalance or a takeover changes."""
