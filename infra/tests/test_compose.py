@@ -4,12 +4,15 @@ when a variable, an argument or the hardening exists on one side only."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import yaml
+
+from pin_contracts.topics import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "infra" / "compose" / "docker-compose.yml"
@@ -68,3 +71,17 @@ def test_a_writable_root_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str
     copy = edited(tmp_path, "rewards-consumer", "read_only", False)
     assert load_check().main(["--compose", str(copy)]) == 1
     assert "rewards-consumer: must run read-only" in capsys.readouterr().err
+
+
+def test_the_stack_creates_the_catalogues_topics_as_the_catalogue_declares_them() -> None:
+    """The kafka-topics job's list is written by hand beside `pin_contracts.topics`: every
+    topic of the catalogue, its partitions and `max.message.bytes`, and nothing else."""
+    doc = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    [script] = doc["services"]["kafka-topics"]["command"]
+    listed = re.search(r"for t in (.*?); do", script, re.DOTALL)
+    partitions = re.search(r"--partitions (\d+)", script)
+    assert listed is not None
+    assert partitions is not None
+    created = dict(item.split(":") for item in listed.group(1).replace("\\", " ").split())
+    assert created == {t.name: str(t.max_message_bytes) for t in CATALOGUE}
+    assert {t.partitions for t in CATALOGUE} == {int(partitions.group(1))}
