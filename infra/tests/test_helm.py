@@ -1288,3 +1288,57 @@ def test_helm_is_built_with_its_version_and_its_kubernetes(tmp_path: Path) -> No
         subprocess.run(
             [helm(), "template", name, str(CHARTS / name)], check=True, capture_output=True
         )
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_a_spread_constraint_with_its_own_label_selector_keeps_it(chart: str, tmp_path: Path) -> None:
+    own = {"matchLabels": {"example.com/pool": "workers"}}
+    values = tmp_path / "spread.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "topologySpreadConstraints": [
+                    {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule",
+                     "labelSelector": own},
+                    {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname",
+                     "whenUnsatisfiable": "ScheduleAnyway"},
+                ]
+            }
+        )
+    )
+    # Before, the chart appended its own labelSelector to such a constraint: a duplicate key,
+    # which the API server refuses and a YAML reader resolves to the chart's.
+    for deployment in of_kind(render(chart, "default", files=(values,)), "Deployment"):
+        constraints = deployment["spec"]["template"]["spec"].get("topologySpreadConstraints")
+        if constraints is None:
+            continue  # ops and lag watcher: one pod each, nothing to spread
+        assert constraints[0]["labelSelector"] == own
+        selector = constraints[1]["labelSelector"]["matchLabels"]
+        assert selector["app.kubernetes.io/instance"] == chart
+        assert selector["app.kubernetes.io/component"] in {"worker", "relay", "consumer"}
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_the_migration_job_takes_its_own_pod_annotations_when_set(chart: str) -> None:
+    # A sidecar injector's annotation on every pod of the release, but for the Job, which
+    # would never complete while the injected sidecar runs.
+    injected = "podAnnotations.sidecar\\.example\\.com/inject=enabled"
+    job = component(render(chart, "default", injected), "migrate")
+    assert job["spec"]["template"]["metadata"]["annotations"] == {"sidecar.example.com/inject": "enabled"}
+    own = component(
+        render(chart, "default", injected, "migrations.podAnnotations.sidecar\\.example\\.com/inject=disabled"),
+        "migrate",
+    )
+    assert own["spec"]["template"]["metadata"]["annotations"] == {"sidecar.example.com/inject": "disabled"}
+    deployments = of_kind(render(chart, "default", injected), "Deployment")
+    assert all(
+        d["spec"]["template"]["metadata"]["annotations"]["sidecar.example.com/inject"] == "enabled"
+        for d in deployments
+    )
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_the_test_pod_pulls_with_the_releases_pull_secrets(chart: str) -> None:
+    docs = render(chart, OVERLAY)
+    (pod,) = of_kind(docs, "Pod")
+    assert pod["spec"]["imagePullSecrets"] == overlay(chart)["imagePullSecrets"]

@@ -462,11 +462,14 @@ initContainers:
 {{- with $ctx.Values.topologySpreadConstraints }}
 topologySpreadConstraints:
   {{- range . }}
-  - {{ toYaml . | nindent 4 | trim }}
-    labelSelector:
-      matchLabels:
-        {{- include "svc.selectorLabels" $ctx | nindent 8 }}
-        app.kubernetes.io/component: {{ $component }}
+  {{- /* A constraint that brings its own labelSelector keeps it; the others count the
+  component's own pods. */ -}}
+  {{- $constraint := . }}
+  {{- if not (hasKey . "labelSelector") }}
+  {{- $labels := merge (dict "app.kubernetes.io/component" $component) (include "svc.selectorLabels" $ctx | fromYaml) }}
+  {{- $constraint = merge (dict "labelSelector" (dict "matchLabels" $labels)) . }}
+  {{- end }}
+  - {{ toYaml $constraint | nindent 4 | trim }}
   {{- end }}
 {{- end }}
 {{- end -}}
@@ -531,6 +534,11 @@ metadata:
 spec:
   restartPolicy: Never
   automountServiceAccountToken: false
+  {{- /* The service's image, from the same registry: the same pull secrets. */}}
+  {{- with $root.Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   securityContext:
     {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
   containers:
