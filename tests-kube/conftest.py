@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pin_kube import IDENTITY, REWARDS, wait_rolled_out
 
 

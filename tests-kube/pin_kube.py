@@ -13,7 +13,7 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -50,11 +50,11 @@ HELM: Final = os.environ.get("PIN_KUBE_HELM", "helm")
 
 
 def run(args: Sequence[str], *, timeout: float = 300.0, check: bool = True) -> str:
-    done = subprocess.run(
-        list(args), capture_output=True, text=True, timeout=timeout, check=False
-    )
+    done = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=False)
     if check and done.returncode != 0:
-        raise AssertionError(f"{' '.join(args)}: exit {done.returncode}\n{done.stderr}{done.stdout}")
+        raise AssertionError(
+            f"{' '.join(args)}: exit {done.returncode}\n{done.stderr}{done.stdout}"
+        )
     return done.stdout
 
 
@@ -76,8 +76,18 @@ def install(release: str, *extra: str) -> None:
     chart = ROOT / "infra" / "helm" / release
     values = ROOT / "infra" / "kube" / "values" / f"{release}.yaml"
     helm(
-        "upgrade", "--install", release, str(chart), "-f", str(values),
-        "--set", f"image.tag={REVISION}", "--wait", "--timeout", "5m", *extra,
+        "upgrade",
+        "--install",
+        release,
+        str(chart),
+        "-f",
+        str(values),
+        "--set",
+        f"image.tag={REVISION}",
+        "--wait",
+        "--timeout",
+        "5m",
+        *extra,
     )
 
 
@@ -125,8 +135,11 @@ def wait_rolled_out(release: str, timeout: float = 300.0) -> None:
         kubectl("get", "deploy", "-l", f"app.kubernetes.io/instance={release}", "-o", "json")
     )["items"]:
         kubectl(
-            "rollout", "status", f"deploy/{deployment['metadata']['name']}",
-            f"--timeout={int(timeout)}s", timeout=timeout + 10,
+            "rollout",
+            "status",
+            f"deploy/{deployment['metadata']['name']}",
+            f"--timeout={int(timeout)}s",
+            timeout=timeout + 10,
         )
 
 
@@ -151,14 +164,20 @@ def seed_role(users: int) -> tuple[UUID, list[UUID], str]:
 
 
 def start_fanout(users: int) -> FanOut:
-    """A role held by ``users`` users gets a new permission set through the ops pod's CLI."""
+    """A role held by ``users`` users gets a new permission set through the ops pod's CLI
+    (whichever release runs there: the version and the task are read back from identity)."""
     role, user_ids, code = seed_role(users)
     start = dict(end_offsets(KAFKA, USER_ACCESS_CHANGED.name))
-    change = json.loads(
-        ops(IDENTITY, "roles", "set-permissions", str(role), f"{code}.read", f"{code}.write", "--json")
-    )
-    task = change["task_id"]
-    return FanOut(role, user_ids, change["version"], UUID(task) if task else None, start)
+    ops(IDENTITY, "roles", "set-permissions", str(role), f"{code}.read", f"{code}.write")
+    with psycopg.connect(IDENTITY_DSN, autocommit=True) as conn:
+        version = conn.execute(
+            "SELECT version FROM identity.role_definitions WHERE id = %s", (role,)
+        ).fetchone()
+        task = conn.execute(
+            "SELECT id FROM identity.access_fanout_tasks WHERE role_id = %s", (role,)
+        ).fetchone()
+    assert version is not None
+    return FanOut(role, user_ids, int(version[0]), task[0] if task else None, start)
 
 
 def task_status(task: UUID) -> tuple[str, int]:
@@ -209,12 +228,19 @@ def record(changes: Sequence[PlannedChange]) -> None:
             else:
                 assert change.reason is not None
                 leave_agency(
-                    conn, change.agent, change.agency,
-                    reason=change.reason, effective_at=change.effective_at,
+                    conn,
+                    change.agent,
+                    change.agency,
+                    reason=change.reason,
+                    effective_at=change.effective_at,
                 )
 
 
-def differences(agents: Sequence[UUID], final: Any = None) -> list[str]:
+def differences(
+    agents: Sequence[UUID], final: Mapping[tuple[UUID, UUID], tuple[bool, int]] | None = None
+) -> list[str]:
+    """Where the rewards projection of ``agents`` differs from identity (and from ``final``,
+    a plan's end state); ``applied`` equal to identity's Version: each change applied once."""
     return membership_differences(
         final, identity_memberships(IDENTITY_DSN, agents), rewards_rows(REWARDS_DSN, agents)
     )

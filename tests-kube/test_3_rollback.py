@@ -5,10 +5,10 @@ and a rollback runs no migration), their logins keep their grants, and nothing i
 from __future__ import annotations
 
 import json
+import uuid
 
 import psycopg
 from pin_e2e.checks import MembershipPlan
-
 from pin_kube import (
     IDENTITY,
     IDENTITY_DSN,
@@ -25,6 +25,7 @@ from pin_kube import (
     task_status,
     wait_rolled_out,
 )
+
 from pin_testkit.waiting import wait_until
 
 
@@ -40,12 +41,15 @@ def revision(release: str) -> int:
 
 
 def test_rollback_and_forward_with_work_in_flight() -> None:
-    applied = {IDENTITY: migrations(IDENTITY_DSN, "identity"), REWARDS: migrations(REWARDS_DSN, "rewards")}
+    applied = {
+        IDENTITY: migrations(IDENTITY_DSN, "identity"),
+        REWARDS: migrations(REWARDS_DSN, "rewards"),
+    }
     fanout = start_fanout(20000)
     assert fanout.task is not None
     task = fanout.task
     wait_until(lambda: task_status(task)[1] > 0, 120, "the fan-out under way")
-    first = MembershipPlan.random(agents=100, agencies=50, changes=500, seed=451)
+    first = MembershipPlan.random(agents=100, agencies=50, changes=500, seed=uuid.uuid4().int)
     record(first.changes)
 
     for release in (IDENTITY, REWARDS):
@@ -60,7 +64,7 @@ def test_rollback_and_forward_with_work_in_flight() -> None:
     # Its logins still hold their grants: the runbook commands of the older ops pods.
     ops(IDENTITY, "status")
     ops(REWARDS, "status")
-    second = MembershipPlan.random(agents=100, agencies=50, changes=500, seed=452)
+    second = MembershipPlan.random(agents=100, agencies=50, changes=500, seed=uuid.uuid4().int)
     record(second.changes)
 
     install(IDENTITY)

@@ -15,7 +15,7 @@ BUDGETED = ((IDENTITY, "worker"), (IDENTITY, "relay"), (REWARDS, "consumer"))
 def test_a_drain_stops_at_the_disruption_budgets() -> None:
     replicas = {
         (release, component): json.loads(
-            kubectl("get", "deploy", f"{release}" + ("" if component in {"worker", "consumer"} else f"-{component}"), "-o", "json")
+            kubectl("get", "deploy", f"{release}-{component}", "-o", "json")
         )["spec"]["replicas"]
         for release, component in BUDGETED
     }
@@ -24,10 +24,18 @@ def test_a_drain_stops_at_the_disruption_budgets() -> None:
         # cordoned, so each budget lets one pod go and refuses the next until the timeout.
         drain = subprocess.run(
             [
-                "kubectl", "drain", NODE, "--pod-selector=app.kubernetes.io/part-of=pin",
-                "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=45s",
+                "kubectl",
+                "drain",
+                NODE,
+                "--pod-selector=app.kubernetes.io/part-of=pin",
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=45s",
             ],
-            capture_output=True, text=True, timeout=120, check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
         assert drain.returncode != 0, "the drain evicted every pod: no budget held"
         assert "disruption budget" in drain.stderr + drain.stdout, drain.stderr

@@ -221,7 +221,8 @@ podLogsDir: "$STATE/pod-logs"
 EOF
     cat >"$c/Corefile" <<EOF
 .:53 {
-    bind $NODE_IP
+    # Every address of the namespace (its loopback and the pods' bridge): nothing else
+    # listens there.
     errors
     health 127.0.0.1:18080
     ready 127.0.0.1:18181

@@ -1291,17 +1291,26 @@ def test_helm_is_built_with_its_version_and_its_kubernetes(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("chart", sorted(SETTINGS))
-def test_a_spread_constraint_with_its_own_label_selector_keeps_it(chart: str, tmp_path: Path) -> None:
+def test_a_spread_constraint_with_its_own_label_selector_keeps_it(
+    chart: str, tmp_path: Path
+) -> None:
     own = {"matchLabels": {"example.com/pool": "workers"}}
     values = tmp_path / "spread.yaml"
     values.write_text(
         yaml.safe_dump(
             {
                 "topologySpreadConstraints": [
-                    {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule",
-                     "labelSelector": own},
-                    {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname",
-                     "whenUnsatisfiable": "ScheduleAnyway"},
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "zone",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": own,
+                    },
+                    {
+                        "maxSkew": 2,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                    },
                 ]
             }
         )
@@ -1324,12 +1333,21 @@ def test_the_migration_job_takes_its_own_pod_annotations_when_set(chart: str) ->
     # would never complete while the injected sidecar runs.
     injected = "podAnnotations.sidecar\\.example\\.com/inject=enabled"
     job = component(render(chart, "default", injected), "migrate")
-    assert job["spec"]["template"]["metadata"]["annotations"] == {"sidecar.example.com/inject": "enabled"}
+    assert job["spec"]["template"]["metadata"]["annotations"] == {
+        "sidecar.example.com/inject": "enabled"
+    }
     own = component(
-        render(chart, "default", injected, "migrations.podAnnotations.sidecar\\.example\\.com/inject=disabled"),
+        render(
+            chart,
+            "default",
+            injected,
+            "migrations.podAnnotations.sidecar\\.example\\.com/inject=disabled",
+        ),
         "migrate",
     )
-    assert own["spec"]["template"]["metadata"]["annotations"] == {"sidecar.example.com/inject": "disabled"}
+    assert own["spec"]["template"]["metadata"]["annotations"] == {
+        "sidecar.example.com/inject": "disabled"
+    }
     deployments = of_kind(render(chart, "default", injected), "Deployment")
     assert all(
         d["spec"]["template"]["metadata"]["annotations"]["sidecar.example.com/inject"] == "enabled"
@@ -1342,3 +1360,15 @@ def test_the_test_pod_pulls_with_the_releases_pull_secrets(chart: str) -> None:
     docs = render(chart, OVERLAY)
     (pod,) = of_kind(docs, "Pod")
     assert pod["spec"]["imagePullSecrets"] == overlay(chart)["imagePullSecrets"]
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_no_pod_gets_service_links(chart: str) -> None:
+    """A Service named <release>-metrics would set <PREFIX>_METRICS_PORT=tcp://... in every
+    pod of the namespace: the service's own setting, refused at start where unset (the
+    migration Job of an upgrade, found on a real cluster)."""
+    docs = render(chart, OVERLAY)
+    specs = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in {"Deployment", "Job"}]
+    specs += [pod["spec"] for pod in of_kind(docs, "Pod")]
+    assert specs
+    assert all(spec["enableServiceLinks"] is False for spec in specs)

@@ -435,6 +435,11 @@ affinity:
 {{- $root := index . 0 -}}
 serviceAccountName: {{ include "svc.serviceAccountName" $root }}
 automountServiceAccountToken: false
+{{- /* No service links: a Service named <release>-metrics would put
+<RELEASE>_METRICS_PORT=tcp://... into every pod of the namespace, which is the service's own
+setting's name (config error at start where the chart does not set it: the migration Job on
+any upgrade). The services find nothing through these variables. */}}
+enableServiceLinks: false
 {{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
@@ -534,6 +539,7 @@ metadata:
 spec:
   restartPolicy: Never
   automountServiceAccountToken: false
+  enableServiceLinks: false
   {{- /* The service's image, from the same registry: the same pull secrets. */}}
   {{- with $root.Values.imagePullSecrets }}
   imagePullSecrets:
