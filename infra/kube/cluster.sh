@@ -64,9 +64,16 @@ await() {
     done
 }
 
+# A process that runs (a zombie does not: its parent, once the shell that started it has
+# exited, may never reap it).
+alive() {
+    local state
+    state="$(ps -o stat= -p "$1" 2>/dev/null)" && [[ "$state" != Z* ]]
+}
+
 running() {
     local pid
-    [[ -f "$STATE/pids/$1" ]] && pid="$(cat "$STATE/pids/$1")" && kill -0 "$pid" 2>/dev/null
+    [[ -f "$STATE/pids/$1" ]] && pid="$(cat "$STATE/pids/$1")" && alive "$pid"
 }
 
 # A component as a daemon of the namespace: its own session (so a signal to `make` does not
@@ -75,7 +82,8 @@ start() {
     local name="$1"
     shift
     running "$name" && return 0
-    in_ns setsid "$@" >>"$STATE/log/$name.log" 2>&1 </dev/null &
+    # setsid and nsenter exec (neither forks here): $! is the daemon's own pid.
+    setsid nsenter --net="/run/netns/$NETNS" -- "$@" >>"$STATE/log/$name.log" 2>&1 </dev/null &
     echo $! >"$STATE/pids/$name"
 }
 
@@ -83,13 +91,13 @@ stop() {
     local name="$1" pid deadline
     [[ -f "$STATE/pids/$name" ]] || return 0
     pid="$(cat "$STATE/pids/$name")"
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
         kill -TERM "$pid" 2>/dev/null || true
         deadline=$((SECONDS + 20))
-        while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+        while alive "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
         kill -KILL "$pid" 2>/dev/null || true
         # containerd must be gone before another starts on the same root.
-        while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+        while alive "$pid"; do sleep 0.2; done
     fi
     rm -f "$STATE/pids/$name"
 }
@@ -172,6 +180,8 @@ state = "$STATE/containerd/state"
   # oom_score_adj below its own, which the kubelet asks for; keep it at least the shim's.
   restrict_oom_score_adj = true
   disable_apparmor = true
+  # The pods' network namespaces under the state (not /run/netns), so cluster.sh down removes them.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$DEB/usr/lib/cni"
     conf_dir = "$STATE/cni/net.d"
@@ -327,39 +337,47 @@ EOF
 }
 
 # Unmounts whatever the kubelet and containerd left mounted under the state directory
-# (deepest first), so the directory can go.
+# (deepest first; a lazy unmount, as a dead container's mount may still be held), again until
+# none is left: a volume can be mounted over another.
 unmount_state() {
-    local m
-    while read -r m; do
-        umount -l "$m" 2>/dev/null || true
-    done < <(awk -v s="$STATE/" 'index($2, s) == 1 {print $2}' /proc/self/mounts | sort -r)
+    local m round
+    for round in 1 2 3 4 5 6 7 8 9 10; do
+        mapfile -t mounts < <(awk -v s="$STATE/" 'index($2, s) == 1 {print $2}' /proc/self/mounts | sort -r)
+        ((${#mounts[@]})) || return 0
+        for m in "${mounts[@]}"; do umount -l "$m" 2>/dev/null || true; done
+    done
+    log "cluster: $STATE still has mounts: $(awk -v s="$STATE/" 'index($2, s) == 1 {print $2}' /proc/self/mounts | head -3)"
+    return 1
+}
+
+# SIGKILL to every process of the pods: the kubelet's cgroups (cgroupfs driver, cgroup v1 or
+# v2), which hold each container and nothing else.
+kill_pods() {
+    local pids
+    pids="$(find /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kubepods -name cgroup.procs \
+        -exec cat {} + 2>/dev/null | sort -u || true)"
+    [[ -z "$pids" ]] || kill -KILL $pids 2>/dev/null || true
 }
 
 cmd_down() {
     _dirs
-    # The pods' containers first (their shims outlive containerd), then the daemons.
-    if running containerd; then
-        local ctr=("$DEB/usr/bin/ctr" --address "$STATE/run/containerd.sock" -n k8s.io)
-        stop kubelet
-        local task
-        for task in $("${ctr[@]}" tasks list -q 2>/dev/null); do
-            "${ctr[@]}" tasks kill -s SIGKILL "$task" >/dev/null 2>&1 || true
-        done
-    fi
+    # The kubelet first (nothing is started or restarted once it is gone), then the pods'
+    # processes, then the daemons; the shims of containerd run in sessions of their own.
     local name
-    for name in coredns kubelet kube-scheduler kube-controller-manager kube-apiserver containerd etcd; do
-        stop "$name"
-    done
-    # Shims of containerd (their own sessions) that still run a container of this state.
+    for name in kubelet coredns kube-scheduler kube-controller-manager; do stop "$name"; done
+    kill_pods
+    stop containerd
     local pid
     for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $STATE/run/containerd.sock" || true); do
         kill -KILL "$pid" 2>/dev/null || true
     done
+    for name in kube-apiserver etcd; do stop "$name"; done
+    kill_pods
     unmount_state
-    # The pods' cgroups (cgroupfs driver: kubepods under each controller's root).
+    # The pods' cgroups, deepest first: empty now.
     local d
-    for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
-        [[ -d "$d" ]] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
+    for d in /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kubepods; do
+        if [[ -d "$d" ]]; then find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
     done
     # The kubelet's links to the pods' logs (a fixed path) that point into this state.
     find /var/log/containers -maxdepth 1 -lname "$STATE/*" -delete 2>/dev/null || true
