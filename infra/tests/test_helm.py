@@ -848,7 +848,17 @@ def test_helm_test_asks_every_pod_for_readyz_ready_or_not(
     pods_service, metrics = service(docs, chart, "-pods"), service(docs, chart)
     assert pods_service["spec"]["clusterIP"] == "None"
     assert pods_service["spec"]["publishNotReadyAddresses"] is True
-    assert pods_service["spec"]["selector"] == metrics["spec"]["selector"]
+    # It selects exactly the pods with a metrics port: by the release's labels alone the ops
+    # pod is listed too (an EndpointSlice without ports, whose address DNS still answers
+    # with: found on a real cluster).
+    selector = pods_service["spec"]["selector"]
+    assert metrics["spec"]["selector"].items() <= selector.items()
+    for deployment in of_kind(docs, "Deployment"):
+        template = deployment["spec"]["template"]
+        labels = template["metadata"]["labels"]
+        selected = all(labels.get(k) == v for k, v in selector.items())
+        ports = [p for c in template["spec"]["containers"] for p in c.get("ports", [])]
+        assert selected == any(p["name"] == "metrics" for p in ports), deployment["metadata"]["name"]
     assert pods_service["spec"]["ports"][0]["targetPort"] == "metrics"
     port = int(
         next(v for k, v in configmap(docs, chart)["data"].items() if k.endswith("METRICS_PORT"))

@@ -58,6 +58,11 @@ commonLabels; the chart's own win, so the selectors hold. `(list . "<component>"
 {{- define "svc.podLabels" -}}
 {{- $root := index . 0 -}}
 {{- $own := dict "app.kubernetes.io/component" (index . 1) -}}
+{{- /* The pods that serve the metrics port (/readyz), for the Service `helm test` reads
+(svc.readyzPodsService): not the ops pod, not the migration Job's. */ -}}
+{{- if not (has (index . 1) (list "ops" "migrate")) -}}
+{{- $_ := set $own "pin-platform/serves-metrics" "true" -}}
+{{- end -}}
 {{- $labels := merge $own (include "svc.ownLabels" $root | fromYaml) ($root.Values.podLabels | default dict) ($root.Values.commonLabels | default dict) -}}
 {{- toYaml $labels -}}
 {{- end -}}
@@ -490,8 +495,9 @@ commonLabels. */}}
 {{/*
 The Service `helm test` reads: headless (DNS answers with the pods' own addresses, not one
 virtual IP) and, like the metrics Service, with the pods that are not ready, so none can hide
-behind a ready one. The pods it lists are those that serve the metrics port (the ops pod has
-none). Its labels leave out app.kubernetes.io/name: the ServiceMonitor selects by name and
+behind a ready one. It selects the pods that serve the metrics port by their label
+(svc.podLabels): by the release's labels alone, the ops pod would be listed too, in an
+EndpointSlice of its own without ports, and DNS answers with every address of every slice. Its labels leave out app.kubernetes.io/name: the ServiceMonitor selects by name and
 instance, and a second Service selected by it would scrape every pod twice.
 */}}
 {{- define "svc.readyzPodsService" -}}
@@ -506,6 +512,7 @@ spec:
   publishNotReadyAddresses: true
   selector:
     {{- include "svc.selectorLabels" . | nindent 4 }}
+    pin-platform/serves-metrics: "true"
   ports:
     - name: metrics
       port: {{ int64 .Values.config.metricsPort }}
