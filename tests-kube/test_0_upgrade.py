@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
 from pin_e2e.checks import MembershipPlan, rewards_rows
 from pin_e2e.poison import membership_event, raw_record
 from pin_kube import (
@@ -49,6 +50,7 @@ def images(release: str) -> set[str]:
     }
 
 
+@pytest.mark.timeout(900)
 def test_upgrade_from_the_previous_release_with_work_in_flight() -> None:
     previous = {release: images(release) for release in (IDENTITY, REWARDS)}
     assert all(previous.values())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
 from pin_e2e.checks import MembershipPlan
 from pin_kube import (
     IDENTITY,
@@ -25,6 +26,7 @@ from pin_kube import (
 from pin_testkit.waiting import wait_until
 
 
+@pytest.mark.timeout(900)
 def test_workers_killed_mid_fanout_lose_nothing() -> None:
     fanout = start_fanout(20000)
     assert fanout.task is not None
@@ -42,6 +44,7 @@ def test_workers_killed_mid_fanout_lose_nothing() -> None:
     assert task_status(task)[1] >= len(fanout.users)
 
 
+@pytest.mark.timeout(900)
 def test_consumer_killed_mid_batch_applies_each_change_once() -> None:
     plan = MembershipPlan.random(agents=400, agencies=200, changes=4000, seed=uuid.uuid4().int)
     before = inbox_count()

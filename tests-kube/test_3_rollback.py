@@ -8,6 +8,7 @@ import json
 import uuid
 
 import psycopg
+import pytest
 from pin_e2e.checks import MembershipPlan
 from pin_kube import (
     IDENTITY,
@@ -40,6 +41,7 @@ def revision(release: str) -> int:
     return int(history[-1]["revision"])
 
 
+@pytest.mark.timeout(1200)
 def test_rollback_and_forward_with_work_in_flight() -> None:
     applied = {
         IDENTITY: migrations(IDENTITY_DSN, "identity"),
@@ -61,15 +63,18 @@ def test_rollback_and_forward_with_work_in_flight() -> None:
     # The older release runs on the newer schema, which the rollback left as it was.
     assert migrations(IDENTITY_DSN, "identity") == applied[IDENTITY]
     assert migrations(REWARDS_DSN, "rewards") == applied[REWARDS]
-    # Its logins still hold their grants: the runbook commands of the older ops pods.
-    ops(IDENTITY, "status")
-    ops(REWARDS, "status")
+    # Its logins still hold their grants: runbook commands of the older ops pods (those both
+    # releases have).
+    ops(IDENTITY, "tasks", "list")
+    ops(IDENTITY, "outbox", "status")
+    ops(REWARDS, "dlq", "list")
     second = MembershipPlan.random(agents=100, agencies=50, changes=500, seed=uuid.uuid4().int)
     record(second.changes)
 
     install(IDENTITY)
     install(REWARDS)
     assert migrations(IDENTITY_DSN, "identity") == applied[IDENTITY]
+    assert migrations(REWARDS_DSN, "rewards") == applied[REWARDS]
     ops(IDENTITY, "status")
     ops(REWARDS, "status")
     assert_complete(delivered(fanout, timeout=600))

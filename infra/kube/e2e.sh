@@ -117,7 +117,9 @@ scenarios() {
 scenarios tests-kube/test_0_upgrade.py
 phase "both upgraded to this checkout's charts with work in flight"
 for chart in identity-fanout rewards-membership; do
-    hm test "$chart" -n "$NAMESPACE" --logs --timeout 5m
+    # The test pod is deleted once it passed; a failed one stays, with its log.
+    hm test "$chart" -n "$NAMESPACE" --timeout 5m | sed -n '1,/^Phase:/p' ||
+        { kc -n "$NAMESPACE" logs "$chart-test-readyz" >&2; exit 1; }
 done
 phase "helm test passed"
 kc get pods -n "$NAMESPACE" -o wide
