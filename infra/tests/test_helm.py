@@ -858,7 +858,8 @@ def test_helm_test_asks_every_pod_for_readyz_ready_or_not(
         labels = template["metadata"]["labels"]
         selected = all(labels.get(k) == v for k, v in selector.items())
         ports = [p for c in template["spec"]["containers"] for p in c.get("ports", [])]
-        assert selected == any(p["name"] == "metrics" for p in ports), deployment["metadata"]["name"]
+        serves = any(p["name"] == "metrics" for p in ports)
+        assert selected == serves, deployment["metadata"]["name"]
     assert pods_service["spec"]["ports"][0]["targetPort"] == "metrics"
     port = int(
         next(v for k, v in configmap(docs, chart)["data"].items() if k.endswith("METRICS_PORT"))
