@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -115,9 +116,11 @@ def test_clients_construct_without_a_broker() -> None:
 
 def test_error_callback_logs_and_forwards(caplog: pytest.LogCaptureFixture) -> None:
     seen: list[KafkaError] = []
+    # A client id of its own: a repeated error of one client is logged once per interval in
+    # the whole process (pin_runtime.kafka.ERROR_LOG_INTERVAL), whichever test saw it first.
     producer = create_producer(
         "127.0.0.1:1",
-        client_id="p",
+        client_id=f"p-{uuid.uuid4().hex[:8]}",
         extra={"socket.connection.setup.timeout.ms": 1000},
         on_error=seen.append,
     )
@@ -446,7 +449,7 @@ def test_an_unreachable_broker_gives_one_line_per_error_not_one_per_retry(
     seen: list[KafkaError] = []
     producer = create_producer(
         "127.0.0.1:1",
-        client_id="repeats",
+        client_id=f"repeats-{uuid.uuid4().hex[:8]}",
         extra={"reconnect.backoff.ms": 10, "reconnect.backoff.max.ms": 10},
         on_error=seen.append,
     )
