@@ -8,7 +8,7 @@ TOOLS := $(CURDIR)/.tools
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/uv/bin/uv)
 RUN := $(UV) run --frozen --all-packages
 PACKAGES := contracts packages/pin-runtime packages/pin-testkit $(wildcard services/*)
-MYPY_DIRS := $(PACKAGES) infra $(patsubst %/,%,$(wildcard bench/*/)) $(if $(wildcard tests-e2e/*.py),tests-e2e)
+MYPY_DIRS := $(PACKAGES) infra $(patsubst %/,%,$(wildcard bench/*/)) $(if $(wildcard tests-e2e/*.py),tests-e2e) $(if $(wildcard tests-kube/*.py),tests-kube)
 
 .PHONY: help
 help: ## list the targets
@@ -140,6 +140,16 @@ e2e-compose: images ## build the images, bring a fresh compose stack up, run the
 	$(STACK) up -d --wait
 	PIN_E2E_TOPOLOGY=containers $(RUN) pytest $(E2E_COMPOSE_TESTS); status=$$?; \
 	$(STACK) down -v --remove-orphans; exit $$status
+
+# Both Helm releases on a real one-node Kubernetes built on this machine from the package
+# registries (infra/kube: Kubernetes from its Go module, Debian's etcd, containerd, runc and CNI
+# plugins, CoreDNS), in a network namespace of its own: the previous release installed, then
+# upgraded with work in flight, helm test, the flows, pods killed, rollback and forward, a
+# drain against the PodDisruptionBudgets. The cluster is taken down afterwards, whatever
+# happened (PIN_KUBE_KEEP=1 keeps it). Needs root (or password-less sudo), Go and gcc.
+.PHONY: e2e-kube
+e2e-kube: images ## both releases on a real Kubernetes built here: install, upgrade, helm test, scenarios, kills, rollback, drain
+	infra/kube/e2e.sh
 
 # What `make test` runs last: the engine (installed and started where missing), every image
 # built from the registries, the scenarios on the compose stack, integration tests on

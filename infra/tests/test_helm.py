@@ -848,7 +848,18 @@ def test_helm_test_asks_every_pod_for_readyz_ready_or_not(
     pods_service, metrics = service(docs, chart, "-pods"), service(docs, chart)
     assert pods_service["spec"]["clusterIP"] == "None"
     assert pods_service["spec"]["publishNotReadyAddresses"] is True
-    assert pods_service["spec"]["selector"] == metrics["spec"]["selector"]
+    # It selects exactly the pods with a metrics port: by the release's labels alone the ops
+    # pod is listed too (an EndpointSlice without ports, whose address DNS still answers
+    # with: found on a real cluster).
+    selector = pods_service["spec"]["selector"]
+    assert metrics["spec"]["selector"].items() <= selector.items()
+    for deployment in of_kind(docs, "Deployment"):
+        template = deployment["spec"]["template"]
+        labels = template["metadata"]["labels"]
+        selected = all(labels.get(k) == v for k, v in selector.items())
+        ports = [p for c in template["spec"]["containers"] for p in c.get("ports", [])]
+        serves = any(p["name"] == "metrics" for p in ports)
+        assert selected == serves, deployment["metadata"]["name"]
     assert pods_service["spec"]["ports"][0]["targetPort"] == "metrics"
     port = int(
         next(v for k, v in configmap(docs, chart)["data"].items() if k.endswith("METRICS_PORT"))
@@ -982,8 +993,9 @@ def test_the_image_is_registry_slash_repository(chart: str) -> None:
     assert images == {f"{mirror}/pin/{chart}{reference}"}
     default = {c["image"] for _, c in containers(render(chart))}
     assert default == {f"registry.example.internal/pin/{chart}{tag}"}
-    bare = {c["image"] for _, c in containers(render(chart, "default", "image.registry="))}
-    assert bare == {f"pin/{chart}{tag}"}
+    # A values file of chart 0.1.0 names the whole reference in repository: kept as it is.
+    old = {c["image"] for _, c in containers(render(chart, "default", f"image.repository={chart}"))}
+    assert old == {f"{chart}{tag}"}
 
 
 @pytest.mark.parametrize("chart", sorted(SETTINGS))
@@ -1287,3 +1299,87 @@ def test_helm_is_built_with_its_version_and_its_kubernetes(tmp_path: Path) -> No
         subprocess.run(
             [helm(), "template", name, str(CHARTS / name)], check=True, capture_output=True
         )
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_a_spread_constraint_with_its_own_label_selector_keeps_it(
+    chart: str, tmp_path: Path
+) -> None:
+    own = {"matchLabels": {"example.com/pool": "workers"}}
+    values = tmp_path / "spread.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "zone",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": own,
+                    },
+                    {
+                        "maxSkew": 2,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                    },
+                ]
+            }
+        )
+    )
+    # Before, the chart appended its own labelSelector to such a constraint: a duplicate key,
+    # which the API server refuses and a YAML reader resolves to the chart's.
+    for deployment in of_kind(render(chart, "default", files=(values,)), "Deployment"):
+        constraints = deployment["spec"]["template"]["spec"].get("topologySpreadConstraints")
+        if constraints is None:
+            continue  # ops and lag watcher: one pod each, nothing to spread
+        assert constraints[0]["labelSelector"] == own
+        selector = constraints[1]["labelSelector"]["matchLabels"]
+        assert selector["app.kubernetes.io/instance"] == chart
+        assert selector["app.kubernetes.io/component"] in {"worker", "relay", "consumer"}
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_the_migration_job_takes_its_own_pod_annotations_when_set(chart: str) -> None:
+    # A sidecar injector's annotation on every pod of the release, but for the Job, which
+    # would never complete while the injected sidecar runs.
+    injected = "podAnnotations.sidecar\\.example\\.com/inject=enabled"
+    job = component(render(chart, "default", injected), "migrate")
+    assert job["spec"]["template"]["metadata"]["annotations"] == {
+        "sidecar.example.com/inject": "enabled"
+    }
+    own = component(
+        render(
+            chart,
+            "default",
+            injected,
+            "migrations.podAnnotations.sidecar\\.example\\.com/inject=disabled",
+        ),
+        "migrate",
+    )
+    assert own["spec"]["template"]["metadata"]["annotations"] == {
+        "sidecar.example.com/inject": "disabled"
+    }
+    deployments = of_kind(render(chart, "default", injected), "Deployment")
+    assert all(
+        d["spec"]["template"]["metadata"]["annotations"]["sidecar.example.com/inject"] == "enabled"
+        for d in deployments
+    )
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_the_test_pod_pulls_with_the_releases_pull_secrets(chart: str) -> None:
+    docs = render(chart, OVERLAY)
+    (pod,) = of_kind(docs, "Pod")
+    assert pod["spec"]["imagePullSecrets"] == overlay(chart)["imagePullSecrets"]
+
+
+@pytest.mark.parametrize("chart", sorted(SETTINGS))
+def test_no_pod_gets_service_links(chart: str) -> None:
+    """A Service named <release>-metrics would set <PREFIX>_METRICS_PORT=tcp://... in every
+    pod of the namespace: the service's own setting, refused at start where unset (the
+    migration Job of an upgrade, found on a real cluster)."""
+    docs = render(chart, OVERLAY)
+    specs = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in {"Deployment", "Job"}]
+    specs += [pod["spec"] for pod in of_kind(docs, "Pod")]
+    assert specs
+    assert all(spec["enableServiceLinks"] is False for spec in specs)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from pin_runtime.delivery import DeliveryTracker, flush_or_raise
 from pin_runtime.errors import DeliveryError, KafkaSetupError, KafkaUnreachableError, SettingsError
 from pin_runtime.kafka import (
     KafkaClientSettings,
+    RepeatLimiter,
     admin_config,
     consumer_config,
     create_admin,
@@ -114,9 +116,11 @@ def test_clients_construct_without_a_broker() -> None:
 
 def test_error_callback_logs_and_forwards(caplog: pytest.LogCaptureFixture) -> None:
     seen: list[KafkaError] = []
+    # A client id of its own: a repeated error of one client is logged once per interval in
+    # the whole process (pin_runtime.kafka.ERROR_LOG_INTERVAL), whichever test saw it first.
     producer = create_producer(
         "127.0.0.1:1",
-        client_id="p",
+        client_id=f"p-{uuid.uuid4().hex[:8]}",
         extra={"socket.connection.setup.timeout.ms": 1000},
         on_error=seen.append,
     )
@@ -421,3 +425,44 @@ def test_a_refused_login_is_logged_and_counted_and_nothing_else_is(
         assert fields["user"] == "pin-consumer"
         assert fields["mechanism"] == "SCRAM-SHA-512"
     assert "a-Secret-1" not in caplog.text
+
+
+def test_a_repeated_line_is_logged_once_per_interval_with_what_was_left_out() -> None:
+    now = [0.0]
+    limiter = RepeatLimiter(30.0, clock=lambda: now[0])
+    key = ("relay", "_TRANSPORT")
+    assert limiter.admit(key) == 0
+    for second in range(1, 30):
+        now[0] = float(second)
+        assert limiter.admit(key) is None
+    assert limiter.admit(("relay", "_ALL_BROKERS_DOWN")) == 0  # another error: its own line
+    assert limiter.admit(("worker", "_TRANSPORT")) == 0  # another client: its own line
+    now[0] = 30.0
+    assert limiter.admit(key) == 29
+    now[0] = 31.0
+    assert limiter.admit(key) is None
+
+
+def test_an_unreachable_broker_gives_one_line_per_error_not_one_per_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[KafkaError] = []
+    producer = create_producer(
+        "127.0.0.1:1",
+        client_id=f"repeats-{uuid.uuid4().hex[:8]}",
+        extra={"reconnect.backoff.ms": 10, "reconnect.backoff.max.ms": 10},
+        on_error=seen.append,
+    )
+    with caplog.at_level(logging.DEBUG, logger="pin_runtime.kafka"):
+        deadline = time.monotonic() + 30
+        # librdkafka reconnects every 10 ms: many errors, each forwarded to on_error.
+        while len(seen) < 5 and time.monotonic() < deadline:
+            producer.poll(0.1)
+    assert len(seen) >= 5
+    lines = [r for r in caplog.records if r.getMessage() == "kafka client error"]
+    codes = [getattr(r, FIELDS_ATTRIBUTE)["code"] for r in lines]
+    assert len(codes) == len(set(codes)), codes
+    # librdkafka's own line of each connection failure is error_cb's line: left out.
+    assert not [
+        r for r in caplog.records if r.name.endswith("librdkafka") and "FAIL" in str(r.args)
+    ]

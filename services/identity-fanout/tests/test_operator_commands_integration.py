@@ -19,6 +19,7 @@ from worker_support import enqueue
 
 from identity_fanout.fanout.batch import run_batch
 from identity_fanout.fanout.queue import FanoutQueue, Unit
+from identity_fanout.fanout.session_name import WORKER_SESSION_PREFIX
 from pin_testkit.ports import free_port
 from pin_testkit.seeding import add_permissions, seed_role_with_users
 from pin_testkit.service import CommandResult, ServiceProcess, run_cli, script, service_environment
@@ -164,8 +165,35 @@ def test_tasks_show_gives_total_done_percentage_rate_and_eta_per_task_and_shard(
     db: Conn, identity_dsn: str
 ) -> None:
     task_id, _ = split_task(db)
+    # No worker connected: no ETA, which would be finite and false, but the reason.
+    idle = as_json(cli(identity_dsn, "tasks", "show", str(task_id), "--json"))["progress"]
+    assert idle["eta_seconds"] is None
+    assert idle["blocked"].startswith("no worker")
+    assert {s["eta_seconds"] for s in idle["shards"]} == {None}
+    assert "none, no worker" in cli(identity_dsn, "tasks", "show", str(task_id)).stdout
+    # A worker's session (the name every worker session carries): the task can move.
+    with psycopg.connect(identity_dsn, application_name=f"{WORKER_SESSION_PREFIX}ops-test:1"):
+        check_live_progress(identity_dsn, task_id)
+        # The batch above left its 10 rows in the outbox (no relay here): at a bound of 10
+        # the workers hold their next batch.
+        throttled = as_json(
+            cli(
+                identity_dsn,
+                "tasks",
+                "show",
+                str(task_id),
+                "--json",
+                IDENTITY_FANOUT_MAX_OUTBOX_BACKLOG="10",
+            )
+        )["progress"]
+        assert throttled["eta_seconds"] is None
+        assert throttled["blocked"].startswith("throttled: 10 outbox row(s)")
+
+
+def check_live_progress(identity_dsn: str, task_id: uuid.UUID) -> None:
     shown = as_json(cli(identity_dsn, "tasks", "show", str(task_id), "--json"))
     progress = shown["progress"]
+    assert progress["blocked"] is None
     assert (progress["total"], progress["done"], progress["percent"]) == (90, 10, 11.1)
     assert progress["rate_basis"] == "life"
     assert progress["rate_per_second"] > 0

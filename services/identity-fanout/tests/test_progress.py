@@ -12,7 +12,7 @@ import pytest
 from identity_fanout.fanout.queue import FanOutShard, FanOutTask
 from identity_fanout.fanout.shards import START, shard_sizes
 from identity_fanout.ops.cells import NULL, duration_cell, percent_cell, rate_cell
-from identity_fanout.ops.progress import task_progress
+from identity_fanout.ops.progress import blocked_reason, task_progress
 
 NOW = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 
@@ -118,3 +118,36 @@ def test_cells_show_a_missing_value_as_one_symbol() -> None:
         "3m05s",
         "2h07m",
     )
+
+
+def blocked(unit: FanOutTask, shards: list[FanOutShard] | None = None, **facts: int) -> str | None:
+    figures = {"live_workers": 1, "outbox_rows": 0, "max_outbox_backlog": 10_000} | facts
+    return blocked_reason(unit, shards or [], NOW, **figures)
+
+
+def test_a_task_that_cannot_move_has_no_eta_but_the_reason() -> None:
+    running = task(
+        processed_count=2_000, user_count=10_000, lease_expires_at=NOW + timedelta(minutes=1)
+    )
+    assert blocked(running) is None
+    assert (blocked(running, live_workers=0) or "").startswith("no worker")
+    assert (blocked(running, outbox_rows=10_000) or "").startswith("throttled: 10000 outbox")
+    assert blocked(running, outbox_rows=9_999) is None
+    lapsed = task(
+        processed_count=2_000, user_count=10_000, lease_expires_at=NOW - timedelta(seconds=1)
+    )
+    assert (blocked(lapsed) or "").startswith("stalled: the lease")
+    # A sharded task is stalled only when every shard in progress is.
+    live, dead = NOW + timedelta(minutes=1), NOW - timedelta(minutes=1)
+    shards = [shard(1, lease_expires_at=dead), shard(2, lease_expires_at=live)]
+    assert blocked(task(), shards) is None
+    assert (blocked(task(), [shards[0]]) or "").startswith("stalled")
+    # An ended task moves no more and is not blocked.
+    assert blocked(task(status="Completed"), live_workers=0) is None
+
+    progress = task_progress(running, [shard(1)], NOW, blocked="no worker: none connected")
+    assert (progress.eta_seconds, progress.blocked) == (None, "no worker: none connected")
+    assert progress.rate_per_second == 20.0  # the figures stay: only the ETA is withheld
+    assert progress.shards[0].eta_seconds is None
+    done = task_progress(task(status="Completed"), [], NOW, blocked="no worker")
+    assert (done.eta_seconds, done.blocked) == (0.0, None)

@@ -58,6 +58,11 @@ commonLabels; the chart's own win, so the selectors hold. `(list . "<component>"
 {{- define "svc.podLabels" -}}
 {{- $root := index . 0 -}}
 {{- $own := dict "app.kubernetes.io/component" (index . 1) -}}
+{{- /* The pods that serve the metrics port (/readyz), for the Service `helm test` reads
+(svc.readyzPodsService): not the ops pod, not the migration Job's. */ -}}
+{{- if not (has (index . 1) (list "ops" "migrate")) -}}
+{{- $_ := set $own "pin-platform/serves-metrics" "true" -}}
+{{- end -}}
 {{- $labels := merge $own (include "svc.ownLabels" $root | fromYaml) ($root.Values.podLabels | default dict) ($root.Values.commonLabels | default dict) -}}
 {{- toYaml $labels -}}
 {{- end -}}
@@ -435,6 +440,11 @@ affinity:
 {{- $root := index . 0 -}}
 serviceAccountName: {{ include "svc.serviceAccountName" $root }}
 automountServiceAccountToken: false
+{{- /* No service links: a Service named <release>-metrics would put
+<RELEASE>_METRICS_PORT=tcp://... into every pod of the namespace, which is the service's own
+setting's name (config error at start where the chart does not set it: the migration Job on
+any upgrade). The services find nothing through these variables. */}}
+enableServiceLinks: false
 {{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
@@ -462,11 +472,14 @@ initContainers:
 {{- with $ctx.Values.topologySpreadConstraints }}
 topologySpreadConstraints:
   {{- range . }}
-  - {{ toYaml . | nindent 4 | trim }}
-    labelSelector:
-      matchLabels:
-        {{- include "svc.selectorLabels" $ctx | nindent 8 }}
-        app.kubernetes.io/component: {{ $component }}
+  {{- /* A constraint that brings its own labelSelector keeps it; the others count the
+  component's own pods. */ -}}
+  {{- $constraint := . }}
+  {{- if not (hasKey . "labelSelector") }}
+  {{- $labels := merge (dict "app.kubernetes.io/component" $component) (include "svc.selectorLabels" $ctx | fromYaml) }}
+  {{- $constraint = merge (dict "labelSelector" (dict "matchLabels" $labels)) . }}
+  {{- end }}
+  - {{ toYaml $constraint | nindent 4 | trim }}
   {{- end }}
 {{- end }}
 {{- end -}}
@@ -482,8 +495,9 @@ commonLabels. */}}
 {{/*
 The Service `helm test` reads: headless (DNS answers with the pods' own addresses, not one
 virtual IP) and, like the metrics Service, with the pods that are not ready, so none can hide
-behind a ready one. The pods it lists are those that serve the metrics port (the ops pod has
-none). Its labels leave out app.kubernetes.io/name: the ServiceMonitor selects by name and
+behind a ready one. It selects the pods that serve the metrics port by their label
+(svc.podLabels): by the release's labels alone, the ops pod would be listed too, in an
+EndpointSlice of its own without ports, and DNS answers with every address of every slice. Its labels leave out app.kubernetes.io/name: the ServiceMonitor selects by name and
 instance, and a second Service selected by it would scrape every pod twice.
 */}}
 {{- define "svc.readyzPodsService" -}}
@@ -498,6 +512,7 @@ spec:
   publishNotReadyAddresses: true
   selector:
     {{- include "svc.selectorLabels" . | nindent 4 }}
+    pin-platform/serves-metrics: "true"
   ports:
     - name: metrics
       port: {{ int64 .Values.config.metricsPort }}
@@ -531,6 +546,12 @@ metadata:
 spec:
   restartPolicy: Never
   automountServiceAccountToken: false
+  enableServiceLinks: false
+  {{- /* The service's image, from the same registry: the same pull secrets. */}}
+  {{- with $root.Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   securityContext:
     {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
   containers:

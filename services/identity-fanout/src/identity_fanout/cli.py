@@ -32,7 +32,7 @@ from identity_fanout.errors import IdentityFanoutError
 from identity_fanout.fanout.queue import get_task, list_shards, list_tasks, replay_task
 from identity_fanout.membership import command as membership_command
 from identity_fanout.ops.outbox import outbox_status, status_table
-from identity_fanout.ops.progress import task_progress
+from identity_fanout.ops.progress import blocked_reason, task_progress
 from identity_fanout.ops.quarantine import (
     discarded,
     discarded_line,
@@ -42,7 +42,7 @@ from identity_fanout.ops.quarantine import (
     retried,
 )
 from identity_fanout.ops.roles import change_line, change_permissions, role_screen, role_view
-from identity_fanout.ops.status import status_screen, system_status
+from identity_fanout.ops.status import live_workers, status_screen, system_status
 from identity_fanout.ops.tasks import TaskView, shards_table, task_detail, tasks_table
 from identity_fanout.ops.watch import watch_task
 from identity_fanout.outbox.errors import DiscardNeedsForceError, OutboxError
@@ -390,7 +390,9 @@ def _retry(
     )
 
 
-def _tasks(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> int | None:
+def _tasks(
+    conn: psycopg.Connection[TupleRow], args: argparse.Namespace, settings: Settings
+) -> int | None:
     if args.tasks_command == "list":
         listed = list_tasks(conn, status=args.status, role_id=args.role, limit=args.limit)
         if args.json:
@@ -407,8 +409,17 @@ def _tasks(conn: psycopg.Connection[TupleRow], args: argparse.Namespace) -> int 
                 as_json=args.json,
             )
         task, shards = get_task(conn, args.task_id), tuple(list_shards(conn, args.task_id))
+        now = datetime.now(UTC)
+        blocked = blocked_reason(
+            task,
+            shards,
+            now,
+            live_workers=len(live_workers(conn)),
+            outbox_rows=outbox_status(conn, OUTBOX, lanes=settings.outbox_lanes).backlog,
+            max_outbox_backlog=settings.max_outbox_backlog,
+        )
         view = TaskView(
-            task=task, shards=shards, progress=task_progress(task, shards, datetime.now(UTC))
+            task=task, shards=shards, progress=task_progress(task, shards, now, blocked=blocked)
         )
         if args.json:
             _json(view)
@@ -478,7 +489,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int | None:
     elif args.command == "tasks":
         # A watch reads again and again: autocommit, so that it holds no snapshot between.
         with _connect(settings, autocommit=args.tasks_command == "show") as conn:
-            return _tasks(conn, args)
+            return _tasks(conn, args, settings)
     elif args.command == "outbox":
         with _connect(settings) as conn:
             return _outbox(conn, args, lanes=settings.outbox_lanes)

@@ -50,7 +50,12 @@ def _progress_pairs(progress: Progress) -> list[tuple[str, str]]:
     return [
         ("progress", f"{progress.done} of {total} user(s), {percent_cell(progress.percent)}"),
         ("rate", f"{rate_cell(progress.rate_per_second)} (over its life: since its first claim)"),
-        ("eta", duration_cell(progress.eta_seconds)),
+        (
+            "eta",
+            f"none, {progress.blocked}"
+            if progress.blocked
+            else duration_cell(progress.eta_seconds),
+        ),
     ]
 
 

@@ -92,6 +92,11 @@ class Publisher:
         self._fatal = False
         self._renewal = LoginRenewal(self._config)
         self.refusal: DeliveryFailure | None = None
+        # Since when librdkafka reported every broker down (`_ALL_BROKERS_DOWN`), until a
+        # record is acknowledged or a metadata request answered: an outage while rows wait
+        # shows no delivery error for RELAY_DELIVERY_TIMEOUT (librdkafka retries), and
+        # readiness must say it at once (docs/design/identity-fanout.md "Outages").
+        self.unreachable_since: float | None = None
         """A cluster-wide refusal the client reported (error_cb) since the last ack."""
         self._partitions = TopicPartitions.of(partitions or {})
         self._on_partitions = on_partitions
@@ -166,6 +171,7 @@ class Publisher:
                 metadata = producer.list_topics(topic, timeout=METADATA_TIMEOUT).topics.get(topic)
             except KafkaException:
                 continue  # the cluster is away: an outage, seen by the deliveries
+            self.unreachable_since = None  # a broker answered
             error = None if metadata is None else metadata.error
             if metadata is None or (
                 error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
@@ -241,6 +247,8 @@ class Publisher:
 
     def _on_error(self, error: KafkaError) -> None:
         self._renewal.refused(error)
+        if error.code() == KafkaError._ALL_BROKERS_DOWN and self.unreachable_since is None:
+            self.unreachable_since = time.monotonic()
         if error.fatal():
             self._fatal = True
         failure = classify(error)

@@ -476,8 +476,9 @@ class OutboxRelay:
         topics, slots = self.window.take_settled()
         self._settled_topics.update(topics)
         self._settled_traces |= self.window.take_settled_traces()
-        if settlement.delete:  # the cluster took these: a refusal of it is over
+        if settlement.delete:  # the cluster took these: a refusal of it, an outage, is over
             self._publisher.refusal = None
+            self._publisher.unreachable_since = None
             self._tally.acknowledged |= topics - {r.record.topic for r in settlement.quarantine}
         self._to_delete.extend(settlement.delete)
         if self._to_delete and (
@@ -653,6 +654,10 @@ class OutboxRelay:
             )
         if self.pause is not None:
             self.state.degraded(f"kafka: {self.pause.describe()}")
+        elif self._publisher.unreachable_since is not None:
+            # Rows wait in librdkafka's queue without an error until the delivery timeout.
+            down = time.monotonic() - self._publisher.unreachable_since
+            self.state.degraded(f"kafka: every broker unreachable for {down:.0f} s")
         elif result.error is None:
             self.state.ok()
         else:
