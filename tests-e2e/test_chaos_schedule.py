@@ -15,6 +15,7 @@ from pin_e2e.chaos.faults import (
     LONG_FAULTS,
     LONG_GAP,
     PAGES,
+    SHORT_FAULTS,
     TOPIC_FAULTS,
     FaultKind,
     held_snapshots,
@@ -49,6 +50,13 @@ def test_a_long_schedule_has_every_kind_in_order_within_its_span() -> None:
     assert [f.at for f in faults] == sorted(f.at for f in faults)
     assert all(0 <= f.at <= 300 for f in faults)
     assert [f.number for f in faults] == list(range(1, 51))
+
+
+@pytest.mark.parametrize("seed", range(0, 1000, 97))
+def test_a_campaign_of_one_fault_per_short_kind_plays_every_kind(seed: int) -> None:
+    # What `make test`'s campaign draws: its alert matrix sees every kind in every run.
+    faults = schedule(seed, len(SHORT_FAULTS), PROCESSES, span=72)
+    assert sorted(f.kind for f in faults) == sorted(SHORT_FAULTS)
 
 
 def test_network_faults_cut_only_a_path_the_process_has() -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "HELD_SNAPSHOT_SECONDS",
     "LONG_FAULTS",
     "PAGES",
+    "SHORT_FAULTS",
     "TOPIC_FAULTS",
     "Fault",
     "FaultKind",
@@ -86,6 +87,8 @@ LONG_FAULTS: Final = (
 only, one at a time and long enough to page (never drawn at random)."""
 HELD_FAULTS: Final = (FaultKind.HELD_SNAPSHOT,)
 """Played by every campaign after the random faults (`held_snapshots`), never drawn."""
+SHORT_FAULTS: Final = tuple(kind for kind in FaultKind if kind not in LONG_FAULTS + HELD_FAULTS)
+"""The kinds a schedule draws: a campaign of at least this many faults plays each of them."""
 HELD_DATABASES: Final[dict[str, frozenset[str]]] = {
     "identity": frozenset({"IdentityPostgresHorizonHeld"}),
     "rewards": frozenset({"RewardsMembershipPostgresHorizonHeld"}),
@@ -197,7 +200,7 @@ def schedule(
     labels = sorted(processes)
     connected = [label for label in labels if processes[label]]
     rng = random.Random(seed)
-    short = [kind for kind in FaultKind if kind not in LONG_FAULTS + HELD_FAULTS]
+    short = list(SHORT_FAULTS)
     kinds = list(short)
     rng.shuffle(kinds)
     drawn = kinds[:count] + [rng.choice(short) for _ in range(count - len(kinds))]
