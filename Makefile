@@ -90,11 +90,23 @@ sbom: sync ## each image's CycloneDX SBOM from uv.lock, in build/sbom/ (checked 
 infra-check: sync ## images, SBOMs, Helm charts, monitoring rules, pin-contracts release (tools cached per user)
 	UV=$(UV) infra/checks/all.sh
 
+# `make test`: every step runs and reports, whatever failed before it; red if any failed.
 .PHONY: test
-test: lint infra-check model-tools up pact ## lint, infra checks, pact, every test on real PostgreSQL and Kafka, then the containers (test-containers)
+test: ## lint, infra checks, pact, then every test on real PostgreSQL and Kafka (each step whatever failed before)
+	@$(MAKE) -k --no-print-directory lint infra-check pact test-suites
+
+.PHONY: test-suites
+test-suites: model-tools up ## every test but pact's: unit, integration and end-to-end
 	eval "$$($(RUN) pin-local -q env)" && $(RUN) pytest $(TEST_PATHS) \
 		$(addprefix --ignore=,$(PACT_CONSUMER_TESTS) $(PACT_PROVIDER_TESTS))
-	$(MAKE) --no-print-directory test-containers
+
+# What `make test` leaves out and CI runs after it, each step whatever failed before it, red
+# if any failed: what ships (the containers, both releases on Kubernetes) and every check of
+# the outbox model. The long chaos faults and the 10,000-example fuzz take longer than CI's
+# limit allows beside them: `make chaos`, `make fuzz`.
+.PHONY: ci
+ci: ## after make test: the containers, both releases on Kubernetes, the outbox model
+	@$(MAKE) -k --no-print-directory test-containers e2e-kube model
 
 # The shipped artefacts on a Docker engine (infra/README.md "Containers"): the engine itself
 # (Debian's docker.io, Compose built from the Go module proxy, dockerd without a bridge), the
@@ -151,7 +163,7 @@ e2e-compose: images ## build the images, bring a fresh compose stack up, run the
 e2e-kube: images ## both releases on a real Kubernetes built here: install, upgrade, helm test, scenarios, kills, rollback, drain
 	infra/kube/e2e.sh
 
-# What `make test` runs last: the engine (installed and started where missing), every image
+# What `make ci` runs first: the engine (installed and started where missing), every image
 # built from the registries, the scenarios on the compose stack, integration tests on
 # testcontainers; the project's containers removed afterwards, whatever happened.
 .PHONY: test-containers
