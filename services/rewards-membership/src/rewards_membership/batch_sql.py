@@ -13,7 +13,7 @@ letter per record.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Final
 from uuid import UUID
@@ -92,7 +92,7 @@ def _record(item: Item) -> BatchRecord:
     return BatchRecord(item.key)
 
 
-def records_document(items: Sequence[Item]) -> str:
+def records_document(items: Iterable[Item]) -> str:
     """`[{key, agent_user_id, ...}, ...]` in consume order: the records `json_to_recordset`
     reads (nulls left out)."""
     return _ENCODER.encode([_record(item) for item in items]).decode()
