@@ -50,7 +50,10 @@ class RacingStore(MembershipStore):
         """Batch statements run: each reads the rows and inbox keys afresh."""
 
     def apply(  # type: ignore[override]  # the parent's is static; this one counts its calls
-        self, conn: psycopg.Connection[TupleRow], document: str, lock_timeout_ms: int | None = None
+        self,
+        conn: psycopg.Connection[TupleRow],
+        document: bytes,
+        lock_timeout_ms: int | None = None,
     ) -> list[Outcome]:
         self.reads += 1
         if self.reads > 1:

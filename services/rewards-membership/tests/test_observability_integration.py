@@ -191,7 +191,7 @@ def test_a_batch_whose_commit_went_unanswered_is_reported_once_as_what_it_was(
     unanswered: list[object] = []
 
     def commit_unanswered(
-        self: BatchApplier, records: Any, document: str, lock_timeout_ms: int | None = None
+        self: BatchApplier, records: Any, document: bytes, lock_timeout_ms: int | None = None
     ) -> Any:
         if unanswered:
             return apply(self, records, document, lock_timeout_ms)

@@ -63,7 +63,7 @@ def test_a_batch_is_each_partitions_records_in_offset_order_encoded_once() -> No
     assert [r.position for r in batch.records()] == [(0, 5), (0, 6), (0, 7), (1, 9)]
     # The statement's document is the parts' documents joined, in the records' order.
     assert _keys(batch) == [position_key("t", p, o) for p, o in [(0, 5), (0, 6), (0, 7), (1, 9)]]
-    assert batch.document([1]) == f"[{batch.parts[1].document}]"
+    assert batch.document([1]) == batch.parts[1].document
 
 
 def test_the_prefetch_keeps_only_partitions_still_ours_in_order() -> None:

@@ -92,10 +92,10 @@ def _record(item: Item) -> BatchRecord:
     return BatchRecord(item.key)
 
 
-def records_document(items: Iterable[Item]) -> str:
+def records_document(items: Iterable[Item]) -> bytes:
     """`[{key, agent_user_id, ...}, ...]` in consume order: the records `json_to_recordset`
-    reads (nulls left out)."""
-    return _ENCODER.encode([_record(item) for item in items]).decode()
+    reads (nulls left out), UTF-8 JSON as msgspec writes it: sent as it is (`store`)."""
+    return _ENCODER.encode([_record(item) for item in items])
 
 
 def decode_outcomes(letters: str) -> list[Outcome]:

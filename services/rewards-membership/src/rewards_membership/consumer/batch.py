@@ -50,9 +50,9 @@ class Part:
     """One partition's records of a batch, in offset order, and their document."""
 
     records: list[Record]
-    document: str
-    """The records' `BatchRecord`s as JSON array elements (no brackets): the statement's
-    document of any set of parts is theirs joined, never encoded again."""
+    document: bytes
+    """The records' `BatchRecord`s, a JSON array: the statement's document of any set of
+    parts is their elements joined, never encoded again."""
 
     @property
     def first(self) -> int:
@@ -103,7 +103,7 @@ class Batch:
             else:
                 records.append(record)
         parts = {
-            partition: Part(records, records_document(r.item for r in records)[1:-1])
+            partition: Part(records, records_document(r.item for r in records))
             for partition, records in grouped.items()
         }
         return cls(parts=parts, poll_started=poll_started, polled=polled)
@@ -118,10 +118,16 @@ class Batch:
         chosen = self.parts if partitions is None else partitions
         return [r for p in chosen for r in self.parts[p].records]
 
-    def document(self, partitions: Iterable[int] | None = None) -> str:
-        """The batch statement's document of `partitions` (of all): `[{key, ...}, ...]`."""
+    def document(self, partitions: Iterable[int] | None = None) -> bytes:
+        """The batch statement's document of `partitions` (of all): `[{key, ...}, ...]`,
+        their parts' elements copied once."""
         chosen = self.parts if partitions is None else partitions
-        return f"[{','.join(self.parts[p].document for p in chosen)}]"
+        pieces: list[bytes | memoryview] = []
+        for partition in chosen:
+            pieces += (b",", memoryview(self.parts[partition].document)[1:-1])
+        pieces[:1] = [b"["]  # the first comma, or nothing
+        pieces.append(b"]")
+        return b"".join(pieces)
 
     def __len__(self) -> int:
         return sum(len(part.records) for part in self.parts.values())

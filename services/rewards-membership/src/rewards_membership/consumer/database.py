@@ -174,7 +174,7 @@ class BatchApplier:
                 batch.stored = stored if batch.stored is None else (batch.stored[0], stored[1])
 
     def _apply_retrying(
-        self, records: Sequence[Record], document: str, *, lock_timeout_ms: int | None = None
+        self, records: Sequence[Record], document: bytes, *, lock_timeout_ms: int | None = None
     ) -> Stored:
         for attempt in range(1, _CONCURRENT_RETRIES + 1):
             try:
@@ -187,7 +187,7 @@ class BatchApplier:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _apply(
-        self, records: Sequence[Record], document: str, lock_timeout_ms: int | None = None
+        self, records: Sequence[Record], document: bytes, lock_timeout_ms: int | None = None
     ) -> Stored:
         """One transaction: the records' outcomes, set once it committed (or once it is in
         doubt: `CommitInDoubtError`)."""
