@@ -221,6 +221,7 @@ def build_consumer(
         database=database,
         dead_letters=dead_letters,
         partitions=partitions,
+        spans=spans,
         reporter=BatchReporter(metrics=metrics, spans=spans),
         database_state=database_state,
         kafka_state=kafka_state,

@@ -36,6 +36,7 @@ from rewards_membership.batch_sql import records_document
 from rewards_membership.consumer.database import DatabaseThread
 from rewards_membership.consumer.partitions import LOCK_TIMEOUT, POSTGRESQL, PartitionControl
 from rewards_membership.consumer.report import BatchReporter
+from rewards_membership.consumer.spans import BatchSpans
 from rewards_membership.dlq.writer import DeadLetterer
 from rewards_membership.errors import ConcurrentApplyError, is_infrastructure
 from rewards_membership.records import Position, Record, offset_of
@@ -152,6 +153,8 @@ class Batches:
     database: DatabaseThread
     dead_letters: DeadLetterer
     partitions: PartitionControl
+    spans: BatchSpans
+    """Starts a batch's `poll` and `process` spans as it is handed over."""
     reporter: BatchReporter
     database_state: ComponentState
     kafka_state: ComponentState
@@ -163,7 +166,7 @@ class Batches:
         """Hand the batch to the database thread; its transaction runs while the loop
         polls. Each record's `consumed` line is logged now, in the batch's span."""
         batch.handed = time.time_ns()
-        batch.process = self.reporter.spans.start(batch)
+        batch.process = self.spans.start(batch)
         # Resumed after a row lock: tried apart from the others (`database.BatchApplier`).
         suspects = self.partitions.pauser.suspects.intersection(batch.parts)
         with trace.use_span(batch.process, end_on_exit=False):

@@ -46,7 +46,7 @@ class BatchReporter:
 
     def __init__(self, *, metrics: Metrics, spans: BatchSpans) -> None:
         self._metrics = metrics
-        self.spans = spans
+        self._spans = spans
 
     def consumed(self, records: Sequence[Record], batch: trace.SpanContext) -> None:
         """`consumed` (INFO) for every record handed to the database, valid or not, with its
@@ -85,7 +85,7 @@ class BatchReporter:
             if outcome is None:
                 raise ValueError(f"record {record.position} reported undecided")
             headers, unreadable = read_headers(message)
-            self.spans.record(record, outcome, headers, batch)
+            self._spans.record(record, outcome, headers, batch)
             if unreadable is not None and outcome is not Outcome.DUPLICATE:
                 self._report_unreadable_headers(item, message, unreadable, batch_context)
             if type(item) is MembershipChange:
