@@ -42,9 +42,10 @@ ROW_KEY: Final = ("agent_user_id", "company_id")
 """The columns that find a row; an update writes every other field of MembershipRow."""
 
 
-class BatchRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+class BatchRecord(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """One record of the batch document, as `validate` mapped it (the names are the
-    `record_document` fragment's). A dead letter carries its inbox key only."""
+    `record_document` fragment's). A dead letter carries its inbox key only. Never tracked
+    by the collector: it holds values only, and lives until its part is encoded."""
 
     key: str | None = None
     agent_user_id: UUID | None = None

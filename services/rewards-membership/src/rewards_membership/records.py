@@ -55,10 +55,12 @@ class Receipt(msgspec.Struct, frozen=True):
     """The refusal's reason label when a reference record stands for the original."""
 
 
-class Record(msgspec.Struct):
+class Record(msgspec.Struct, gc=False):
     """One consumed record, from its poll to its report: the message, what validation made
     of it (`Record.of`), and, once its batch's transaction committed, its outcome and
-    where its dead letter is. A Struct: a batch makes thousands, on the poll thread."""
+    where its dead letter is. A Struct: a batch makes thousands, on the poll thread; never
+    tracked by the collector (nothing it holds refers back to it), which would otherwise
+    walk two or three batches of them again and again."""
 
     message: Message
     item: Item

@@ -39,7 +39,7 @@ from rewards_membership.consumer.report import BatchReporter
 from rewards_membership.consumer.spans import BatchSpans
 from rewards_membership.dlq.writer import DeadLetterer
 from rewards_membership.errors import ConcurrentApplyError, is_infrastructure
-from rewards_membership.records import Position, Record, offset_of
+from rewards_membership.records import Position, Record, offset_of, partition_of
 from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import InvalidEvent
 
@@ -97,12 +97,12 @@ class Batch:
         """The records validated, grouped by partition, and each part's document encoded."""
         grouped: dict[int, list[Record]] = {}
         for message in messages:
-            record = Record.of(message)
-            records = grouped.get(record.partition)
+            partition = partition_of(message)
+            records = grouped.get(partition)
             if records is None:
-                grouped[record.partition] = [record]
+                grouped[partition] = [Record.of(message)]
             else:
-                records.append(record)
+                records.append(Record.of(message))
         parts = {
             partition: Part(records, records_document(r.item for r in records))
             for partition, records in grouped.items()
@@ -170,7 +170,7 @@ class Batches:
         # Resumed after a row lock: tried apart from the others (`database.BatchApplier`).
         suspects = self.partitions.pauser.suspects.intersection(batch.parts)
         with trace.use_span(batch.process, end_on_exit=False):
-            self.reporter.consumed(batch.records(), batch.process.get_span_context())
+            self.reporter.consumed(batch, batch.process.get_span_context())
             batch.transaction = self.database.submit(batch, suspects)
         self.in_flight = batch
 

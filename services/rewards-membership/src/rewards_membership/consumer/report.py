@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -48,17 +47,17 @@ class BatchReporter:
         self._metrics = metrics
         self._spans = spans
 
-    def consumed(self, records: Sequence[Record], batch: trace.SpanContext) -> None:
+    def consumed(self, batch: Batch, context: trace.SpanContext) -> None:
         """`consumed` (INFO) for every record handed to the database, valid or not, with its
-        trace: its producer's (traceparent), else the batch's (`batch`)."""
+        trace: its producer's (traceparent), else the batch's (`context`)."""
         if not _log.isEnabledFor(logging.INFO):
             return
-        for record in records:
+        for record in batch.records():
             message = record.message
             log_event(
                 _log,
                 "consumed",
-                **event_fields(record.item, message, batch),
+                **event_fields(record.item, message, context),
                 partition=partition_of(message),
                 offset=offset_of(message),
             )

@@ -15,6 +15,7 @@ retried, and its records' spans are those of the try that committed them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import trace
@@ -57,7 +58,9 @@ class BatchSpans:
         when the batch committed or failed."""
         links = []
         count = len(batch)
-        for record in batch.records()[:_MAX_LINKS]:
+        for record in islice(
+            (r for part in batch.parts.values() for r in part.records), _MAX_LINKS
+        ):
             context = trace.get_current_span(
                 extract_context(headers_of(record.message))
             ).get_span_context()
