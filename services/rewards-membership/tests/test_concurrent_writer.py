@@ -96,7 +96,7 @@ def _batch(payload: AgentMembershipChanged) -> Batch:
 
 
 def _applied(store: MembershipStore, batch: Batch) -> list[Outcome | None]:
-    BatchApplier(store, trace.get_tracer("test")).apply(batch)
+    BatchApplier(store, trace.get_tracer("test")).apply(batch, batch.records(), batch.document())
     return [record.outcome for record in batch.records()]
 
 

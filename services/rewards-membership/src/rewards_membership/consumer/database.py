@@ -85,11 +85,14 @@ class DatabaseThread:
     def submit(self, batch: Batch, suspects: frozenset[int] = frozenset()) -> Future[None]:
         """Apply the batch in its own transaction on the database thread (`BatchApplier`);
         the caller's trace context (its current span) becomes the parent of the statement's
-        span (`STORAGE_SPAN`). The batch's document was encoded as it was polled: this
-        thread only waits on PostgreSQL (Python work here would wait for the GIL behind the
-        poll loop's)."""
+        span (`STORAGE_SPAN`). Its records and document (its parts' joined) are gathered
+        here, on the caller's thread: the database thread only waits on PostgreSQL (Python
+        work there would wait for the GIL behind the poll loop's)."""
         context = contextvars.copy_context()
-        return self._executor.submit(context.run, self._applier.apply, batch, suspects)
+        apply = self._applier.apply
+        return self._executor.submit(
+            context.run, apply, batch, batch.records(), batch.document(), suspects
+        )
 
     def run(self, call: Callable[[BatchApplier], T]) -> T:
         """Run `call` on the thread after whatever was submitted before, and wait for it."""
@@ -122,11 +125,17 @@ class BatchApplier:
         self._store = store
         self._tracer = tracer
 
-    def apply(self, batch: Batch, suspects: frozenset[int] = frozenset()) -> None:
-        """Apply the batch: each record's outcome once its transaction committed, when its
-        statement ran (`batch.stored`) and the partitions that met a row lock held
-        elsewhere (`batch.contended`); split per partition on a lock timeout, and for
-        `suspects` (module docstring)."""
+    def apply(
+        self,
+        batch: Batch,
+        records: Sequence[Record],
+        document: bytes,
+        suspects: frozenset[int] = frozenset(),
+    ) -> None:
+        """Apply the batch (its `records` and `document`): each record's outcome once its
+        transaction committed, when its statement ran (`batch.stored`) and the partitions
+        that met a row lock held elsewhere (`batch.contended`); split per partition on a
+        lock timeout, and for `suspects` (module docstring)."""
         partitions = list(batch.parts)
         if suspects.intersection(partitions):
             # The others together at the session's lock timeout, each suspect alone.
@@ -136,7 +145,7 @@ class BatchApplier:
             self._apply_parts(batch, groups)
             return
         try:
-            batch.stored = self._apply_retrying(batch.records(), batch.document())
+            batch.stored = self._apply_retrying(records, document)
         except LockNotAvailable as exc:
             if len(partitions) == 1:
                 batch.contended[partitions[0]] = exc
@@ -191,11 +200,10 @@ class BatchApplier:
     ) -> Stored:
         """One transaction: the records' outcomes, set once it committed (or once it is in
         doubt: `CommitInDoubtError`)."""
-        items = [r.item for r in records]
-        keys = inbox_keys(items)
+        keys = inbox_keys(r.item for r in records)
         if not keys:
             # Only dead letters without a key: nothing to look up or write.
-            _decided(records, plan_batch(items, set(), {}).outcomes)
+            _decided(records, plan_batch([r.item for r in records], set(), {}).outcomes)
             return None
         started = time.time_ns()
         with self._tracer.start_as_current_span(
@@ -204,10 +212,11 @@ class BatchApplier:
             attributes=STORAGE_ATTRIBUTES | {"db.operation.batch.size": len(keys)},
         ):
             conn = self._store.connection()
-            if not any(type(item) is MembershipChange for item in items):
+            if not any(type(r.item) is MembershipChange for r in records):
                 # Only dead letters: their inbox lookup alone (no write, no write lock),
                 # decided by the pure plan.
-                outcomes = plan_batch(items, self._store.seen_keys(conn, keys), {}).outcomes
+                seen = self._store.seen_keys(conn, keys)
+                outcomes = plan_batch([r.item for r in records], seen, {}).outcomes
             else:
                 decided: list[Outcome] | None = None
                 try:
