@@ -96,13 +96,15 @@ class Batch:
     def of(cls, messages: Iterable[Message], *, poll_started: int, polled: int) -> Batch:
         """The records validated, grouped by partition, and each part's document encoded."""
         grouped: dict[int, list[Record]] = {}
+        records: list[Record] = []
+        last: int | None = None
+        of = Record.of
         for message in messages:
-            partition = partition_of(message)
-            records = grouped.get(partition)
-            if records is None:
-                grouped[partition] = [Record.of(message)]
-            else:
-                records.append(Record.of(message))
+            # consume() returns each partition's records in runs: one lookup a run.
+            if (partition := message.partition()) != last:
+                records = grouped.setdefault(partition_of(message), [])
+                last = partition
+            records.append(of(message))
         parts = {
             partition: Part(records, records_document(r.item for r in records))
             for partition, records in grouped.items()
