@@ -12,11 +12,18 @@ duplicate deliveries, 5% stale reorders), each in a process of its own:
     statements writing the batch's rows (one upsert) and inbox keys (one insert), no Kafka.
 
 Prints one table (msgs/s, ratios) and records two comparisons (`pin_testkit.bench`).
+
+With `--baseline REV [REV ...]` the consumer of each git revision REV (its
+`rewards_membership` package, `pin_testkit.bench.checkout_package`, first on the consumer's
+PYTHONPATH) drains the same records too, each on a database of its own, in turn with this
+checkout's in every round (`--rounds`): a change of the consumer is judged against the code
+it replaces in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -26,7 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -50,7 +57,7 @@ from pin_runtime.kafka import create_admin, create_consumer, create_producer, en
 from pin_runtime.logging import configure_logging
 from pin_runtime.settings import Secret
 from pin_runtime.sql import assignments, columns
-from pin_testkit.bench import Comparison, Figure, record
+from pin_testkit.bench import Comparison, Figure, checkout_package, record
 from pin_testkit.events import membership_event
 from pin_testkit.runtime_roles import ensure_login, runtime_dsn
 from rewards_membership.app import build_consumer, run_migrations
@@ -67,6 +74,9 @@ STALE_SHARE = 0.05
 STALE_BY = 2  # a stale reorder re-sends the version two below the row's latest
 RECENT = 20_000  # duplicates are drawn from the last records sent
 BENCHMARK = "4. membership consumer"
+SOURCE: Final = "services/rewards-membership/src"
+"""Where the consumer's package is in the repository: what a baseline replaces."""
+THIS: Final = "this checkout"
 
 Record = tuple[bytes, bytes, list[tuple[str, str | bytes | None]]]
 
@@ -266,24 +276,34 @@ def measure_floor(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     return {"seconds": elapsed, "records": args.events, "batches": len(batches)}
 
 
-def child(kind: str, args: argparse.Namespace, **extra: str) -> dict[str, Any]:
-    """Run one measurement in a process of its own (its RSS and CPU are its own)."""
+def child(
+    kind: str, args: argparse.Namespace, *, pythonpath: str | None = None, **extra: str
+) -> dict[str, Any]:
+    """Run one measurement in a process of its own (its RSS and CPU are its own);
+    `pythonpath`: a baseline's package directory, first on the process's path."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [sys.executable, __file__, "--measure", kind, "--result", out.name]
         for name in ("events", "agents", "agencies", "batch_size", "seed", "log_level"):
             command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         for name, value in extra.items():
             command += [f"--{name}", value]
+        env = None if pythonpath is None else os.environ | {"PYTHONPATH": pythonpath}
         started = time.monotonic()
-        subprocess.run(command, check=True)
+        subprocess.run(command, check=True, env=env)
         result: dict[str, Any] = json.loads(Path(out.name).read_text())
         result["wall"] = time.monotonic() - started
         return result
 
 
 def report(
-    args: argparse.Namespace, plain: dict[str, Any], real: dict[str, Any], floor: dict[str, Any]
+    args: argparse.Namespace,
+    plain: dict[str, Any],
+    sides: dict[str, list[dict[str, Any]]],
+    floor: dict[str, Any],
 ) -> None:
+    """`sides`: every consumer's drains, round by round (this checkout's first); the
+    comparisons take this checkout's median round."""
+    real = median_round(sides[THIS])
     events = args.events
     rate = {
         name: events / r["seconds"]
@@ -330,12 +350,58 @@ def report(
         f"duplicates {real['duplicates']:,.0f}, dlq {real['dlq']:,.0f}"
     )
     note = f"{events:,} events, batch {args.batch_size}, same run"
+    if len(sides) > 1:
+        report_sides(sides, real)
     consumer = Figure("consumer", rate["real"])
     client = Figure("plain consumer (poll + decode)", rate["plain"])
     record(Comparison.rate(BENCHMARK, consumer, client, unit="msgs/s", target=0.5, note=note))
     drain = Figure("consumer drain", real["seconds"])
     db_floor = Figure("DB floor (set-based, same batches)", floor["seconds"])
     record(Comparison.duration(BENCHMARK, drain, db_floor, target=1.5, note=note))
+
+
+def median_round(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return sorted(rounds, key=lambda r: r["seconds"])[(len(rounds) - 1) // 2]
+
+
+def report_sides(sides: dict[str, list[dict[str, Any]]], this: dict[str, Any]) -> None:
+    """Each consumer side's drain and CPU, round by round, beside this checkout's."""
+    table = Table(title="consumer sides, in turn in every round", title_justify="left")
+    columns = ("consumer", "drain s (rounds)", "CPU-s (rounds)", "peak RSS", "drain / this")
+    for column in (*columns, "applied, stale, duplicates, dlq"):
+        table.add_column(column, justify="left" if column == "consumer" else "right")
+    for name, rounds in sides.items():
+        middle = median_round(rounds)
+        outcomes = {
+            tuple(int(r[k]) for k in ("applied", "stale", "duplicates", "dlq")) for r in rounds
+        }
+        table.add_row(
+            name,
+            ", ".join(f"{r['seconds']:.1f}" for r in rounds),
+            ", ".join(f"{r['cpu']:.1f}" for r in rounds),
+            f"{max(r['rss_mib'] for r in rounds):,.0f} MiB",
+            f"{middle['seconds'] / this['seconds']:.2f}",
+            "; ".join(", ".join(f"{n:,}" for n in o) for o in sorted(outcomes)),
+        )
+    Console(width=max(120, Console().width)).print(table)
+
+
+@contextlib.contextmanager
+def scratch_database(admin_dsn: str, name: str) -> Iterator[str]:
+    """A migrated database of its own; yields the consumer's runtime-role DSN of it."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
+        run_migrations(dsn)
+        ensure_login(admin_dsn, "rewards_membership_consumer")
+        # As deployed: the consumer (and the floor) log in as the consumer's runtime role.
+        yield runtime_dsn(dsn, "rewards_membership_consumer")
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 def _measure(args: argparse.Namespace, bootstrap: str) -> None:
@@ -364,6 +430,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--log-level", default="WARNING", choices=("WARNING", "INFO"))
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        nargs="*",
+        default=[],
+        help="also drain with the consumer of each of these git revisions, in turn",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="drains of each consumer side")
     for hidden in ("--measure", "--result", "--topic", "--dlq", "--dsn"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -374,35 +448,41 @@ def main() -> None:
 
     admin_dsn = os.environ["PIN_POSTGRES_DSN"]
     name = f"pin_bench_{uuid.uuid4().hex[:8]}"
-    databases = (name, f"{name}_floor")
     topic, dlq = f"bench.membership.{name}", f"bench.membership-dlq.{name}"
     admin = create_admin(bootstrap, client_id="bench")
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        for database in databases:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-    dsns = [psycopg.conninfo.make_conninfo(admin_dsn, dbname=d) for d in databases]
     try:
-        for dsn in dsns:
-            run_migrations(dsn)
-        ensure_login(admin_dsn, "rewards_membership_consumer")
-        # As deployed: the consumer (and the floor) log in as the consumer's runtime role.
-        real_dsn, floor_dsn = (runtime_dsn(d, "rewards_membership_consumer") for d in dsns)
-        ensure_topics(admin, [(topic, 3), (dlq, 3)])
-        loaded = child("load", args, topic=topic)
-        print(f"loaded {args.events:,} events in {loaded['wall']:.1f}s")
-        plain = child("plain", args, topic=topic)
-        real = child("consumer", args, topic=topic, dlq=dlq, dsn=real_dsn)
-        floor = child("floor", args, topic=topic, dsn=floor_dsn)
-        report(args, plain, real, floor)
+        with tempfile.TemporaryDirectory(prefix="pin-bench-baseline-") as root:
+            paths: dict[str, str | None] = {THIS: None}
+            for n, revision in enumerate(args.baseline):
+                paths[f"consumer @{revision}"] = checkout_package(
+                    revision, os.path.join(root, str(n)), SOURCE
+                )
+            ensure_topics(admin, [(topic, 3), (dlq, 3)])
+            loaded = child("load", args, topic=topic)
+            print(f"loaded {args.events:,} events in {loaded['wall']:.1f}s")
+            plain = child("plain", args, topic=topic)
+            sides: dict[str, list[dict[str, Any]]] = {side: [] for side in paths}
+            order = list(paths)
+            for round_ in range(args.rounds):
+                # Each round starts one side further: none always drains right after another.
+                turn = round_ % len(order)
+                for n, side in enumerate(order[turn:] + order[:turn]):
+                    with scratch_database(admin_dsn, f"{name}_{round_}_{n}") as dsn:
+                        sides[side].append(
+                            child(
+                                "consumer",
+                                args,
+                                pythonpath=paths[side],
+                                topic=topic,
+                                dlq=dlq,
+                                dsn=dsn,
+                            )
+                        )
+            with scratch_database(admin_dsn, f"{name}_floor") as floor_dsn:
+                floor = child("floor", args, topic=topic, dsn=floor_dsn)
+            report(args, plain, sides, floor)
     finally:
         admin.delete_topics([topic, dlq], operation_timeout=10)
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            for database in databases:
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                        sql.Identifier(database)
-                    )
-                )
 
 
 if __name__ == "__main__":

@@ -23,14 +23,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import Message
 from opentelemetry import trace
 from psycopg.rows import TupleRow
 
-from pin_contracts import AgentMembershipChanged, encode, envelope_for
+from pin_contracts import AgentMembershipChanged, encode, envelope_for, kafka_key
 from pin_runtime.postgres import SessionLimits
+from rewards_membership.consumer.batch import Batch
 from rewards_membership.consumer.database import BatchApplier
 from rewards_membership.rules.plan import Outcome
-from rewards_membership.rules.validation import MembershipChange, validate
 from rewards_membership.store import MembershipStore
 
 Row = dict[str, Any]
@@ -49,7 +50,10 @@ class RacingStore(MembershipStore):
         """Batch statements run: each reads the rows and inbox keys afresh."""
 
     def apply(  # type: ignore[override]  # the parent's is static; this one counts its calls
-        self, conn: psycopg.Connection[TupleRow], document: str, lock_timeout_ms: int | None = None
+        self,
+        conn: psycopg.Connection[TupleRow],
+        document: bytes,
+        lock_timeout_ms: int | None = None,
     ) -> list[Outcome]:
         self.reads += 1
         if self.reads > 1:
@@ -82,10 +86,18 @@ def _commit_once_waited_for(
     other.commit()
 
 
-def _change(payload: AgentMembershipChanged) -> MembershipChange:
-    item = validate(encode(envelope_for(payload)))
-    assert isinstance(item, MembershipChange)
-    return item
+def _batch(payload: AgentMembershipChanged) -> Batch:
+    """A batch of one record, as the consumer polls it."""
+    envelope = envelope_for(payload)
+    record = Message(
+        topic="t", partition=0, offset=0, key=kafka_key(envelope), value=encode(envelope)
+    )
+    return Batch.of([record], poll_started=0, polled=0)
+
+
+def _applied(store: MembershipStore, batch: Batch) -> list[Outcome | None]:
+    BatchApplier(store, trace.get_tracer("test")).apply(batch, batch.records(), batch.document())
+    return [record.outcome for record in batch.records()]
 
 
 @dataclass(frozen=True)
@@ -132,17 +144,14 @@ def test_a_row_changed_after_the_read_redecides_the_batch(
     rows: Callable[..., list[Row]],
 ) -> None:
     agent, company = uuid.uuid4(), uuid.uuid4()
-    tracer = trace.get_tracer("test")
     seed = MembershipStore(consumer_dsn, application_name="test-seed", session=SessionLimits())
     racing = RacingStore(
         consumer_dsn, database, race.interloper, {"agent": agent, "company": company}
     )
     version, status, reason = race.change
     try:
-        BatchApplier(seed, tracer).apply([_change(event(agent, company, 1))])
-        outcomes = BatchApplier(racing, tracer).apply(
-            [_change(event(agent, company, version, status, reason=reason))]
-        )
+        _applied(seed, _batch(event(agent, company, 1)))
+        outcomes = _applied(racing, _batch(event(agent, company, version, status, reason=reason)))
     finally:
         seed.close()
         racing.close()
@@ -195,15 +204,15 @@ def test_a_row_or_key_created_after_the_read_redecides_the_batch(
     rows: Callable[..., list[Row]],
 ) -> None:
     agent, company = uuid.uuid4(), uuid.uuid4()
-    change = _change(event(agent, company, 1))
+    batch = _batch(event(agent, company, 1))
     racing = RacingStore(
         consumer_dsn,
         database,
         creation.interloper,
-        {"agent": agent, "company": company, "key": change.key},
+        {"agent": agent, "company": company, "key": batch.records()[0].item.key},
     )
     try:
-        outcomes = BatchApplier(racing, trace.get_tracer("test")).apply([change])
+        outcomes = _applied(racing, batch)
     finally:
         racing.close()
     assert (outcomes, racing.reads) == ([creation.outcome], 2)

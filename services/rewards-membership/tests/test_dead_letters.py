@@ -39,6 +39,7 @@ from rewards_membership.dlq.reference import DeadLetterReference, decode_referen
 from rewards_membership.dlq.topic import DeadLetterRecord, read_at, read_dead_letters
 from rewards_membership.dlq.writer import DeadLetterer
 from rewards_membership.ops.status import consumer_status
+from rewards_membership.records import Record
 from rewards_membership.rules.validation import InvalidEvent, validate
 from rewards_membership.settings import Settings
 
@@ -612,9 +613,8 @@ def test_a_dead_letter_write_failing_midway_is_completed_without_second_copies(
             messages += [m for m in source.consume(5, timeout=10) if m.error() is None]
     finally:
         source.close()
-    batch = [(m, validate(m.value())) for m in messages]
-    assert all(isinstance(item, InvalidEvent) for _, item in batch)
-    batch_of_invalid = [(m, item) for m, item in batch if isinstance(item, InvalidEvent)]
+    batch_of_invalid = [Record(m, validate(m.value())) for m in messages]
+    assert all(isinstance(record.item, InvalidEvent) for record in batch_of_invalid)
 
     first = writer.write(batch_of_invalid)
     assert len(first.acknowledged) == 2

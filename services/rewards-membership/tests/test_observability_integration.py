@@ -24,7 +24,7 @@ from pin_contracts import EMPTY_GUID, envelope_for
 from pin_runtime.kafka import create_admin, ensure_topics
 from pin_testkit import fixtures
 from pin_testkit.waiting import wait_until
-from rewards_membership.consumer.database import Applied, BatchApplier
+from rewards_membership.consumer.database import BatchApplier
 from rewards_membership.consumer.partitions import PartitionControl
 from rewards_membership.dlq.writer import DeadLetterer, DeadLetterResult
 from rewards_membership.errors import CommitInDoubtError
@@ -191,19 +191,21 @@ def test_a_batch_whose_commit_went_unanswered_is_reported_once_as_what_it_was(
     unanswered: list[object] = []
 
     def commit_unanswered(
-        self: BatchApplier, items: Any, document: str, lock_timeout_ms: int | None = None
-    ) -> Applied:
+        self: BatchApplier, records: Any, document: bytes, lock_timeout_ms: int | None = None
+    ) -> Any:
         if unanswered:
-            return apply(self, items, document, lock_timeout_ms)
+            return apply(self, records, document, lock_timeout_ms)
         if committed:
-            outcomes = apply(self, items, document, lock_timeout_ms).outcomes  # answer lost
+            apply(self, records, document, lock_timeout_ms)  # the answer to COMMIT lost
         else:
             conn = self._store.connection()
             with conn.transaction(force_rollback=True):  # decided, never committed
                 outcomes = self._store.apply(conn, document)
-        unanswered.append(outcomes)
+            for record, outcome in zip(records, outcomes, strict=True):
+                record.outcome = outcome
+        unanswered.append([record.outcome for record in records])
         lost = psycopg.OperationalError("server closed the connection unexpectedly")
-        raise CommitInDoubtError(outcomes, lost) from lost
+        raise CommitInDoubtError(lost) from lost
 
     monkeypatch.setattr(BatchApplier, "_apply", commit_unanswered)
     four_applied_once_after_a_retry(kafka, start_consumer(), event, json_logs, unanswered)

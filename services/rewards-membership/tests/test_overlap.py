@@ -12,15 +12,16 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import psycopg
 import pytest
 from confluent_kafka import Message, TopicPartition
 
 from pin_contracts import AgentMembershipChanged
 from pin_runtime.kafka import create_consumer
-from rewards_membership.consumer.batch import bounds, keep_partitions, reseek_offsets
-from rewards_membership.consumer.rebalance import RebalanceGuard
-from rewards_membership.rules.validation import InvalidEvent
+from rewards_membership.consumer.batch import Batch
+from rewards_membership.consumer.rebalance import RebalanceGuard, reseek_offsets
+from rewards_membership.rules.validation import position_key
 from rewards_membership.settings import Settings
 
 Event = Callable[..., AgentMembershipChanged]
@@ -47,20 +48,32 @@ def _message(partition: int, offset: int) -> Message:
     return Message(topic="t", partition=partition, offset=offset, value=b"{}")
 
 
-def test_bounds_are_first_and_last_offset_per_partition() -> None:
+def _keys(batch: Batch) -> list[str]:
+    """The inbox keys of the batch statement's document, in order."""
+    return [record["key"] for record in msgspec.json.decode(batch.document())]
+
+
+def test_a_batch_is_each_partitions_records_in_offset_order_encoded_once() -> None:
     records = [_message(0, 5), _message(1, 9), _message(0, 6), _message(0, 7)]
-    assert bounds(records) == ({0: 5, 1: 9}, {0: 7, 1: 9})
+    batch = Batch.of(records, poll_started=0, polled=0)
+    assert {p: (part.first, part.last) for p, part in batch.parts.items()} == {
+        0: (5, 7),
+        1: (9, 9),
+    }
+    assert [r.position for r in batch.records()] == [(0, 5), (0, 6), (0, 7), (1, 9)]
+    # The statement's document is the parts' documents joined, in the records' order.
+    assert _keys(batch) == [position_key("t", p, o) for p, o in [(0, 5), (0, 6), (0, 7), (1, 9)]]
+    assert batch.document([1]) == batch.parts[1].document
 
 
 def test_the_prefetch_keeps_only_partitions_still_ours_in_order() -> None:
     records = [_message(0, 5), _message(1, 9), _message(0, 6), _message(2, 1)]
-    items: list[Any] = [InvalidEvent(path="$", reason=str(i)) for i in range(4)]
-    kept, kept_items = keep_partitions(records, items, lambda p: p != 0)
-    assert [(m.partition(), m.offset()) for m in kept] == [(1, 9), (2, 1)]
-    assert kept_items == [items[1], items[3]]
-    same, same_items = keep_partitions(records, items, lambda p: True)
-    assert same == records
-    assert same_items == items
+    batch = Batch.of(records, poll_started=0, polled=0)
+    batch.keep(lambda p: True)
+    assert len(batch) == 4
+    batch.keep(lambda p: p != 0)
+    assert [r.position for r in batch.records()] == [(1, 9), (2, 1)]
+    assert _keys(batch) == [position_key("t", 1, 9), position_key("t", 2, 1)]
 
 
 def test_dropped_records_of_a_partition_back_again_are_sought_to_the_first_of_them() -> None:

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import logging
 import socket
+import time
 from importlib.resources import files
 from typing import Final
 
@@ -39,7 +40,14 @@ from pin_runtime.postgres import (
     report_auth_failure,
 )
 from pin_runtime.settings import settings_for_log
+from rewards_membership.consumer.batch import Batches
+from rewards_membership.consumer.database import BatchApplier, DatabaseThread
+from rewards_membership.consumer.lag import LagReporter
 from rewards_membership.consumer.loop import MembershipConsumer
+from rewards_membership.consumer.partitions import PartitionControl, PartitionPauser
+from rewards_membership.consumer.rebalance import RebalanceGuard
+from rewards_membership.consumer.report import BatchReporter
+from rewards_membership.consumer.spans import BatchSpans
 from rewards_membership.db_roles import RUNTIME_ROLES
 from rewards_membership.dlq.writer import DeadLetterer
 from rewards_membership.metrics import Metrics
@@ -119,7 +127,8 @@ def build_consumer(
     client_id: str | None = None,
     renewal: LoginRenewal | None = None,
 ) -> tuple[MembershipConsumer, Producer]:
-    """The consumer and its DLQ producer (the caller flushes the producer on exit).
+    """The consumer, every part of it built once here and handed down, and its DLQ
+    producer (the caller flushes the producer on exit).
 
     `renewal`: told of every error of both clients, so a refused login is seen by the
     caller's loop (`run_consumer` builds them again once the password file is rotated)."""
@@ -180,24 +189,64 @@ def build_consumer(
         delivery_timeout=settings.delivery_timeout.total_seconds(),
         on_tick=heartbeat.beat if heartbeat is not None else None,
     )
-    membership = MembershipConsumer(
-        settings=settings,
-        consumer=consumer,
+    tracer = tracer or trace.get_tracer("rewards_membership")
+    clock = time.monotonic
+    database = DatabaseThread(BatchApplier(store, tracer))
+    partitions = PartitionControl(
+        consumer,
+        topic=settings.topic,
+        pauser=PartitionPauser(
+            initial=settings.retry_initial.total_seconds(),
+            maximum=settings.retry_max.total_seconds(),
+        ),
+        metrics=metrics,
+        clock=clock,
+    )
+    lag = LagReporter(
         # The lag gauges' own client, never in the group: asked through the polling
         # consumer, a request waits behind its long-poll fetch on the broker connection.
-        offsets_reader=create_consumer(
+        create_consumer(
             settings.kafka_bootstrap,
             group_id=settings.group_id,
             client_id=f"{name}-lag",
             extra=settings.kafka_security(),
         ),
-        store=store,
-        dead_letters=dead_letters,
+        topic=settings.topic,
         metrics=metrics,
-        heartbeat=heartbeat,
+        interval=settings.lag_interval.total_seconds(),
+        clock=clock,
+    )
+    spans = BatchSpans(tracer=tracer, topic=settings.topic, group_id=settings.group_id)
+    batches = Batches(
+        database=database,
+        dead_letters=dead_letters,
+        partitions=partitions,
+        spans=spans,
+        reporter=BatchReporter(metrics=metrics, spans=spans),
         database_state=database_state,
         kafka_state=kafka_state,
-        tracer=tracer,
+    )
+    membership = MembershipConsumer(
+        consumer=consumer,
+        topic=settings.topic,
+        batch_size=settings.batch_size,
+        poll_timeout=settings.poll_timeout.total_seconds(),
+        database=database,
+        partitions=partitions,
+        batches=batches,
+        rebalances=RebalanceGuard(
+            consumer,
+            topic=settings.topic,
+            partitions=partitions,
+            batches=batches,
+            lag=lag,
+            kafka_state=kafka_state,
+        ),
+        lag=lag,
+        database_state=database_state,
+        kafka_state=kafka_state,
+        heartbeat=heartbeat,
+        clock=clock,
     )
     return membership, producer
 

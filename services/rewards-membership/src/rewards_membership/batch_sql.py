@@ -13,7 +13,7 @@ letter per record.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Final
 from uuid import UUID
@@ -42,9 +42,10 @@ ROW_KEY: Final = ("agent_user_id", "company_id")
 """The columns that find a row; an update writes every other field of MembershipRow."""
 
 
-class BatchRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+class BatchRecord(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """One record of the batch document, as `validate` mapped it (the names are the
-    `record_document` fragment's). A dead letter carries its inbox key only."""
+    `record_document` fragment's). A dead letter carries its inbox key only. Never tracked
+    by the collector: it holds values only, and lives until its part is encoded."""
 
     key: str | None = None
     agent_user_id: UUID | None = None
@@ -92,10 +93,10 @@ def _record(item: Item) -> BatchRecord:
     return BatchRecord(item.key)
 
 
-def records_document(items: Sequence[Item]) -> str:
+def records_document(items: Iterable[Item]) -> bytes:
     """`[{key, agent_user_id, ...}, ...]` in consume order: the records `json_to_recordset`
-    reads (nulls left out)."""
-    return _ENCODER.encode([_record(item) for item in items]).decode()
+    reads (nulls left out), UTF-8 JSON as msgspec writes it: sent as it is (`store`)."""
+    return _ENCODER.encode([_record(item) for item in items])
 
 
 def decode_outcomes(letters: str) -> list[Outcome]:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from confluent_kafka import KafkaException
 
 from pin_runtime.errors import DeliveryError
 from pin_runtime.postgres import is_retriable
-
-if TYPE_CHECKING:
-    from rewards_membership.rules.plan import Outcome
 
 __all__ = [
     "CommitInDoubtError",
@@ -54,13 +49,12 @@ class ConcurrentApplyError(InfrastructureError):
 
 class CommitInDoubtError(InfrastructureError):
     """The batch's statement decided its records, then the connection was lost with its
-    COMMIT unanswered: the transaction may have committed or not. `outcomes` is what the
-    statement decided, reported on the retry for the records it finds already in the inbox
-    (they are what this try committed) and used for nothing else."""
+    COMMIT unanswered: the transaction may have committed or not. The records keep what the
+    statement decided, reported on the retry for those it finds already in the inbox (they
+    are what this try committed) and used for nothing else."""
 
-    def __init__(self, outcomes: list[Outcome], cause: BaseException) -> None:
+    def __init__(self, cause: BaseException) -> None:
         super().__init__(f"commit unanswered: {cause}".strip())
-        self.outcomes = outcomes
 
 
 def is_infrastructure(exc: BaseException) -> bool:

@@ -1,7 +1,9 @@
-"""Typed accessors of a consumed confluent-kafka `Message` (its getters are all optional),
-and the fields every log line of its event carries (`event_fields`: the consumer's lines
-and the dead-letter writer's alike). Read by `consumer` and `dlq` both, so it belongs to
-neither: `dlq` reads records without importing the consumer that writes through it.
+"""A consumed record as the consumer carries it from its poll to its report (`Record`: the
+message, what validation made of it, its outcome, where its dead letter went), typed
+accessors of a confluent-kafka `Message` (its getters are all optional), and the fields
+every log line of its event carries (`event_fields`: the consumer's lines and the
+dead-letter writer's alike). Read by `consumer` and `dlq` both, so it belongs to neither:
+`dlq` reads records without importing the consumer that writes through it.
 
 Headers are read through pin-runtime's `read_headers` only: a record whose header names
 are not UTF-8 has none here instead of raising (docs/design/rewards-membership.md "Bytes
@@ -12,14 +14,79 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
+import msgspec
 from confluent_kafka import Message
 from opentelemetry import trace
 
 from pin_contracts import TRACEPARENT_HEADER, Headers
 from pin_runtime.kafka import record_headers
-from rewards_membership.rules.validation import LOGGED_FIELDS, Item, MembershipChange
+from rewards_membership.rules.plan import Outcome
+from rewards_membership.rules.validation import (
+    LOGGED_FIELDS,
+    InvalidEvent,
+    Item,
+    MembershipChange,
+    position_key,
+    validate,
+)
 
-__all__ = ["event_fields", "headers_of", "key_text", "offset_of", "partition_of", "topic_of"]
+__all__ = [
+    "Position",
+    "Receipt",
+    "Record",
+    "event_fields",
+    "headers_of",
+    "key_text",
+    "offset_of",
+    "partition_of",
+    "topic_of",
+]
+
+Position = tuple[int, int]
+"""(partition, offset) of a record."""
+
+
+class Receipt(msgspec.Struct, frozen=True):
+    """Where the broker stored a record's dead letter."""
+
+    dlq_partition: int
+    dlq_offset: int
+    replaced: str | None = None
+    """The refusal's reason label when a reference record stands for the original."""
+
+
+class Record(msgspec.Struct, gc=False):
+    """One consumed record, from its poll to its report: the message, what validation made
+    of it (`Record.of`), and, once its batch's transaction committed, its outcome and
+    where its dead letter is. A Struct: a batch makes thousands, on the poll thread; never
+    tracked by the collector (nothing it holds refers back to it), which would otherwise
+    walk two or three batches of them again and again."""
+
+    message: Message
+    item: Item
+    outcome: Outcome | None = None
+    """The batch statement's decision; reported as what it was when an earlier try of the
+    batch committed it (a dead letter written, a duplicate of what that try applied)."""
+    receipt: Receipt | None = None
+    """Where its dead letter is in the DLQ, when this process wrote it."""
+
+    @classmethod
+    def of(cls, message: Message) -> Record:
+        """The record validated, its Kafka key checked; an invalid one without a readable
+        MessageId is keyed by its position (dead-lettered once however often it comes)."""
+        item = validate(message.value(), message.key())
+        if type(item) is InvalidEvent and item.key is None:
+            key = position_key(topic_of(message), partition_of(message), offset_of(message))
+            item = msgspec.structs.replace(item, key=key)
+        return cls(message, item)
+
+    @property
+    def partition(self) -> int:
+        return partition_of(self.message)
+
+    @property
+    def position(self) -> Position:
+        return (partition_of(self.message), offset_of(self.message))
 
 
 def partition_of(message: Message) -> int:

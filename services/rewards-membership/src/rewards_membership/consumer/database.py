@@ -22,7 +22,7 @@ A lock timeout (SQLSTATE 55P03: a row of the batch locked elsewhere) concerns th
 partition(s) whose records touch that row, not the batch: the batch is applied again at
 once split per partition, each partition's part in its own transaction at a short lock
 timeout (`CONTENDED_LOCK_TIMEOUT_MS`: the lock has been held a whole lock timeout already).
-The parts that go through commit; those that meet the lock again are `Applied.contended`,
+The parts that go through commit; those that meet the lock again are `Batch.contended`,
 rolled back, and only their partitions are paused. A partition resumed after such a pause
 (a suspect) has its records tried the same way, apart from the others', until one of its
 batches succeeds: a lock still held costs the others no second lock timeout.
@@ -31,13 +31,12 @@ batches succeeds: a lock still held costs the others no second lock timeout.
 from __future__ import annotations
 
 import contextvars
-import functools
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Final, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import psycopg
 from opentelemetry import trace
@@ -45,14 +44,17 @@ from opentelemetry.trace import SpanKind
 from psycopg.errors import LockNotAvailable
 
 from pin_runtime.logging import log_event
-from rewards_membership.batch_sql import records_document
 from rewards_membership.consumer.spans import STORAGE_ATTRIBUTES, STORAGE_SPAN
-from rewards_membership.errors import CommitInDoubtError, ConcurrentApplyError, is_infrastructure
+from rewards_membership.errors import CommitInDoubtError, ConcurrentApplyError
+from rewards_membership.records import Record
 from rewards_membership.rules.plan import Outcome, inbox_keys, plan_batch
-from rewards_membership.rules.validation import InvalidEvent, MembershipChange
+from rewards_membership.rules.validation import MembershipChange
 from rewards_membership.store import MembershipStore
 
-__all__ = ["Applied", "BatchApplier", "DatabaseThread"]
+if TYPE_CHECKING:
+    from rewards_membership.consumer.batch import Batch
+
+__all__ = ["BatchApplier", "DatabaseThread"]
 
 _log = logging.getLogger(__name__)
 _CONCURRENT_RETRIES: Final = 5
@@ -64,18 +66,8 @@ suspect partition): long enough for a writer's ordinary transaction to end, shor
 a lock held for a whole lock timeout already."""
 
 T = TypeVar("T")
-
-
-class Applied(NamedTuple):
-    """A batch's outcomes, in order, once its transaction committed, and when its statement
-    ran (`time.time_ns()`; None when the batch needed no statement): the events' spans.
-
-    `contended`: partitions whose part met a row lock held elsewhere (the error), rolled
-    back; `outcomes` are then those of the other partitions' records only, in order."""
-
-    outcomes: list[Outcome]
-    stored: tuple[int, int] | None
-    contended: Mapping[int, LockNotAvailable] | None = None
+Stored = tuple[int, int] | None
+"""When a statement ran (`time.time_ns()`), None when the records needed none."""
 
 
 class DatabaseThread:
@@ -90,32 +82,16 @@ class DatabaseThread:
         self._applier = applier
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="membership-db")
 
-    def submit(
-        self,
-        items: Sequence[MembershipChange | InvalidEvent],
-        document: str | None = None,
-        *,
-        partitions: Callable[[], Sequence[int]] | None = None,
-        suspects: frozenset[int] = frozenset(),
-    ) -> Future[Applied]:
-        """Apply the batch in its own transaction on the database thread; the caller's trace context
-        (its current span) becomes the parent of the statement's span (`STORAGE_SPAN`).
-
-        `document` is the batch's `records_document(items)`, encoded by the caller (the poll
-        loop encodes it while the batch before is in its transaction); without it, it is
-        encoded here, on the caller's thread. Either way the database thread only waits on
-        PostgreSQL: Python work there would wait for the GIL behind the poll loop's.
-
-        `partitions`: each item's partition, asked only when the batch is split (a lock
-        timeout, or `suspects` among its partitions)."""
-        if document is None:
-            document = records_document(items)
+    def submit(self, batch: Batch, suspects: frozenset[int] = frozenset()) -> Future[None]:
+        """Apply the batch in its own transaction on the database thread (`BatchApplier`);
+        the caller's trace context (its current span) becomes the parent of the statement's
+        span (`STORAGE_SPAN`). Its records and document (its parts' joined) are gathered
+        here, on the caller's thread: the database thread only waits on PostgreSQL (Python
+        work there would wait for the GIL behind the poll loop's)."""
         context = contextvars.copy_context()
+        apply = self._applier.apply
         return self._executor.submit(
-            context.run,
-            functools.partial(
-                self._applier.apply_timed, items, document, partitions=partitions, suspects=suspects
-            ),
+            context.run, apply, batch, batch.records(), batch.document(), suspects
         )
 
     def run(self, call: Callable[[BatchApplier], T]) -> T:
@@ -150,111 +126,68 @@ class BatchApplier:
         self._tracer = tracer
 
     def apply(
-        self, items: Sequence[MembershipChange | InvalidEvent], document: str | None = None
-    ) -> list[Outcome]:
-        """Every record's outcome, in order, once the batch's transaction committed;
-        `document` is `records_document(items)` when the caller encoded it already."""
-        return self.apply_timed(items, document).outcomes
-
-    def apply_timed(
         self,
-        items: Sequence[MembershipChange | InvalidEvent],
-        document: str | None = None,
-        *,
-        partitions: Callable[[], Sequence[int]] | None = None,
+        batch: Batch,
+        records: Sequence[Record],
+        document: bytes,
         suspects: frozenset[int] = frozenset(),
-    ) -> Applied:
-        """`apply`, with when its statement ran (the events' storage spans); split per
-        partition on a lock timeout, and for `suspects` (module docstring)."""
-        if partitions is not None and suspects:
-            places = partitions()
-            if suspects.intersection(places):
-                # The others together at the session's lock timeout, each suspect alone.
-                rest = frozenset(places) - suspects
-                groups = [(rest, False)] if rest else []
-                groups += [(frozenset({p}), True) for p in sorted(suspects.intersection(places))]
-                return self._apply_parts(items, places, groups)
-        if document is None:
-            document = records_document(items)
+    ) -> None:
+        """Apply the batch (its `records` and `document`): each record's outcome once its
+        transaction committed, when its statement ran (`batch.stored`) and the partitions
+        that met a row lock held elsewhere (`batch.contended`); split per partition on a
+        lock timeout, and for `suspects` (module docstring)."""
+        partitions = list(batch.parts)
+        if suspects.intersection(partitions):
+            # The others together at the session's lock timeout, each suspect alone.
+            rest = [p for p in partitions if p not in suspects]
+            groups = [(rest, False)] if rest else []
+            groups += [([p], True) for p in sorted(suspects.intersection(partitions))]
+            self._apply_parts(batch, groups)
+            return
         try:
-            return self._apply_retrying(items, document)
+            batch.stored = self._apply_retrying(records, document)
         except LockNotAvailable as exc:
-            if partitions is None:
-                raise
-            places = partitions()
-            if len(set(places)) == 1:
-                return Applied([], None, {places[0]: exc})
+            if len(partitions) == 1:
+                batch.contended[partitions[0]] = exc
+                return
             log_event(
                 _log,
                 "lock timeout, batch split per partition",
                 logging.WARNING,
-                partitions=sorted(set(places)),
+                partitions=sorted(partitions),
                 reason=str(exc).strip()[:300],
             )
-            return self._apply_parts(
-                items, places, [(frozenset({p}), True) for p in sorted(set(places))]
-            )
+            self._apply_parts(batch, [([p], True) for p in sorted(partitions)])
 
-    def _apply_parts(
-        self,
-        items: Sequence[MembershipChange | InvalidEvent],
-        places: Sequence[int],
-        groups: list[tuple[frozenset[int], bool]],
-    ) -> Applied:
+    def _apply_parts(self, batch: Batch, groups: list[tuple[list[int], bool]]) -> None:
         """The batch as parts, each group of partitions in its own transaction, in order
         (`True`: at `CONTENDED_LOCK_TIMEOUT_MS`). A group of several partitions that meets
-        a lock timeout is split again, one partition a part."""
-        decided: dict[int, Outcome] = {}
-        contended: dict[int, LockNotAvailable] = {}
-        started: int | None = None
-        ended: int | None = None
+        a lock timeout is split again, one partition a part. Should a part fail after
+        others committed, their records keep their outcomes: the retry reports them as
+        decided here."""
         while groups:
             group, short = groups.pop(0)
-            at = [i for i, p in enumerate(places) if p in group]
-            part = [items[i] for i in at]
             try:
-                applied = self._apply_retrying(
-                    part,
-                    records_document(part),
+                stored = self._apply_retrying(
+                    batch.records(group),
+                    batch.document(group),
                     lock_timeout_ms=CONTENDED_LOCK_TIMEOUT_MS if short else None,
                 )
             except LockNotAvailable as exc:
                 if len(group) > 1:
-                    groups[:0] = [(frozenset({p}), True) for p in sorted(group)]
+                    groups[:0] = [([p], True) for p in sorted(group)]
                 else:
-                    contended[next(iter(group))] = exc
+                    batch.contended[group[0]] = exc
                 continue
-            except Exception as exc:
-                if not decided or not is_infrastructure(exc):
-                    raise
-                # Parts before this one committed: their records are reported as decided
-                # on the retry (`CommitInDoubtError`: a duplicate is never remembered).
-                outcomes = [Outcome.DUPLICATE] * len(items)
-                for i, outcome in decided.items():
-                    outcomes[i] = outcome
-                if isinstance(exc, CommitInDoubtError):
-                    for i, outcome in zip(at, exc.outcomes, strict=True):
-                        outcomes[i] = outcome
-                raise CommitInDoubtError(outcomes, exc) from exc
-            for i, outcome in zip(at, applied.outcomes, strict=True):
-                decided[i] = outcome
-            if applied.stored is not None:
-                started = applied.stored[0] if started is None else started
-                ended = applied.stored[1]
-        outcomes = [decided[i] for i, p in enumerate(places) if p not in contended]
-        stored = (started, ended) if started is not None and ended is not None else None
-        return Applied(outcomes, stored, contended)
+            if stored is not None:
+                batch.stored = stored if batch.stored is None else (batch.stored[0], stored[1])
 
     def _apply_retrying(
-        self,
-        items: Sequence[MembershipChange | InvalidEvent],
-        document: str,
-        *,
-        lock_timeout_ms: int | None = None,
-    ) -> Applied:
+        self, records: Sequence[Record], document: bytes, *, lock_timeout_ms: int | None = None
+    ) -> Stored:
         for attempt in range(1, _CONCURRENT_RETRIES + 1):
             try:
-                return self._apply(items, document, lock_timeout_ms)
+                return self._apply(records, document, lock_timeout_ms)
             except ConcurrentApplyError:
                 # Rolled back; decided again on the rows and the inbox as they are now.
                 if attempt == _CONCURRENT_RETRIES:
@@ -263,15 +196,15 @@ class BatchApplier:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _apply(
-        self,
-        items: Sequence[MembershipChange | InvalidEvent],
-        document: str,
-        lock_timeout_ms: int | None = None,
-    ) -> Applied:
-        keys = inbox_keys(items)
+        self, records: Sequence[Record], document: bytes, lock_timeout_ms: int | None = None
+    ) -> Stored:
+        """One transaction: the records' outcomes, set once it committed (or once it is in
+        doubt: `CommitInDoubtError`)."""
+        keys = inbox_keys(r.item for r in records)
         if not keys:
             # Only dead letters without a key: nothing to look up or write.
-            return Applied(plan_batch(items, set(), {}).outcomes, None)
+            _decided(records, plan_batch([r.item for r in records], set(), {}).outcomes)
+            return None
         started = time.time_ns()
         with self._tracer.start_as_current_span(
             STORAGE_SPAN,
@@ -279,10 +212,11 @@ class BatchApplier:
             attributes=STORAGE_ATTRIBUTES | {"db.operation.batch.size": len(keys)},
         ):
             conn = self._store.connection()
-            if not any(type(item) is MembershipChange for item in items):
+            if not any(type(r.item) is MembershipChange for r in records):
                 # Only dead letters: their inbox lookup alone (no write, no write lock),
                 # decided by the pure plan.
-                outcomes = plan_batch(items, self._store.seen_keys(conn, keys), {}).outcomes
+                seen = self._store.seen_keys(conn, keys)
+                outcomes = plan_batch([r.item for r in records], seen, {}).outcomes
             else:
                 decided: list[Outcome] | None = None
                 try:
@@ -295,9 +229,11 @@ class BatchApplier:
                     # The statement answered and the connection went before COMMIT did:
                     # committed or not, nobody can say. The retry tells: a record it finds
                     # in the inbox is one this try committed, and is reported as decided.
-                    raise CommitInDoubtError(decided, exc) from exc
+                    _decided(records, decided)
+                    raise CommitInDoubtError(exc) from exc
                 outcomes = decided
-        return Applied(outcomes, (started, time.time_ns()))
+        _decided(records, outcomes)
+        return (started, time.time_ns())
 
     def mark_dead_lettered(self, keys: Sequence[str]) -> None:
         """Inbox marks of dead letters the broker acknowledged (one statement)."""
@@ -326,3 +262,10 @@ class BatchApplier:
 
     def close(self) -> None:
         self._store.close()
+
+
+def _decided(records: Sequence[Record], outcomes: Sequence[Outcome]) -> None:
+    if len(outcomes) != len(records):
+        raise ValueError(f"{len(outcomes)} outcome(s) for {len(records)} record(s)")
+    for record, outcome in zip(records, outcomes, strict=True):
+        record.outcome = outcome

@@ -27,27 +27,16 @@ import logging
 import time
 from collections.abc import Callable
 
-import msgspec
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
-from opentelemetry import trace
 
 from pin_runtime.http import Check, ComponentState, Heartbeat
 from pin_runtime.logging import log_event
 from pin_runtime.shutdown import GracefulShutdown
-from rewards_membership.batch_sql import records_document
-from rewards_membership.consumer.batch import Batches, keep_partitions
-from rewards_membership.consumer.database import BatchApplier, DatabaseThread
+from rewards_membership.consumer.batch import Batch, Batches
+from rewards_membership.consumer.database import DatabaseThread
 from rewards_membership.consumer.lag import LagReporter
-from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl, PartitionPauser
+from rewards_membership.consumer.partitions import POSTGRESQL, PartitionControl
 from rewards_membership.consumer.rebalance import RebalanceGuard
-from rewards_membership.consumer.report import BatchReporter
-from rewards_membership.consumer.spans import BatchSpans
-from rewards_membership.dlq.writer import DeadLetterer
-from rewards_membership.metrics import Metrics
-from rewards_membership.records import offset_of, partition_of, topic_of
-from rewards_membership.rules.validation import InvalidEvent, Item, position_key, validate
-from rewards_membership.settings import Settings
-from rewards_membership.store import MembershipStore
 
 __all__ = ["MembershipConsumer"]
 
@@ -55,69 +44,39 @@ _log = logging.getLogger(__name__)
 
 
 class MembershipConsumer:
-    """Owns the poll loop; everything it uses is handed in (built by `app.build_consumer`)."""
+    """Owns the poll loop; every part it drives is built once by the composition root
+    (`app.build_consumer`) and handed in."""
 
     def __init__(
         self,
         *,
-        settings: Settings,
         consumer: Consumer,
-        offsets_reader: Consumer,
-        store: MembershipStore,
-        dead_letters: DeadLetterer,
-        metrics: Metrics,
-        heartbeat: Heartbeat | None = None,
-        database_state: ComponentState | None = None,
-        kafka_state: ComponentState | None = None,
-        tracer: trace.Tracer | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        topic: str,
+        batch_size: int,
+        poll_timeout: float,
+        database: DatabaseThread,
+        partitions: PartitionControl,
+        batches: Batches,
+        rebalances: RebalanceGuard,
+        lag: LagReporter,
+        database_state: ComponentState,
+        kafka_state: ComponentState,
+        heartbeat: Heartbeat | None,
+        clock: Callable[[], float],
     ) -> None:
-        # The loop reads its own settings (topic, group, batch, poll, backoff, lag interval).
-        self._topic = settings.topic
-        self._batch_size = settings.batch_size
-        self._poll_timeout = settings.poll_timeout.total_seconds()
         self._consumer = consumer
+        self._topic = topic
+        self._batch_size = batch_size
+        self._poll_timeout = poll_timeout
+        self._database = database
+        self._partitions = partitions
+        self._batches = batches
+        self._rebalances = rebalances
+        self._lag = lag
+        self.database_state = database_state
+        self.kafka_state = kafka_state
         self._heartbeat = heartbeat
-        self.database_state = database_state or ComponentState()
-        self.kafka_state = kafka_state or ComponentState()
-        tracer = tracer or trace.get_tracer("rewards_membership")
         self._clock = clock
-        self._database = DatabaseThread(BatchApplier(store, tracer))
-        self._lag = LagReporter(
-            offsets_reader,
-            topic=settings.topic,
-            metrics=metrics,
-            interval=settings.lag_interval.total_seconds(),
-            clock=clock,
-        )
-        pauser = PartitionPauser(
-            initial=settings.retry_initial.total_seconds(),
-            maximum=settings.retry_max.total_seconds(),
-        )
-        self._partitions = PartitionControl(
-            consumer,
-            topic=settings.topic,
-            pauser=pauser,
-            metrics=metrics,
-            clock=clock,
-        )
-        spans = BatchSpans(tracer=tracer, topic=settings.topic, group_id=settings.group_id)
-        self._batches = Batches(
-            database=self._database,
-            dead_letters=dead_letters,
-            partitions=self._partitions,
-            reporter=BatchReporter(metrics=metrics, spans=spans),
-            database_state=self.database_state,
-            kafka_state=self.kafka_state,
-        )
-        self._rebalances = RebalanceGuard(
-            consumer,
-            topic=settings.topic,
-            partitions=self._partitions,
-            batches=self._batches,
-            lag=self._lag,
-            kafka_state=self.kafka_state,
-        )
 
     def run(self, stop: GracefulShutdown, *, until: Callable[[], bool] | None = None) -> None:
         """Poll until `stop` is requested (or `until()` is true: the process builds its
@@ -186,29 +145,26 @@ class MembershipConsumer:
         timeout = self._poll_timeout if self._batches.in_flight is None else 0.0
         poll_started = time.time_ns()
         messages = self._consumer.consume(num_messages=self._batch_size, timeout=timeout)
-        poll_returned = time.time_ns()
-        records = self._rebalances.keep_polled([m for m in messages if _is_record(m)])
+        polled = time.time_ns()
         # Decoded, and the batch statement's document encoded, while the batch before is in
         # its transaction on the database thread.
-        items: list[Item] = [_keyed(m, validate(m.value(), m.key())) for m in records]
-        document: str | None = records_document(items) if items else None
+        batch = Batch.of(
+            self._rebalances.keep_polled([m for m in messages if _is_record(m)]),
+            poll_started=poll_started,
+            polled=polled,
+        )
         # Partitions lost during the poll are left out of it: nothing of them is committed.
         self._batches.finish(self._rebalances.lost)
         pauser, assigned = self._partitions.pauser, self._partitions.assigned
         # A partition paused meanwhile (the batch before failed) was sought back: its
         # records are read again after the pause.
-        polled = len(items)
-        records, items = keep_partitions(
-            records, items, lambda p: p in assigned and not pauser.is_paused(p)
-        )
-        if len(items) != polled:
-            document = None  # records were dropped: encoded again for those kept
+        batch.keep(lambda p: p in assigned and not pauser.is_paused(p))
         self._lag.maybe_report(assigned, pauser.paused_for(self._clock()), self._unreplayed)
-        if records:
-            # Logs `consumed` for each record as it is handed over, in the batch's span.
-            self._batches.start(records, items, document, poll=(poll_started, poll_returned))
+        handed = len(batch)
+        if handed:
+            self._batches.start(batch)
         self._batches.report()
-        return len(records)
+        return handed
 
     def _unreplayed(self) -> int | None:
         # Not while the database is known down: a connect attempt would stall the loop.
@@ -223,14 +179,6 @@ class MembershipConsumer:
             return False
         self.database_state.ok()
         return True
-
-
-def _keyed(message: Message, item: Item) -> Item:
-    """An invalid record without a readable MessageId is keyed by its position."""
-    if isinstance(item, InvalidEvent) and item.key is None:
-        key = position_key(topic_of(message), partition_of(message), offset_of(message))
-        return msgspec.structs.replace(item, key=key)
-    return item
 
 
 def _is_record(message: Message) -> bool:

@@ -14,19 +14,19 @@ assigned back within the same poll is sought back to the first dropped record.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from pin_runtime.http import ComponentState
 from pin_runtime.logging import log_event
-from rewards_membership.consumer.batch import Batches, reseek_offsets
+from rewards_membership.consumer.batch import Batches
 from rewards_membership.consumer.lag import LagReporter
 from rewards_membership.consumer.partitions import PartitionControl, seek_back
-from rewards_membership.records import partition_of
+from rewards_membership.records import offset_of, partition_of
 
-__all__ = ["RebalanceGuard"]
+__all__ = ["RebalanceGuard", "reseek_offsets"]
 
 _log = logging.getLogger(__name__)
 
@@ -93,3 +93,20 @@ class RebalanceGuard:
                 soughtBack=reseek,
             )
         return kept
+
+
+def reseek_offsets(
+    records: Sequence[Message],
+    touched: Collection[int],
+    assigned: Collection[int],
+    paused: Collection[int],
+) -> dict[int, int]:
+    """Where to seek the partitions whose prefetched records are dropped although they are
+    ours again (revoked or lost and assigned back during the same poll): their first dropped
+    offset. A paused partition keeps the position its pause sought it to."""
+    first: dict[int, int] = {}
+    for message in records:
+        partition = partition_of(message)
+        if partition in touched and partition not in first:
+            first[partition] = offset_of(message)
+    return {p: o for p, o in first.items() if p in assigned and p not in paused}

@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Message
 from opentelemetry import trace
 
 from pin_runtime.kafka import read_headers
 from pin_runtime.logging import log_event
-from rewards_membership.consumer.decided import Decided
-from rewards_membership.consumer.spans import BatchSpans, BatchTimes
+from rewards_membership.consumer.spans import BatchSpans
 from rewards_membership.metrics import Metrics, contract_version_label
-from rewards_membership.records import event_fields, key_text, offset_of, partition_of
+from rewards_membership.records import Record, event_fields, key_text, offset_of, partition_of
 from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import (
     EXPECTED_CONTRACT_VERSION,
@@ -33,6 +31,9 @@ from rewards_membership.rules.validation import (
     Item,
     MembershipChange,
 )
+
+if TYPE_CHECKING:
+    from rewards_membership.consumer.batch import Batch
 
 __all__ = ["BatchReporter"]
 
@@ -44,47 +45,46 @@ class BatchReporter:
 
     def __init__(self, *, metrics: Metrics, spans: BatchSpans) -> None:
         self._metrics = metrics
-        self.spans = spans
+        self._spans = spans
 
-    def consumed(
-        self, records: Sequence[Message], items: Sequence[Item], batch: trace.SpanContext
-    ) -> None:
+    def consumed(self, batch: Batch, context: trace.SpanContext) -> None:
         """`consumed` (INFO) for every record handed to the database, valid or not, with its
-        trace: its producer's (traceparent), else the batch's (`batch`)."""
+        trace: its producer's (traceparent), else the batch's (`context`)."""
         if not _log.isEnabledFor(logging.INFO):
             return
-        for message, item in zip(records, items, strict=True):
+        for record in batch.records():
+            message = record.message
             log_event(
                 _log,
                 "consumed",
-                **event_fields(item, message, batch),
+                **event_fields(record.item, message, context),
                 partition=partition_of(message),
                 offset=offset_of(message),
             )
 
-    def report(
-        self,
-        done: Sequence[Decided],
-        *,
-        elapsed_ms: float,
-        batch_context: trace.SpanContext,
-        times: BatchTimes,
-    ) -> None:
+    def report(self, batch: Batch) -> None:
+        """A committed batch: its records (those of the partitions it committed) as they
+        are reported, and each one's wait from its poll to its offset commit."""
         metrics = self._metrics
+        done = batch.records()
+        batch_context = batch.process.get_span_context()
         now = datetime.now(UTC).timestamp()
         oldest: float | None = None
         info = _log.isEnabledFor(logging.INFO)
         counts: Counter[tuple[Outcome, str]] = Counter()
         # One observation per message (the metric's help says so): every message of the
         # batch waited this long from its poll to its offset commit.
+        elapsed_ms = (batch.committed - batch.polled) / 1e6
         observe = metrics.consume_duration_ms.observe
         for _ in range(len(done)):
             observe(elapsed_ms)
         earliest: datetime | None = None
-        for decided in done:
-            message, item, outcome = decided.message, decided.item, decided.outcome
+        for record in done:
+            message, item, outcome = record.message, record.item, record.outcome
+            if outcome is None:
+                raise ValueError(f"record {record.position} reported undecided")
             headers, unreadable = read_headers(message)
-            self.spans.record(decided, headers, batch_context, times)
+            self._spans.record(record, outcome, headers, batch)
             if unreadable is not None and outcome is not Outcome.DUPLICATE:
                 self._report_unreadable_headers(item, message, unreadable, batch_context)
             if type(item) is MembershipChange:
@@ -104,7 +104,7 @@ class BatchReporter:
                     earliest = item.occurred_at
             elif isinstance(item, InvalidEvent):
                 fields = event_fields(item, message, batch_context)
-                self._report_invalid(decided, item, counts, fields=fields)
+                self._report_invalid(record, item, outcome, counts, fields=fields)
                 _, timestamp_ms = message.timestamp()
                 event_time = timestamp_ms / 1000.0 if timestamp_ms > 0 else now
                 oldest = max(oldest or 0.0, now - event_time)
@@ -117,13 +117,14 @@ class BatchReporter:
 
     def _report_invalid(
         self,
-        decided: Decided,
+        record: Record,
         item: InvalidEvent,
+        outcome: Outcome,
         counts: Counter[tuple[Outcome, str]],
         *,
         fields: dict[str, Any],
     ) -> None:
-        message, outcome = decided.message, decided.outcome
+        message = record.message
         place: dict[str, Any] = {
             "partition": partition_of(message),
             "offset": offset_of(message),
@@ -134,7 +135,7 @@ class BatchReporter:
             counts[(outcome, "")] += 1
             log_event(_log, outcome.value, logging.INFO, **fields, **place)
             return
-        receipt = decided.receipt
+        receipt = record.receipt
         self._metrics.dlq.labels(item.error_code).inc()
         if receipt is not None and receipt.replaced is not None:
             self._metrics.dlq_replaced.labels(receipt.replaced).inc()

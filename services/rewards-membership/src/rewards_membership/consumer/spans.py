@@ -8,29 +8,30 @@ started, not made current, since a batch's work spans two turns of the loop and 
 Per event that carries a trace context (spec "Наблюдаемость": receive -> process -> storage,
 correlated from the event's metadata): in the event's own trace, under its producer's span,
 `poll <topic>` -> `process <topic>` -> `STORAGE_SPAN`, each with the real times of its
-batch's steps (`BatchTimes`), written once the batch committed: a batch that fails is
+batch's steps (`batch.Batch`), written once the batch committed: a batch that fails is
 retried, and its records' spans are those of the try that committed them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Final
 
-from confluent_kafka import Message
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from pin_contracts import TRACEPARENT_HEADER, Headers
 from pin_runtime.tracing import extract_context
-from rewards_membership.consumer.decided import Decided
-from rewards_membership.records import headers_of, key_text, offset_of, partition_of
+from rewards_membership.records import Record, headers_of, key_text, offset_of, partition_of
 from rewards_membership.rules.plan import Outcome
 from rewards_membership.rules.validation import MembershipChange
 
-__all__ = ["STORAGE_ATTRIBUTES", "STORAGE_SPAN", "BatchSpans", "BatchTimes"]
+if TYPE_CHECKING:
+    from rewards_membership.consumer.batch import Batch
+
+__all__ = ["STORAGE_ATTRIBUTES", "STORAGE_SPAN", "BatchSpans"]
 
 _MAX_LINKS: Final = 32
 """Links from a batch's receive span to its records' traces, at most."""
@@ -45,35 +46,23 @@ STORAGE_ATTRIBUTES: Final[dict[str, str]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class BatchTimes:
-    """When a batch's steps ran (`time.time_ns()`): the per-event spans carry these."""
-
-    poll_started: int
-    polled: int
-    """consume() returned the batch (its receive)."""
-    handed: int
-    """Handed to the database thread (its processing began)."""
-    stored: tuple[int, int] | None
-    """The batch statement ran (None: nothing needed the database)."""
-    committed: int
-    """Its offsets were committed (its processing ended)."""
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BatchSpans:
     tracer: trace.Tracer
     topic: str
     group_id: str
 
-    def start(self, records: Sequence[Message], *, poll_started: int, polled: int) -> trace.Span:
+    def start(self, batch: Batch) -> trace.Span:
         """The batch's `poll <topic>` span, linked to the records' own trace contexts (ended
         as the poll returned), and its `process <topic>` child, returned: the caller ends it
         when the batch committed or failed."""
         links = []
-        for message in records[:_MAX_LINKS]:
+        count = len(batch)
+        for record in islice(
+            (r for part in batch.parts.values() for r in part.records), _MAX_LINKS
+        ):
             context = trace.get_current_span(
-                extract_context(headers_of(message))
+                extract_context(headers_of(record.message))
             ).get_span_context()
             if context.is_valid:
                 links.append(Link(context))
@@ -81,29 +70,28 @@ class BatchSpans:
             f"poll {self.topic}",
             kind=SpanKind.CLIENT,
             links=links,
-            start_time=poll_started,
+            start_time=batch.poll_started,
             attributes=self._attributes("receive", "poll")
             | {
-                "messaging.batch.message_count": len(records),
+                "messaging.batch.message_count": count,
             },
         )
-        receive.end(end_time=polled)
+        receive.end(end_time=batch.polled)
         return self.tracer.start_span(
             f"process {self.topic}",
             context=trace.set_span_in_context(receive),
             kind=SpanKind.CONSUMER,
             attributes=self._attributes("process", "process")
             | {
-                "messaging.batch.message_count": len(records),
+                "messaging.batch.message_count": count,
             },
         )
 
-    def record(
-        self, decided: Decided, headers: Headers, batch: trace.SpanContext, times: BatchTimes
-    ) -> None:
+    def record(self, record: Record, outcome: Outcome, headers: Headers, batch: Batch) -> None:
         """The event's receive -> process -> storage spans in its producer's trace (only for
-        a record that carries one). `headers`: the record's, read once by the caller."""
-        message, item, outcome = decided.message, decided.item, decided.outcome
+        a record that carries one), with the real times of its batch's steps, written once
+        the batch committed. `headers`: the record's, read once by the caller."""
+        message, item = record.message, record.item
         if not _has_traceparent(headers):
             return
         attributes = self._attributes("receive", "poll") | {
@@ -127,22 +115,22 @@ class BatchSpans:
             f"poll {self.topic}",
             context=extract_context(headers),
             kind=SpanKind.CLIENT,
-            start_time=times.poll_started,
+            start_time=batch.poll_started,
             attributes=attributes,
         )
-        receive.end(end_time=times.polled)
+        receive.end(end_time=batch.polled)
         process = self.tracer.start_span(
             f"process {self.topic}",
             context=trace.set_span_in_context(receive),
             kind=SpanKind.CONSUMER,
-            links=[Link(batch)],
-            start_time=times.handed,
+            links=[Link(batch.process.get_span_context())],
+            start_time=batch.handed,
             attributes=attributes
             | self._attributes("process", "process")
             | {"rewards.membership.outcome": outcome.value},
         )
-        if times.stored is not None:
-            started, ended = times.stored
+        if batch.stored is not None:
+            started, ended = batch.stored
             storage = self.tracer.start_span(
                 STORAGE_SPAN,
                 context=trace.set_span_in_context(process, Context()),
@@ -153,7 +141,7 @@ class BatchSpans:
             storage.end(end_time=ended)
         if outcome is Outcome.DEAD_LETTERED:
             process.set_status(Status(StatusCode.ERROR, "REWARDS_MEMBERSHIP_EVENT_INVALID"))
-        process.end(end_time=times.committed)
+        process.end(end_time=batch.committed)
 
     def _attributes(self, kind: str, name: str) -> dict[str, Any]:
         return {

@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Final
 
-import msgspec
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from opentelemetry import trace
 
@@ -25,26 +24,23 @@ from pin_runtime.delivery import DeliveryFailure, DeliveryTracker
 from pin_runtime.logging import log_event
 from rewards_membership.dlq.reference import reference_for, reference_headers, sha256_hex
 from rewards_membership.dlq.topic import dead_letter_info
-from rewards_membership.records import event_fields, headers_of, offset_of, partition_of
+from rewards_membership.records import (
+    Position,
+    Receipt,
+    Record,
+    event_fields,
+    headers_of,
+    offset_of,
+    partition_of,
+)
 from rewards_membership.rules.validation import InvalidEvent
 
-__all__ = ["DeadLetterResult", "DeadLetterer", "Position", "Receipt"]
+__all__ = ["DeadLetterResult", "DeadLetterer"]
 
 _log = logging.getLogger(__name__)
-Position = tuple[int, int]
-"""(source partition, source offset) of a dead-lettered record."""
 # Extra wait after the producer's own message.timeout.ms (= delivery_timeout) has expired,
 # for its final delivery reports to be served.
 _REPORT_MARGIN: Final = 5.0
-
-
-class Receipt(msgspec.Struct, frozen=True):
-    """Where the broker stored a dead letter."""
-
-    dlq_partition: int
-    dlq_offset: int
-    replaced: str | None = None
-    """The refusal's reason label when a reference record stands for the original."""
 
 
 @dataclass(slots=True)
@@ -55,7 +51,6 @@ class DeadLetterResult:
     """Source partition -> first failure of a record of it (retry the partition later)."""
 
 
-Item = tuple[Message, InvalidEvent]
 _Outgoing = tuple[Message, Headers, bytes | None, str | None]
 """The source record, the DLQ copy's headers and value, the replacement reason if any."""
 
@@ -72,19 +67,20 @@ class DeadLetterer:
     _acknowledged: dict[Position, Receipt] = field(init=False, default_factory=dict)
 
     def write(
-        self, records: Sequence[Item], *, batch: trace.SpanContext | None = None
+        self, records: Sequence[Record], *, batch: trace.SpanContext | None = None
     ) -> DeadLetterResult:
-        """Produce what is not in the DLQ yet, wait for the broker, say what landed.
-        `batch`: the span of the batch the records came in (the trace of a log line about a
-        record without a traceparent of its own, as in the batch's other lines)."""
+        """Produce the dead letters of `records` (invalid ones) not in the DLQ yet, wait for
+        the broker, say what landed. `batch`: the span of the batch the records came in (the
+        trace of a log line about a record without a traceparent of its own, as in the
+        batch's other lines)."""
         result = DeadLetterResult()
-        todo = [item for item in records if _position(item[0]) not in self._acknowledged]
+        todo = [r for r in records if r.position not in self._acknowledged]
         if todo:
             self._send(todo, result, batch)
-        for message, _ in records:
-            receipt = self._acknowledged.get(_position(message))
+        for record in records:
+            receipt = self._acknowledged.get(record.position)
             if receipt is not None:
-                result.acknowledged[_position(message)] = receipt
+                result.acknowledged[record.position] = receipt
         return result
 
     def receipt(self, position: Position) -> Receipt | None:
@@ -98,21 +94,29 @@ class DeadLetterer:
                 del self._acknowledged[position]
 
     def _send(
-        self, todo: Sequence[Item], result: DeadLetterResult, batch: trace.SpanContext | None
+        self,
+        todo: Sequence[Record],
+        result: DeadLetterResult,
+        batch: trace.SpanContext | None,
     ) -> None:
         count = self._partition_count()
         if count is None:
             failure = DeliveryFailure(
                 "_UNKNOWN_TOPIC", "retriable", f"DLQ topic {self.topic!r} unavailable", True
             )
-            for message, _ in todo:
-                result.failed.setdefault(partition_of(message), failure)
+            for record in todo:
+                result.failed.setdefault(record.partition, failure)
             return
-        infos = {_position(m): dead_letter_info(m, inv, self.group_id) for m, inv in todo}
+        infos = {r.position: dead_letter_info(r.message, _invalid(r), self.group_id) for r in todo}
         first = self._produce_round(
             [
-                (m, headers_of(m) + infos[_position(m)].to_headers(), m.value(), None)
-                for m, _ in todo
+                (
+                    r.message,
+                    headers_of(r.message) + infos[r.position].to_headers(),
+                    r.message.value(),
+                    None,
+                )
+                for r in todo
             ],
             count,
         )
@@ -120,8 +124,8 @@ class DeadLetterer:
         second: dict[Position, DeliveryFailure] = {}
         if refused:
             replacements = []
-            for message, invalid in todo:
-                position = _position(message)
+            for record in todo:
+                message, position = record.message, record.position
                 refusal = refused.get(position)
                 if refusal is None:
                     continue
@@ -133,7 +137,7 @@ class DeadLetterer:
                     _log,
                     "dead-letter-value-replaced",
                     logging.WARNING,
-                    **event_fields(invalid, message, batch),
+                    **event_fields(record.item, message, batch),
                     partition=position[0],
                     offset=position[1],
                     size=len(message.value() or b""),
@@ -219,3 +223,9 @@ class DeadLetterer:
 
 def _position(message: Message) -> Position:
     return (partition_of(message), offset_of(message))
+
+
+def _invalid(record: Record) -> InvalidEvent:
+    if not isinstance(record.item, InvalidEvent):
+        raise TypeError(f"not a dead letter: {record.position}")
+    return record.item
