@@ -29,8 +29,8 @@ from pin_e2e.checks import (
     membership_differences,
     rewards_rows,
 )
+from pin_e2e.steps import record_change
 
-from identity_fanout.membership import join_agency, leave_agency
 from pin_contracts import AGENT_MEMBERSHIP_CHANGED, USER_ACCESS_CHANGED
 from pin_testkit.records import end_offsets, read_topic
 from pin_testkit.seeding import add_permissions, seed_role_with_users
@@ -223,17 +223,7 @@ def record(changes: Sequence[PlannedChange]) -> None:
     """Joins and leaves recorded in identity, one transaction each, as the identity API does."""
     with psycopg.connect(IDENTITY_DSN, autocommit=True) as conn:
         for change in changes:
-            if change.join:
-                join_agency(conn, change.agent, change.agency, invitation_id=change.invitation)
-            else:
-                assert change.reason is not None
-                leave_agency(
-                    conn,
-                    change.agent,
-                    change.agency,
-                    reason=change.reason,
-                    effective_at=change.effective_at,
-                )
+            record_change(conn, change)
 
 
 def differences(

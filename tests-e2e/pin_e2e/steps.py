@@ -126,7 +126,8 @@ def quarantined(system: System) -> list[tuple[str, str, str]]:
     return [(str(t), str(c), str(m)) for t, c, m in rows]
 
 
-def _record(conn: psycopg.Connection[TupleRow], change: PlannedChange) -> None:
+def record_change(conn: psycopg.Connection[TupleRow], change: PlannedChange) -> None:
+    """One planned join or leave, recorded as the identity API records it."""
     if change.join:
         join_agency(conn, change.agent, change.agency, invitation_id=change.invitation)
     else:
@@ -144,7 +145,7 @@ def record_changes(system: System, changes: Sequence[PlannedChange]) -> int:
     """Record joins and leaves in identity, one transaction each, as the identity API does."""
     with psycopg.connect(system.identity_dsn, autocommit=True) as conn:
         for change in changes:
-            _record(conn, change)
+            record_change(conn, change)
     return len(changes)
 
 
@@ -188,7 +189,7 @@ class BackgroundRecorder:
         try:
             with psycopg.connect(self._system.identity_dsn, autocommit=True) as conn:
                 for change in self._changes:
-                    _record(conn, change)
+                    record_change(conn, change)
                     self.recorded += 1
                     time.sleep(self._pace)  # the shape of the load, not a wait for a condition
         except BaseException as exc:  # reported by join()
