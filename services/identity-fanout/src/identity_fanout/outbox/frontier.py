@@ -58,8 +58,8 @@ class OutboxFrontier:
         self._next = 0.0
         self._frontier = [0] * SLOTS
         self._waits: dict[int, SlotWait] = {}
-        self._behind: frozenset[int] = frozenset()
-        """Slots settled short of the last id handed out at the last step."""
+        self._last = 0
+        """The last id handed out, as the last step read it."""
         self._holders: Mapping[int, frozenset[str]] = {}
         self._seen: dict[str, float] = {}
         """When a step first saw each writer of the last step (the clock's time)."""
@@ -78,7 +78,7 @@ class OutboxFrontier:
     def waiting(self, slots: Collection[int]) -> bool:
         """Whether one of `slots` was settled short of the last id at the last step: a
         writer's end, a commit or a rollback, moves it, and a rollback wakes nobody."""
-        return any(slot in self._behind for slot in slots)
+        return any(self._frontier[slot] < self._last for slot in slots)
 
     def oldest_writer_age(self, slots: Iterable[int]) -> float:
         """How long the oldest writer holding one of `slots` at the last step has held writer
@@ -114,7 +114,7 @@ class OutboxFrontier:
             self._frontier, self._waits = advance_frontier(
                 self._frontier, self._waits, step.last, step.writers, step.firsts
             )
-            self._behind = frozenset(s for s, upto in enumerate(self._frontier) if upto < step.last)
+            self._last = step.last
             seen, writers = self._seen, frozenset[str]().union(*step.writers.values())
             self._seen = {w: seen.get(w, now) for w in writers}
             self._holders = step.writers
@@ -126,5 +126,5 @@ class OutboxFrontier:
         """Back to the head (a connection to another database, say: tests)."""
         with self._lock:
             self.value, self._frontier, self._waits, self._next = 1, [0] * SLOTS, {}, 0.0
-            self._behind = frozenset()
+            self._last = 0
             self._holders, self._seen = {}, {}
